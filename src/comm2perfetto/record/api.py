@@ -1,0 +1,90 @@
+"""The public recording API: ``enable()``, ``disable()``, ``range()``, ``step()``.
+
+Importing this module imports no torch, so ``import comm2perfetto`` stays cheap in the readers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from comm2perfetto.record import state
+from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig
+from comm2perfetto.record.nvtx import range  # noqa: A004  (public name, mirrors torch.cuda.nvtx.range)
+
+__all__ = ["enable", "disable", "range", "step", "default_out_dir", "check_out_dir"]
+
+
+def default_out_dir() -> str:
+    """``./comm2perfetto-YYYYmmdd-HHMMSS``: a new folder per run in the working directory."""
+    return os.path.join(os.getcwd(), time.strftime("comm2perfetto-%Y%m%d-%H%M%S"))
+
+
+def check_out_dir(path: str) -> str:
+    """Create ``path`` if needed and prove it is writable. Returns the absolute path.
+
+    Raises ValueError with a message that says what to do.
+    """
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} exists and is not a folder; choose another output folder with -o")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".comm2perfetto-write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write to {path} ({exc.strerror}); choose another output folder with -o") \
+            from None
+    return path
+
+
+def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_STALL_AFTER_S,
+           profile_steps: tuple[int, int] | None = None, sync: bool = False, modules: bool = True,
+           fr_buffer: int = DEFAULT_FR_BUFFER) -> str:
+    """Record this process's communication into ``out_dir`` (what ``comm2perfetto record`` does for you).
+
+    Call it before ``init_process_group`` to also get the largest Flight Recorder buffer; after it works
+    too, and recording starts at once. Returns the output folder.
+
+    >>> import comm2perfetto
+    >>> comm2perfetto.enable("c2p-run", stall_after=30)   # doctest: +SKIP
+    """
+    from comm2perfetto.record import bootstrap, flight, session
+
+    out_dir = check_out_dir(out_dir or default_out_dir())
+    config = RecordConfig(out_dir=out_dir, stall_after_s=stall_after, profile_steps=profile_steps,
+                          sync=sync, modules=modules, fr_buffer=fr_buffer,
+                          run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
+    for warning in flight.prepare_environment(os.environ, fr_buffer, out_dir):
+        print(f"comm2perfetto: {warning}", file=sys.stderr)
+    session.configure(config)
+    bootstrap.install_hooks()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        session.on_default_group(dist.distributed_c10d._get_default_group())
+    return out_dir
+
+
+def disable() -> None:
+    """Stop recording, write the last Flight Recorder dump and restore every patched function."""
+    from comm2perfetto.record import bootstrap, nvtx, patch, session
+
+    session.stop("disabled")
+    session.remove_exit_handlers()
+    session.configure(None)
+    patch.uninstall()
+    nvtx.unmirror_all()
+    bootstrap.remove_hooks()
+
+
+def step() -> None:
+    """Mark a step boundary. Once called, automatic step detection (optimizer, profiler) is ignored."""
+    rec = state.recorder
+    if rec is not None:
+        try:
+            rec.steps.advance("user")
+        except Exception as exc:
+            rec.fault(exc)

@@ -1,0 +1,120 @@
+"""Flight Recorder: make sure it records enough, and save every rank's ring buffer often enough.
+
+Flight Recorder (FR) sees every collective, including the ones DDP and FSDP issue from C++, but keeps only
+the last N entries in a ring. The recorder asks for a large ring before the process group exists (the
+environment is read when it is created) and dumps the ring:
+
+- whenever the groups' sequence counters say half a ring of new entries has accumulated (checked at each
+  step boundary and by the watchdog every second), so consecutive dumps overlap and nothing is dropped;
+- at exit, on an uncaught exception, on SIGTERM/SIGINT, before ``destroy_process_group`` and at a stall.
+
+Dumps are written to a temporary name and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.recorder import Recorder
+
+BUFFER_ENV_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+DUMP_PREFIX_ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir: str) -> list[str]:
+    """Set FR's environment in ``env`` before any process group exists. Returns warnings for the user.
+
+    The user's own buffer size is kept when it is at least ``wanted``; a smaller one is raised, with a
+    warning, because dumps every half ring rely on it. Torch's own timeout dumps are pointed at ``out_dir``
+    unless the user chose a place.
+    """
+    warnings = []
+    user_value = next((env[k] for k in BUFFER_ENV_VARS if env.get(k)), None)
+    if user_value is not None:
+        try:
+            size = int(user_value)
+        except ValueError:
+            size = 0
+        if size < wanted:
+            warnings.append(
+                f"raising the Flight Recorder buffer from {user_value} to {wanted} entries "
+                f"(TORCH_FR_BUFFER_SIZE) so that no entry is dropped between dumps"
+            )
+        else:
+            wanted = size
+    # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones; older torch only knows those.
+    legacy = _torch_older_than(2, 8)
+    for key in BUFFER_ENV_VARS:
+        if key == BUFFER_ENV_VARS[0] or legacy or key in env:
+            env[key] = str(wanted)
+    if not any(env.get(k) for k in DUMP_PREFIX_ENV_VARS):
+        env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = os.path.join(os.path.abspath(out_dir), "torch_fr_rank_")
+    return warnings
+
+
+def _torch_older_than(major: int, minor: int) -> bool:
+    """From the installed distribution's metadata: the launcher must not import torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version("torch").split(".")
+        return (int(parts[0]), int(parts[1])) < (major, minor)
+    except (PackageNotFoundError, ValueError, IndexError):
+        return False
+
+
+class FlightRecorderDumps:
+    """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` on NCCL builds) into the output folder."""
+
+    def __init__(self, recorder: Recorder, out_dir: str, buffer_size: int) -> None:
+        import torch._C._distributed_c10d as c10d_C
+
+        self._recorder = recorder
+        self._out_dir = out_dir
+        self._buffer_size = buffer_size
+        self._generic = getattr(c10d_C, "_dump_fr_trace", None)
+        self._nccl = getattr(c10d_C, "_dump_nccl_trace", None)
+        self._lock = threading.Lock()
+        self._count = 0
+        self._issued_at_last_dump = 0
+
+    def dump(self, reason: str) -> None:
+        with self._lock:
+            self._issued_at_last_dump = self._issued()
+            self._count += 1
+            rank = self._recorder.rank
+            for dumper, kind in ((self._generic, "fr"), (self._nccl, "fr-nccl")):
+                if dumper is None:
+                    continue
+                try:
+                    data = dumper()
+                except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
+                    self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
+                    continue
+                name = f"rank{rank}.{kind}.{self._count}.pkl"
+                path = os.path.join(self._out_dir, name)
+                with open(path + ".tmp", "wb") as f:
+                    f.write(data)
+                os.replace(path + ".tmp", path)
+                self._recorder.log.write(["f", time.time_ns(), name, reason])
+
+    def maybe_dump(self) -> None:
+        """Dump when about half a ring of entries accumulated since the last dump."""
+        if self._issued() - self._issued_at_last_dump >= self._buffer_size // 2:
+            self.dump("periodic")
+
+    def _issued(self) -> int:
+        """Collectives issued so far on every group this rank has seen, C++-issued ones included."""
+        import torch.distributed.distributed_c10d as c10d
+
+        total = 0
+        for group in list(c10d._world.pg_map):
+            try:
+                total += group._get_sequence_number_for_group()
+            except Exception:  # a backend without the counter
+                continue
+        return total

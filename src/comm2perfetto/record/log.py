@@ -1,0 +1,95 @@
+"""The crash-safe per-rank event log.
+
+Each rank appends one JSON document per line to ``rank<R>.events.jsonl`` (format in docs/log-format.md).
+The file is a shared memory mapping: a record is in the kernel's page cache the moment it is copied in, so
+it survives SIGKILL, a SIGABRT raised from C++ and ``os._exit`` without any flush. Only a machine crash
+loses the tail. The mapping grows in chunks; a clean close truncates the zero padding, a dead process
+leaves it (readers strip trailing NUL bytes and tolerate one torn last line).
+
+Raw example (first lines of a log)::
+
+    {"kind":"header","format":"comm2perfetto-events","version":1,"rank":0,"world_size":2,...}
+    ["g",0,"0","default_pg",[0,1],"gloo"]
+    ["s",1,"train.py:57 main"]
+    ["b",1,1763110000000000000,"all_reduce",0,1,null,false,139911,1,0,3,[[4]],["Float"],16]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from typing import Any
+
+import orjson
+
+_CHUNK = 4 << 20  # grow 4 MiB at a time: a few hundred thousand records
+_dumps = orjson.dumps
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+
+
+class EventLog:
+    """Append-only JSON-lines file backed by a shared mapping.
+
+    ``write`` is called from the training thread, gloo's callback threads and the watchdog, so the copy
+    and the position update are done under one lock.
+    """
+
+    def __init__(self, path: str, chunk: int = _CHUNK) -> None:
+        self.path = path
+        self._chunk = chunk
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = chunk
+        os.ftruncate(self._fd, self._size)
+        self._map = mmap.mmap(self._fd, self._size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._pos = 0
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def write(self, record: Any) -> None:
+        """Serialise ``record`` (a list or dict of JSON types) and append it as one line."""
+        data = _dumps(record, option=_NEWLINE)
+        with self._lock:
+            if self.closed:
+                return
+            end = self._pos + len(data)
+            if end > self._size:
+                self._grow(end)
+            self._map[self._pos:end] = data
+            self._pos = end
+
+    def _grow(self, needed: int) -> None:
+        size = self._size
+        while size < needed:
+            size += self._chunk
+        os.ftruncate(self._fd, size)
+        self._map.resize(size)
+        self._size = size
+
+    @property
+    def bytes_written(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        """Flush, drop the zero padding and release the mapping. Safe to call twice."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._map.flush()
+            self._map.close()
+            os.ftruncate(self._fd, self._pos)
+            os.close(self._fd)
+
+    def abandon(self) -> None:
+        """Forget the mapping without touching the file: used in a forked child, which must not write.
+
+        No lock: the fork may have copied it in a held state from another thread.
+        """
+        self.closed = True
+        self._lock = threading.Lock()
+        try:
+            self._map.close()
+            os.close(self._fd)
+        except (OSError, ValueError, BufferError):
+            pass

@@ -1,0 +1,104 @@
+"""torch.profiler: our own window of steps, and a copy of every trace the user's profilers produce.
+
+Every finished Kineto trace passes through ``torch.profiler.profile._trace_ready`` (it then calls the user's
+``on_trace_ready``, if any). Wrapping that method at class level saves each trace into the output folder as
+``rank<R>.kineto.<n>.json.gz`` after the user's handler ran, for profilers created before or after recording
+started, and also counts ``prof.step()`` calls as step boundaries.
+
+``--profile-steps A-B`` starts a profiler when step A begins and stops it when step B ends. Kineto runs one
+profiler at a time, so the window is skipped (with a warning in the log) while the user's own is active.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.recorder import Recorder
+
+_originals: dict[str, Any] = {}
+
+
+class ProfilerCapture:
+    def __init__(self, recorder: Recorder, out_dir: str, steps: tuple[int, int] | None) -> None:
+        self._recorder = recorder
+        self._out_dir = out_dir
+        self._steps = steps
+        self._count = 0
+        self._ours: Any = None
+
+    def install(self) -> None:
+        import torch.profiler
+
+        cls = torch.profiler.profile
+        if "_trace_ready" in _originals:
+            return
+        capture = self
+        trace_ready, step = cls._trace_ready, cls.step
+        _originals["_trace_ready"], _originals["step"] = trace_ready, step
+
+        @functools.wraps(trace_ready)
+        def _trace_ready(prof: Any) -> None:
+            trace_ready(prof)
+            capture.save(prof)
+
+        @functools.wraps(step)
+        def step_(prof: Any) -> None:
+            step(prof)
+            if prof is not capture._ours:
+                capture._recorder.steps.on_profiler_step()
+
+        cls._trace_ready, cls.step = _trace_ready, step_
+        if self._steps is not None:
+            self._recorder.steps.listeners.append(self.on_step)
+            self.on_step(self._recorder.steps.current)
+
+    def uninstall(self) -> None:
+        import torch.profiler
+
+        for name, original in _originals.items():
+            setattr(torch.profiler.profile, name, original)
+        _originals.clear()
+        if self._ours is not None:
+            self._stop_ours()
+
+    def save(self, prof: Any) -> None:
+        from comm2perfetto.record import state
+
+        rec = self._recorder
+        if state.recorder is not rec:
+            return
+        try:
+            self._count += 1
+            name = f"rank{rec.rank}.kineto.{self._count}.json.gz"
+            prof.export_chrome_trace(os.path.join(self._out_dir, name))
+            rec.log.write(["t", time.time_ns(), name])
+        except Exception as exc:
+            rec.warn(f"could not save a profiler trace: {type(exc).__name__}: {exc}")
+
+    def on_step(self, step: int) -> None:
+        first, last = self._steps  # type: ignore[misc]
+        if step == first and self._ours is None:
+            self._start_ours()
+        elif step == last + 1 and self._ours is not None:
+            self._stop_ours()
+
+    def _start_ours(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            self._recorder.warn("--profile-steps window skipped: another profiler is already running")
+            return
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._ours = profile(activities=activities)
+        self._ours.start()
+
+    def _stop_ours(self) -> None:
+        ours, self._ours = self._ours, None
+        ours.stop()  # -> _trace_ready -> save()

@@ -1,0 +1,325 @@
+"""The per-rank recorder: turns each patched call into log records, and owns the rank's output files.
+
+The hot path (``record_call``) does as little as it can: read the clock, the group's sequence counter, the
+input tensors' shapes and the caller's code location, and append one ``b`` record before and one ``e`` record
+after the call. Strings that repeat (call sites, contexts) are written once and referred to by id.
+
+Any exception inside the recorder goes to ``fault()``, which disables recording on this rank with one line
+on stderr and one ``w`` record; the user's call always runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from comm2perfetto.record import nvtx as nvtx_ranges
+from comm2perfetto.record import state
+from comm2perfetto.record.config import ENV_FAULT, RecordConfig
+from comm2perfetto.record.context import ModuleTracker, StepCounter
+from comm2perfetto.record.log import EventLog
+from comm2perfetto.record.patch import OpSpec, busy
+
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+
+# Flight Recorder's dtype names (c10::ScalarType), so recorder and FR records compare directly.
+_DTYPE_NAMES = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+    "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+    "complex64": "ComplexFloat", "complex128": "ComplexDouble", "complex32": "ComplexHalf",
+    "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2",
+    "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz",
+}
+
+
+class _GroupInfo:
+    __slots__ = ("gid", "seq_counter", "group")
+
+    def __init__(self, gid: int, seq_counter: Any, group: Any) -> None:
+        self.gid = gid
+        self.seq_counter = seq_counter
+        self.group = group  # keeps the id() key valid for the group's lifetime
+
+
+class Recorder:
+    """Recording state of one rank. Created when the default process group appears."""
+
+    def __init__(self, config: RecordConfig, log: EventLog, rank: int, world_size: int) -> None:
+        import torch
+        import torch.distributed.distributed_c10d as c10d
+
+        self.config = config
+        self.log = log
+        self.rank = rank
+        self.world_size = world_size
+        self._torch = torch
+        self._tensor_type = torch.Tensor
+        self._c10d = c10d
+        self._world = c10d.GroupMember
+        self._cids = itertools.count(1)
+        self._strings: dict[Any, int] = {}
+        self._contexts: dict[tuple, int] = {}
+        self._groups: dict[int, _GroupInfo] = {}
+        self._internal_code: dict[Any, bool] = {}
+        self._dtype_names: dict[Any, str] = {}
+        self._graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+        self.pending: dict[int, tuple[int, str, int, int | None]] = {}
+        self.steps = StepCounter(self)
+        self.modules = ModuleTracker() if config.modules else None
+        self._sync = config.sync and torch.cuda.is_available()
+        self._internal_roots = _internal_roots(torch)
+        self._fault_at = os.environ.get(ENV_FAULT)
+        self.faulted = False
+        self.flight = None  # set by session: record.flight.FlightRecorderDumps
+        self.cwd = os.getcwd()
+
+    # --- the hot path ---------------------------------------------------------------------------------------
+
+    def record_call(self, spec: OpSpec, params: tuple[str, ...], original: Any, args: tuple,
+                    kwargs: dict) -> Any:
+        try:
+            cid, group_info = self._begin(spec, params, args, kwargs)
+        except Exception as exc:
+            self.fault(exc)
+            return original(*args, **kwargs)
+        busy.active = True
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            busy.active = False
+            self._raised(cid, exc)
+            raise
+        busy.active = False
+        try:
+            self._returned(cid, group_info, result)
+        except Exception as exc:
+            self.fault(exc)
+        return result
+
+    def _begin(self, spec: OpSpec, params: tuple[str, ...], args: tuple, kwargs: dict
+               ) -> tuple[int, _GroupInfo]:
+        t = _time_ns()
+        bound = dict(zip(params, args))
+        if kwargs:
+            bound.update(kwargs)
+        group = bound.get("group") or self._world.WORLD
+        info = self._groups.get(id(group)) or self._declare_group(group)
+        seq = None
+        if not spec.p2p and info.seq_counter is not None:
+            seq = info.seq_counter() + 1
+        shapes, dtypes, nbytes, peer = self._describe(spec, bound, group)
+        cid = next(self._cids)
+        if self._fault_at == spec.name:
+            raise RuntimeError(f"injected recorder fault in {spec.name} (COMM2PERFETTO_TEST_FAULT)")
+        self.log.write([
+            "b", cid, t, spec.name, info.gid, seq, peer,
+            bool(bound.get("async_op", spec.always_async)), _get_ident(), self._call_site(),
+            self._context(), self.steps.current, shapes, dtypes, nbytes,
+        ])
+        self.pending[cid] = (t, spec.name, info.gid, seq)
+        if self._sync:
+            self._torch.cuda.synchronize()
+        nvtx_ranges.emit_push("c10d:" + spec.name)
+        return cid, info
+
+    def _returned(self, cid: int, info: _GroupInfo, result: Any) -> None:
+        if self._sync:
+            self._torch.cuda.synchronize()
+        nvtx_ranges.emit_pop()
+        seq_last = info.seq_counter() if info.seq_counter is not None else None
+        self.log.write(["e", cid, _time_ns(), seq_last])
+        if result is None or self._sync:
+            self.pending.pop(cid, None)
+            return
+        works = result if isinstance(result, list) else (result,)
+        futures = _futures_of(works)
+        if not futures:  # completion cannot be observed (gloo p2p work has no future)
+            self.pending.pop(cid, None)
+            return
+        self._on_completion(cid, futures)
+
+    def _on_completion(self, cid: int, futures: list[Any]) -> None:
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def done(_future: Any) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last and state.recorder is self:
+                try:
+                    self.log.write(["d", cid, _time_ns()])
+                    self.pending.pop(cid, None)
+                except Exception as exc:
+                    self.fault(exc)
+
+        for future in futures:
+            future.add_done_callback(done)
+
+    def _raised(self, cid: int, exc: BaseException) -> None:
+        try:
+            nvtx_ranges.emit_pop()
+            self.log.write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
+            self.pending.pop(cid, None)
+        except Exception as inner:
+            self.fault(inner)
+
+    # --- what a call record refers to -----------------------------------------------------------------------
+
+    def _describe(self, spec: OpSpec, bound: dict, group: Any
+                  ) -> tuple[list, list, int | None, Any]:
+        shapes: list = []
+        dtypes: list = []
+        nbytes = 0
+        tensor_type = self._tensor_type
+        for name in spec.inputs:
+            value = bound.get(name)
+            if value is None:
+                continue
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if not isinstance(item, tensor_type):
+                    item = getattr(item, "tensor", None)  # a P2POp in batch_isend_irecv
+                    if item is None:
+                        continue
+                shapes.append(list(item.shape))
+                dtypes.append(self._dtype_name(item.dtype))
+                nbytes += item.numel() * item.element_size()
+        peer = None
+        if spec.name == "batch_isend_irecv":
+            peer = [[getattr(op.op, "__name__", str(op.op)), op.peer] for op in bound.get("p2p_op_list") or ()]
+        else:
+            for name, is_group_rank in spec.peers:
+                value = bound.get(name)
+                if value is not None:
+                    peer = self._c10d.get_global_rank(group, value) if is_group_rank else value
+                    break
+        return shapes, dtypes, (nbytes if spec.inputs else None), peer
+
+    def _dtype_name(self, dtype: Any) -> str:
+        name = self._dtype_names.get(dtype)
+        if name is None:
+            short = str(dtype).removeprefix("torch.")
+            name = self._dtype_names[dtype] = _DTYPE_NAMES.get(short, short)
+        return name
+
+    def _declare_group(self, group: Any) -> _GroupInfo:
+        c10d = self._c10d
+        gid = len(self._groups)
+        try:
+            name = c10d._get_process_group_name(group)
+        except Exception:
+            name = getattr(group, "group_name", str(gid))
+        desc = getattr(group, "group_desc", "") or ""
+        try:
+            ranks = c10d.get_process_group_ranks(group)
+        except Exception:
+            ranks = []
+        if not ranks and group is self._world.WORLD:
+            ranks = list(range(self.world_size))  # declared while init_process_group is still running
+        try:
+            backend = str(c10d.get_backend(group))
+        except Exception:
+            backend = ""
+        counter = getattr(group, "_get_sequence_number_for_group", None)
+        if counter is not None:
+            try:
+                counter()
+            except Exception:  # backends without a sequence counter
+                counter = None
+        info = _GroupInfo(gid, counter, group)
+        self._groups[id(group)] = info
+        self.log.write(["g", gid, name, desc, ranks, backend])
+        return info
+
+    def _intern(self, key: Any, text: str) -> int:
+        sid = len(self._strings) + 1
+        self._strings[key] = sid
+        self.log.write(["s", sid, text])
+        return sid
+
+    def _call_site(self) -> int | None:
+        """Interned ``file:line function`` of the first caller frame outside torch and comm2perfetto."""
+        frame = sys._getframe(4)
+        internal = self._internal_code
+        while frame is not None:
+            code = frame.f_code
+            is_internal = internal.get(code)
+            if is_internal is None:
+                is_internal = internal[code] = code.co_filename.startswith(self._internal_roots)
+            if not is_internal:
+                break
+            frame = frame.f_back
+        if frame is None:
+            return None
+        key = (code, frame.f_lineno)
+        sid = self._strings.get(key)
+        if sid is None:
+            filename = code.co_filename
+            if filename.startswith(self.cwd + os.sep):
+                filename = filename[len(self.cwd) + 1:]
+            sid = self._intern(key, f"{filename}:{frame.f_lineno} {code.co_name}")
+        return sid
+
+    def _context(self) -> int:
+        """Interned (open NVTX ranges, module path, pass) of the calling thread."""
+        graph_task = self._graph_task_id
+        backward = graph_task is not None and graph_task() != -1
+        module = self.modules.current_path() if self.modules is not None else None
+        pass_ = "backward" if backward else ("forward" if module is not None else None)
+        key = (nvtx_ranges.open_ranges.names, module, pass_)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = len(self._contexts) + 1
+            self.log.write(["c", ctx, list(key[0]), module, pass_])
+        return ctx
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def warn(self, message: str) -> None:
+        self.log.write(["w", _time_ns(), message])
+
+    def fault(self, exc: BaseException) -> None:
+        """Disable recording on this rank after an internal error; training goes on."""
+        if self.faulted:
+            return
+        self.faulted = True
+        if state.recorder is self:
+            state.recorder = None
+        message = f"comm2perfetto: recording disabled on rank {self.rank} after an internal error: " \
+                  f"{type(exc).__name__}: {exc}"
+        print(message, file=sys.stderr, flush=True)
+        try:
+            self.warn(message)
+        except Exception:
+            pass
+
+    def dump_flight_recorder(self, reason: str) -> None:
+        if self.flight is not None:
+            self.flight.dump(reason)
+
+
+def _futures_of(works: Any) -> list[Any]:
+    futures = []
+    for work in works:
+        try:
+            futures.append(work.get_future())
+        except (AttributeError, RuntimeError):  # "Work::getFuture not implemented"
+            return []
+    return futures
+
+
+def _internal_roots(torch: Any) -> tuple[str, ...]:
+    import comm2perfetto
+
+    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(comm2perfetto.__file__) + os.sep]
+    import contextlib
+    import functools
+
+    roots += [functools.__file__, contextlib.__file__]
+    return tuple(roots)

@@ -1,0 +1,196 @@
+"""Lifecycle of recording in one process: configure, start when the default group appears, stop.
+
+Start-up opens ``rank<R>.events.jsonl``, writes its header, declares the default group, installs the step,
+module, profiler and NVTX instrumentation, starts the clock measurement and the watchdog, and arranges for
+Flight Recorder to be dumped at exit, on an uncaught exception and on SIGTERM/SIGINT. A forked child (a
+DataLoader worker) forgets all of it: only the rank process writes its files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from comm2perfetto.record import clock, state
+from comm2perfetto.record.config import RecordConfig
+from comm2perfetto.record.flight import FlightRecorderDumps
+from comm2perfetto.record.log import EventLog
+
+_config: RecordConfig | None = None
+_parts: dict[str, Any] = {}
+_previous_handlers: dict[int, Any] = {}
+_previous_excepthook: Any = None
+_fork_handler_registered = False
+
+LOG_NAME = "rank{rank}.events.jsonl"
+
+
+def configure(config: RecordConfig | None) -> None:
+    global _config
+    _config = config
+
+
+def on_default_group(pg: Any) -> None:
+    """Called right after torch creates the default process group."""
+    if _config is None or state.recorder is not None:
+        return
+    try:
+        start(_config, pg)
+    except Exception as exc:
+        print(f"comm2perfetto: recording not started in pid {os.getpid()}: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+
+
+def start(config: RecordConfig, pg: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from comm2perfetto import __version__
+    from comm2perfetto.record.profiler import ProfilerCapture
+    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.watchdog import Watchdog
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    os.makedirs(config.out_dir, exist_ok=True)
+    log = EventLog(os.path.join(config.out_dir, LOG_NAME.format(rank=rank)))
+    log.write({
+        "kind": "header", "format": "comm2perfetto-events", "version": 1,
+        "rank": rank, "world_size": world_size, "local_rank": _int_env("LOCAL_RANK"),
+        "host": socket.gethostname(), "pid": os.getpid(), "torch": torch.__version__,
+        "backend": str(dist.get_backend()), "comm2perfetto": __version__, "run_id": config.run_id,
+        "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "argv": sys.argv,
+        "config": config.as_header(),
+    })
+    rec = Recorder(config, log, rank, world_size)
+    rec._declare_group(pg)
+    rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
+    rec.steps.install()
+    rec.steps.listeners.append(lambda _step: rec.flight.maybe_dump())
+    if rec.modules is not None:
+        rec.modules.install()
+    profiler = ProfilerCapture(rec, config.out_dir, config.profile_steps)
+    _parts["profiler"] = profiler
+
+    try:
+        store = c10d._get_default_store()
+    except Exception:
+        store = None
+        rec.warn("no c10d store: clock offsets and job-wide stall dumps are off on this rank")
+    _parts["recorder"] = rec
+    state.recorder = rec
+    profiler.install()
+    if store is not None:
+        clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
+    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir)
+    watchdog.start()
+    _parts["watchdog"] = watchdog
+    _install_exit_handlers()
+
+
+def stop(reason: str) -> None:
+    """Dump Flight Recorder, close the log and remove every hook. Safe to call twice."""
+    # The recorder, also after a fault disabled its patch layer: its log and Flight Recorder still close.
+    rec = _parts.pop("recorder", None)
+    watchdog = _parts.pop("watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+    profiler = _parts.pop("profiler", None)
+    if rec is None:
+        return
+    try:
+        if profiler is not None:
+            profiler.uninstall()
+        rec.dump_flight_recorder(reason)
+        rec.steps.uninstall()
+        if rec.modules is not None:
+            rec.modules.uninstall()
+    except Exception as exc:
+        rec.warn(f"while stopping: {type(exc).__name__}: {exc}")
+    state.recorder = None
+    rec.log.write(["z", time.time_ns(), time.monotonic_ns(), reason])
+    rec.log.close()
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else None
+
+
+# --- exits, crashes, signals, forks ---------------------------------------------------------------------------
+
+def _install_exit_handlers() -> None:
+    global _previous_excepthook, _fork_handler_registered
+    atexit.register(_at_exit)
+    if _previous_excepthook is None:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _on_uncaught
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+            if previous is _on_signal:
+                continue
+            _previous_handlers[signum] = previous
+            signal.signal(signum, _on_signal)
+    if not _fork_handler_registered:
+        os.register_at_fork(after_in_child=_forget_in_child)
+        _fork_handler_registered = True
+
+
+def remove_exit_handlers() -> None:
+    global _previous_excepthook
+    atexit.unregister(_at_exit)
+    if _previous_excepthook is not None:
+        sys.excepthook = _previous_excepthook
+        _previous_excepthook = None
+    if threading.current_thread() is threading.main_thread():
+        for signum, previous in _previous_handlers.items():
+            signal.signal(signum, previous)
+    _previous_handlers.clear()
+
+
+def _at_exit() -> None:
+    stop("exit")
+
+
+def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
+    rec = state.recorder
+    if rec is not None:
+        try:
+            rec.warn(f"uncaught {exc_type.__name__}: {exc}"[:500])
+            rec.dump_flight_recorder("exception")
+        except Exception:
+            pass
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    rec = state.recorder
+    if rec is not None:
+        try:
+            rec.warn(f"received {signal.Signals(signum).name}")
+            rec.dump_flight_recorder("signal")
+        except Exception:
+            pass
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        # Die of the signal as the job would have, so launchers see the usual status.
+        stop("signal")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _forget_in_child() -> None:
+    rec = state.recorder
+    state.recorder = None
+    _parts.clear()
+    if rec is not None:
+        rec.log.abandon()

@@ -1,0 +1,145 @@
+"""Stall detection and job-wide stack dumps through the job's c10d store.
+
+A daemon thread per rank wakes every second. When one of this rank's recorded calls has been pending longer
+than ``stall_after_s``, the rank records the stall, writes every thread's Python stack and a Flight Recorder
+dump, and publishes the stall in the store (``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the
+new generation and does the same, whatever its main thread is doing: the rank everybody waits for is usually
+busy outside any collective (loading data, stuck in compute), and its stack is the answer.
+
+The job keeps running. Each pending call is reported once and a rank writes at most ``MAX_STALL_DUMPS`` stack
+files, so a long hang does not fill the disk.
+
+Store keys, under the job's default store::
+
+    comm2perfetto/stall_gen        counter, incremented by each rank that detects a stall
+    comm2perfetto/stall/<gen>      JSON: {"rank": 0, "op": "all_reduce", "seq": 12, "gid": 0, "t_ns": ...}
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.recorder import Recorder
+
+GEN_KEY = "comm2perfetto/stall_gen"
+STALL_KEY = "comm2perfetto/stall/{}"
+MAX_STALL_DUMPS = 5
+
+
+class Watchdog:
+    def __init__(self, recorder: Recorder, store: Any, stall_after_s: float | None, out_dir: str,
+                 interval_s: float = 1.0) -> None:
+        self._recorder = recorder
+        self._store = store
+        self._stall_ns = None if stall_after_s is None else int(stall_after_s * 1e9)
+        self._out_dir = out_dir
+        self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
+        self._reported: set[int] = set()
+        self._seen_gen = 0
+        self._dumps = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="comm2perfetto-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        from comm2perfetto.record import state
+
+        while not self._stop.wait(self._interval_s):
+            if state.recorder is not self._recorder:
+                return
+            try:
+                self.tick()
+            except Exception as exc:
+                self._recorder.fault(exc)
+                return
+
+    def tick(self) -> None:
+        rec = self._recorder
+        if rec.flight is not None:
+            rec.flight.maybe_dump()
+        if self._stall_ns is None:
+            return
+        now = time.time_ns()
+        for cid, (t_begin, op, gid, seq) in list(rec.pending.items()):
+            if now - t_begin > self._stall_ns and cid not in self._reported:
+                self._reported.add(cid)
+                self._on_local_stall(cid, op, gid, seq, t_begin)
+                break
+        if self._store is not None:
+            self._check_remote()
+
+    def _on_local_stall(self, cid: int, op: str, gid: int, seq: int | None, t_begin: int) -> None:
+        rec = self._recorder
+        waited_s = (time.time_ns() - t_begin) / 1e9
+        print(f"comm2perfetto: rank {rec.rank}: {op} (group {gid}, seq {seq}) pending for {waited_s:.0f}s; "
+              f"dumping stacks on every rank", file=sys.stderr, flush=True)
+        if self._store is not None:
+            info = {"rank": rec.rank, "op": op, "seq": seq, "gid": gid, "t_ns": time.time_ns()}
+            gen = self._store.add(GEN_KEY, 1)
+            self._store.set(STALL_KEY.format(gen), orjson.dumps(info))
+            self._seen_gen = max(self._seen_gen, gen)
+        self._dump("pending", rec.rank, cid)
+
+    def _check_remote(self) -> None:
+        gen = self._store.add(GEN_KEY, 0)
+        if gen <= self._seen_gen:
+            return
+        trigger = None  # the details may not be published yet: dump all the same
+        key = STALL_KEY.format(gen)
+        if self._store.check([key]):
+            trigger = orjson.loads(self._store.get(key)).get("rank")
+        self._seen_gen = gen
+        if trigger != self._recorder.rank:
+            self._dump("remote", trigger, None)
+
+    def _dump(self, reason: str, trigger_rank: int | None, cid: int | None) -> None:
+        rec = self._recorder
+        stacks_file = None
+        if self._dumps < MAX_STALL_DUMPS:
+            self._dumps += 1
+            stacks_file = write_stacks(rec, self._out_dir, self._dumps, reason, trigger_rank)
+        rec.log.write(["k", time.time_ns(), reason, trigger_rank, cid, stacks_file])
+        rec.dump_flight_recorder("stall")
+
+
+def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank: int | None) -> str:
+    """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
+    import os
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    threads = []
+    for tid, frame in sys._current_frames().items():
+        if tid == me:
+            continue
+        frames = [
+            {"file": fs.filename, "line": fs.lineno, "func": fs.name}
+            for fs in reversed(traceback.extract_stack(frame))
+        ]
+        threads.append({"tid": tid, "name": names.get(tid, "?"), "frames": frames})
+    pending = [
+        {"cid": cid, "op": op, "gid": gid, "seq": seq, "since_ns": t}
+        for cid, (t, op, gid, seq) in list(rec.pending.items())
+    ]
+    doc = {
+        "format": "comm2perfetto-stacks", "version": 1, "rank": rec.rank, "t_ns": time.time_ns(),
+        "reason": reason, "trigger_rank": trigger_rank, "pending": pending, "threads": threads,
+    }
+    name = f"rank{rec.rank}.stacks.{n}.json"
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "wb") as f:
+        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    os.replace(path + ".tmp", path)
+    return name
