@@ -80,14 +80,14 @@ class ModuleTracker:
     """Per-thread stack of running modules via global forward hooks (a few microseconds per module call)."""
 
     def __init__(self) -> None:
-        self._stack = _Stack()
+        self.stack = _Stack()
         self._names: dict[tuple[int, int], str] = {}
         self._handles: list[Any] = []
 
     def install(self) -> None:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        stack = self._stack
+        stack = self.stack
 
         def pre(module: Any, _inputs: Any) -> None:
             stack.modules.append(module)
@@ -107,7 +107,7 @@ class ModuleTracker:
         self._handles.clear()
 
     def current_path(self) -> str | None:
-        modules = self._stack.modules
+        modules = self.stack.modules
         if not modules:
             return None
         parts = [type(modules[0]).__name__]

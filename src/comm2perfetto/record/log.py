@@ -11,7 +11,8 @@ Raw example (first lines of a log)::
     {"kind":"header","format":"comm2perfetto-events","version":1,"rank":0,"world_size":2,...}
     ["g",0,"0","default_pg",[0,1],"gloo"]
     ["s",1,"train.py:57 main"]
-    ["b",1,1763110000000000000,"all_reduce",0,1,null,false,139911,1,0,3,[[4]],["Float"],16]
+    ["a",1,[[4]],["Float"],16]
+    ["b",1,1763110000000000000,"all_reduce",0,1,null,false,139911,1,0,3,1]
 """
 
 from __future__ import annotations
@@ -42,33 +43,39 @@ class EventLog:
         self._size = chunk
         os.ftruncate(self._fd, self._size)
         self._map = mmap.mmap(self._fd, self._size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._pos = 0
+        self._pos = 0  # the length, once closed; the mapping's own position before
         self._lock = threading.Lock()
         self.closed = False
 
     def write(self, record: Any) -> None:
-        """Serialise ``record`` (a list or dict of JSON types) and append it as one line."""
-        data = _dumps(record, option=_NEWLINE)
+        """Serialise ``record`` (a list or dict of JSON types) and append it as one line.
+
+        ``mmap.write`` copies and advances the mapping's position in one C call under the GIL, so writers on
+        different threads never interleave; only growing the mapping takes the lock.
+        """
+        data = _dumps(record, None, _NEWLINE)
+        try:
+            self._map.write(data)
+        except (ValueError, TypeError):  # full (or closed: ValueError/TypeError from a released mapping)
+            self._write_slow(data)
+
+    def _write_slow(self, data: bytes) -> None:
         with self._lock:
             if self.closed:
                 return
-            end = self._pos + len(data)
-            if end > self._size:
-                self._grow(end)
-            self._map[self._pos:end] = data
-            self._pos = end
-
-    def _grow(self, needed: int) -> None:
-        size = self._size
-        while size < needed:
-            size += self._chunk
-        os.ftruncate(self._fd, size)
-        self._map.resize(size)
-        self._size = size
+            needed = self._map.tell() + len(data)
+            if needed > self._size:
+                size = self._size
+                while size < needed:
+                    size += self._chunk
+                os.ftruncate(self._fd, size)
+                self._map.resize(size)
+                self._size = size
+            self._map.write(data)
 
     @property
     def bytes_written(self) -> int:
-        return self._pos
+        return self._map.tell() if not self.closed else self._pos
 
     def close(self) -> None:
         """Flush, drop the zero padding and release the mapping. Safe to call twice."""
@@ -76,6 +83,7 @@ class EventLog:
             if self.closed:
                 return
             self.closed = True
+            self._pos = self._map.tell()
             self._map.flush()
             self._map.close()
             os.ftruncate(self._fd, self._pos)

@@ -95,6 +95,16 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
+def collector_attached() -> bool:
+    """True when an NVTX tool (Nsight Systems) is attached; without one, emitting ranges is wasted time."""
+    try:
+        import nvtx
+        import nvtx.nvtx as impl
+    except ImportError:
+        return False
+    return nvtx.get_domain(None) is not impl.dummy_domain
+
+
 def emit_push(name: str) -> None:
     _load_nvtx()
     _nvtx_push(name)  # type: ignore[misc]

@@ -71,6 +71,35 @@ OPS: tuple[OpSpec, ...] = (
 )
 
 
+# Ops that issue several collectives per call, or p2p ops (gloo's consume collective sequence numbers): their
+# group counter is read again after the call. For the others the last sequence number is the first.
+_MULTI = {"all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list",
+          "monitored_barrier", "send_object_list", "recv_object_list"}
+
+_ABSENT = 1 << 30  # position of a parameter the function does not have: never within args
+
+
+class BoundSpec:
+    """An OpSpec resolved against the wrapped function's signature: argument positions, so the hot path
+    reads ``args[i]`` instead of binding the signature."""
+
+    __slots__ = ("spec", "name", "inputs", "group", "async_op", "peers", "single", "always_async",
+                 "collective", "has_peer")
+
+    def __init__(self, spec: OpSpec, params: tuple[str, ...]) -> None:
+        index = {name: i for i, name in enumerate(params)}
+        self.spec = spec
+        self.name = spec.name
+        self.inputs = tuple((index.get(n, _ABSENT), n) for n in spec.inputs)
+        self.group = index.get("group", _ABSENT)
+        self.async_op = index.get("async_op", _ABSENT)
+        self.peers = tuple((index.get(n, _ABSENT), n, is_group) for n, is_group in spec.peers)
+        self.single = not spec.p2p and spec.name not in _MULTI
+        self.always_async = spec.always_async
+        self.collective = not spec.p2p  # p2p ops get no collective sequence number of their own
+        self.has_peer = bool(spec.peers) or spec.name == "batch_isend_irecv"
+
+
 class _Busy(threading.local):
     """Set while a recorded call runs on this thread, so nested torch.distributed calls pass through."""
 
@@ -84,14 +113,14 @@ _installed_on: list[Any] = []
 
 
 def _make_wrapper(spec: OpSpec, original: Any) -> Any:
-    params = tuple(inspect.signature(original).parameters)
+    bound = BoundSpec(spec, tuple(inspect.signature(original).parameters))
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = state.recorder
         if rec is None or busy.active:
             return original(*args, **kwargs)
-        return rec.record_call(spec, params, original, args, kwargs)
+        return rec.record_call(bound, original, args, kwargs)
 
     wrapper.__c2p_original__ = original  # type: ignore[attr-defined]
     return wrapper

@@ -22,7 +22,7 @@ from comm2perfetto.record import state
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
-from comm2perfetto.record.patch import OpSpec, busy
+from comm2perfetto.record.patch import BoundSpec, busy
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
@@ -67,10 +67,16 @@ class Recorder:
         self._groups: dict[int, _GroupInfo] = {}
         self._internal_code: dict[Any, bool] = {}
         self._dtype_names: dict[Any, str] = {}
+        self._arg_ids: dict[tuple, int] = {}
+        self._emit_nvtx = nvtx_ranges.collector_attached()
+        self._write = log.write
+        log.write(["c", 0, [], None, None])
         self._graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+        self.default_group: Any = None  # set by the session; re-set if the job re-creates it
         self.pending: dict[int, tuple[int, str, int, int | None]] = {}
         self.steps = StepCounter(self)
         self.modules = ModuleTracker() if config.modules else None
+        self._module_stack = self.modules.stack if self.modules is not None else None
         self._sync = config.sync and torch.cuda.is_available()
         self._internal_roots = _internal_roots(torch)
         self._fault_at = os.environ.get(ENV_FAULT)
@@ -80,13 +86,46 @@ class Recorder:
 
     # --- the hot path ---------------------------------------------------------------------------------------
 
-    def record_call(self, spec: OpSpec, params: tuple[str, ...], original: Any, args: tuple,
-                    kwargs: dict) -> Any:
+    def record_call(self, call: BoundSpec, original: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``original`` between a ``b`` and an ``e`` record. One function on purpose: this is the cost
+        every recorded call pays, and each Python call level costs a tenth of a microsecond."""
+        pending = self.pending
         try:
-            cid, group_info = self._begin(spec, params, args, kwargs)
+            t = _time_ns()
+            n = len(args)
+            group = args[call.group] if call.group < n else kwargs.get("group")
+            if group is None:
+                group = self.default_group
+            info = self._groups.get(id(group)) or self._declare_group(group)
+            counter = info.seq_counter
+            seq = counter() + 1 if counter is not None and call.collective else None
+            if call.async_op < n:
+                async_op = bool(args[call.async_op])
+            else:
+                async_op = call.always_async or bool(kwargs.get("async_op", False))
+            graph_task = self._graph_task_id
+            backward = graph_task is not None and graph_task() != -1
+            modules = self._module_stack.modules if self._module_stack is not None else None
+            names = nvtx_ranges.open_ranges.names
+            cid = next(self._cids)
+            if self._fault_at == call.name:
+                raise RuntimeError(f"injected recorder fault in {call.name} (COMM2PERFETTO_TEST_FAULT)")
+            self._write([
+                "b", cid, t, call.name, info.gid, seq,
+                self._peer(call, args, kwargs, group) if call.has_peer else None,
+                async_op, _get_ident(), self._call_site(),
+                self._context(names, backward) if (names or modules or backward) else 0,
+                self.steps.current, self._arguments(call, args, kwargs),
+            ])
+            pending[cid] = (t, call.name, info.gid, seq)
+            if self._sync:
+                self._torch.cuda.synchronize()
+            if self._emit_nvtx:
+                nvtx_ranges.emit_push("c10d:" + call.name)
         except Exception as exc:
             self.fault(exc)
             return original(*args, **kwargs)
+
         busy.active = True
         try:
             result = original(*args, **kwargs)
@@ -95,53 +134,26 @@ class Recorder:
             self._raised(cid, exc)
             raise
         busy.active = False
+
         try:
-            self._returned(cid, group_info, result)
+            if self._sync:
+                self._torch.cuda.synchronize()
+            if self._emit_nvtx:
+                nvtx_ranges.emit_pop()
+            if not call.single:  # several collectives, or a p2p op: read where the counter got to
+                seq = counter() if counter is not None else None
+            self._write(["e", cid, _time_ns(), seq])
+            if result is None or self._sync:
+                del pending[cid]
+            else:
+                futures = _futures_of(result if isinstance(result, list) else (result,))
+                if futures:
+                    self._on_completion(cid, futures)
+                else:  # completion cannot be observed (gloo p2p work has no future)
+                    del pending[cid]
         except Exception as exc:
             self.fault(exc)
         return result
-
-    def _begin(self, spec: OpSpec, params: tuple[str, ...], args: tuple, kwargs: dict
-               ) -> tuple[int, _GroupInfo]:
-        t = _time_ns()
-        bound = dict(zip(params, args))
-        if kwargs:
-            bound.update(kwargs)
-        group = bound.get("group") or self._world.WORLD
-        info = self._groups.get(id(group)) or self._declare_group(group)
-        seq = None
-        if not spec.p2p and info.seq_counter is not None:
-            seq = info.seq_counter() + 1
-        shapes, dtypes, nbytes, peer = self._describe(spec, bound, group)
-        cid = next(self._cids)
-        if self._fault_at == spec.name:
-            raise RuntimeError(f"injected recorder fault in {spec.name} (COMM2PERFETTO_TEST_FAULT)")
-        self.log.write([
-            "b", cid, t, spec.name, info.gid, seq, peer,
-            bool(bound.get("async_op", spec.always_async)), _get_ident(), self._call_site(),
-            self._context(), self.steps.current, shapes, dtypes, nbytes,
-        ])
-        self.pending[cid] = (t, spec.name, info.gid, seq)
-        if self._sync:
-            self._torch.cuda.synchronize()
-        nvtx_ranges.emit_push("c10d:" + spec.name)
-        return cid, info
-
-    def _returned(self, cid: int, info: _GroupInfo, result: Any) -> None:
-        if self._sync:
-            self._torch.cuda.synchronize()
-        nvtx_ranges.emit_pop()
-        seq_last = info.seq_counter() if info.seq_counter is not None else None
-        self.log.write(["e", cid, _time_ns(), seq_last])
-        if result is None or self._sync:
-            self.pending.pop(cid, None)
-            return
-        works = result if isinstance(result, list) else (result,)
-        futures = _futures_of(works)
-        if not futures:  # completion cannot be observed (gloo p2p work has no future)
-            self.pending.pop(cid, None)
-            return
-        self._on_completion(cid, futures)
 
     def _on_completion(self, cid: int, futures: list[Any]) -> None:
         remaining = [len(futures)]
@@ -153,7 +165,7 @@ class Recorder:
                 last = remaining[0] == 0
             if last and state.recorder is self:
                 try:
-                    self.log.write(["d", cid, _time_ns()])
+                    self._write(["d", cid, _time_ns()])
                     self.pending.pop(cid, None)
                 except Exception as exc:
                     self.fault(exc)
@@ -163,43 +175,62 @@ class Recorder:
 
     def _raised(self, cid: int, exc: BaseException) -> None:
         try:
-            nvtx_ranges.emit_pop()
-            self.log.write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
+            if self._emit_nvtx:
+                nvtx_ranges.emit_pop()
+            self._write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
             self.pending.pop(cid, None)
         except Exception as inner:
             self.fault(inner)
 
     # --- what a call record refers to -----------------------------------------------------------------------
 
-    def _describe(self, spec: OpSpec, bound: dict, group: Any
-                  ) -> tuple[list, list, int | None, Any]:
-        shapes: list = []
-        dtypes: list = []
-        nbytes = 0
+    def _arguments(self, call: BoundSpec, args: tuple, kwargs: dict) -> int:
+        """Interned id of the input tensors' (shapes, dtypes, bytes): written once per distinct signature."""
+        n = len(args)
         tensor_type = self._tensor_type
-        for name in spec.inputs:
-            value = bound.get(name)
+        if len(call.inputs) == 1:  # fast path: one input tensor (all_reduce, broadcast, send ...)
+            pos, name = call.inputs[0]
+            value = args[pos] if pos < n else kwargs.get(name)
+            if isinstance(value, tensor_type):
+                aid = self._arg_ids.get((call.name, value.shape, value.dtype))
+                if aid is not None:
+                    return aid
+        key: list = [call.name]
+        for pos, name in call.inputs:
+            value = args[pos] if pos < n else kwargs.get(name)
             if value is None:
                 continue
-            items = value if isinstance(value, (list, tuple)) else (value,)
-            for item in items:
+            if isinstance(value, tensor_type):
+                key.append((value.shape, value.dtype))
+                continue
+            for item in value:  # a list of tensors, or of P2POp (batch_isend_irecv)
                 if not isinstance(item, tensor_type):
-                    item = getattr(item, "tensor", None)  # a P2POp in batch_isend_irecv
+                    item = getattr(item, "tensor", None)
                     if item is None:
                         continue
-                shapes.append(list(item.shape))
-                dtypes.append(self._dtype_name(item.dtype))
-                nbytes += item.numel() * item.element_size()
-        peer = None
-        if spec.name == "batch_isend_irecv":
-            peer = [[getattr(op.op, "__name__", str(op.op)), op.peer] for op in bound.get("p2p_op_list") or ()]
-        else:
-            for name, is_group_rank in spec.peers:
-                value = bound.get(name)
-                if value is not None:
-                    peer = self._c10d.get_global_rank(group, value) if is_group_rank else value
-                    break
-        return shapes, dtypes, (nbytes if spec.inputs else None), peer
+                key.append((item.shape, item.dtype))
+        frozen = tuple(key)
+        aid = self._arg_ids.get(frozen)
+        if aid is None:
+            aid = self._arg_ids[frozen] = len(self._arg_ids) + 1
+            if len(key) == 2:  # also under the fast path's key
+                self._arg_ids[(call.name, *key[1])] = aid
+            shapes = [list(shape) for shape, _ in key[1:]]
+            dtypes = [self._dtype_name(dtype) for _, dtype in key[1:]]
+            nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in key[1:]) if call.inputs else None
+            self._write(["a", aid, shapes, dtypes, nbytes])
+        return aid
+
+    def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
+        if call.name == "batch_isend_irecv":
+            ops = args[0] if args else kwargs.get("p2p_op_list") or ()
+            return [[getattr(op.op, "__name__", str(op.op)), op.peer] for op in ops]
+        n = len(args)
+        for pos, name, is_group_rank in call.peers:
+            value = args[pos] if pos < n else kwargs.get(name)
+            if value is not None:
+                return self._c10d.get_global_rank(group, value) if is_group_rank else value
+        return None
 
     def _dtype_name(self, dtype: Any) -> str:
         name = self._dtype_names.get(dtype)
@@ -234,18 +265,21 @@ class Recorder:
                 counter = None
         info = _GroupInfo(gid, counter, group)
         self._groups[id(group)] = info
-        self.log.write(["g", gid, name, desc, ranks, backend])
+        self._write(["g", gid, name, desc, ranks, backend])
         return info
 
     def _intern(self, key: Any, text: str) -> int:
         sid = len(self._strings) + 1
         self._strings[key] = sid
-        self.log.write(["s", sid, text])
+        self._write(["s", sid, text])
         return sid
 
     def _call_site(self) -> int | None:
         """Interned ``file:line function`` of the first caller frame outside torch and comm2perfetto."""
-        frame = sys._getframe(4)
+        try:
+            frame = sys._getframe(3)  # _call_site < record_call < wrapper < caller
+        except ValueError:
+            return None
         internal = self._internal_code
         while frame is not None:
             code = frame.f_code
@@ -266,23 +300,21 @@ class Recorder:
             sid = self._intern(key, f"{filename}:{frame.f_lineno} {code.co_name}")
         return sid
 
-    def _context(self) -> int:
-        """Interned (open NVTX ranges, module path, pass) of the calling thread."""
-        graph_task = self._graph_task_id
-        backward = graph_task is not None and graph_task() != -1
+    def _context(self, names: tuple[str, ...], backward: bool) -> int:
+        """Interned (open NVTX ranges, module path, pass) of the calling thread; 0 is the empty context."""
         module = self.modules.current_path() if self.modules is not None else None
         pass_ = "backward" if backward else ("forward" if module is not None else None)
-        key = (nvtx_ranges.open_ranges.names, module, pass_)
+        key = (names, module, pass_)
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._contexts[key] = len(self._contexts) + 1
-            self.log.write(["c", ctx, list(key[0]), module, pass_])
+            self._write(["c", ctx, list(names), module, pass_])
         return ctx
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     def warn(self, message: str) -> None:
-        self.log.write(["w", _time_ns(), message])
+        self._write(["w", _time_ns(), message])
 
     def fault(self, exc: BaseException) -> None:
         """Disable recording on this rank after an internal error; training goes on."""
@@ -302,6 +334,13 @@ class Recorder:
     def dump_flight_recorder(self, reason: str) -> None:
         if self.flight is not None:
             self.flight.dump(reason)
+
+
+def _numel(shape: Any) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
 
 
 def _futures_of(works: Any) -> list[Any]:

@@ -38,7 +38,10 @@ def configure(config: RecordConfig | None) -> None:
 
 def on_default_group(pg: Any) -> None:
     """Called right after torch creates the default process group."""
-    if _config is None or state.recorder is not None:
+    if state.recorder is not None:
+        state.recorder.default_group = pg  # the job re-created its default group
+        return
+    if _config is None:
         return
     try:
         start(_config, pg)
@@ -69,6 +72,7 @@ def start(config: RecordConfig, pg: Any) -> None:
         "config": config.as_header(),
     })
     rec = Recorder(config, log, rank, world_size)
+    rec.default_group = pg
     rec._declare_group(pg)
     rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
     rec.steps.install()
@@ -160,7 +164,7 @@ def _at_exit() -> None:
 
 
 def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
-    rec = state.recorder
+    rec = _parts.get("recorder")
     if rec is not None:
         try:
             rec.warn(f"uncaught {exc_type.__name__}: {exc}"[:500])
@@ -171,14 +175,15 @@ def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    rec = state.recorder
+    rec = _parts.get("recorder")
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if rec is not None:
         try:
             rec.warn(f"received {signal.Signals(signum).name}")
-            rec.dump_flight_recorder("signal")
+            if previous != signal.SIG_DFL:  # with the default action, stop() below dumps
+                rec.dump_flight_recorder("signal")
         except Exception:
             pass
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:

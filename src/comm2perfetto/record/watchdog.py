@@ -17,6 +17,7 @@ Store keys, under the job's default store::
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -116,10 +117,12 @@ class Watchdog:
 
 def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank: int | None) -> str:
     """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
-    import os
+
+    import comm2perfetto
 
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
+    ours = os.path.dirname(comm2perfetto.__file__) + os.sep  # the patch layer's own frames say nothing
     threads = []
     for tid, frame in sys._current_frames().items():
         if tid == me:
@@ -127,6 +130,7 @@ def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank:
         frames = [
             {"file": fs.filename, "line": fs.lineno, "func": fs.name}
             for fs in reversed(traceback.extract_stack(frame))
+            if not fs.filename.startswith(ours)
         ]
         threads.append({"tid": tid, "name": names.get(tid, "?"), "frames": frames})
     pending = [

@@ -4,7 +4,8 @@ Raw input, one JSON document per line::
 
     {"kind":"header","format":"comm2perfetto-events","version":1,"rank":0,"world_size":2,...}
     ["g",0,"0","default_pg",[0,1],"gloo"]
-    ["b",7,1795313447406614332,"all_reduce",0,5,null,false,1396872,1,1,3,[[4]],["Float"],16]
+    ["a",1,[[4]],["Float"],16]
+    ["b",7,1795313447406614332,"all_reduce",0,5,null,false,1396872,1,1,3,1]
     ["e",7,1795313447406980001,5]
 
 A log cut short by a dead process ends in NUL padding and maybe one torn line: both are tolerated and
@@ -153,7 +154,8 @@ class _Builder:
     def __init__(self, log: RankLog) -> None:
         self.log = log
         self.strings: dict[int, str] = {}
-        self.contexts: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {}
+        self.contexts: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {0: ((), None, None)}
+        self.arguments: dict[int, tuple[list, list, int | None]] = {}
         self.calls: dict[int, Call] = {}
         self.ranges: dict[int, Range] = {}
 
@@ -174,10 +176,11 @@ class _Builder:
         log = self.log
         if kind == "b":
             nvtx, module, pass_ = self.contexts.get(r[10], ((), None, None))
+            shapes, dtypes, nbytes = self.arguments[r[12]]
             call = Call(
                 cid=r[1], t_call_ns=r[2], op=r[3], gid=r[4], seq=r[5], peer=r[6], is_async=bool(r[7]),
                 tid=r[8], site=self.strings.get(r[9]), nvtx=nvtx, module=module, pass_=pass_, step=r[11],
-                shapes=r[12], dtypes=r[13], nbytes=r[14],
+                shapes=shapes, dtypes=dtypes, nbytes=nbytes,
             )
             self.calls[call.cid] = call
             log.calls.append(call)
@@ -193,6 +196,8 @@ class _Builder:
             call.error = r[3]
         elif kind == "s":
             self.strings[r[1]] = r[2]
+        elif kind == "a":
+            self.arguments[r[1]] = (r[2], r[3], r[4])
         elif kind == "c":
             self.contexts[r[1]] = (tuple(r[2]), r[3], r[4])
         elif kind == "g":

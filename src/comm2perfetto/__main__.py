@@ -1,0 +1,7 @@
+"""``python -m comm2perfetto``: the same as the ``comm2perfetto`` command."""
+
+import sys
+
+from comm2perfetto.cli import main
+
+sys.exit(main())
