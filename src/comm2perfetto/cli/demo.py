@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "then diagnose the recording.")
     p.add_argument("-o", "--out", metavar="DIR", help="output folder (default: ./comm2perfetto-<date-time>)")
     p.add_argument("--nproc", type=int, default=2, help="ranks to run (default 2)")
-    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    p.add_argument("--steps", type=int, default=20, help="training steps per epoch, 2 epochs (default 20)")
     p.set_defaults(func=run)
 
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     status = cli_main([
         "record", "-o", out, "--overwrite", "--",
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-        "--master_port", "0", str(EXAMPLE), "--steps", str(args.steps),
+        "--standalone", str(EXAMPLE), "--steps", str(args.steps),
     ])
     if status != 0:
         print(f"comm2perfetto demo: the example job failed (status {status})", file=sys.stderr)

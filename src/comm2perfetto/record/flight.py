@@ -82,25 +82,43 @@ class FlightRecorderDumps:
         self._count = 0
         self._issued_at_last_dump = 0
 
-    def dump(self, reason: str) -> None:
-        with self._lock:
-            self._issued_at_last_dump = self._issued()
-            self._count += 1
-            rank = self._recorder.rank
-            for dumper, kind in ((self._generic, "fr"), (self._nccl, "fr-nccl")):
-                if dumper is None:
-                    continue
-                try:
-                    data = dumper()
-                except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
-                    self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
-                    continue
-                name = f"rank{rank}.{kind}.{self._count}.pkl"
-                path = os.path.join(self._out_dir, name)
-                with open(path + ".tmp", "wb") as f:
-                    f.write(data)
-                os.replace(path + ".tmp", path)
-                self._recorder.log.write(["f", time.time_ns(), name, reason])
+    def warm_up(self) -> None:
+        """Make one throw-away dump: the first one imports torch._dynamo and ~800 modules to symbolise stack
+        frames (2 s here). Done once in the background at start, so that the dumps that matter (stall,
+        signal, exit) are quick."""
+        if self._generic is not None:
+            with self._lock:
+                self._generic()
+
+    def dump(self, reason: str, wait: bool = True) -> None:
+        """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
+        being written, possibly by the very thread the handler interrupted."""
+        if not self._lock.acquire(blocking=wait):
+            self._recorder.warn(f"Flight Recorder {reason} dump skipped: another dump was in progress")
+            return
+        try:
+            self._dump_locked(reason)
+        finally:
+            self._lock.release()
+
+    def _dump_locked(self, reason: str) -> None:
+        self._issued_at_last_dump = self._issued()
+        self._count += 1
+        rank = self._recorder.rank
+        for dumper, kind in ((self._generic, "fr"), (self._nccl, "fr-nccl")):
+            if dumper is None:
+                continue
+            try:
+                data = dumper()
+            except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
+                self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
+                continue
+            name = f"rank{rank}.{kind}.{self._count}.pkl"
+            path = os.path.join(self._out_dir, name)
+            with open(path + ".tmp", "wb") as f:
+                f.write(data)
+            os.replace(path + ".tmp", path)
+            self._recorder.log.write(["f", time.time_ns(), name, reason])
 
     def maybe_dump(self) -> None:
         """Dump when about half a ring of entries accumulated since the last dump."""

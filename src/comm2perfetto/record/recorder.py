@@ -38,12 +38,20 @@ _DTYPE_NAMES = {
 
 
 class _GroupInfo:
-    __slots__ = ("gid", "seq_counter", "group")
+    """A process group seen by the patch layer.
+
+    ``seq_counter`` is c10d's per-group counter. Flight Recorder's ``collective_seq_id`` is that counter on
+    NCCL, but gloo also advances it for every point-to-point op, which Flight Recorder neither records nor
+    numbers: ``p2p_consumed`` counts those, so recorded sequence numbers are always Flight Recorder's.
+    """
+
+    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed")
 
     def __init__(self, gid: int, seq_counter: Any, group: Any) -> None:
         self.gid = gid
         self.seq_counter = seq_counter
         self.group = group  # keeps the id() key valid for the group's lifetime
+        self.p2p_consumed = 0
 
 
 class Recorder:
@@ -98,7 +106,11 @@ class Recorder:
                 group = self.default_group
             info = self._groups.get(id(group)) or self._declare_group(group)
             counter = info.seq_counter
-            seq = counter() + 1 if counter is not None and call.collective else None
+            seq = raw_seq = None
+            if counter is not None:
+                raw_seq = counter()
+                if call.collective:
+                    seq = raw_seq + 1 - info.p2p_consumed
             if call.async_op < n:
                 async_op = bool(args[call.async_op])
             else:
@@ -140,8 +152,11 @@ class Recorder:
                 self._torch.cuda.synchronize()
             if self._emit_nvtx:
                 nvtx_ranges.emit_pop()
-            if not call.single:  # several collectives, or a p2p op: read where the counter got to
-                seq = counter() if counter is not None else None
+            if not call.single and counter is not None:  # several collectives, or a p2p op
+                raw_after = counter()
+                if not call.collective:
+                    info.p2p_consumed += raw_after - raw_seq
+                seq = raw_after - info.p2p_consumed
             self._write(["e", cid, _time_ns(), seq])
             if result is None or self._sync:
                 del pending[cid]
@@ -325,15 +340,18 @@ class Recorder:
             state.recorder = None
         message = f"comm2perfetto: recording disabled on rank {self.rank} after an internal error: " \
                   f"{type(exc).__name__}: {exc}"
-        print(message, file=sys.stderr, flush=True)
+        # One write: ranks share the launcher's stderr, unbuffered under torchrun, and print() writes the
+        # newline separately, so lines of two ranks would run together.
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
         try:
             self.warn(message)
         except Exception:
             pass
 
-    def dump_flight_recorder(self, reason: str) -> None:
+    def dump_flight_recorder(self, reason: str, wait: bool = True) -> None:
         if self.flight is not None:
-            self.flight.dump(reason)
+            self.flight.dump(reason, wait)
 
 
 def _numel(shape: Any) -> int:

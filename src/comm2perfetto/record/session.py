@@ -36,6 +36,12 @@ def configure(config: RecordConfig | None) -> None:
     _config = config
 
 
+def active_recorder() -> Any:
+    """This process's recorder from start to stop, also after a fault cleared ``state.recorder``: its log and
+    Flight Recorder dumps outlive the patch layer."""
+    return _parts.get("recorder")
+
+
 def on_default_group(pg: Any) -> None:
     """Called right after torch creates the default process group."""
     if state.recorder is not None:
@@ -98,7 +104,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     _install_exit_handlers()
 
 
-def stop(reason: str) -> None:
+def stop(reason: str, wait: bool = True) -> None:
     """Dump Flight Recorder, close the log and remove every hook. Safe to call twice."""
     # The recorder, also after a fault disabled its patch layer: its log and Flight Recorder still close.
     rec = _parts.pop("recorder", None)
@@ -111,7 +117,7 @@ def stop(reason: str) -> None:
     try:
         if profiler is not None:
             profiler.uninstall()
-        rec.dump_flight_recorder(reason)
+        rec.dump_flight_recorder(reason, wait)
         rec.steps.uninstall()
         if rec.modules is not None:
             rec.modules.uninstall()
@@ -181,14 +187,14 @@ def _on_signal(signum: int, frame: Any) -> None:
         try:
             rec.warn(f"received {signal.Signals(signum).name}")
             if previous != signal.SIG_DFL:  # with the default action, stop() below dumps
-                rec.dump_flight_recorder("signal")
+                rec.dump_flight_recorder("signal", wait=False)
         except Exception:
             pass
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
         # Die of the signal as the job would have, so launchers see the usual status.
-        stop("signal")
+        stop("signal", wait=False)  # the interrupted code may be halfway through a dump
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
