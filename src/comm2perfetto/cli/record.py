@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fr-buffer", type=int, default=DEFAULT_FR_BUFFER, metavar="N",
                    help=f"Flight Recorder ring size to ask for (default {DEFAULT_FR_BUFFER})")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier recording in DIR")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    # dest is not "command": that is where the top-level parser keeps the subcommand's name (for messages).
+    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
 
 
@@ -89,7 +90,7 @@ def child_environment(config: RecordConfig, base: dict[str, str] | None = None) 
 
 
 def run(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
     if not command:
         raise UserError("no command given: comm2perfetto record [options] -- COMMAND [ARGS...]")
     if shutil.which(command[0]) is None:

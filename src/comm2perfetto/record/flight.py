@@ -79,16 +79,22 @@ class FlightRecorderDumps:
         self._generic = getattr(c10d_C, "_dump_fr_trace", None)
         self._nccl = getattr(c10d_C, "_dump_nccl_trace", None)
         self._lock = threading.Lock()
+        self.warmed = threading.Event()  # benchmarks wait for it before timing anything
         self._count = 0
         self._issued_at_last_dump = 0
 
-    def warm_up(self) -> None:
-        """Make one throw-away dump: the first one imports torch._dynamo and ~800 modules to symbolise stack
-        frames (2 s here). Done once in the background at start, so that the dumps that matter (stall,
-        signal, exit) are quick."""
-        if self._generic is not None:
-            with self._lock:
+    def warm_up_if_due(self) -> None:
+        """Make one throw-away dump once the ring holds entries: the first dump with stack frames imports
+        torch._dynamo and ~800 modules to symbolise them (1-2 s here). The watchdog does it in the
+        background, so the dumps that matter (stall, signal, exit) are quick. Without the dump lock: a
+        signal that arrives meanwhile still gets its dump."""
+        if self.warmed.is_set() or self._issued() == 0:
+            return
+        try:
+            if self._generic is not None:
                 self._generic()
+        finally:
+            self.warmed.set()
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already

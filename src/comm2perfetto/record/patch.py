@@ -148,7 +148,9 @@ def _make_destroy_hook(original: Any) -> Any:
 
     @functools.wraps(original)
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-        rec = state.recorder
+        from comm2perfetto.record import session
+
+        rec = session.active_recorder()  # also after a fault disabled the wrappers: FR dumps go on
         group = args[0] if args else kwargs.get("group")
         if rec is not None and group is None:
             rec.dump_flight_recorder("destroy")

@@ -12,7 +12,9 @@ profiler at a time, so the window is skipped (with a warning in the log) while t
 from __future__ import annotations
 
 import functools
+import gzip
 import os
+import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -72,9 +74,9 @@ class ProfilerCapture:
         if state.recorder is not rec:
             return
         try:
+            name = f"rank{rec.rank}.kineto.{self._count + 1}.json.gz"
+            _export_gzip(prof, os.path.join(self._out_dir, name))
             self._count += 1
-            name = f"rank{rec.rank}.kineto.{self._count}.json.gz"
-            prof.export_chrome_trace(os.path.join(self._out_dir, name))
             rec.log.write(["t", time.time_ns(), name])
         except Exception as exc:
             rec.warn(f"could not save a profiler trace: {type(exc).__name__}: {exc}")
@@ -102,3 +104,21 @@ class ProfilerCapture:
     def _stop_ours(self) -> None:
         ours, self._ours = self._ours, None
         ours.stop()  # -> _trace_ready -> save()
+
+
+def _export_gzip(prof: Any, path: str) -> None:
+    """Kineto saves a trace only once ("Trace is already saved"): when the user's ``on_trace_ready`` exported
+    it already (``tensorboard_trace_handler`` does), export it again from the results in Python."""
+    try:
+        prof.export_chrome_trace(path)
+        return
+    except RuntimeError:
+        pass
+    tmp = path + ".tmp.json"
+    try:
+        prof.export_chrome_trace(tmp, use_python_export=True)  # a TypeError on torch without it: logged
+        with open(tmp, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -57,11 +57,6 @@ class Watchdog:
     def _run(self) -> None:
         from comm2perfetto.record import state
 
-        if self._recorder.flight is not None:
-            try:
-                self._recorder.flight.warm_up()
-            except Exception as exc:
-                self._recorder.warn(f"Flight Recorder warm-up dump failed: {type(exc).__name__}: {exc}")
         while not self._stop.wait(self._interval_s):
             if state.recorder is not self._recorder:
                 return
@@ -74,6 +69,7 @@ class Watchdog:
     def tick(self) -> None:
         rec = self._recorder
         if rec.flight is not None:
+            rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()
         if self._stall_ns is None:
             return

@@ -140,13 +140,17 @@ def read_event_log(path: str | Path) -> RankLog:
         raise EventLogError(f"{path}: first line is not JSON, not a comm2perfetto event log") from exc
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise EventLogError(f"{path}: no comm2perfetto event log header")
-    if header.get("version") not in SUPPORTED_VERSIONS:
-        raise EventLogError(
-            f"{path}: event log version {header.get('version')!r} is newer than this reader "
-            f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto"
-        )
+    version = header.get("version")
+    if version not in SUPPORTED_VERSIONS:
+        if isinstance(version, int) and version > max(SUPPORTED_VERSIONS):
+            raise EventLogError(f"{path}: event log version {version} is newer than this reader "
+                                f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto")
+        raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
     log = RankLog(path=path, header=header)
     _Builder(log).feed(lines[1:])
+    if log.closed_reason is None:
+        log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
+                            f"read up to its last record")
     return log
 
 

@@ -1,0 +1,103 @@
+"""DDP on a real 2-rank gloo job: its collectives are issued from C++ (the Reducer, the initial parameter
+broadcast), so the patch layer never sees them and Flight Recorder must have them; the optimizer marks steps;
+a Python collective inside a module's forward carries the module path."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+JOB = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Inner(nn.Module):
+    def forward(self, x):
+        dist.all_reduce(x)  # @in_forward
+        return x
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(x) * 2
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+assert Outer()(torch.ones(3)).tolist() == [4.0] * 3
+
+torch.manual_seed(rank)  # different initial weights: DDP's broadcast must make them equal
+model = DistributedDataParallel(nn.Linear(4, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+weights = [torch.zeros(2, 4) for _ in range(2)]
+dist.all_gather(weights, model.module.weight.detach())  # @check
+assert torch.equal(weights[0], weights[1]), "DDP replicas diverged"
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_job(module_jobs):
+    job = module_jobs.run(JOB, record_args=["--stall-after", "30"])
+    assert job.returncode == 0, job.explain()
+    return job
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cpp_collectives_are_in_flight_recorder_only(ddp_job, rank):
+    log = ddp_job.log(rank)
+    assert log.closed_reason == "exit" and log.problems == []
+    entries = [e for e in ddp_job.fr_entries(rank) if e["process_group"][0] == "0"]
+    recorded_seqs = {s for c in log.calls if c.seq is not None for s in range(c.seq, c.seq_last + 1)}
+    unrecorded = [e for e in entries if e["collective_seq_id"] not in recorded_seqs]
+    names = {e["profiling_name"] for e in unrecorded}
+    # DDP's parameter broadcast at construction and its gradient all-reduces in backward.
+    assert "gloo:broadcast" in names, names
+    assert "gloo:all_reduce" in names, names
+    # The patch layer saw only the script's own two calls: none of DDP's.
+    assert [(c.op, c.site) for c in log.calls] == [
+        ("all_reduce", f"job.py:{ddp_job.line_of('@in_forward')} forward"),
+        ("all_gather", f"job.py:{ddp_job.line_of('@check')} <module>"),
+    ]
+    # Three backward passes, each with at least one gradient all-reduce: all issued by the C++ Reducer.
+    backward_all_reduces = [e for e in unrecorded if e["profiling_name"] == "gloo:all_reduce"]
+    assert len(backward_all_reduces) >= 3
+    # The recorded calls are the FR entries with their sequence numbers (no p2p here: nothing to subtract).
+    by_seq = {e["collective_seq_id"]: e for e in entries}
+    for call in log.calls:
+        assert by_seq[call.seq]["profiling_name"] == f"gloo:{call.op}"
+        assert by_seq[call.seq]["input_sizes"] == call.shapes
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_optimizer_steps_are_recorded(ddp_job, rank):
+    log = ddp_job.log(rank)
+    assert [(step, source) for step, _t, source in log.steps] == [(1, "optimizer"), (2, "optimizer"),
+                                                                 (3, "optimizer")]
+    times = [t for _step, t, _source in log.steps]
+    assert times == sorted(times)
+    forward_call, check_call = log.calls
+    assert forward_call.step == 0  # before the first optimizer step
+    assert check_call.step == 3
+    assert times[-1] < check_call.t_call_ns
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_module_path_and_pass_of_a_collective_in_forward(ddp_job, rank):
+    forward_call, check_call = ddp_job.log(rank).calls
+    assert forward_call.module == "Outer.inner"
+    assert forward_call.pass_ == "forward"
+    assert forward_call.shapes == [[3]]
+    assert (check_call.module, check_call.pass_) == (None, None)

@@ -1,0 +1,49 @@
+"""Flight Recorder's environment: a large enough ring, dumps pointed at the output folder."""
+
+from __future__ import annotations
+
+import os
+
+from comm2perfetto.record.flight import prepare_environment
+
+
+def test_sets_the_buffer_and_dump_place_when_the_user_did_not(tmp_path):
+    env: dict[str, str] = {}
+    assert prepare_environment(env, 20000, str(tmp_path)) == []
+    assert env == {"TORCH_FR_BUFFER_SIZE": "20000",
+                   "TORCH_FR_DUMP_TEMP_FILE": os.path.join(str(tmp_path), "torch_fr_rank_")}
+
+
+def test_keeps_a_larger_user_buffer(tmp_path):
+    env = {"TORCH_FR_BUFFER_SIZE": "50000"}
+    assert prepare_environment(env, 20000, str(tmp_path)) == []
+    assert env["TORCH_FR_BUFFER_SIZE"] == "50000"
+
+
+def test_keeps_a_larger_user_buffer_given_by_its_nccl_name(tmp_path):
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "40000"}
+    assert prepare_environment(env, 20000, str(tmp_path)) == []
+    # Both names then agree, whichever one this torch reads.
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "40000"
+
+
+def test_raises_a_smaller_user_buffer_with_a_warning(tmp_path):
+    env = {"TORCH_FR_BUFFER_SIZE": "100"}
+    warnings = prepare_environment(env, 20000, str(tmp_path))
+    assert env["TORCH_FR_BUFFER_SIZE"] == "20000"
+    assert warnings == [("raising the Flight Recorder buffer from 100 to 20000 entries (TORCH_FR_BUFFER_SIZE) "
+                         "so that no entry is dropped between dumps")]
+
+
+def test_an_unreadable_user_buffer_is_replaced_with_a_warning(tmp_path):
+    env = {"TORCH_FR_BUFFER_SIZE": "lots"}
+    (warning,) = prepare_environment(env, 20000, str(tmp_path))
+    assert "from lots to 20000" in warning
+    assert env["TORCH_FR_BUFFER_SIZE"] == "20000"
+
+
+def test_keeps_the_users_dump_place(tmp_path):
+    env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_"}
+    prepare_environment(env, 20000, str(tmp_path))
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/fr_"
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in env
