@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class FlightRecorderDumps:
         self._nccl = getattr(c10d_C, "_dump_nccl_trace", None)
         self._lock = threading.Lock()
         self.warmed = threading.Event()  # benchmarks wait for it before timing anything
+        self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
 
@@ -106,6 +108,12 @@ class FlightRecorderDumps:
             self._dump_locked(reason)
         finally:
             self._lock.release()
+            then, self.after_dump = self.after_dump, None
+            if then is not None:
+                then()
+
+    def busy(self) -> bool:
+        return self._lock.locked()
 
     def _dump_locked(self, reason: str) -> None:
         self._issued_at_last_dump = self._issued()

@@ -9,6 +9,7 @@ DataLoader worker) forgets all of it: only the rank process writes its files.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import socket
@@ -186,17 +187,26 @@ def _on_signal(signum: int, frame: Any) -> None:
     if rec is not None:
         try:
             rec.warn(f"received {signal.Signals(signum).name}")
-            if previous != signal.SIG_DFL:  # with the default action, stop() below dumps
+            if previous != signal.SIG_DFL:  # with the default action, the exit below dumps
                 rec.dump_flight_recorder("signal", wait=False)
         except Exception:
             pass
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
-        # Die of the signal as the job would have, so launchers see the usual status.
-        stop("signal", wait=False)  # the interrupted code may be halfway through a dump
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        if rec is not None and rec.flight is not None and rec.flight.busy():
+            # A dump is being written, maybe by the very code this handler interrupted (the first dump
+            # imports for a second or two): let it finish, then die (FlightRecorderDumps.dump calls back).
+            rec.flight.after_dump = functools.partial(_die_of, signum)
+            return
+        _die_of(signum)
+
+
+def _die_of(signum: int) -> None:
+    """Die of the signal as the job would have without us, so launchers see the usual status."""
+    stop("signal", wait=False)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _forget_in_child() -> None:
