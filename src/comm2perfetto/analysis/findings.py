@@ -1,0 +1,103 @@
+"""What diagnose reports: findings and the verdict, as data (``to_json`` is the contract), plus wording helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from comm2perfetto.model import ClockAlignment, Skipped
+
+MISSING_RANKS = "missing_ranks"
+OP_MISMATCH = "op_mismatch"
+SIZE_MISMATCH = "size_mismatch"
+DTYPE_MISMATCH = "dtype_mismatch"
+P2P_MISMATCH = "p2p_mismatch"
+STUCK_ALL_JOINED = "stuck_all_joined"
+NO_DUMP = "no_dump"
+
+DESYNC_KINDS = (OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, P2P_MISMATCH)
+ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (MISSING_RANKS, STUCK_ALL_JOINED, NO_DUMP))}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem. ``call_sites`` and ``stacks`` are keyed by global rank."""
+
+    kind: str
+    process_group: str
+    group_uid: str
+    seq: int | None
+    op: str | None
+    ranks_joined: tuple[int, ...]
+    ranks_missing: tuple[int, ...]
+    culprit_ranks: tuple[int, ...]
+    detail: str
+    action: str
+    call_sites: Mapping[int, str] = field(default_factory=dict)
+    stacks: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    resolved: bool = False
+    t_ns: int | None = None  # when it happened (earliest arrival), aligned to rank 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind, "process_group": self.process_group, "group_uid": self.group_uid,
+            "seq": self.seq, "op": self.op, "ranks_joined": list(self.ranks_joined),
+            "ranks_missing": list(self.ranks_missing), "culprit_ranks": list(self.culprit_ranks),
+            "detail": self.detail, "action": self.action,
+            "call_sites": {str(r): s for r, s in sorted(self.call_sites.items())},
+            "stacks": {str(r): list(s) for r, s in sorted(self.stacks.items())},
+            "resolved": self.resolved,
+        }
+        if self.evidence:
+            out["evidence"] = dict(self.evidence)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    status: str  # "ok" | "stuck" | "desync" | "incomplete"
+    world_size: int | None
+    ranks_with_data: tuple[int, ...]
+    findings: tuple[Finding, ...]
+    skipped: tuple[Skipped, ...]
+    notes: tuple[str, ...]
+    clock: ClockAlignment
+    groups_checked: tuple[str, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    def to_json(self) -> dict[str, Any]:
+        clock = self.clock
+        return {
+            "status": self.status, "world_size": self.world_size, "ranks_with_data": list(self.ranks_with_data),
+            "findings": [f.to_json() for f in self.findings],
+            "groups_checked": list(self.groups_checked),
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+            "notes": list(self.notes),
+            "clock": {
+                "offset_ns": {str(r): o for r, o in sorted(clock.offset_ns.items())},
+                "method": {str(r): m for r, m in sorted(clock.method.items())},
+                "residual_skew_ns": clock.residual_skew_ns, "samples": clock.samples,
+            },
+        }
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 2``, ``ranks 0, 1, 3``, ``12 ranks (0, 1, 2, 3, 4, ...)``."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 6:
+        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def secs_text(ns: int) -> str:
+    """A duration for people: ``6.0 s``, ``12.5 ms``."""
+    s = ns / 1e9
+    return f"{s:.1f} s" if s >= 1 else f"{s * 1000:.1f} ms"
+

@@ -1,0 +1,146 @@
+"""``comm2perfetto diagnose DIR...``: which collective is stuck or desynced, and which rank is to blame.
+
+Exit status: 0 healthy, 1 a problem was found (stuck, desync, or ranks without data), 2 usage or input
+error. ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
+
+    {"status": "stuck", "world_size": 4, "ranks_with_data": [0, 1, 2, 3],
+     "findings": [{"kind": "missing_ranks", "process_group": "default_pg", "seq": 4, "op": "all_reduce",
+                   "ranks_joined": [0, 1, 3], "ranks_missing": [2], "culprit_ranks": [2], "detail": "...",
+                   "call_sites": {"0": "train.py:57"}, "stacks": {"2": ["data.py:88 next_batch"]}}]}
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import sys
+from typing import TextIO
+
+import orjson
+
+from comm2perfetto.analysis.findings import Diagnosis, Finding
+from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.cli import UserError
+from comm2perfetto.match import load_job
+from comm2perfetto.sources.discover import SourceError
+
+EXIT_OK, EXIT_PROBLEM = 0, 1
+MAX_SKIPPED_SHOWN = 5
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diagnose", help="name the stuck or mismatched collective and the rank to blame",
+        description="Read every Flight Recorder dump, comm2perfetto event log and stall stack under the given "
+                    "folders (any file names, pickle or JSON, any Flight Recorder version, NCCL or gloo), "
+                    "match the collectives across ranks and say, per process group, the first one that did not "
+                    "complete on every rank and why. Exit status: 0 healthy, 1 problem found, 2 input error.",
+    )
+    p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
+    p.add_argument("--force", action="store_true",
+                   help="read files that look like they come from different jobs together anyway")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # A loaded job is millions of objects that all live until the command ends and form no cycles: a cyclic
+    # GC pass over them costs seconds at 1024 ranks and frees nothing. Off for this short-lived command.
+    gc.disable()
+    try:
+        job = load_job(args.paths, force=args.force, with_stacks=False)  # stacks of findings read on demand
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
+        names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
+        raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
+    result = diagnose(job, pg=args.pg)
+    if args.format == "json":
+        text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    else:
+        buf = io.StringIO()
+        render_text(result, buf)
+        text = buf.getvalue()
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
+        sys.stdout = None  # type: ignore[assignment]  # keep the interpreter's final flush quiet
+    return EXIT_OK if result.healthy else EXIT_PROBLEM
+
+
+_HEADLINE = {
+    "ok": "OK: every collective matched on all ranks",
+    "stuck": "STUCK",
+    "desync": "DESYNC",
+    "incomplete": "INCOMPLETE: some ranks left no data",
+}
+
+
+def render_text(d: Diagnosis, out: TextIO) -> None:
+    """The same content as the JSON, for a person, most important first."""
+    ranks = _span(d.ranks_with_data)
+    world = f"world size {d.world_size}" if d.world_size else "world size unknown"
+    n = len(d.findings)
+    head = _HEADLINE[d.status]
+    if n:
+        head += f": {n} finding{'s' if n > 1 else ''}"
+    out.write(f"{head} ({world}, data from ranks {ranks})\n")
+    for i, f in enumerate(d.findings, 1):
+        out.write("\n")
+        _finding(i, f, out)
+    if d.skipped:
+        out.write(f"\nSkipped {len(d.skipped)} file(s):\n")
+        for s in d.skipped[:MAX_SKIPPED_SHOWN]:
+            out.write(f"  {s.path}: {s.reason}\n")
+        if len(d.skipped) > MAX_SKIPPED_SHOWN:
+            out.write(f"  ... and {len(d.skipped) - MAX_SKIPPED_SHOWN} more (see --format json)\n")
+    for note in d.notes:
+        out.write(f"\nNote: {note}\n")
+    clock = d.clock
+    if clock.residual_skew_ns is not None:
+        out.write(f"\nClock: ranks aligned on {clock.samples} collective ends; residual skew "
+                  f"{clock.residual_skew_ns / 1000:.1f} us\n")
+
+
+def _finding(i: int, f: Finding, out: TextIO) -> None:
+    where = f" on {f.process_group}" if f.process_group else ""
+    what = f" {f.op} #{f.seq}" if f.seq is not None and f.op else (f" {f.op}" if f.op else "")
+    tag = " (resolved: the job went on)" if f.resolved else ""
+    out.write(f"[{i}] {f.kind}{where}:{what}{tag}\n")
+    if f.culprit_ranks:
+        out.write(f"    culprit: {_span(f.culprit_ranks)}\n")
+    out.write(_wrap(f.detail, "    "))
+    for rank, site in sorted(f.call_sites.items()):
+        out.write(f"    call site, rank {rank}: {site}\n")
+    for rank, stack in sorted(f.stacks.items()):
+        out.write(f"    stack of rank {rank} (innermost first):\n")
+        for line in stack:
+            out.write(f"      {line}\n")
+    out.write(_wrap("-> " + f.action, "    "))
+
+
+def _wrap(text: str, indent: str, width: int = 110) -> str:
+    words, lines, line = text.split(), [], ""
+    for w in words:
+        if line and len(indent) + len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}" if line else w
+    if line:
+        lines.append(line)
+    return "".join(f"{indent}{ln}\n" for ln in lines)
+
+
+def _span(ranks) -> str:
+    ranks = sorted(ranks)
+    if not ranks:
+        return "none"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))

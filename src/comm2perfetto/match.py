@@ -1,0 +1,580 @@
+"""Match every rank's records into one ``Collective`` per (process group, sequence number). No torch.
+
+Input: ``Sources`` (Flight Recorder columns and recorder event logs per rank, see ``sources.discover``).
+Output: a ``Job`` (see ``model.py``) with, per process group, its collectives in seq order and its
+point-to-point transfers, each rank's coverage, and the clock alignment.
+
+How records meet:
+
+- A process group is identified across ranks by its c10d name (FR ``process_group[0]``, the recorder's
+  ``g`` record) plus its global ranks: from FR ``pg_config`` when it names them, else from the recorder's
+  ``g`` record, else every rank for the default group ``"0"``, else the ranks whose dumps mention it.
+- Collectives meet by ``collective_seq_id``; the recorder's ``seq`` is the same number (it discounts the
+  sequence numbers gloo's p2p ops consume, see docs/log-format.md).
+- On one rank, a recorder call and the FR entry with the same key become one record: FR's signature (it
+  knows output sizes), the recorder's arrival (the Python call) and end (the return), FR's start.
+- Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
+  i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import gc
+import gzip
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+from types import MappingProxyType
+
+from comm2perfetto.align import measured_offsets, refine, shift
+from comm2perfetto.model import (
+    COMPLETED,
+    FAILED,
+    PENDING,
+    UNKNOWN,
+    ClockAlignment,
+    Collective,
+    Coverage,
+    Frame,
+    Job,
+    P2POp,
+    P2PTransfer,
+    ProcessGroup,
+    RankInfo,
+    Signature,
+)
+from comm2perfetto.sources.discover import Sources, load_sources
+from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
+from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
+
+LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+# Recorder calls that are point-to-point transfers rather than collectives.
+LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv", "send_object_list",
+                           "recv_object_list"})
+# Backends whose synchronous calls return only once the collective completed (return == completion).
+CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
+
+
+@dataclass(slots=True)
+class _Track:
+    """One rank's collectives on one group, merged from FR and the recorder. Columns aligned by row."""
+
+    seqs: list[int]
+    sigs: list[Signature]
+    states: list[str]
+    arrive: list[int | None]
+    start: list[int | None]
+    end: list[int | None]
+    stack_ids: list[int | None]
+    sources: list[str] | None  # None: every row is "fr"
+    log_sigs: list[Signature | None] | None = None
+    log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
+
+
+def load_job(
+    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    workers: int | None = None,
+) -> Job:
+    """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
+
+    ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
+    needs a handful, merge needs them all).
+    """
+    # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
+    # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
+                           workers=workers)
+        return build_job(src, lazy_stacks=not with_stacks)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def build_job(src: Sources, lazy_stacks: bool = False) -> Job:
+    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock)."""
+    world = _world_size(src)
+    notes = list(src.notes)
+    groups, local = _resolve_groups(src, world, notes)
+    tracks: dict[tuple[int, str], _Track] = {}
+    p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
+    log_seen: dict[str, set[int]] = defaultdict(set)
+
+    for rank, trace in src.fr.items():
+        for key, gt in trace.groups.items():
+            uid = local.get((rank, key[0]))
+            if uid is None:
+                continue
+            if gt.seqs:
+                tracks[(rank, uid)] = _fr_track(gt)
+            p2p_ops[uid].extend(_fr_p2p(rank, gt, groups[uid]))
+    sites = _SiteInterner(src.stack_table)
+    for rank, log in src.logs.items():
+        _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites)
+
+    clock = measured_offsets(src.logs, src.ranks)
+    clock = refine(clock, _precise_ends(tracks))
+    coverage = _coverage(src, groups, tracks)
+    stacks = tuple(src.stack_table.stacks)
+    collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}
+    p2p = {uid: _pair(uid, ops, clock) for uid, ops in p2p_ops.items()}
+    return Job(
+        world_size=world,
+        ranks=MappingProxyType(_rank_infos(src)),
+        groups=MappingProxyType(groups),
+        collectives=MappingProxyType(collectives),
+        p2p=MappingProxyType(p2p),
+        coverage=MappingProxyType(coverage),
+        stacks=stacks,
+        clock=clock,
+        skipped=tuple(src.skipped),
+        notes=tuple(notes),
+        logs=MappingProxyType(dict(src.logs)),
+        stall_stacks=MappingProxyType({r: docs[-1] for r, docs in src.stacks.items() if docs}),
+        job_info=src.job_info,
+        log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
+        resolver=LazyStacks(src) if lazy_stacks else None,
+    )
+
+
+# --- world and groups ------------------------------------------------------------------------------------
+
+
+def _world_size(src: Sources) -> int | None:
+    for log in src.logs.values():
+        return log.world_size
+    for trace in src.fr.values():
+        cfg = trace.pg_config.get("0")
+        if cfg is not None and cfg.ranks:
+            return len(cfg.ranks)
+    ranks = src.ranks
+    return max(ranks) + 1 if ranks else None
+
+
+def _resolve_groups(
+    src: Sources, world: int | None, notes: list[str]
+) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str]]:
+    """Every process group of the job, and which one each rank's local name means."""
+    # (rank, name) -> (desc, ranks or None, source, backend)
+    local: dict[tuple[int, str], tuple[str, tuple[int, ...] | None, str, str | None]] = {}
+    for rank, trace in src.fr.items():
+        for name, desc in trace.groups:
+            cfg = trace.pg_config.get(name)
+            ranks = cfg.ranks if cfg is not None and cfg.ranks and rank in cfg.ranks else None
+            local[(rank, name)] = (desc, ranks, "pg_config" if ranks else "", trace.backend or None)
+        for name, cfg in trace.pg_config.items():
+            if name and cfg.ranks and rank in cfg.ranks and (rank, name) not in local:
+                local[(rank, name)] = (cfg.desc, cfg.ranks, "pg_config", trace.backend or None)
+    for rank, log in src.logs.items():
+        for g in log.groups.values():
+            name = str(g.name)
+            old = local.get((rank, name))
+            ranks = tuple(g.ranks) if g.ranks else None
+            if old is None:
+                local[(rank, name)] = (g.desc, ranks, "log" if ranks else "", g.backend)
+            elif old[1] is None and ranks:
+                local[(rank, name)] = (old[0] if _meaningful(old[0]) else g.desc, ranks, "log", g.backend)
+            elif not _meaningful(old[0]) and _meaningful(g.desc):
+                local[(rank, name)] = (g.desc, old[1], old[2], old[3] or g.backend)
+    # Unresolved memberships: the default group is the world; others, the ranks that mention them.
+    mentions: dict[str, set[int]] = defaultdict(set)
+    for (rank, name), (_, ranks, _, _) in local.items():
+        if ranks is None:
+            mentions[name].add(rank)
+    groups: dict[str, ProcessGroup] = {}
+    out: dict[tuple[int, str], str] = {}
+    for (rank, name), (desc, ranks, source, backend) in sorted(local.items()):
+        if ranks is None:
+            if name == "0" and world:
+                ranks, source = tuple(range(world)), "world"
+            else:
+                ranks, source = tuple(sorted(mentions[name])), "inferred"
+        uid = _uid(name, tuple(ranks))
+        old = groups.get(uid)
+        if old is None or (not _meaningful(old.desc) and _meaningful(desc)):
+            groups[uid] = ProcessGroup(uid, name, desc, tuple(ranks), backend, source)
+        out[(rank, name)] = uid
+    inferred = sorted({g.label for g in groups.values() if g.ranks_source == "inferred"})
+    if inferred:
+        notes.append(
+            "members of group(s) " + ", ".join(inferred) + " were inferred from the ranks whose dumps "
+            "mention them (the dumps do not list them); a member that left no data is not counted"
+        )
+    return groups, out
+
+
+def _meaningful(desc: str | None) -> bool:
+    return bool(desc) and desc != "undefined"
+
+
+@functools.lru_cache(maxsize=4096)
+def _uid(name: str, ranks: tuple[int, ...]) -> str:
+    return f"{name}[{','.join(map(str, ranks))}]"  # every rank of a 1024-rank group asks: cached
+
+
+# --- per-rank tracks -------------------------------------------------------------------------------------
+
+
+def _fr_track(gt: GroupTrack) -> _Track:
+    return _Track(
+        seqs=gt.seqs, sigs=gt.sigs, states=gt.states, arrive=gt.created_ns, start=gt.started_ns,
+        end=gt.completed_ns, stack_ids=gt.stack_ids, sources=None,
+    )
+
+
+def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
+    out = []
+    counters: dict[tuple[str, int], int] = defaultdict(int)
+    for kind, peer_local, _p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
+        if kind not in ("send", "recv") or peer_local is None:
+            continue
+        peer = group.global_rank(peer_local)
+        if peer is None:
+            continue
+        # FR's send sizes are inputs, a recv's are outputs: compare what travels.
+        sizes = sig.input_sizes if kind == "send" else sig.output_sizes
+        dtypes = sig.input_dtypes if kind == "send" else sig.output_dtypes
+        psig = Signature(kind, sizes, dtypes, None, None, "fr")
+        i = counters[(kind, peer)]
+        counters[(kind, peer)] += 1
+        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr"))
+    return out
+
+
+def _merge_log(
+    rank: int, log, groups: dict[str, ProcessGroup], local: dict[tuple[int, str], str],
+    tracks: dict[tuple[int, str], _Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
+    sites: _SiteInterner,
+) -> None:
+    """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops."""
+    rows: dict[str, dict[int, tuple]] = defaultdict(dict)  # uid -> key -> row
+    p2p_counters: dict[tuple[str, str, int], int] = defaultdict(int)
+    # Where FR recorded this rank's p2p ops on a group, they are the source; the recorder's are not added.
+    have_fr_p2p = {uid for uid, ops in p2p_ops.items() if ops and any(op.rank == rank for op in ops)} \
+        if p2p_ops else set()
+    for call in log.calls:
+        g = log.groups.get(call.gid)
+        if g is None:
+            continue
+        uid = local.get((rank, str(g.name)))
+        if uid is None:
+            continue
+        backend = g.backend or groups[uid].backend
+        cpu = backend in CPU_BACKENDS
+        state, end = _log_state(call, cpu)
+        site = sites(call.site)
+        if call.op in LOG_P2P_CALLS:
+            if uid in have_fr_p2p:
+                continue
+            for kind, peer, sizes, dtypes in _log_p2p_ops(call):
+                i = p2p_counters[(uid, kind, peer)]
+                p2p_counters[(uid, kind, peer)] += 1
+                sig = Signature(kind, sizes, dtypes, None, None, "log")
+                p2p_ops[uid].append(P2POp(rank, uid, kind, peer, i, sig, state, call.t_call_ns, end, site, "log"))
+            continue
+        if call.seq is None:
+            continue
+        first = call.seq
+        last = call.seq_last if call.seq_last is not None else first
+        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+        for key in range(first, max(first, last) + 1):
+            row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
+            rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
+            log_seen[uid].add(key)
+    for uid, by_key in rows.items():
+        tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
+
+
+def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
+    """Fold recorder rows (by key) into the FR track of the same rank and group (or make a new one)."""
+    index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
+    out = _Track([], [], [], [], [], [], [], [], [], {})
+    for key in sorted(set(index) | set(rows)):
+        i = index.get(key)
+        row = rows.get(key)
+        if i is None:  # the recorder only
+            sig, state, t_call, t_end, site, precise = row
+            values = (sig, state, t_call, None, t_end, site, "log", sig)
+        elif row is None:  # Flight Recorder only
+            assert fr is not None
+            values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
+            precise = False
+        else:  # both: FR's signature and start, the recorder's arrival and end
+            assert fr is not None
+            sig, state, t_call, t_end, site, precise = row
+            values = (
+                fr.sigs[i], _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                fr.start[i], t_end if t_end is not None else fr.end[i],
+                fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
+            )
+        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                  out.sources, out.log_sigs), values):
+            column.append(value)
+        out.seqs.append(key)
+        if precise and values[4] is not None:
+            out.log_ends[key] = values[4]
+    return out
+
+
+def _log_p2p_ops(call) -> list[tuple[str, int, tuple | None, tuple | None]]:
+    """(kind, peer, sizes, dtypes) of each transfer a recorder p2p call made.
+
+    ``batch_isend_irecv`` lists ``[op, peer]`` pairs in ``peer`` and one shape per op; object sends are
+    not paired (their sizes are pickled objects).
+    """
+    if call.op == "batch_isend_irecv":
+        pairs = call.peer if isinstance(call.peer, list) else []
+        shapes = call.shapes if isinstance(call.shapes, list) and len(call.shapes) == len(pairs) else None
+        dtypes = call.dtypes if isinstance(call.dtypes, list) and len(call.dtypes) == len(pairs) else None
+        out = []
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[1], int):
+                continue
+            kind = LOG_P2P.get(str(pair[0]))
+            if kind is None:
+                continue
+            out.append((kind, pair[1], _tuple_sizes([shapes[i]]) if shapes else None,
+                        (dtypes[i],) if dtypes else None))
+        return out
+    kind = LOG_P2P.get(call.op)
+    if kind is None or not isinstance(call.peer, int):
+        return []
+    return [(kind, call.peer, _tuple_sizes(call.shapes), _tuple_names(call.dtypes))]
+
+
+def _best_state(fr_state: str, log_state: str) -> str:
+    if COMPLETED in (fr_state, log_state):
+        return COMPLETED
+    if log_state in (PENDING, FAILED):
+        return log_state
+    return fr_state if fr_state != UNKNOWN else log_state
+
+
+def _log_state(call, cpu: bool) -> tuple[str, int | None]:
+    """State and end time of a recorder call."""
+    if call.error is not None:
+        return FAILED, call.t_return_ns
+    if call.t_done_ns is not None:
+        return COMPLETED, call.t_done_ns
+    if call.t_return_ns is None:
+        return PENDING, None
+    if cpu and not call.is_async:
+        return COMPLETED, call.t_return_ns  # a CPU backend returns from a synchronous call once it is done
+    return UNKNOWN, None
+
+
+class _SiteInterner:
+    """The recorder's call sites (``train.py:57 main``) as one-frame stacks in the job's stack table."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+        self.cache: dict[str, int] = {}
+
+    def __call__(self, site: str | None) -> int | None:
+        if not site:
+            return None
+        sid = self.cache.get(site)
+        if sid is None:
+            f = parse_site(site)
+            sid = self.cache[site] = self.table.intern((self.table.frame(f.file, f.line, f.func),))
+        return sid
+
+
+def _tuple_sizes(raw) -> tuple[tuple[int, ...], ...] | None:
+    try:
+        return tuple(tuple(s) for s in raw) if raw is not None else None
+    except TypeError:
+        return None
+
+
+def _tuple_names(raw) -> tuple[str, ...] | None:
+    return tuple(raw) if isinstance(raw, (list, tuple)) else None
+
+
+def parse_site(site: str) -> Frame:
+    """``train.py:57 main`` -> Frame("train.py", 57, "main")."""
+    loc, _, func = site.partition(" ")
+    file, _, line = loc.rpartition(":")
+    if not file or not line.isdigit():
+        return Frame(loc, 0, func)
+    return Frame(file, int(line), func)
+
+
+# --- clock, coverage -------------------------------------------------------------------------------------
+
+
+def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:
+    out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    for (rank, uid), tr in tracks.items():
+        for seq, t in tr.log_ends.items():
+            out[rank][(uid, seq)] = t
+    return out
+
+
+def _coverage(
+    src: Sources, groups: dict[str, ProcessGroup], tracks: dict[tuple[int, str], _Track]
+) -> dict[tuple[int, str], Coverage]:
+    out: dict[tuple[int, str], Coverage] = {}
+    for uid, group in groups.items():
+        for rank in group.ranks:
+            fr = src.fr.get(rank)
+            has_log = rank in src.logs
+            if fr is None and not has_log:
+                continue
+            tr = tracks.get((rank, uid))
+            wrapped = fr is not None and _wrapped(fr) and not has_log
+            if tr is None or not tr.seqs:
+                first, last = (1 << 62 if wrapped else 0), -1
+            else:
+                first = min(tr.seqs[0], tr.seqs[-1]) if wrapped else 0
+                last = max(tr.seqs[-1], tr.seqs[0])
+            upto = -1
+            if tr is not None and tr.seqs:
+                bad = [tr.states.index(st) for st in set(tr.states) if st != COMPLETED]
+                upto = tr.seqs[min(bad) - 1] if bad and min(bad) > 0 else (-1 if bad else tr.seqs[-1])
+            out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
+    return out
+
+
+def _wrapped(trace: FrRankTrace) -> bool:
+    """True when the ring buffer overwrote the rank's first records (its oldest record id is not 0)."""
+    ids = [gt.record_ids[0] for gt in trace.groups.values() if gt.record_ids]
+    ids += [gt.p2p[0][8] for gt in trace.groups.values() if gt.p2p]
+    return bool(ids) and min(ids) > 0
+
+
+# --- transposition into collectives ----------------------------------------------------------------------
+
+
+def _collectives(
+    group: ProcessGroup, tracks: dict[tuple[int, str], _Track], clock: ClockAlignment, stacks: tuple
+) -> tuple[Collective, ...]:
+    """Turn the members' row-per-collective columns into one Collective per seq (column transposition)."""
+    members = group.ranks
+    present = [(r, tracks.get((r, group.uid))) for r in members]
+    have = [tr for _, tr in present if tr is not None and tr.seqs]
+    if not have:
+        return ()
+    lo = min(min(tr.seqs[0], tr.seqs[-1]) for tr in have)
+    hi = max(max(tr.seqs[0], tr.seqs[-1]) for tr in have)
+    n = hi - lo + 1
+    empty = [None] * n
+    cols: dict[str, list[list]] = {k: [] for k in ("sig", "state", "arrive", "start", "end", "stack", "source")}
+    for rank, tr in present:
+        if tr is None or not tr.seqs:
+            for k in cols:
+                cols[k].append(empty)
+            continue
+        off = clock.offset_ns.get(rank, 0)
+        dense = _densify(tr.seqs, lo, n)
+        cols["sig"].append(dense(tr.sigs))
+        cols["state"].append(dense(tr.states))
+        cols["arrive"].append(dense(shift(tr.arrive, off)))
+        cols["start"].append(dense(shift(tr.start, off)))
+        cols["end"].append(dense(shift(tr.end, off)))
+        cols["stack"].append(dense(tr.stack_ids))
+        cols["source"].append(dense(tr.sources if tr.sources is not None else ["fr"] * len(tr.seqs)))
+    out = []
+    rows = zip(*(zip(*cols[k]) for k in ("sig", "state", "arrive", "start", "end", "stack", "source")))
+    for i, (sigs, states, arrive, start, end, stack, source) in enumerate(rows):
+        if not any(sigs):  # no member recorded this seq (signatures are always truthy)
+            continue
+        out.append(Collective(
+            group=group, seq=lo + i, ranks=members, signatures=sigs, states=states, arrive_ns=arrive,
+            start_ns=start, end_ns=end, stack_ids=stack, sources=source, stacks=stacks,
+        ))
+    return tuple(out)
+
+
+def _densify(seqs: list[int], lo: int, n: int):
+    """A function spreading a column given row-per-seq onto the dense range [lo, lo + n)."""
+    a, b = seqs[0], seqs[-1]
+    if b - a + 1 == len(seqs):  # contiguous (the usual case): pad both ends
+        head, tail = [None] * (a - lo), [None] * (lo + n - 1 - b)
+        return lambda col: head + list(col) + tail
+
+    def spread(col: list) -> list:
+        out = [None] * n
+        for s, v in zip(seqs, col):
+            out[s - lo] = v
+        return out
+
+    return spread
+
+
+def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfer, ...]:
+    sends: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
+    for op in ops:
+        off = clock.offset_ns.get(op.rank, 0)
+        if off:
+            op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
+                       op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
+                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source)
+        if op.kind == "send":
+            sends[(op.rank, op.peer)].append(op)
+        else:
+            recvs[(op.peer, op.rank)].append(op)
+    out = []
+    for pair in sorted(set(sends) | set(recvs)):
+        for i, (s, r) in enumerate(zip_longest(sends.get(pair, ()), recvs.get(pair, ()))):
+            out.append(P2PTransfer(uid, pair[0], pair[1], i, s, r))
+    return tuple(out)
+
+
+def _rank_infos(src: Sources) -> dict[int, RankInfo]:
+    out = {}
+    for rank in sorted(src.ranks):
+        log = src.logs.get(rank)
+        fr = src.fr.get(rank)
+        header = log.header if log is not None else {}
+        out[rank] = RankInfo(
+            rank=rank, host=header.get("host"), pid=header.get("pid"),
+            fr_files=tuple(fr.files) if fr else (), log_file=str(log.path) if log else None,
+            stacks_files=tuple(d.get("_path", "") for d in src.stacks.get(rank, ())),
+            kineto_files=tuple(str(p) for p in src.kineto.get(rank, ())),
+            closed_cleanly=log.closed_cleanly if log is not None else None,
+            backend=header.get("backend") or (fr.backend if fr else None),
+        )
+    return out
+
+
+class LazyStacks:
+    """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
+
+    A report asks for a handful (the culprits' and a few others'), so each request re-reads that rank's
+    dumps rather than keeping millions of frame lists in memory.
+    """
+
+    def __init__(self, src: Sources) -> None:
+        self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
+        self._table = src.stack_table
+        self._cache: dict[tuple[int, str, int], tuple] = {}
+
+    def __call__(self, rank: int, pg_name: str, seq: int) -> tuple:
+        key = (rank, pg_name, seq)
+        if key not in self._cache:
+            dumps = []
+            for path in self._files.get(rank, ()):
+                try:
+                    data = Path(path).read_bytes()
+                    if data[:2] == b"\x1f\x8b":
+                        data = gzip.decompress(data)
+                    dumps.append(read_fr_dump(path, data))
+                except (OSError, EOFError, ValueError, zlib.error):
+                    continue  # it was readable a moment ago; without it there is just no stack
+            self._cache[key] = stack_for(dumps, self._table, pg_name, seq)
+        return self._cache[key]
+
+
+def find_collective(cols: tuple[Collective, ...], seq: int) -> Collective | None:
+    """The collective with this seq in a group's seq-ordered tuple."""
+    i = bisect.bisect_left(cols, seq, key=lambda c: c.seq)
+    return cols[i] if i < len(cols) and cols[i].seq == seq else None

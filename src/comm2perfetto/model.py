@@ -1,0 +1,373 @@
+"""The loaded job: plain frozen data shared by merge, report and diagnose. Never imports torch.
+
+Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
+``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
+
+The per-rank data of a collective is stored column-wise (one tuple per field, aligned with the group's
+ranks) rather than as one object per rank and collective: a 1024-rank job with 2000 collectives would
+otherwise build two million objects. ``Collective.part(rank)`` builds the per-rank view on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
+COMPLETED = "completed"
+STARTED = "started"
+SCHEDULED = "scheduled"
+PENDING = "pending"  # the recorder saw the call begin and never return
+FAILED = "failed"  # the call raised
+UNKNOWN = "unknown"
+NOT_DONE_STATES = frozenset({STARTED, SCHEDULED, PENDING, FAILED})
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One Python frame. ``file`` as recorded (often a full path)."""
+
+    file: str
+    line: int
+    func: str
+
+    @property
+    def site(self) -> str:
+        """``train.py:57``: the short form used in reports."""
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def __str__(self) -> str:
+        return f"{self.site} {self.func}" if self.func else self.site
+
+
+Stack = tuple[Frame, ...]  # innermost first, as Flight Recorder and the stall stacks store them
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """A process group as the whole job knows it.
+
+    ``uid`` is unique in the job: c10d's group ``name`` alone is not (``split_group`` reuses names for
+    disjoint groups), so the global ranks are part of it, e.g. ``"1[0,2]"``. ``ranks_source`` says where the
+    membership came from: ``pg_config`` (Flight Recorder), ``log`` (the recorder's ``g`` record),
+    ``world`` (the default group is every rank) or ``inferred`` (the ranks whose dumps mention it).
+    """
+
+    uid: str
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    backend: str | None = None
+    ranks_source: str = "pg_config"
+
+    @property
+    def label(self) -> str:
+        """``default_pg`` or ``1`` for display: the description when the user gave one."""
+        return self.desc if self.desc and self.desc != "undefined" else self.name
+
+    def global_rank(self, group_rank: int) -> int | None:
+        """Global rank of a rank numbered inside the group (Flight Recorder's ``send 1->0`` uses those)."""
+        ordered = sorted(self.ranks)
+        return ordered[group_rank] if 0 <= group_rank < len(ordered) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a rank asked a collective to do; equal signatures on every rank is what a collective needs.
+
+    ``source`` is ``fr`` (a Flight Recorder entry: exact op name, input and output sizes and dtypes) or
+    ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
+    A coalesced group has one signature whose ``parts`` are its member ops, in issue order.
+    """
+
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...] | None
+    input_dtypes: tuple[str, ...] | None
+    output_sizes: tuple[tuple[int, ...], ...] | None
+    output_dtypes: tuple[str, ...] | None
+    source: str = "fr"
+    parts: tuple[Signature, ...] = ()
+
+    def describe(self) -> str:
+        """``all_reduce [[4]] Float`` for messages."""
+        sizes = [list(s) for s in self.input_sizes] if self.input_sizes is not None else "?"
+        dtypes = ",".join(self.input_dtypes) if self.input_dtypes else ""
+        return f"{self.op} {sizes} {dtypes}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class FrEntry:
+    """One Flight Recorder entry, normalised over format versions (built on demand, see ``FrRankTrace``).
+
+    Raw (format 2.10, pickle)::
+
+        {'record_id': 0, 'pg_id': 0, 'process_group': ('0', 'default_pg'), 'collective_seq_id': 1,
+         'p2p_seq_id': 0, 'op_id': 1, 'profiling_name': 'gloo:all_reduce', 'time_created_ns': 17953...,
+         'input_sizes': [[4]], 'input_dtypes': ['Float'], 'output_sizes': [[4]], 'output_dtypes': ['Float'],
+         'state': 'scheduled', 'time_discovered_started_ns': None, 'time_discovered_completed_ns': None,
+         'retired': True, 'timeout_ms': 1800000, 'is_p2p': False, 'frames': [...], 'thread_id': '1396...'}
+    """
+
+    rank: int
+    record_id: int
+    pg_id: int
+    pg_name: str
+    pg_desc: str
+    collective_seq_id: int
+    p2p_seq_id: int
+    op_id: int
+    backend: str
+    signature: Signature
+    peer_group_rank: int | None  # for send/recv: the other side, numbered inside the group
+    state: str
+    time_created_ns: int | None
+    time_started_ns: int | None  # watchdog discovery: a late upper bound
+    time_completed_ns: int | None  # watchdog discovery: a late upper bound
+    duration_ns: int | None
+    is_p2p: bool
+    retired: bool | None
+    timeout_ms: int | None
+    thread_id: int | None
+    stack: Stack
+
+
+@dataclass(frozen=True, slots=True)
+class CollectivePart:
+    """One rank's share of a collective (built on demand by ``Collective.part``)."""
+
+    rank: int
+    signature: Signature
+    state: str
+    t_arrive_ns: int | None
+    t_start_ns: int | None
+    t_end_ns: int | None
+    call_site: Frame | None
+    stack: Stack
+    source: str  # "fr", "log" or "fr+log"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One logical collective: (process group, sequence number) across the group's ranks.
+
+    Every per-rank tuple is aligned with ``ranks`` (the group's global ranks); ``None`` where that rank
+    has no record of this collective. Times are aligned to rank 0's clock. ``stack_ids`` index ``stacks``;
+    they are None for Flight Recorder records of a job loaded without stacks: ``Job.stack_of`` reads those.
+    """
+
+    group: ProcessGroup
+    seq: int
+    ranks: tuple[int, ...]
+    signatures: tuple[Signature | None, ...]
+    states: tuple[str | None, ...]
+    arrive_ns: tuple[int | None, ...]
+    start_ns: tuple[int | None, ...]
+    end_ns: tuple[int | None, ...]
+    stack_ids: tuple[int | None, ...]
+    sources: tuple[str | None, ...]
+    stacks: tuple[Stack, ...] = field(repr=False, compare=False, default=())
+
+    @property
+    def op(self) -> str:
+        """The op most ranks issued."""
+        counts: dict[str, int] = {}
+        for sig in self.signatures:
+            if sig is not None:
+                counts[sig.op] = counts.get(sig.op, 0) + 1
+        return max(counts, key=counts.__getitem__) if counts else "?"
+
+    @property
+    def joined_ranks(self) -> tuple[int, ...]:
+        return tuple(r for r, s in zip(self.ranks, self.signatures) if s is not None)
+
+    def state_of(self, rank: int) -> str | None:
+        return self.states[self.ranks.index(rank)]
+
+    def arrival_of(self, rank: int) -> int | None:
+        return self.arrive_ns[self.ranks.index(rank)]
+
+    @property
+    def last_arrival_rank(self) -> int | None:
+        """The rank that arrived last (the others waited for it), or None without arrival times."""
+        known = [(t, r) for r, t in zip(self.ranks, self.arrive_ns) if t is not None]
+        return max(known)[1] if known else None
+
+    @property
+    def arrival_skew_ns(self) -> int | None:
+        known = [t for t in self.arrive_ns if t is not None]
+        return max(known) - min(known) if len(known) > 1 else None
+
+    @property
+    def completed_everywhere(self) -> bool:
+        return all(s == COMPLETED for s in self.states)
+
+    def part(self, rank: int) -> CollectivePart | None:
+        i = self.ranks.index(rank)
+        sig = self.signatures[i]
+        if sig is None:
+            return None
+        sid = self.stack_ids[i]
+        stack = self.stacks[sid] if sid is not None and sid < len(self.stacks) else ()
+        return CollectivePart(
+            rank=rank, signature=sig, state=self.states[i] or UNKNOWN, t_arrive_ns=self.arrive_ns[i],
+            t_start_ns=self.start_ns[i], t_end_ns=self.end_ns[i], call_site=call_site(stack), stack=stack,
+            source=self.sources[i] or "",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class P2POp:
+    """One send or recv on one rank. ``peer`` is a global rank."""
+
+    rank: int
+    group_uid: str
+    kind: str  # "send" or "recv"
+    peer: int
+    index: int  # position among this rank's ops of this kind to this peer in this group
+    signature: Signature
+    state: str
+    t_arrive_ns: int | None
+    t_end_ns: int | None
+    stack_id: int | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class P2PTransfer:
+    """A send and the recv it pairs with (the i-th send from A to B pairs with B's i-th recv from A)."""
+
+    group_uid: str
+    src: int
+    dst: int
+    index: int
+    send: P2POp | None
+    recv: P2POp | None
+
+    @property
+    def matched(self) -> bool:
+        return self.send is not None and self.recv is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Which collectives of one group one rank's data can speak about.
+
+    ``first_seq``/``last_seq`` bound the sequence numbers this rank recorded. Flight Recorder is a ring
+    buffer: a seq below ``first_seq`` may have happened and been overwritten. ``complete_fr`` is true when
+    a Flight Recorder dump of this rank was read (so a seq above ``last_seq`` was not issued before the
+    dump); a rank known only from the recorder's log can have gaps (collectives issued from C++).
+    """
+
+    rank: int
+    group_uid: str
+    first_seq: int
+    last_seq: int
+    has_fr: bool
+    has_log: bool
+    completed_upto: int  # every seq <= this is known completed on this rank (-1: none known)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockAlignment:
+    """Per-rank clock offsets to rank 0: ``t_rank0 = t_local + offset_ns[rank]``.
+
+    ``method[rank]``: ``measured`` (the recorder's start-up measurement), ``refined`` (corrected from
+    collectives that completed on every rank, whose ends are near-simultaneous), ``assumed`` (no
+    information: 0). ``residual_skew_ns`` is the largest per-rank median distance between a rank's
+    collective ends and rank 0's after alignment: what is left of the skew; None when unmeasurable.
+    """
+
+    offset_ns: Mapping[int, int] = field(default_factory=_empty)
+    method: Mapping[int, str] = field(default_factory=_empty)
+    uncertainty_ns: Mapping[int, int] = field(default_factory=_empty)
+    residual_skew_ns: int | None = None
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A file that was not used, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    rank: int
+    host: str | None
+    pid: int | None
+    fr_files: tuple[str, ...]
+    log_file: str | None
+    stacks_files: tuple[str, ...]
+    kineto_files: tuple[str, ...]
+    closed_cleanly: bool | None  # None: no recorder log
+    backend: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Everything one job left behind, loaded, aligned and matched."""
+
+    world_size: int | None
+    ranks: Mapping[int, RankInfo]
+    groups: Mapping[str, ProcessGroup]
+    collectives: Mapping[str, tuple[Collective, ...]]  # by group uid, in seq order
+    p2p: Mapping[str, tuple[P2PTransfer, ...]]  # by group uid
+    coverage: Mapping[tuple[int, str], Coverage]  # by (rank, group uid)
+    stacks: tuple[Stack, ...]
+    clock: ClockAlignment
+    skipped: tuple[Skipped, ...] = ()
+    notes: tuple[str, ...] = ()
+    logs: Mapping[int, object] = field(default_factory=_empty, repr=False, compare=False)  # rank -> RankLog
+    stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
+    job_info: Mapping | None = None
+    # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
+    # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
+    log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
+    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
+    resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ranks_with_data(self) -> tuple[int, ...]:
+        return tuple(sorted(self.ranks))
+
+    def iter_collectives(self) -> Iterator[Collective]:
+        for cols in self.collectives.values():
+            yield from cols
+
+    def stack_of(self, c: Collective, rank: int) -> Stack:
+        """The call stack of ``rank``'s part in ``c`` (read from its dump now if it was loaded lazily)."""
+        i = c.ranks.index(rank)
+        sid = c.stack_ids[i]
+        if sid is not None:
+            return self.stack(sid)
+        if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
+            return self.resolver(rank, c.group.name, c.seq)
+        return ()
+
+    def stack(self, stack_id: int | None) -> Stack:
+        return self.stacks[stack_id] if stack_id is not None and 0 <= stack_id < len(self.stacks) else ()
+
+
+# torch itself, and our own recorder's wrappers around torch.distributed.
+_LIBRARY_MARKERS = ("/torch/", "\\torch\\", "/comm2perfetto/record/", "\\comm2perfetto\\record\\")
+
+
+def is_torch_frame(frame: Frame) -> bool:
+    """True for frames inside torch (distributed_c10d.py, c10d_logger.py...) or the recorder's wrappers."""
+    f = frame.file
+    return f.startswith("torch/") or any(m in f for m in _LIBRARY_MARKERS)
+
+
+def call_site(stack: Stack) -> Frame | None:
+    """The first frame outside torch: where user code made the call."""
+    for frame in stack:
+        if not is_torch_frame(frame):
+            return frame
+    return stack[0] if stack else None

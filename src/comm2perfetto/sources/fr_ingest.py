@@ -1,0 +1,376 @@
+"""Normalising one rank's Flight Recorder entries into columns (the hot path of loading). Never imports torch.
+
+Raw entries (see ``flight_recorder.py`` for the format) become, per process group, one row per collective in a
+few lists (``GroupTrack``) plus the group's point-to-point ops; the entry dicts are dropped right after. The
+work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
+Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
+the first rank's, old formats.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
+from comm2perfetto.sources.flight_recorder import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
+from comm2perfetto.sources.fr_tables import SignatureTable, StackTable, stack_id
+
+
+@dataclass(slots=True)
+class GroupTrack:
+    """One rank's collectives on one process group, as columns sorted by seq (one row per collective)."""
+
+    name: str
+    desc: str
+    pg_ids: set[int] = field(default_factory=set)
+    seqs: list[int] = field(default_factory=list)
+    sigs: list[Signature] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    created_ns: list[int | None] = field(default_factory=list)
+    started_ns: list[int | None] = field(default_factory=list)
+    completed_ns: list[int | None] = field(default_factory=list)
+    stack_ids: list[int | None] = field(default_factory=list)
+    op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
+    record_ids: list[int] = field(default_factory=list)
+    # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
+    p2p: list[tuple] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FrRankTrace:
+    """Everything one rank's Flight Recorder dumps say, deduplicated over snapshots."""
+
+    rank: int
+    files: list[str]
+    version: str
+    backend: str
+    pg_config: dict[str, PgConfig]
+    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc)
+    completed_upto: dict[tuple[str, str], int]
+    entry_count: int
+    raw_entries: list[dict[str, Any]] | None = None  # kept only when asked (keep_entries=True)
+
+    def entries(self, stacks: StackTable, signatures: SignatureTable) -> list[FrEntry]:
+        """Every entry as a ``FrEntry`` (needs ``keep_entries=True`` at load)."""
+        return [to_fr_entry(self.rank, e, stacks, signatures) for e in self.raw_entries or ()]
+
+
+_STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
+
+
+def _merge_snapshots(dumps: list[FrDump]) -> tuple[list[dict[str, Any]], str | None]:
+    """Union of the entries of several ring-buffer snapshots of one rank, later snapshots winning.
+
+    Returns the entries in record order and a conflict message when two snapshots disagree about the
+    same record (they come from different jobs or runs).
+    """
+    if len(dumps) == 1:
+        return dumps[0].entries, None
+    # The snapshot holding the newest records is the latest one.
+    def newest(d: FrDump) -> tuple[int, int]:
+        last = d.entries[-1] if d.entries else {}
+        return (int(last.get("record_id", -1)), len(d.entries))
+
+    merged: dict[tuple, dict[str, Any]] = {}
+    conflict = None
+    for d in sorted(dumps, key=newest):
+        for i, e in enumerate(d.entries):
+            key = (e.get("profiling_name", "").partition(":")[0], e.get("pg_id"), e.get("record_id", i))
+            old = merged.get(key)
+            if old is not None and conflict is None and (
+                old.get("time_created_ns") != e.get("time_created_ns")
+                or old.get("profiling_name") != e.get("profiling_name")
+            ):
+                conflict = (
+                    f"{d.path.name} and another dump of the same rank disagree about record "
+                    f"{key[2]} (different jobs or runs in one folder)"
+                )
+            merged[key] = e
+    return sorted(merged.values(), key=lambda e: (e.get("record_id", 0), e.get("time_created_ns") or 0)), conflict
+
+
+def build_rank_trace(
+    rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, keep_entries: bool = False,
+    with_stacks: bool = True,
+) -> tuple[FrRankTrace, str | None]:
+    """Normalise one rank's dumps into an ``FrRankTrace``; also returns a snapshot-conflict message."""
+    entries, conflict = _merge_snapshots(dumps)
+    version = max((d.version for d in dumps), key=_version_key, default="")
+    pg_config: dict[str, PgConfig] = {}
+    status: dict[int, tuple[int, int, int]] = {}
+    for d in dumps:  # later files win
+        pg_config.update(d.pg_config)
+        status.update(d.pg_status)
+    groups: dict[tuple[str, str], GroupTrack] = {}
+    backend = _ingest(entries, groups, stacks, signatures, with_stacks)
+    completed_upto = _apply_pg_status(groups, status, backend)
+    trace = FrRankTrace(
+        rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
+        groups=groups, completed_upto=completed_upto, entry_count=len(entries),
+        raw_entries=entries if keep_entries else None,
+    )
+    return trace, conflict
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.split("."))
+    except ValueError:
+        return (0,)
+
+
+# Keys every entry has since format 2.4, read in one C call per entry (operator.itemgetter). pg_id, op_id
+# and p2p_seq_id are only needed for gloo dumps, debug-mode dumps and p2p entries: read separately, if at all.
+_MODERN_KEYS = (
+    "profiling_name", "process_group", "collective_seq_id", "is_p2p", "state", "time_discovered_started_ns",
+    "time_discovered_completed_ns", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
+    "output_dtypes", "record_id",
+)
+_modern_row = itemgetter(*_MODERN_KEYS)
+
+
+def _slow_row(e: dict[str, Any], index: int) -> tuple:
+    """The same tuple as ``_modern_row`` for entries of older formats (missing keys get defaults)."""
+    get = e.get
+    name = get("profiling_name") or ""
+    pg = get("process_group")
+    seq = get("collective_seq_id")
+    if seq is None:
+        seq = get("seq_id", 0)
+    is_p2p = get("is_p2p")
+    if is_p2p is None:
+        op = split_profiling_name(name)[1]
+        # Before is_p2p existed, "coalesced" entries only closed batched p2p (FR format < 2.7).
+        is_p2p = op in P2P_OPS or op == "coalesced"
+    return (
+        name, pg if pg is not None else (str(get("pg_id", 0)), ""), seq, is_p2p, get("state"),
+        get("time_discovered_started_ns"), get("time_discovered_completed_ns"), get("time_created_ns"),
+        get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes"), get("record_id", index),
+    )
+
+
+def _rows(entries: list[dict[str, Any]]) -> list[tuple]:
+    if entries and all(k in entries[0] for k in _MODERN_KEYS):
+        try:
+            return list(map(_modern_row, entries))
+        except (KeyError, TypeError):
+            pass  # a mixed dump: take the careful path
+    return [_slow_row(e, i) for i, e in enumerate(entries)]
+
+
+def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
+    return [e.get(key, default) for e in entries]
+
+
+class _StateLookup(dict):
+    def __missing__(self, key: Any) -> str:
+        return UNKNOWN
+
+
+_STATE_LOOKUP = _StateLookup(_STATE_NAMES)
+
+
+def _ingest(
+    entries: list[dict[str, Any]], groups: dict[tuple[str, str], GroupTrack], stacks: StackTable,
+    signatures: SignatureTable, with_stacks: bool = True,
+) -> str:
+    """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
+
+    This runs over every entry of every rank (two million for 1024 ranks), so it works on whole columns
+    (``zip(*rows)``, ``map``, slices: loops in C) and only falls back to per-entry Python where the data
+    needs it (several groups, p2p ops, coalesced groups, signatures that differ from the first rank's).
+    """
+    rows = _rows(entries)
+    if not rows:
+        return ""
+    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = zip(*rows)
+    del rows
+    if isinstance(pgs[0], list):  # JSON
+        pgs = tuple(map(tuple, pgs))
+    parts = {name: split_profiling_name(name) for name in set(names)}
+    counts = {}
+    for name, (backend, _, _, _) in parts.items():
+        counts[backend] = counts.get(backend, 0) + names.count(name)
+    backend = max(counts, key=counts.__getitem__)
+    gloo = backend == "gloo"
+    op_ids = [e.get("op_id", q) for e, q in zip(entries, seqs)] if gloo else [None] * len(names)
+    state_col = list(map(_STATE_LOOKUP.__getitem__, states))
+    if 0 in t_st:  # JSON writes 0 for "not discovered yet"
+        t_st = tuple(x or None for x in t_st)
+    if 0 in t_co:
+        t_co = tuple(x or None for x in t_co)
+    if with_stacks and "frames" in entries[0]:
+        sids = _stack_ids([e.get("frames") for e in entries], stacks)
+    else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
+        sids = [None] * len(names)
+
+    distinct_pgs = set(pgs)
+    unnamed = any(not pg[0] for pg in distinct_pgs)
+    # pg_id per entry only where it matters: gloo's pg_status is keyed by it, debug-mode dumps name groups by it.
+    pg_ids = _column(entries, "pg_id", None) if gloo or unnamed else None
+    any_p2p = any(p2ps)
+    p2p_seqs = _column(entries, "p2p_seq_id", 0) if any_p2p else None
+    helpers: set[Any] = set()
+    if unnamed:
+        assert pg_ids is not None
+        pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, in_s)
+        distinct_pgs = set(pgs)
+    if len(distinct_pgs) == 1 and not any_p2p:
+        partition = {(pgs[0], False): None}  # the common case: one group, collectives only
+    else:
+        partition = defaultdict(list)
+        for i, (pg, p2p) in enumerate(zip(pgs, p2ps)):
+            partition[(pg, bool(p2p))].append(i)
+    for (pg, p2p), idx in partition.items():
+        if pg in helpers:
+            continue
+        key = (str(pg[0]), str(pg[1]))
+        track = groups.get(key)
+        if track is None:
+            track = groups[key] = GroupTrack(key[0], key[1])
+        take = (lambda col: col) if idx is None else (lambda col, _i=idx: [col[i] for i in _i])
+        if pg_ids is not None:
+            track.pg_ids.update(x for x in set(take(pg_ids)) if x is not None)
+        elif (pid := entries[0 if idx is None else idx[0]].get("pg_id")) is not None:
+            track.pg_ids.add(pid)
+        if p2p:
+            _add_p2p(track, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col, created,
+                     t_co, sids, rids, signatures)
+            continue
+        t_seqs = tuple(take(seqs))
+        sigs = signatures.column(key[0], t_seqs, tuple(take(names)), parts, tuple(take(in_s)),
+                                 tuple(take(in_d)), tuple(take(out_s)), tuple(take(out_d)))
+        cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
+                list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids))]
+        if len(set(t_seqs)) != len(t_seqs):  # coalesced groups: several rows share a seq
+            folded = _fold_coalesced(list(zip(*cols)), signatures)
+            cols = [list(c) for c in zip(*folded)]
+        if track.seqs:  # one group under two spellings (rare): merge, keeping seq order
+            old = list(zip(*[getattr(track, f) for f in _TRACK_FIELDS]))
+            cols = [list(c) for c in zip(*sorted(old + list(zip(*cols)), key=lambda r: r[0]))]
+        for f, col in zip(_TRACK_FIELDS, cols):
+            setattr(track, f, col)
+    _fix_p2p_batches(groups)
+    return backend
+
+
+def _unwrap_debug_groups(pgs: tuple, pg_ids: tuple, names: tuple, in_s: tuple) -> tuple[tuple, set]:
+    """Entries written under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` have an empty group name (seen on torch 2.13,
+    gloo): name them by ``pg_id`` (the default group's is 0, matching its name "0"), and find the wrapper's
+    helper groups, whose entries are only its fingerprint checks: all-gathers of a one-element length, then of
+    the fingerprint, in pairs. Returns the new group column and the helper groups to leave out."""
+    pgs = tuple(pg if pg[0] else (str(pid), pg[1]) for pg, pid in zip(pgs, pg_ids))
+    rows: dict[Any, list[int]] = defaultdict(list)
+    for i, (pg, pid) in enumerate(zip(pgs, pg_ids)):
+        if str(pid) == pg[0]:
+            rows[pg].append(i)
+    helpers = set()
+    for pg, idx in rows.items():
+        if pg[0] != "0" and len(idx) % 2 == 0 and all(names[i].endswith(":all_gather") for i in idx) \
+                and all(in_s[i] == [[1]] for i in idx[::2]):
+            helpers.add(pg)
+    return pgs, helpers
+
+
+_TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "completed_ns", "stack_ids", "op_ids",
+                 "record_ids")
+
+
+def _add_p2p(track: GroupTrack, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
+             created, t_co, sids, rids, signatures: SignatureTable) -> None:
+    for name, p2p_seq, i_s, i_d, o_s, o_d, state, t0, t1, sid, rid in zip(
+            take(names), take(p2p_seqs), take(in_s), take(in_d), take(out_s), take(out_d),
+            take(state_col), take(created), take(t_co), take(sids), take(rids)):
+        _, op, src, dst = parts[name]
+        sig = signatures.from_raw(track.name, -1 - (p2p_seq or 0), (op, i_s, i_d, o_s, o_d))
+        peer = (dst if op == "send" else src) if op in P2P_OPS else None
+        track.p2p.append((op, peer, p2p_seq, sig, state, t0, t1, sid, rid))
+
+
+def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
+    """Stack id of every entry. torch's pickler shares frame dicts between entries, so the tuple of their
+    ids names a call path while the dump is alive; each distinct one is converted once."""
+    keys = [tuple(map(id, f)) if f else None for f in frames_col]
+    first = dict(zip(keys, frames_col))
+    frame_cache: dict[int, Frame] = {}
+    sid_of: dict[Any, int | None] = {None: None}
+    for key, frames in first.items():
+        if key is not None:
+            sid_of[key] = stack_id(frames, frame_cache, stacks)
+    return list(map(sid_of.__getitem__, keys))
+
+
+def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple]:
+    """Fold the rows of each coalesced collective (consecutive rows with one seq) into one row.
+
+    FR writes one entry per op and, since format 2.7, a closing ``*_coalesced`` entry carrying the real
+    state; the folded row keeps the first op's creation time and the closing entry's state and completion.
+    """
+    out: list[tuple] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][0] == rows[i][0]:
+            j += 1
+        if j == i:
+            out.append(rows[i])
+        else:
+            group = rows[i:j + 1]
+            last = group[-1]
+            closing = last[1].op.endswith("coalesced")
+            members = tuple(r[1] for r in (group[:-1] if closing else group))
+            sig = signatures.intern(Signature(
+                op=last[1].op if closing else "coalesced", input_sizes=None, input_dtypes=None,
+                output_sizes=None, output_dtypes=None, source="fr", parts=members,
+            ))
+            first = group[0]
+            out.append((first[0], sig, last[2], first[3], last[4] or first[4], last[5], first[6], last[7],
+                        last[8]))
+        i = j + 1
+    return out
+
+
+def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
+    """Ops of a batched p2p stay ``scheduled``; the closing ``coalesced`` entry with the same p2p seq has
+    the real state: give it to them, and drop the closing entry (it is not a transfer)."""
+    for track in groups.values():
+        if not any(row[0] == "coalesced" for row in track.p2p):
+            continue
+        out: list[tuple] = []
+        for row in track.p2p:
+            if row[0] != "coalesced":
+                out.append(row)
+                continue
+            for j in range(len(out) - 1, -1, -1):
+                if out[j][2] != row[2]:
+                    break
+                out[j] = out[j][:4] + (row[4], out[j][5], row[6]) + out[j][7:]
+        track.p2p = out
+
+
+def _apply_pg_status(
+    groups: dict[tuple[str, str], GroupTrack], status: dict[int, tuple[int, int, int]], backend: str
+) -> dict[tuple[str, str], int]:
+    """Gloo's entries never leave ``scheduled``: their state means "unknown", except where
+    ``pg_status.last_completed_collective`` says they completed. Gloo counts that number in its own
+    sequence, which also advances for p2p ops: FR's ``op_id`` (seen on torch 2.13). Other backends' states
+    are kept as written. Returns, per group, the last seq known completed through pg_status (-1: none).
+    """
+    out: dict[tuple[str, str], int] = {}
+    for key, track in groups.items():
+        last = max((status[p][2] for p in track.pg_ids if p in status), default=-1)
+        out[key] = -1
+        if backend != "gloo":
+            continue
+        states = track.states
+        for i, ident in enumerate(track.op_ids):
+            if ident <= last:
+                states[i] = COMPLETED
+                out[key] = track.seqs[i]
+            elif states[i] == SCHEDULED:
+                states[i] = UNKNOWN
+        track.p2p = [row if row[4] != SCHEDULED else row[:4] + (UNKNOWN,) + row[5:] for row in track.p2p]
+    return out

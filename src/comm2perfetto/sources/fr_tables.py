@@ -1,0 +1,127 @@
+"""Job-wide interning of call stacks and signatures, shared by every rank's Flight Recorder reader.
+
+A 1024-rank job has two million entries but a handful of distinct call paths and collective signatures:
+each is stored once and referred to by index (stacks) or identity (signatures). Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comm2perfetto.model import Frame, Signature, Stack
+
+
+class StackTable:
+    """Job-wide interning of stacks, so each distinct call path is stored once and referred to by index."""
+
+    def __init__(self) -> None:
+        self.stacks: list[Stack] = []
+        self._index: dict[Stack, int] = {}
+        self._frames: dict[tuple[str, int, str], Frame] = {}
+
+    def frame(self, file: str, line: int, func: str) -> Frame:
+        key = (file, line, func)
+        fr = self._frames.get(key)
+        if fr is None:
+            fr = self._frames[key] = Frame(file, line, func)
+        return fr
+
+    def intern(self, stack: Stack) -> int:
+        sid = self._index.get(stack)
+        if sid is None:
+            sid = self._index[stack] = len(self.stacks)
+            self.stacks.append(stack)
+        return sid
+
+
+class SignatureTable:
+    """Job-wide interning of signatures.
+
+    Hashing a signature means converting its nested lists to tuples, about a microsecond an entry. Ranks of
+    one job issue the same collectives, so the first rank's raw columns are kept per group and a later
+    rank's columns are compared with them slice-wise (``==`` on tuples of lists runs in C): where equal,
+    the first rank's signatures are reused. Only what differs is converted entry by entry.
+    """
+
+    def __init__(self) -> None:
+        self._by_value: dict[Signature, Signature] = {}
+        self._first: dict[tuple[str, int], tuple[tuple, Signature]] = {}
+        self._ref: dict[str, tuple] = {}  # group name -> (seqs, names, in_s, in_d, out_s, out_d, sigs)
+
+    def intern(self, sig: Signature) -> Signature:
+        return self._by_value.setdefault(sig, sig)
+
+    def from_raw(self, pg_name: str, seq: int, raw: tuple) -> Signature:
+        """One entry's signature; ``raw`` is (op, input_sizes, input_dtypes, output_sizes, output_dtypes)."""
+        key = (pg_name, seq)
+        first = self._first.get(key)
+        if first is not None and first[0] == raw:
+            return first[1]
+        op, in_s, in_d, out_s, out_d = raw
+        sig = self.intern(Signature(op, _sizes(in_s), _names(in_d), _sizes(out_s), _names(out_d), "fr"))
+        if first is None:
+            self._first[key] = (raw, sig)
+        return sig
+
+    def column(self, pg_name: str, seqs: tuple, names: tuple, parts: dict, in_s: tuple, in_d: tuple,
+               out_s: tuple, out_d: tuple) -> list[Signature]:
+        """Signatures of one rank's collectives on one group (columns aligned by row)."""
+        ref = self._ref.get(pg_name)
+        n = len(seqs)
+        if ref is not None and n and _contiguous(seqs) and _contiguous(ref[0]):
+            r_seqs = ref[0]
+            lo, hi = max(seqs[0], r_seqs[0]), min(seqs[-1], r_seqs[-1])
+            if lo <= hi:
+                a, b, k = lo - seqs[0], lo - r_seqs[0], hi - lo + 1
+                if (names[a:a + k] == ref[1][b:b + k] and in_s[a:a + k] == ref[2][b:b + k]
+                        and out_s[a:a + k] == ref[4][b:b + k] and in_d[a:a + k] == ref[3][b:b + k]
+                        and out_d[a:a + k] == ref[5][b:b + k]):
+                    head = self._each(pg_name, seqs[:a], names[:a], parts, in_s[:a], in_d[:a], out_s[:a],
+                                      out_d[:a])
+                    tail = self._each(pg_name, seqs[a + k:], names[a + k:], parts, in_s[a + k:], in_d[a + k:],
+                                      out_s[a + k:], out_d[a + k:])
+                    return head + list(ref[6][b:b + k]) + tail
+        sigs = self._each(pg_name, seqs, names, parts, in_s, in_d, out_s, out_d)
+        if ref is None and n and _contiguous(seqs):
+            self._ref[pg_name] = (seqs, names, in_s, in_d, out_s, out_d, sigs)
+        return sigs
+
+    def _each(self, pg_name: str, seqs, names, parts, in_s, in_d, out_s, out_d) -> list[Signature]:
+        ops = [parts[n][1] for n in names]
+        return [self.from_raw(pg_name, q, raw) for q, raw in zip(seqs, zip(ops, in_s, in_d, out_s, out_d))]
+
+
+def _contiguous(seqs: tuple) -> bool:
+    """One row per seq, consecutive (FR lists a group's collectives in seq order)."""
+    return bool(seqs) and seqs[-1] - seqs[0] + 1 == len(seqs)
+
+
+def _sizes(raw: Any) -> tuple[tuple[int, ...], ...] | None:
+    if raw is None:
+        return None
+    try:
+        return tuple(tuple(s) for s in raw)
+    except TypeError:
+        return None
+
+
+def _names(raw: Any) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):  # some writers (and torch's own tests) store one dtype as a bare string
+        return (raw,)
+    return tuple(raw)
+
+
+def stack_id(frames: list[dict[str, Any]], frame_cache: dict[int, Frame], stacks: StackTable) -> int:
+    out = []
+    for f in frames:
+        fr = frame_cache.get(id(f))
+        if fr is None:
+            try:
+                fr = stacks.frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "")))
+            except (AttributeError, TypeError, ValueError):
+                continue
+            frame_cache[id(f)] = fr
+        out.append(fr)
+    return stacks.intern(tuple(out))

@@ -1,0 +1,173 @@
+"""Reading Flight Recorder dumps of every format version, pickle and JSON."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from factories import FrJob, steady_job
+
+from comm2perfetto.match import load_job
+from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN
+from comm2perfetto.sources.flight_recorder import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
+from comm2perfetto.sources.fr_ingest import build_rank_trace
+from comm2perfetto.sources.fr_tables import SignatureTable, StackTable
+
+
+@pytest.mark.parametrize("name, rank", [
+    ("rank5.fr.3.pkl", 5), ("rank5.fr-nccl.12.pkl", 5), ("nccl_trace_rank_5", 5), ("comm_lib_trace_rank_5", 5),
+    ("rank5.pkl", 5), ("nccl_trace_rank_container-node02_5", 5), ("trace_rank3_host7.json", 7),
+    ("dump_file_rank_12", 12), ("no_rank_here.pkl", None),
+])
+def test_rank_from_name(name, rank):
+    assert rank_from_name(name) == rank
+
+
+def test_split_profiling_name():
+    assert split_profiling_name("nccl:all_reduce") == ("nccl", "all_reduce", None, None)
+    assert split_profiling_name("nccl:send 1->0") == ("nccl", "send", 1, 0)
+    assert split_profiling_name("nccl:recv 0<-1") == ("nccl", "recv", 1, 0)
+    assert split_profiling_name("xccl:_broadcast_oop") == ("xccl", "_broadcast_oop", None, None)
+
+
+VERSIONS = ["list", "2.2", "2.3", "2.4", "2.7", "2.9", "2.10"]
+
+
+# JSON dumps never were bare lists: that pair does not exist.
+VERSION_FORMATS = [(v, f) for v in VERSIONS for f in ("pickle", "json") if (v, f) != ("list", "json")]
+
+
+@pytest.mark.parametrize("version, fmt", VERSION_FORMATS)
+def test_every_version_and_format_gives_the_same_collectives(tmp_path, version, fmt):
+    steps = 6
+    job = steady_job(world=3, steps=steps, version=version)
+    job.write(tmp_path, fmt=fmt)
+    loaded = load_job([tmp_path])
+    (cols,) = loaded.collectives.values()
+    assert [c.seq for c in cols] == list(range(1, steps + 1))
+    assert [c.op for c in cols] == [["all_reduce", "all_gather", "_reduce_scatter_base", "broadcast"][i % 4]
+                                    for i in range(steps)]
+    assert all(c.completed_everywhere for c in cols)
+    assert cols[0].signatures[0].input_sizes == ((1024, 1024),)
+    has_dtypes = version == "list" or tuple(map(int, version.split("."))) < (2, 3)
+    assert (cols[0].signatures[0].input_dtypes is None) == has_dtypes
+    # Stacks come from pickles only (JSON dumps carry no frames).
+    site = cols[1].part(0).call_site
+    assert (site.site if site else None) == ("train.py:51" if fmt == "pickle" else None)
+
+
+def test_json_zero_times_mean_unknown(tmp_path):
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]], state="scheduled")
+    job.write(tmp_path, fmt="json")
+    c = load_job([tmp_path]).collectives["0[0,1]"][0]
+    assert c.start_ns == (None, None) and c.end_ns == (None, None)
+    assert c.states == ("scheduled", "scheduled")
+
+
+def test_truncated_pickle_is_a_format_error(tmp_path):
+    data = pickle.dumps(FrJob(world=1).document(0), protocol=2)
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FrFormatError, match="corrupt or truncated"):
+        read_fr_dump(path)
+
+
+def test_a_pickle_that_is_not_a_dump_is_a_format_error(tmp_path):
+    path = tmp_path / "rank0.pkl"
+    path.write_bytes(pickle.dumps({"weights": [1, 2, 3]}, protocol=2))
+    with pytest.raises(FrFormatError, match="not a Flight Recorder dump"):
+        read_fr_dump(path)
+    path.write_bytes(pickle.dumps({"version": "2.10", "entries": [1, 2]}, protocol=2))
+    with pytest.raises(FrFormatError, match="not a list of records"):
+        read_fr_dump(path)
+
+
+def _trace(job: FrJob, rank: int, **kw):
+    dump = read_fr_dump(f"nccl_trace_rank_{rank}", pickle.dumps(job.document(rank), protocol=2))
+    trace, conflict = build_rank_trace(rank, [dump], StackTable(), SignatureTable(), **kw)
+    assert conflict is None
+    return trace
+
+
+def test_coalesced_entries_fold_into_one_collective_with_parts():
+    job = FrJob(world=2, version="2.8")
+    job.collective(0, "all_reduce", [[4]])
+    parts = [("_broadcast_oop", [[4, 4]], [[4, 4]]), ("_broadcast_oop", [[5, 5]], [[5, 5]])]
+    job.collective(0, "ALLGATHER_coalesced", [], [], coalesced=parts, state="started")
+    trace = _trace(job, 0)
+    (track,) = trace.groups.values()
+    assert track.seqs == [1, 2]
+    sig = track.sigs[1]
+    assert sig.op == "ALLGATHER_coalesced"
+    assert [(p.op, p.input_sizes) for p in sig.parts] == [("_broadcast_oop", ((4, 4),)), ("_broadcast_oop", ((5, 5),))]
+    assert track.states[1] == STARTED  # the closing entry's state, not the members' "scheduled"
+
+
+def test_batched_p2p_ops_take_the_closing_entrys_state():
+    job = FrJob(world=2)
+    job.p2p(0, "send", 1, [[8]], batch=True)
+    job.p2p(0, "recv", 1, [[8]], batch=True)
+    job.close_batch(0, state="completed")
+    (track,) = _trace(job, 0).groups.values()
+    assert [(row[0], row[1], row[4]) for row in track.p2p] == [("send", 1, COMPLETED), ("recv", 1, COMPLETED)]
+
+
+def test_gloo_states_are_unknown_unless_pg_status_says_completed():
+    job = FrJob(world=2, backend="gloo")
+    for _ in range(3):
+        job.collective(0, "all_reduce", [[4]], state="scheduled")
+    doc = job.document(0)
+    # Gloo counts last_completed_collective in op ids: with a p2p op in between, op ids run ahead of seqs.
+    doc["entries"][2]["op_id"] = 4
+    doc["pg_status"]["0"]["last_completed_collective"] = 2
+    dump = read_fr_dump("nccl_trace_rank_0", pickle.dumps(doc, protocol=2))
+    trace, _ = build_rank_trace(0, [dump], StackTable(), SignatureTable())
+    (track,) = trace.groups.values()
+    assert track.states == [COMPLETED, COMPLETED, UNKNOWN]
+    assert trace.backend == "gloo"
+
+
+def test_overlapping_snapshots_of_one_rank_are_deduplicated(tmp_path):
+    job = FrJob(world=1)
+    for _ in range(4):
+        job.collective(0, "all_reduce", [[4]])
+    full = job.document(0)
+    early = dict(full, entries=full["entries"][:3])
+    late = dict(full, entries=full["entries"][1:])
+    (tmp_path / "rank0.fr.1.pkl").write_bytes(pickle.dumps(early, protocol=2))
+    (tmp_path / "rank0.fr.2.pkl").write_bytes(pickle.dumps(late, protocol=2))
+    (cols,) = load_job([tmp_path]).collectives.values()
+    assert [c.seq for c in cols] == [1, 2, 3, 4]
+
+
+def test_signatures_are_shared_between_ranks_that_agree():
+    job = steady_job(world=3, steps=8)
+    stacks, sigs = StackTable(), SignatureTable()
+    traces = []
+    for r in job.ranks:
+        dump = read_fr_dump(f"nccl_trace_rank_{r}", pickle.dumps(job.document(r), protocol=2))
+        traces.append(build_rank_trace(r, [dump], stacks, sigs)[0])
+    col = [next(iter(t.groups.values())).sigs for t in traces]
+    assert all(a is b for a, b in zip(col[0], col[2]))
+    assert len(stacks.stacks) == 4  # four call sites, each interned once for the whole job
+
+
+def test_debug_detail_dumps_have_no_group_names_and_fingerprint_helpers(tmp_path):
+    # What TORCH_DISTRIBUTED_DEBUG=DETAIL writes (seen on torch 2.13, gloo): process_group ('', '') on every
+    # entry, and the wrapper's helper group (pg_id 1) all-gathering a fingerprint's length, then the fingerprint,
+    # before each collective of the real group (pg_id 0).
+    job = FrJob(world=2, backend="gloo")
+    job.group("1", [0, 1], desc="helper")
+    for r in job.ranks:
+        for size in ([[4]], [[6]]):
+            job.collective(r, "all_gather", [[1]], [[2]], pg="1", state="scheduled")
+            job.collective(r, "all_gather", [[7]], [[14]], pg="1", state="scheduled")
+            job.collective(r, "all_reduce", size, state="scheduled")
+        for e in job.entries[r]:
+            e["process_group"] = ("", "")
+    job.write(tmp_path)
+    loaded = load_job([tmp_path])
+    assert list(loaded.groups) == ["0[0,1]"]
+    assert [c.signatures[0].input_sizes for c in loaded.collectives["0[0,1]"]] == [((4,),), ((6,),)]

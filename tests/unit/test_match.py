@@ -1,0 +1,151 @@
+"""Matching records across ranks into collectives and p2p transfers."""
+
+from __future__ import annotations
+
+from factories import STEP_NS, T0_NS, EventLog, FrJob
+
+from comm2perfetto.match import find_collective, load_job
+from comm2perfetto.model import COMPLETED, PENDING
+
+
+def test_one_collective_per_group_and_seq_with_per_rank_arrival(tmp_path):
+    job = FrJob(world=3)
+    arrivals = {0: T0_NS + 100, 1: T0_NS + 900, 2: T0_NS + 400}
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[8]], t_ns=arrivals[r])
+        job.collective(r, "broadcast", [[2]])
+    job.set_state(1, 2, "started")
+    job.write(tmp_path)
+    loaded = load_job([tmp_path])
+    c1, c2 = loaded.collectives["0[0,1,2]"]
+    assert (c1.seq, c1.op, c2.seq, c2.op) == (1, "all_reduce", 2, "broadcast")
+    assert c1.arrive_ns == tuple(arrivals[r] for r in (0, 1, 2))
+    assert c1.last_arrival_rank == max(arrivals, key=arrivals.get)
+    assert c1.arrival_skew_ns == max(arrivals.values()) - min(arrivals.values())
+    assert c2.states == (COMPLETED, "started", COMPLETED) and not c2.completed_everywhere
+    assert find_collective(loaded.collectives["0[0,1,2]"], 2) is c2
+
+
+def test_groups_with_one_name_and_different_ranks_are_different_groups(tmp_path):
+    # split_group gives disjoint groups the same name on different ranks: pg_config tells them apart.
+    job = FrJob(world=4)
+    job.group("5", [0, 1], desc="pair")
+    for r in (0, 1):
+        job.collective(r, "all_reduce", [[4]], pg="5")
+    job.write(tmp_path, ranks=[0, 1])
+    job.group("5", [2, 3], desc="pair")
+    for r in (2, 3):
+        job.collective(r, "all_reduce", [[4]], pg="5")
+    job.write(tmp_path, ranks=[2, 3])
+    loaded = load_job([tmp_path])
+    assert sorted(loaded.groups) == ["0[0,1,2,3]", "5[0,1]", "5[2,3]"]
+    assert [c.joined_ranks for c in loaded.collectives["5[2,3]"]] == [(2, 3)]
+
+
+def test_recorder_call_and_fr_entry_of_one_call_become_one_record(tmp_path):
+    job = FrJob(world=2, backend="gloo")
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]], state="scheduled", t_ns=T0_NS + 1000)
+    job.write(tmp_path, prefix="rank")  # rank0, rank1
+    offset = -2_000_000  # rank 1's clock is 2 ms ahead of rank 0's
+    t_call = {0: T0_NS, 1: T0_NS + 500 - offset}
+    for r in job.ranks:
+        log = EventLog(rank=r, world=2, offset_ns=offset if r else 0)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_reduce", t_call[r], seq=1, shapes=[[4]], dtypes=["Float"], dur_ns=30_000)
+        log.write(tmp_path)
+    (c,) = load_job([tmp_path]).collectives["0[0,1]"]
+    assert c.sources == ("fr+log", "fr+log")
+    assert c.arrive_ns == (T0_NS, T0_NS + 500)  # the recorder's call times, rank 1 shifted by its offset
+    assert c.end_ns == (T0_NS + 30_000, T0_NS + 500 + 30_000)
+    assert c.states == (COMPLETED, COMPLETED)  # gloo FR says "scheduled"; the call returned
+    assert c.signatures[0].source == "fr" and c.signatures[0].output_sizes == ((4,),)
+
+
+def test_recorder_p2p_calls_between_collectives_keep_fr_numbering(tmp_path):
+    # The recorder numbers collectives as FR does: a p2p call leaves seq_last at the previous collective.
+    for r in (0, 1):
+        log = EventLog(rank=r, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+        log.call("send" if r == 0 else "recv", T0_NS + STEP_NS, peer=1 - r, shapes=[[4]], dtypes=["Float"],
+                 seq_last=1)
+        log.call("all_reduce", T0_NS + 2 * STEP_NS, seq=2, shapes=[[6]], dtypes=["Float"])
+        log.write(tmp_path)
+    job = FrJob(world=2, backend="gloo")  # rank 0 also left a Flight Recorder dump
+    job.collective(0, "all_reduce", [[4]], state="scheduled")
+    job.collective(0, "all_reduce", [[6]], state="scheduled")
+    job.write(tmp_path, prefix="rank", ranks=[0])
+    loaded = load_job([tmp_path])
+    cols = loaded.collectives["0[0,1]"]
+    assert [c.seq for c in cols] == [1, 2]
+    assert [c.signatures[1].input_sizes for c in cols] == [((4,),), ((6,),)]
+    assert cols[1].sources == ("fr+log", "log")
+    (transfer,) = loaded.p2p["0[0,1]"]
+    assert (transfer.src, transfer.dst, transfer.matched) == (0, 1, True)
+
+
+def test_fr_p2p_ops_pair_in_order_per_sender_and_receiver(tmp_path):
+    job = FrJob(world=3)
+    job.p2p(0, "send", 1, [[4]])
+    job.p2p(0, "send", 2, [[5]])
+    job.p2p(0, "send", 1, [[6]])
+    job.p2p(1, "recv", 0, [[4]])
+    job.p2p(1, "recv", 0, [[6]])
+    job.p2p(2, "recv", 0, [[5]])
+    job.p2p(2, "recv", 1, [[7]])  # nobody sends it
+    job.write(tmp_path)
+    transfers = load_job([tmp_path]).p2p["0[0,1,2]"]
+    pairs = [(t.src, t.dst, t.index, t.matched,
+              (t.send or t.recv).signature.input_sizes) for t in transfers]
+    assert pairs == [(0, 1, 0, True, ((4,),)), (0, 1, 1, True, ((6,),)), (0, 2, 0, True, ((5,),)),
+                     (1, 2, 0, False, ((7,),))]
+
+
+def test_a_call_issuing_several_collectives_covers_its_seqs(tmp_path):
+    for r in (0, 1):
+        log = EventLog(rank=r, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_gather_object", T0_NS, seq=1, seq_last=2)
+        log.call("barrier", T0_NS + STEP_NS, seq=3, returns=r == 0)  # rank 1 never returned
+        log.write(tmp_path)
+    cols = load_job([tmp_path]).collectives["0[0,1]"]
+    assert [(c.seq, c.op) for c in cols] == [(1, "all_gather_object"), (2, "all_gather_object"), (3, "barrier")]
+    assert cols[2].states == (COMPLETED, PENDING)
+
+
+def test_ring_buffer_wrap_marks_coverage(tmp_path):
+    job = FrJob(world=2)
+    for _ in range(6):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]])
+    job.entries[1] = job.entries[1][2:]  # rank 1's oldest records were overwritten
+    job.write(tmp_path)
+    loaded = load_job([tmp_path])
+    cov0, cov1 = (loaded.coverage[(r, "0[0,1]")] for r in (0, 1))
+    assert (cov0.first_seq, cov0.last_seq) == (0, 6)
+    assert (cov1.first_seq, cov1.last_seq) == (3, 6)
+    assert cov1.completed_upto == 6
+
+
+def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
+    job = FrJob(world=6)
+    for step in range(5):
+        for r in job.ranks:
+            sizes = [[9]] if (r, step) == (4, 3) else [[8]]
+            job.collective(r, "all_reduce", sizes, site=f"train.py:{60 + step}")
+    job.p2p(0, "send", 5, [[2]])
+    job.p2p(5, "recv", 0, [[2]])
+    job.write(tmp_path)
+    serial = load_job([tmp_path], workers=1)
+    parallel = load_job([tmp_path], workers=2)
+
+    def view(j):
+        return [(c.seq, c.signatures, c.states, c.arrive_ns, [c.part(r).call_site for r in c.ranks])
+                for c in j.collectives["0[0,1,2,3,4,5]"]]
+
+    assert view(serial) == view(parallel)
+    # Signatures are interned again in this process: ranks that agree share one object, as when serial.
+    c = parallel.collectives["0[0,1,2,3,4,5]"][0]
+    assert all(s is c.signatures[0] for s in c.signatures)
+    assert [t.matched for t in parallel.p2p["0[0,1,2,3,4,5]"]] == [True]
