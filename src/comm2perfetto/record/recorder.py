@@ -86,6 +86,7 @@ class Recorder:
         self.modules = ModuleTracker() if config.modules else None
         self._module_stack = self.modules.stack if self.modules is not None else None
         self._sync = config.sync and torch.cuda.is_available()
+        self._extras = self._sync or self._emit_nvtx
         self._internal_roots = _internal_roots(torch)
         self._fault_at = os.environ.get(ENV_FAULT)
         self.faulted = False
@@ -130,14 +131,14 @@ class Recorder:
                 self.steps.current, self._arguments(call, args, kwargs),
             ])
             pending[cid] = (t, call.name, info.gid, seq)
-            if self._sync:
-                self._torch.cuda.synchronize()
-            if self._emit_nvtx:
-                nvtx_ranges.emit_push("c10d:" + call.name)
+            if self._extras:
+                self._extras_before(call)
         except Exception as exc:
             self.fault(exc)
             return original(*args, **kwargs)
 
+        # Guard every call: implementations nest in ways that change between releases (send goes through
+        # isend on 2.13, object collectives through all_gather/broadcast).
         busy.active = True
         try:
             result = original(*args, **kwargs)
@@ -148,10 +149,8 @@ class Recorder:
         busy.active = False
 
         try:
-            if self._sync:
-                self._torch.cuda.synchronize()
-            if self._emit_nvtx:
-                nvtx_ranges.emit_pop()
+            if self._extras:
+                self._extras_after()
             if not call.single and counter is not None:  # several collectives, or a p2p op
                 raw_after = counter()
                 if not call.collective:
@@ -169,6 +168,19 @@ class Recorder:
         except Exception as exc:
             self.fault(exc)
         return result
+
+    def _extras_before(self, call: BoundSpec) -> None:
+        """Opt-in work around a call: device sync (--sync), NVTX emission when a collector is attached."""
+        if self._sync:
+            self._torch.cuda.synchronize()
+        if self._emit_nvtx:
+            nvtx_ranges.emit_push("c10d:" + call.name)
+
+    def _extras_after(self) -> None:
+        if self._sync:
+            self._torch.cuda.synchronize()
+        if self._emit_nvtx:
+            nvtx_ranges.emit_pop()
 
     def _on_completion(self, cid: int, futures: list[Any]) -> None:
         remaining = [len(futures)]
@@ -306,7 +318,7 @@ class Recorder:
             frame = frame.f_back
         if frame is None:
             return None
-        key = (code, frame.f_lineno)
+        key = (code, frame.f_lasti)  # the call instruction: cheaper to read than f_lineno, as unique
         sid = self._strings.get(key)
         if sid is None:
             filename = code.co_filename
