@@ -386,10 +386,15 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     if arr is not None and first is not None and arr > first:
         late = f", {secs_text(arr - first)} after the first"
     sites = _sites(job, c, [slowest] + [r for r in ranks if r != slowest])
-    not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
+    if at_ns is None:
+        not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
+        when = ""
+    else:  # at a stall the job later recovered from: what had not completed then
+        not_done = sorted(r for r, e in zip(c.ranks, c.end_ns) if e is None or e > at_ns)
+        when = " by the time the stall was detected"
     detail = (
-        f"Every rank of {group.label} issued {c.op} #{c.seq} but it did not complete on {ranks_text(not_done)}. "
-        f"The slowest is rank {slowest} (state {c.state_of(slowest)}{late})."
+        f"Every rank of {group.label} issued {c.op} #{c.seq} but it had not completed{when} on "
+        f"{ranks_text(not_done)}. The slowest is rank {slowest} (state {c.state_of(slowest)}{late})."
     )
     action = (
         f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
@@ -455,23 +460,29 @@ def _stall_times(job: Job) -> list[int]:
 
 
 def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
-    """At the first stall the recorder saw: who was waiting in which collective, and who had not come."""
+    """At the first stall the recorder saw: who was waiting in which collective, and who had not come.
+
+    First the earliest collective that some ranks had joined by then and others had not: those others are
+    missing. Else the earliest one everybody had joined whose end is known to come after the stall. A
+    collective without any end time (gloo's Flight Recorder entries never get one) is no evidence of a hang
+    by itself: the ones after it were issued, so it is taken as done.
+    """
     times = _stall_times(job)
     if not times:
         return None
     t = times[0]
-    for c in job.collectives.get(group.uid, ()):
-        arrived = [(r, a) for r, a in zip(c.ranks, c.arrive_ns) if a is not None and a <= t]
-        if not arrived:
-            continue
-        ends = [e for r, e in zip(c.ranks, c.end_ns) if e is not None]
-        if ends and max(ends) <= t and len(ends) == len(c.ranks):
-            continue  # completed before the stall
-        late = [r for r, a in zip(c.ranks, c.arrive_ns) if a is None or a > t]
-        if late:
-            statuses = [_JOINED if r not in late else _MISSING for r in c.ranks]
+    cols = job.collectives.get(group.uid, ())
+    for c in cols:
+        arrived = [a is not None and a <= t for a in c.arrive_ns]
+        if any(arrived) and not all(arrived):
+            late = [r for r, here in zip(c.ranks, arrived) if not here]
+            statuses = [_MISSING if r in late else _JOINED for r in c.ranks]
             return _missing(job, c, late, statuses, at_ns=t, resolved=c.completed_everywhere)
-        if any((e is None or e > t) for e in c.end_ns):
+    for c in cols:
+        if not all(a is not None and a <= t for a in c.arrive_ns):
+            continue
+        known = [e for e in c.end_ns if e is not None]
+        if known and (len(known) < len(c.end_ns) or max(known) > t):
             return _stuck(job, c, group, at_ns=t, resolved=c.completed_everywhere)
     return None
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import orjson
+
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
 
@@ -79,6 +81,8 @@ class FlightRecorderDumps:
         self._buffer_size = buffer_size
         self._generic = getattr(c10d_C, "_dump_fr_trace", None)
         self._nccl = getattr(c10d_C, "_dump_nccl_trace", None)
+        self._generic_json = getattr(c10d_C, "_dump_fr_trace_json", None)
+        self._nccl_json = getattr(c10d_C, "_dump_nccl_trace_json", None)
         self._lock = threading.Lock()
         self.warmed = threading.Event()  # benchmarks wait for it before timing anything
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
@@ -133,6 +137,44 @@ class FlightRecorderDumps:
                 f.write(data)
             os.replace(path + ".tmp", path)
             self._recorder.log.write(["f", time.time_ns(), name, reason])
+
+    def unfinished(self) -> dict[tuple[str, str], int]:
+        """The first collective each group has enqueued but not completed, from Flight Recorder's
+        ``pg_status``: {(dump kind, pg_id): collective_seq_id}. Sees collectives issued from C++ (DDP,
+        FSDP) that never pass through the patch layer. Gloo keeps ``last_completed_collective`` current
+        (seen on 2.13) although its entries stay ``scheduled``.
+
+        Raw input (``_dump_fr_trace_json(includeCollectives=False)``)::
+
+            {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "2",
+             "last_started_collective": "-1", "last_completed_collective": "1"}}, ...}
+        """
+        out: dict[tuple[str, str], int] = {}
+        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", self._nccl_json)):
+            if dumper is None:
+                continue
+            try:
+                status = orjson.loads(dumper(False)).get("pg_status") or {}
+            except Exception:  # an NCCL build whose NCCL is not in use, an older signature
+                continue
+            for pg_id, st in status.items():
+                enqueued = int(st.get("last_enqueued_collective", -1))
+                completed = int(st.get("last_completed_collective", -1))
+                if enqueued > completed:
+                    out[(kind, pg_id)] = completed + 1
+        return out
+
+    def describe(self, kind: str, pg_id: str, seq: int) -> tuple[str, str]:
+        """(profiling name, group name) of one active entry, for the stall message; best effort."""
+        dumper = self._generic_json if kind == "fr" else self._nccl_json
+        try:
+            for entry in orjson.loads(dumper(True, True)).get("entries", []):
+                if str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq:
+                    group = entry.get("process_group") or ["?", "?"]
+                    return entry.get("profiling_name", "?"), f"{group[1] or group[0]}"
+        except Exception:
+            pass
+        return "collective", f"pg_id {pg_id}"
 
     def maybe_dump(self) -> None:
         """Dump when about half a ring of entries accumulated since the last dump."""

@@ -1,7 +1,8 @@
 """Stall detection and job-wide stack dumps through the job's c10d store.
 
 A daemon thread per rank wakes every second. When one of this rank's recorded calls has been pending longer
-than ``stall_after_s``, the rank records the stall, writes every thread's Python stack and a Flight Recorder
+than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees, Flight Recorder's
+``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the stall, writes every thread's Python stack and a Flight Recorder
 dump, and publishes the stall in the store (``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the
 new generation and does the same, whatever its main thread is doing: the rank everybody waits for is usually
 busy outside any collective (loading data, stuck in compute), and its stack is the answer.
@@ -12,7 +13,7 @@ files, so a long hang does not fill the disk.
 Store keys, under the job's default store::
 
     comm2perfetto/stall_gen        counter, incremented by each rank that detects a stall
-    comm2perfetto/stall/<gen>      JSON: {"rank": 0, "op": "all_reduce", "seq": 12, "gid": 0, "t_ns": ...}
+    comm2perfetto/stall/<gen>      JSON: {"rank": 0, "op": "all_reduce", "seq": 12, "group": 0, "t_ns": ...}
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Watchdog:
         self._out_dir = out_dir
         self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
         self._reported: set[int] = set()
+        self._fr_first_seen: dict[tuple[tuple[str, str], int], int] = {}
+        self._fr_reported: set[tuple[tuple[str, str], int]] = set()
         self._seen_gen = 0
         self._dumps = 0
         self._stop = threading.Event()
@@ -74,25 +77,48 @@ class Watchdog:
         if self._stall_ns is None:
             return
         now = time.time_ns()
+        stalled = False
         for cid, (t_begin, op, gid, seq) in list(rec.pending.items()):
-            if now - t_begin > self._stall_ns and cid not in self._reported:
-                self._reported.add(cid)
-                self._on_local_stall(cid, op, gid, seq, t_begin)
+            if now - t_begin > self._stall_ns:
+                stalled = True
+                if cid not in self._reported:
+                    self._reported.add(cid)
+                    self._on_local_stall(cid, op, gid, seq, t_begin, "pending")
                 break
+        if not stalled and rec.flight is not None:
+            self._check_flight_recorder(now)
         if self._store is not None:
             self._check_remote()
 
-    def _on_local_stall(self, cid: int, op: str, gid: int, seq: int | None, t_begin: int) -> None:
+    def _check_flight_recorder(self, now: int) -> None:
+        """Stalls in collectives the patch layer never sees (DDP's, FSDP's): a group whose first unfinished
+        collective stays the same for longer than the threshold."""
+        unfinished = self._recorder.flight.unfinished()
+        watched = {(key, seq) for key, seq in unfinished.items()}
+        for item in list(self._fr_first_seen):
+            if item not in watched:  # it completed: the group moved on
+                del self._fr_first_seen[item]
+        for item in watched:
+            since = self._fr_first_seen.setdefault(item, now)
+            if now - since > self._stall_ns and item not in self._fr_reported:
+                self._fr_reported.add(item)
+                (kind, pg_id), seq = item
+                op, group = self._recorder.flight.describe(kind, pg_id, seq)
+                self._on_local_stall(None, op, group, seq, since, "fr_pending")
+                break
+
+    def _on_local_stall(self, cid: int | None, op: str, group: int | str, seq: int | None, t_begin: int,
+                        reason: str) -> None:
         rec = self._recorder
         waited_s = (time.time_ns() - t_begin) / 1e9
-        print(f"comm2perfetto: rank {rec.rank}: {op} (group {gid}, seq {seq}) pending for {waited_s:.0f}s; "
+        print(f"comm2perfetto: rank {rec.rank}: {op} (group {group}, seq {seq}) pending for {waited_s:.0f}s; "
               f"dumping stacks on every rank", file=sys.stderr, flush=True)
         if self._store is not None:
-            info = {"rank": rec.rank, "op": op, "seq": seq, "gid": gid, "t_ns": time.time_ns()}
+            info = {"rank": rec.rank, "op": op, "seq": seq, "group": group, "t_ns": time.time_ns()}
             gen = self._store.add(GEN_KEY, 1)
             self._store.set(STALL_KEY.format(gen), orjson.dumps(info))
             self._seen_gen = max(self._seen_gen, gen)
-        self._dump("pending", rec.rank, cid)
+        self._dump(reason, rec.rank, cid)
 
     def _check_remote(self) -> None:
         gen = self._store.add(GEN_KEY, 0)

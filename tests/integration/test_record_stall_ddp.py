@@ -1,0 +1,87 @@
+"""A stall inside a collective the patch layer never sees: DDP's gradient all-reduce, issued from C++.
+
+Rank 1 sleeps in ``slow_batch()`` before its third backward pass while rank 0 waits in that step's
+all-reduce inside ``loss.backward()``. No Python ``torch.distributed`` call is pending, so the watchdog finds
+the stall from Flight Recorder's ``pg_status`` (enqueued > completed, unchanged past ``--stall-after``) and
+makes every rank dump; ``diagnose`` then names rank 1 and shows where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SLEEP_S = 8
+
+JOB = f"""
+import time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def slow_batch():
+    time.sleep({SLEEP_S})  # @sleep
+
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+rank = dist.get_rank()
+model = DDP(torch.nn.Linear(8, 8))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    if step == 2 and rank == 1:
+        slow_batch()  # @call_slow
+    model(torch.randn(4, 8)).sum().backward()  # @backward
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_stall(module_jobs):
+    job = module_jobs.run(JOB, record_args=["--stall-after", "2"])
+    assert job.returncode == 0, job.explain()
+    return job
+
+
+def test_stall_found_from_flight_recorder(ddp_stall):
+    log0, log1 = ddp_stall.log(0), ddp_stall.log(1)
+    assert log0.calls == [] and log1.calls == []  # DDP issued every collective from C++
+    (stall0,) = log0.stalls
+    (stall1,) = log1.stalls
+    assert (stall0.reason, stall0.trigger_rank, stall0.cid) == ("fr_pending", 0, None)
+    assert (stall1.reason, stall1.trigger_rank) == ("remote", 0)
+    assert "rank 0: gloo:all_reduce (group default_pg, seq" in ddp_stall.stderr
+    # Rank 1 was caught while sleeping: after its second optimizer step, before its third.
+    steps1 = {step: t for step, t, _source in log1.steps}
+    assert steps1[2] < stall1.t_ns < steps1[3]
+
+
+def test_both_ranks_leave_their_stacks(ddp_stall):
+    from comm2perfetto.sources.event_log import read_stacks
+
+    def main_frames(rank: int) -> list[tuple[str, int]]:
+        stacks = read_stacks(ddp_stall.out / f"rank{rank}.stacks.1.json")
+        (main,) = [t for t in stacks["threads"] if t["name"] == "MainThread"]
+        return [(f["func"], f["line"]) for f in main["frames"] if f["file"].endswith("job.py")]
+
+    assert main_frames(0) == [("<module>", ddp_stall.line_of("@backward"))]
+    assert main_frames(1) == [("slow_batch", ddp_stall.line_of("@sleep")),
+                              ("<module>", ddp_stall.line_of("@call_slow"))]
+
+
+def test_diagnose_names_the_sleeping_rank(ddp_stall):
+    proc = subprocess.run([sys.executable, "-m", "comm2perfetto", "diagnose", str(ddp_stall.out),
+                           "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    (finding,) = report["findings"]
+    assert (finding["kind"], finding["op"], finding["culprit_ranks"], finding["resolved"]) == \
+        ("missing_ranks", "all_reduce", [1], True)
+    assert finding["stacks"]["1"][0] == f"job.py:{ddp_stall.line_of('@sleep')} slow_batch"
