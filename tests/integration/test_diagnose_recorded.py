@@ -72,3 +72,17 @@ def test_shape_mismatch_with_a_rank_killed_by_gloo(recorded):
     assert (code, doc["status"], f["kind"], f["seq"], f["culprit_ranks"]) == (1, "desync", "size_mismatch", 4, [1])
     variants = {tuple(v["ranks"]): v["signature"] for v in f["evidence"]["variants"]}
     assert variants == {(0,): "all_reduce [[256]] Float", (1,): "all_reduce [[512]] Float"}
+
+
+def test_the_surviving_rank_of_the_mismatch_dumped_flight_recorder(recorded):
+    """The rank gloo did not abort raises, then torchrun SIGTERMs it, often while its first dump (slow: torch
+    imports to symbolise frames) is being written: the signal waits for that dump instead of losing it."""
+    from comm2perfetto.sources.event_log import read_event_log
+
+    _status, out = recorded["mismatch"]
+    logs = [read_event_log(out / f"rank{r}.events.jsonl") for r in (0, 1)]
+    dumped = [log for log in logs if log.fr_dumps]
+    assert dumped, "no rank left a Flight Recorder dump"
+    for log in dumped:
+        assert {reason for _t, _name, reason in log.fr_dumps} & {"exception", "signal"}
+        assert all((out / name).stat().st_size > 0 for _t, name, _reason in log.fr_dumps)

@@ -2,9 +2,9 @@
 
 A daemon thread per rank wakes every second. When one of this rank's recorded calls has been pending longer
 than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees, Flight Recorder's
-``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the stall, writes every thread's Python stack and a Flight Recorder
-dump, and publishes the stall in the store (``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the
-new generation and does the same, whatever its main thread is doing: the rank everybody waits for is usually
+``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the
+stall, writes every thread's Python stack and a Flight Recorder dump, and publishes the stall in the store
+(``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the new generation and does the same, whatever its main thread is doing: the rank everybody waits for is usually
 busy outside any collective (loading data, stuck in compute), and its stack is the answer.
 
 The job keeps running. Each pending call is reported once and a rank writes at most ``MAX_STALL_DUMPS`` stack
