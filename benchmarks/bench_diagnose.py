@@ -121,8 +121,11 @@ def _tree_rss_kib(pid: int) -> int:
     return total
 
 
-def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str, float]:
-    """(wall seconds, peak RSS in MiB, exit status, stdout+stderr, CPU seconds) of one fresh process.
+def measure(cmd: list[str], env: dict[str, str] | None = None,
+            merge_stderr: bool = False) -> tuple[float, int, int, str, float]:
+    """(wall seconds, peak RSS in MiB, exit status, output, CPU seconds) of one fresh process. The output is
+    stdout; stderr is appended with ``merge_stderr`` (torchfrtrace reports there) or when the process failed
+    (exit status other than 0 or 1).
 
     CPU seconds (user + system, the process and the children it waited for) do not depend on what else the
     machine is running, unlike wall time: on a shared machine compare those.
@@ -133,7 +136,9 @@ def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, i
     import threading
 
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    # stderr apart (diagnose reports progress there), kept in a file so neither pipe can fill and block.
+    err_file = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, env=env)
     peak = [0]
     done = threading.Event()
 
@@ -151,7 +156,13 @@ def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, i
     sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
-    return wall, max(peak[0], usage.ru_maxrss) // 1024, proc.returncode, out.decode(errors="replace"), cpu
+    err_file.seek(0)
+    err = err_file.read().decode(errors="replace")
+    err_file.close()
+    text = out.decode(errors="replace")
+    if merge_stderr or proc.returncode not in (0, 1):
+        text += err
+    return wall, max(peak[0], usage.ru_maxrss) // 1024, proc.returncode, text, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                "load_average": os.getloadavg()[0]}
         fr_text = "-"
         if not args.no_torchfrtrace:
-            fr = measure([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)], env)
+            fr = measure([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)], env,
+                         merge_stderr=True)
             if f"missing ranks: {{{culprit}}}" not in fr[3]:
                 raise SystemExit(f"torchfrtrace did not report rank {culprit} missing:\n{fr[3][-3000:]}")
             row.update(torchfrtrace_s=fr[0], torchfrtrace_mib=fr[1], torchfrtrace_cpu_s=fr[4])

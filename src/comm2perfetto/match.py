@@ -25,7 +25,7 @@ import gc
 import gzip
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -78,12 +78,12 @@ class _Track:
 
 def load_job(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
-    workers: int | None = None,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
     ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
-    needs a handful, merge needs them all).
+    needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
@@ -91,7 +91,7 @@ def load_job(
     gc.disable()
     try:
         src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
-                           workers=workers)
+                           workers=workers, progress=progress)
         return build_job(src, lazy_stacks=not with_stacks)
     finally:
         if was_enabled:

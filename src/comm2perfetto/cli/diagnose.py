@@ -24,6 +24,7 @@ import orjson
 from comm2perfetto.analysis.findings import Diagnosis, Finding
 from comm2perfetto.analysis.hang import diagnose
 from comm2perfetto.cli import UserError
+from comm2perfetto.cli.progress import Progress
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 
@@ -51,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
     # A loaded job is millions of objects that all live until the command ends and form no cycles: a cyclic
     # GC pass over them costs seconds at 1024 ranks and frees nothing. Off for this short-lived command.
     gc.disable()
+    progress = Progress("reading Flight Recorder dumps (ranks)")
     try:
-        job = load_job(args.paths, force=args.force, with_stacks=False)  # stacks of findings read on demand
+        # Stacks are read on demand: a report shows a handful.
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress)
     except SourceError as exc:
         raise UserError(str(exc)) from None
+    finally:
+        progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")

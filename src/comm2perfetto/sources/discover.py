@@ -20,7 +20,7 @@ import os
 import sys
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,14 +142,15 @@ def _walk(root: Path) -> list[Path]:
 
 def load_sources(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
-    workers: int | None = None,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> Sources:
     """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
 
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
     ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
     ``Job.stack_of`` re-reads the few a report needs. ``workers``: processes reading dumps (default: one per
-    CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides).
+    CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides). ``progress(done, total)``
+    is called as ranks' dumps are read.
     """
     found, skipped = discover(paths)
     src = Sources(skipped=skipped)
@@ -196,7 +197,7 @@ def load_sources(
         rank = _kineto_rank(f)
         src.kineto.setdefault(rank, []).append(f.path)
 
-    _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers)
+    _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
     _check_fr_groups(src, problems)
 
     if problems:
@@ -251,7 +252,7 @@ MAX_WORKERS = 8
 
 def _load_fr(
     files: list[FoundFile], src: Sources, problems: list[str], keep_entries: bool, with_stacks: bool,
-    workers: int | None = None,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Load FR dumps rank by rank; each rank's raw dicts are dropped once its columns are built.
 
@@ -280,7 +281,9 @@ def _load_fr(
             (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, keep_entries, with_stacks)
             for rank in sorted(per_rank)
         )
-    for rank, trace, conflict, skipped, used_stacks in results:
+    for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
+        if progress is not None:
+            progress(done, len(per_rank))
         src.skipped.extend(skipped)
         if conflict:
             problems.append(conflict)
