@@ -101,3 +101,18 @@ def test_module_path_and_pass_of_a_collective_in_forward(ddp_job, rank):
     assert forward_call.pass_ == "forward"
     assert forward_call.shapes == [[3]]
     assert (check_call.module, check_call.pass_) == (None, None)
+
+
+def test_closing_summary_counts_what_each_source_saw(ddp_job):
+    """record's last lines: the patch layer's calls and Flight Recorder's entries (DDP's among them)."""
+    from collections import Counter
+
+    from comm2perfetto.sources.summary import counts_text
+
+    calls = Counter(c.op for rank in (0, 1) for c in ddp_job.log(rank).calls)
+    entries = Counter(e["profiling_name"].split(":", 1)[1] for rank in (0, 1) for e in ddp_job.fr_entries(rank))
+    assert calls == Counter({"all_reduce": 2, "all_gather": 2})
+    assert entries["broadcast"] >= 2 and entries["all_reduce"] >= 2 + 2 * 3  # DDP's, beside the script's
+    assert f"torch.distributed calls (patch layer): {counts_text(calls)}" in ddp_job.stderr
+    assert f"Flight Recorder entries (also C++-issued): {counts_text(entries)}" in ddp_job.stderr
+    assert "recorded 2 rank(s) into" in ddp_job.stderr

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time_ns()
     status = _run_forwarding_signals(command, env)
     _write_job_file(config, command, started, status)
-    _print_summary(config.out_dir, status)
+    _print_summary(config.out_dir, status, (time.time_ns() - started) / 1e9)
     return status
 
 
@@ -146,17 +146,22 @@ def _write_job_file(config: RecordConfig, command: list[str], started: int, stat
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 
-def _print_summary(out_dir: str, status: int) -> None:
-    def count(pattern: str) -> int:
-        return len(glob.glob(os.path.join(out_dir, pattern)))
+def _print_summary(out_dir: str, status: int, seconds: float) -> None:
+    from comm2perfetto.sources.summary import counts_text, summarize
 
-    ranks = count("rank*.events.jsonl")
-    line = (f"comm2perfetto: job exited with status {status}; recorded {ranks} rank(s): "
-            f"{count('rank*.fr*.pkl')} Flight Recorder dumps, {count('rank*.stacks.*.json')} stack dumps, "
-            f"{count('rank*.kineto.*.json.gz')} profiler traces in {out_dir}")
-    print(line, file=sys.stderr)
-    if ranks == 0:
+    summary = summarize(out_dir)
+    err = sys.stderr
+    print(f"comm2perfetto: job exited with status {status} after {seconds:.1f} s; "
+          f"recorded {summary.ranks} rank(s) into {out_dir}", file=err)
+    if summary.ranks == 0:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "
-              "Is comm2perfetto installed in the job's Python?", file=sys.stderr)
-    else:
-        print(f"comm2perfetto: next: comm2perfetto diagnose {out_dir}", file=sys.stderr)
+              "Is comm2perfetto installed in the job's Python?", file=err)
+        return
+    if summary.calls or summary.fr_entries:
+        print(f"  torch.distributed calls (patch layer): {counts_text(summary.calls)}", file=err)
+        print(f"  Flight Recorder entries (also C++-issued): {counts_text(summary.fr_entries)}", file=err)
+    print(f"  files: {summary.fr_files} Flight Recorder dumps, {summary.stack_files} stall stack dumps "
+          f"({summary.stalls} stall(s) detected), {summary.profiler_traces} profiler traces", file=err)
+    for problem in summary.unreadable:
+        print(f"  unreadable: {problem}", file=err)
+    print(f"comm2perfetto: next: comm2perfetto diagnose {out_dir}", file=err)

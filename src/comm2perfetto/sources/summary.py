@@ -1,0 +1,73 @@
+"""What a recording holds, in a few counts: the closing lines of ``comm2perfetto record``.
+
+Reads each rank's event log and Flight Recorder dumps (snapshots deduplicated by record) and counts ops, so
+a user sees at once that DDP's C++-issued all-reduces were captured even though the patch layer saw none.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from comm2perfetto.sources.event_log import EventLogError, read_event_log
+from comm2perfetto.sources.flight_recorder import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
+
+
+@dataclass
+class RecordingSummary:
+    ranks: int = 0
+    calls: Counter = field(default_factory=Counter)  # op -> recorded torch.distributed calls, all ranks
+    fr_entries: Counter = field(default_factory=Counter)  # op -> Flight Recorder entries, all ranks
+    fr_files: int = 0
+    stack_files: int = 0
+    profiler_traces: int = 0
+    stalls: int = 0
+    unreadable: list[str] = field(default_factory=list)
+
+
+def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
+    """Count what ``out_dir`` holds. Beyond ``max_ranks`` ranks only files are counted (reading them all
+    would make the end of a big job wait)."""
+    def files(pattern: str) -> list[str]:
+        return sorted(glob.glob(os.path.join(out_dir, pattern)))
+
+    logs = files("rank*.events.jsonl")
+    fr = files("rank*.fr*.pkl")
+    summary = RecordingSummary(ranks=len(logs), fr_files=len(fr), stack_files=len(files("rank*.stacks.*.json")),
+                               profiler_traces=len(files("rank*.kineto.*.json.gz")))
+    if len(logs) > max_ranks:
+        return summary
+    for path in logs:
+        try:
+            log = read_event_log(path)
+        except EventLogError as exc:
+            summary.unreadable.append(str(exc))
+            continue
+        summary.calls.update(call.op for call in log.calls)
+        summary.stalls += sum(1 for stall in log.stalls if stall.reason != "remote")
+    seen: set[tuple[int | None, int, object]] = set()
+    for path in fr:
+        try:
+            dump = read_fr_dump(path)
+        except FrFormatError as exc:
+            summary.unreadable.append(str(exc))
+            continue
+        rank = rank_from_name(os.path.basename(path))
+        for entry in dump.entries:
+            key = (rank, entry.get("pg_id", 0), entry.get("record_id"))
+            if key in seen:
+                continue  # the same entry in an earlier snapshot of the ring
+            seen.add(key)
+            summary.fr_entries[split_profiling_name(str(entry.get("profiling_name", "")))[1]] += 1
+    return summary
+
+
+def counts_text(counter: Counter) -> str:
+    """``"120 (all_reduce 80, broadcast 40)"``, most frequent first, then by name."""
+    total = sum(counter.values())
+    if not total:
+        return "0"
+    ordered = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+    return f"{total} (" + ", ".join(f"{op} {n}" for op, n in ordered) + ")"
