@@ -142,6 +142,23 @@ def test_overlapping_snapshots_of_one_rank_are_deduplicated(tmp_path):
     assert [c.seq for c in cols] == [1, 2, 3, 4]
 
 
+def test_the_newest_snapshot_gives_the_status_even_past_ten_files():
+    """rank0.fr.10.pkl sorts before rank0.fr.2.pkl by name; its pg_status must still win."""
+    job = FrJob(world=2, backend="gloo")
+    for _ in range(3):
+        job.collective(0, "all_reduce", [[4]], state="scheduled")
+    doc = job.document(0)
+    dumps = []
+    for n in range(1, 11):  # the same entries in every snapshot; only the last saw them all complete
+        done = 3 if n == 10 else 1
+        snapshot = dict(doc, pg_status={"0": dict(doc["pg_status"]["0"], last_completed_collective=done)})
+        dumps.append(read_fr_dump(f"rank0.fr.{n}.pkl", pickle.dumps(snapshot, protocol=2)))
+    dumps.sort(key=lambda d: d.path.name)  # discovery order: fr.1, fr.10, fr.2, ...
+    trace, _ = build_rank_trace(0, dumps, StackTable(), SignatureTable())
+    (track,) = trace.groups.values()
+    assert track.states == [COMPLETED, COMPLETED, COMPLETED]
+
+
 def test_signatures_are_shared_between_ranks_that_agree():
     job = steady_job(world=3, steps=8)
     stacks, sigs = StackTable(), SignatureTable()

@@ -472,19 +472,29 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
         return None
     t = times[0]
     cols = job.collectives.get(group.uid, ())
-    for c in cols:
+    for i, c in enumerate(cols):
         arrived = [a is not None and a <= t for a in c.arrive_ns]
         if any(arrived) and not all(arrived):
             late = [r for r, here in zip(c.ranks, arrived) if not here]
             statuses = [_MISSING if r in late else _JOINED for r in c.ranks]
-            return _missing(job, c, late, statuses, at_ns=t, resolved=c.completed_everywhere)
-    for c in cols:
+            return _missing(job, c, late, statuses, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
+    for i, c in enumerate(cols):
         if not all(a is not None and a <= t for a in c.arrive_ns):
             continue
         known = [e for e in c.end_ns if e is not None]
         if known and (len(known) < len(c.end_ns) or max(known) > t):
-            return _stuck(job, c, group, at_ns=t, resolved=c.completed_everywhere)
+            return _stuck(job, c, group, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
     return None
+
+
+def _went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
+    """The group got past ``c``: it completed everywhere, every rank issued a later collective, or every
+    rank's recorder log closed normally after it. (Gloo's ``pg_status`` can lag a completion by a moment,
+    so a rank's last dump may not show its last collective completed.)"""
+    if c.completed_everywhere or any(all(sig is not None for sig in x.signatures) for x in later):
+        return True
+    infos = [job.ranks.get(r) for r in c.ranks]
+    return all(info is not None and info.closed_cleanly for info in infos)
 
 
 # --- point to point --------------------------------------------------------------------------------------

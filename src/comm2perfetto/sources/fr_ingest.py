@@ -9,6 +9,8 @@ the first rank's, old formats.
 
 from __future__ import annotations
 
+import re
+
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -61,6 +63,18 @@ class FrRankTrace:
 _STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
 
 
+def _snapshot_age(d: FrDump) -> tuple[int, int, int]:
+    """Sort key, oldest snapshot first: the one holding the newest records is the latest; between equal
+    ones, the recorder's dump counter (file names do not sort by age: ``rank0.fr.10.pkl`` comes before
+    ``rank0.fr.2.pkl``)."""
+    last = d.entries[-1] if d.entries else {}
+    counter = _DUMP_COUNTER.search(d.path.name)
+    return (int(last.get("record_id", -1)), len(d.entries), int(counter.group(1)) if counter else 0)
+
+
+_DUMP_COUNTER = re.compile(r"\.(\d+)\.pkl$")  # rank3.fr.12.pkl -> 12
+
+
 def _merge_snapshots(dumps: list[FrDump]) -> tuple[list[dict[str, Any]], str | None]:
     """Union of the entries of several ring-buffer snapshots of one rank, later snapshots winning.
 
@@ -69,14 +83,9 @@ def _merge_snapshots(dumps: list[FrDump]) -> tuple[list[dict[str, Any]], str | N
     """
     if len(dumps) == 1:
         return dumps[0].entries, None
-    # The snapshot holding the newest records is the latest one.
-    def newest(d: FrDump) -> tuple[int, int]:
-        last = d.entries[-1] if d.entries else {}
-        return (int(last.get("record_id", -1)), len(d.entries))
-
     merged: dict[tuple, dict[str, Any]] = {}
     conflict = None
-    for d in sorted(dumps, key=newest):
+    for d in sorted(dumps, key=_snapshot_age):
         for i, e in enumerate(d.entries):
             key = (e.get("profiling_name", "").partition(":")[0], e.get("pg_id"), e.get("record_id", i))
             old = merged.get(key)
@@ -101,7 +110,7 @@ def build_rank_trace(
     version = max((d.version for d in dumps), key=_version_key, default="")
     pg_config: dict[str, PgConfig] = {}
     status: dict[int, tuple[int, int, int]] = {}
-    for d in dumps:  # later files win
+    for d in sorted(dumps, key=_snapshot_age):  # later snapshots win
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
     groups: dict[tuple[str, str], GroupTrack] = {}
