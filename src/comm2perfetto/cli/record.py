@@ -14,12 +14,11 @@ from pathlib import Path
 
 import orjson
 
+from comm2perfetto import layout
 from comm2perfetto.cli import UserError
 from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig, parse_step_range
 
 BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
-RECORDING_GLOBS = ("rank*.events.jsonl", "rank*.fr.*.pkl", "rank*.fr-nccl.*.pkl", "rank*.stacks.*.json",
-                   "rank*.kineto.*.json.gz", "torch_fr_rank_*", "job.json")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +74,7 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
 
 
 def _existing_recording(out_dir: str) -> list[str]:
-    return sorted(p for pattern in RECORDING_GLOBS for p in glob.glob(os.path.join(out_dir, pattern)))
+    return sorted(p for pattern in layout.RECORDING_GLOBS for p in glob.glob(os.path.join(out_dir, pattern)))
 
 
 def child_environment(config: RecordConfig, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -142,7 +141,7 @@ def _write_job_file(config: RecordConfig, command: list[str], started: int, stat
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
         "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": status,
     }
-    with open(os.path.join(config.out_dir, "job.json"), "wb") as f:
+    with open(os.path.join(config.out_dir, layout.JOB_FILE), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from comm2perfetto import layout
+
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
 
@@ -55,7 +57,8 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
         if key == BUFFER_ENV_VARS[0] or legacy or key in env:
             env[key] = str(wanted)
     if not any(env.get(k) for k in DUMP_PREFIX_ENV_VARS):
-        env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = os.path.join(os.path.abspath(out_dir), "torch_fr_rank_")
+        prefix = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
+        env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = prefix
     return warnings
 
 
@@ -131,7 +134,7 @@ class FlightRecorderDumps:
             except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue
-            name = f"rank{rank}.{kind}.{self._count}.pkl"
+            name = layout.fr_dump(rank, kind, self._count)
             path = os.path.join(self._out_dir, name)
             with open(path + ".tmp", "wb") as f:
                 f.write(data)

@@ -18,6 +18,8 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
+from comm2perfetto import layout
+
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
 
@@ -74,7 +76,7 @@ class ProfilerCapture:
         if state.recorder is not rec:
             return
         try:
-            name = f"rank{rec.rank}.kineto.{self._count + 1}.json.gz"
+            name = layout.kineto(rec.rank, self._count + 1)
             _export_gzip(prof, os.path.join(self._out_dir, name))
             self._count += 1
             rec.log.write(["t", time.time_ns(), name])

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from comm2perfetto import layout
 from comm2perfetto.record import clock, state
 from comm2perfetto.record.config import RecordConfig
 from comm2perfetto.record.flight import FlightRecorderDumps
@@ -28,8 +29,6 @@ _parts: dict[str, Any] = {}
 _previous_handlers: dict[int, Any] = {}
 _previous_excepthook: Any = None
 _fork_handler_registered = False
-
-LOG_NAME = "rank{rank}.events.jsonl"
 
 
 def configure(config: RecordConfig | None) -> None:
@@ -69,7 +68,7 @@ def start(config: RecordConfig, pg: Any) -> None:
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     os.makedirs(config.out_dir, exist_ok=True)
-    log = EventLog(os.path.join(config.out_dir, LOG_NAME.format(rank=rank)))
+    log = EventLog(os.path.join(config.out_dir, layout.event_log(rank)))
     log.write({
         "kind": "header", "format": "comm2perfetto-events", "version": 1,
         "rank": rank, "world_size": world_size, "local_rank": _int_env("LOCAL_RANK"),

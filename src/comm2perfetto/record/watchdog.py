@@ -4,8 +4,9 @@ A daemon thread per rank wakes every second. When one of this rank's recorded ca
 than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees, Flight Recorder's
 ``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the
 stall, writes every thread's Python stack and a Flight Recorder dump, and publishes the stall in the store
-(``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the new generation and does the same, whatever its main thread is doing: the rank everybody waits for is usually
-busy outside any collective (loading data, stuck in compute), and its stack is the answer.
+(``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the new generation and does the same,
+whatever its main thread is doing: the rank everybody waits for is usually busy outside any collective
+(loading data, stuck in compute), and its stack is the answer.
 
 The job keeps running. Each pending call is reported once and a rank writes at most ``MAX_STALL_DUMPS`` stack
 files, so a long hang does not fill the disk.
@@ -26,6 +27,8 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from comm2perfetto import layout
 
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
@@ -168,7 +171,7 @@ def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank:
         "format": "comm2perfetto-stacks", "version": 1, "rank": rec.rank, "t_ns": time.time_ns(),
         "reason": reason, "trigger_rank": trigger_rank, "pending": pending, "threads": threads,
     }
-    name = f"rank{rec.rank}.stacks.{n}.json"
+    name = layout.stacks(rec.rank, n)
     path = os.path.join(out_dir, name)
     with open(path + ".tmp", "wb") as f:
         f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

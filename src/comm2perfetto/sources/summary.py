@@ -11,8 +11,14 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from comm2perfetto import layout
 from comm2perfetto.sources.event_log import EventLogError, read_event_log
-from comm2perfetto.sources.flight_recorder import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
+from comm2perfetto.sources.flight_recorder import (
+    FrFormatError,
+    rank_from_name,
+    read_fr_dump,
+    split_profiling_name,
+)
 
 
 @dataclass
@@ -33,10 +39,10 @@ def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
     def files(pattern: str) -> list[str]:
         return sorted(glob.glob(os.path.join(out_dir, pattern)))
 
-    logs = files("rank*.events.jsonl")
-    fr = files("rank*.fr*.pkl")
-    summary = RecordingSummary(ranks=len(logs), fr_files=len(fr), stack_files=len(files("rank*.stacks.*.json")),
-                               profiler_traces=len(files("rank*.kineto.*.json.gz")))
+    logs = files(layout.EVENT_LOG_GLOB)
+    fr = files(layout.FR_DUMP_GLOB)
+    summary = RecordingSummary(ranks=len(logs), fr_files=len(fr), stack_files=len(files(layout.STACKS_GLOB)),
+                               profiler_traces=len(files(layout.KINETO_GLOB)))
     if len(logs) > max_ranks:
         return summary
     for path in logs:

@@ -1,0 +1,32 @@
+"""File names in a recording folder (docs/log-format.md): the one place the recorder that writes them and
+the readers that find them take them from. Never imports torch."""
+
+from __future__ import annotations
+
+JOB_FILE = "job.json"
+TORCH_DUMP_PREFIX = "torch_fr_rank_"  # torch's own timeout dumps, pointed into the folder
+
+
+def event_log(rank: int) -> str:
+    return f"rank{rank}.events.jsonl"
+
+
+def fr_dump(rank: int, kind: str, n: int) -> str:
+    """``kind``: ``fr`` (generic dump) or ``fr-nccl``."""
+    return f"rank{rank}.{kind}.{n}.pkl"
+
+
+def stacks(rank: int, n: int) -> str:
+    return f"rank{rank}.stacks.{n}.json"
+
+
+def kineto(rank: int, n: int) -> str:
+    return f"rank{rank}.kineto.{n}.json.gz"
+
+
+EVENT_LOG_GLOB = "rank*.events.jsonl"
+FR_DUMP_GLOB = "rank*.fr*.pkl"
+STACKS_GLOB = "rank*.stacks.*.json"
+KINETO_GLOB = "rank*.kineto.*.json.gz"
+# Everything a recording writes: what --overwrite replaces.
+RECORDING_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*", JOB_FILE)
