@@ -4,28 +4,97 @@ Raw input (only the parts read here)::
 
     {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2,
                                              "pg_count": 1, "pg_config": [...]},
-     "baseTimeNanoseconds": 1795313440000000000,
-     "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 42, "tid": 42,
-                      "ts": 12.5, "dur": 80.0, "args": {...}},
-                     {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-                      "ts": 20.0, "dur": 50.0, "args": {"Collective name": "allreduce", "Seq": 5,
-                      "Process Group Name": "0", "In msg nelems": 4, "Group size": 2}}]}
+     "baseTimeNanoseconds": 1790857026000000000,
+     "traceEvents": [
+       {"ph": "M", "name": "thread_name", "pid": 5370, "tid": 5433,
+        "args": {"name": "thread 5433 (pt_gloo_runloop)"}},
+       {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "pid": 5370, "tid": 5370,
+        "ts": 4464633909866.391, "dur": 3586.263, "args": {"External id": 1}},
+       {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 5370, "tid": 5370,
+        "ts": 4464633910918.742, "dur": 193.34, "args": {"External id": 159}},
+       {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 5370, "tid": 5433,
+        "ts": 4464633912244.753, "dur": 1140.501, "args": {"External id": 1025}},
+       {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
+        "ts": 4464633910950.0, "dur": 50.0, "args": {"device": 0, "stream": 20, "correlation": 77,
+        "Collective name": "allreduce", "Seq": 5, "Process Group Name": "0", "In msg nelems": 4,
+        "Group size": 2}}]}
 
-Absolute time of an event = ``baseTimeNanoseconds + ts * 1000`` (``ts`` is in microseconds).
+Absolute time of an event = ``baseTimeNanoseconds + ts * 1000`` (``ts`` is in microseconds, written with three
+decimals, i.e. to the nanosecond; traces from before ``baseTimeNanoseconds`` existed have absolute ``ts``).
+
+What is kept, per trace (the raw dicts are dropped once read):
+
+- ``comm_events``: every event whose name says communication (``c10d::allreduce_`` on the calling thread,
+  ``gloo:all_reduce`` on gloo's worker thread, ``record_param_comms``, NCCL kernels), on any thread.
+- ``cpu_ops``: CPU-side events (``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime`` ...) of
+  the *training threads*: see ``is_training_thread`` for the rule.
+- ``gpu_events``: kernels, memcpy and memset on GPU streams, each classified comm / memory / compute as
+  Holistic Trace Analysis (HTA) does (``classify_gpu``); ``gpu_annotations``: the ``gpu_user_annotation``
+  ranges Kineto projects onto streams (kept apart: they would otherwise count as kernels).
+- ``steps``: ``(n, begin_ns, end_ns)`` of each ``ProfilerStep#n`` annotation on a training thread. Only
+  profilers run with a ``schedule`` (which call ``prof.step()``) write them; a plain ``profile()`` window
+  (``comm2perfetto record --profile-steps``) has none.
+
+Events with a missing or malformed name, time or duration are skipped; only a file that cannot be read as a
+Kineto trace at all raises ``KinetoFormatError``.
 """
 
 from __future__ import annotations
 
+import gc
 import gzip
+import math
 import re
 import zlib
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from math import floor
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import orjson
 
 _COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|record_param_comms)|ncclDevKernel|ncclKernel", re.IGNORECASE)
+
+# GPU kernel families, as Holistic Trace Analysis classifies kernels (get_kernel_type, hta/utils/utils.py):
+# comm = NCCL's kernels (names starting "nccl"; also ncclKernel_* / ncclDevKernel_* anywhere in a name, as
+# older NCCL, RCCL and newer NCCL spell them, "void ncclKernel_..." included) and gloo's annotations
+# ("gloo:", never on a GPU stream in practice); memory = Memcpy*/Memset* activities; all else on a stream is
+# compute.
+_GPU_COMM_KERNEL = re.compile(r"^nccl|ncclDevKernel|ncclKernel|gloo:")
+_GPU_MEMORY_NAME = re.compile(r"Memcpy|Memset")
+
+# Kineto categories ("cat"), normalised: current names as libkineto's ActivityType.cpp spells them, plus the
+# capitalised names of early Kineto releases ("Operator", "Kernel", "Runtime", "Memcpy", "Memset").
+_KIND_ALIASES = {
+    "operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+}
+GPU_WORK_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+GPU_ANNOTATION_KIND = "gpu_user_annotation"
+_CPU_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "hpu_op"})
+_CPU_KIND_SUFFIXES = ("_runtime", "_driver")  # cuda_runtime, cuda_driver, xpu_runtime, privateuse1_driver ...
+
+# Comm library worker threads that show up in a trace: gloo runs each collective on its own worker thread
+# ("thread 5433 (pt_gloo_runloop)", seen on torch 2.13), NCCL's watchdog/heartbeat threads are pt_nccl_*.
+_WORKER_THREAD_NAME = re.compile(r"gloo|nccl", re.IGNORECASE)
+# What such a worker records: the backend's own annotation of the collective it runs ("gloo:all_reduce").
+_BACKEND_ANNOTATION = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):")
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+# The args worth showing next to an event; the rest (occupancy, registers, Ev Idx ...) is dropped. Most
+# events have none of them, so most keep no args at all: the ids that every event has are fields of their own,
+# and a GPU event's device and stream are in its lane.
+SHOWN_ARGS = (
+    "Collective name", "Seq", "Process Group Name", "Process Group Description", "In msg nelems",
+    "Out msg nelems", "Group size", "dtype", "bytes",
+)
+_SHOWN_ARG_SET = frozenset(SHOWN_ARGS)
+
+ArgValue = str | int | float | bool
+_NO_ARGS: Mapping[str, ArgValue] = MappingProxyType({})
 
 
 class KinetoFormatError(ValueError):
@@ -34,6 +103,8 @@ class KinetoFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class KinetoCommEvent:
+    """A communication event on any thread or stream (see ``_COMM_NAME``)."""
+
     name: str
     t_begin_ns: int
     duration_ns: int
@@ -46,7 +117,42 @@ class KinetoCommEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class KinetoEvent:
+    """One complete event of a training thread or a GPU stream.
+
+    From ``{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
+    "ts": 20.0, "dur": 50.0, "args": {"device": 0, "stream": 20, "correlation": 77, "External id": 9,
+    "Seq": 5, "grid": [2, 1, 1]}}`` with ``baseTimeNanoseconds`` B: ``KinetoEvent(
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL", B + 20_000, 50_000, "gpu 0 stream 20", "kernel", "comm",
+    {"Seq": 5}, external_id=9, correlation=77)``.
+
+    ``lane`` is a display key: ``"thread <tid>"`` for CPU events, ``"gpu <device> stream <stream>"`` for GPU
+    ones (``KinetoTrace.lane_names`` has a label for each). ``klass`` is None for CPU events. ``args`` holds
+    only the ``SHOWN_ARGS`` present; treat it as read-only. ``external_id`` links a CPU op to the kernels it
+    launched (Kineto's ``External id``), ``correlation`` a ``cudaLaunchKernel`` to its kernel.
+    """
+
+    name: str
+    t_begin_ns: int
+    duration_ns: int
+    lane: str
+    kind: str
+    klass: str | None = None
+    args: Mapping[str, ArgValue] = field(default_factory=lambda: _NO_ARGS)
+    external_id: int | None = None
+    correlation: int | None = None
+
+    @property
+    def t_end_ns(self) -> int:
+        return self.t_begin_ns + self.duration_ns
+
+
+@dataclass(frozen=True, slots=True)
 class KinetoTrace:
+    """One rank's profiler trace. ``cpu_ops``, ``gpu_events`` and ``gpu_annotations`` are sorted by lane (CPU
+    lanes by thread id, then GPU lanes by device and stream), then by begin time, the longer event first at
+    equal begins so that an enclosing op comes before what it encloses."""
+
     path: Path
     rank: int | None
     world_size: int | None
@@ -55,6 +161,13 @@ class KinetoTrace:
     pg_config: Any
     comm_events: tuple[KinetoCommEvent, ...]
     event_count: int
+    cpu_ops: tuple[KinetoEvent, ...] = ()
+    gpu_events: tuple[KinetoEvent, ...] = ()
+    gpu_annotations: tuple[KinetoEvent, ...] = ()
+    steps: tuple[tuple[int, int, int], ...] = ()
+    pid: int | None = None  # the profiled process (the pid of most CPU events)
+    lane_names: Mapping[str, str] = field(default_factory=dict)  # lane -> label, e.g. "thread 5370 (python)"
+    skipped_threads: tuple[str, ...] = ()  # CPU lanes left out of cpu_ops: see is_training_thread
 
 
 def sniff_kineto(head: bytes) -> bool:
@@ -72,9 +185,76 @@ def gunzip_head(data: bytes, size: int = 65536) -> bytes:
         return b""
 
 
+def normalise_kind(category: str) -> str:
+    """Kineto's ``cat`` in today's spelling: ``"Kernel"`` -> ``"kernel"``, ``"Memcpy"`` -> ``"gpu_memcpy"``,
+    ``"Runtime"`` -> ``"cuda_runtime"``, ``"cpu_op"`` -> ``"cpu_op"``."""
+    kind = category.strip().lower()
+    return _KIND_ALIASES.get(kind, kind)
+
+
+def classify_gpu(name: str, category: str) -> str:
+    """``"comm"``, ``"memory"`` or ``"compute"`` for a GPU event, as HTA classifies kernels.
+
+    >>> classify_gpu("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel")
+    'comm'
+    >>> classify_gpu("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy")
+    'memory'
+    >>> classify_gpu("void at::native::vectorized_elementwise_kernel<4, ...>", "kernel")
+    'compute'
+    """
+    if normalise_kind(category) in ("gpu_memcpy", "gpu_memset"):
+        return "memory"
+    if _GPU_COMM_KERNEL.search(name):
+        return "comm"
+    if _GPU_MEMORY_NAME.search(name):
+        return "memory"
+    return "compute"
+
+
+def is_training_thread(pid: int, tid: int, *, has_steps: bool, names: Sequence[str],
+                       only_backend_annotations: bool) -> bool:
+    """Whether the CPU thread ``tid`` of process ``pid`` is a training thread, whose events go to ``cpu_ops``.
+
+    - Never tid 0: not a thread at all. With ``with_stack=True`` the stacks of Python threads other than the
+      profiled one come with tid 0 (seen on torch 2.13: comm2perfetto's own watchdog thread,
+      ``threading.py(1002): _bootstrap`` ...); several threads would share that row, and their slices could
+      not nest.
+    - Always the process's main thread (tid == pid on Linux), where the Python training loop runs, and any
+      thread with a ``ProfilerStep#n`` annotation (the thread that calls ``prof.step()``).
+    - Any other thread too (autograd's device threads ``pt_autograd_<n>`` run the backward pass of GPU jobs; a
+      pin-memory thread copies batches), unless it is a communication library's worker: a thread Kineto names
+      after gloo or NCCL (``thread 5433 (pt_gloo_runloop)``), or one whose every event is a backend's own
+      annotation (``gloo:all_reduce``). The second test is needed because Kineto may name a gloo worker
+      ``(python)`` first and ``(pt_gloo_runloop)`` after it (seen), or not at all. Workers' collectives stay in
+      ``comm_events``.
+
+    >>> is_training_thread(5370, 5433, has_steps=False, names=["thread 5433 (pt_gloo_runloop)"],
+    ...                    only_backend_annotations=True)
+    False
+    """
+    if tid <= 0:
+        return False
+    if tid == pid or has_steps:
+        return True
+    worker = only_backend_annotations or any(_WORKER_THREAD_NAME.search(n) for n in names)
+    return not worker
+
+
 def read_kineto(path: str | Path, data: bytes | None = None) -> KinetoTrace:
-    """Parse a Kineto trace. Raises KinetoFormatError."""
+    """Parse a Kineto trace (``data``: its bytes, when already read). Raises KinetoFormatError."""
     path = Path(path)
+    # The cyclic GC would walk the millions of (acyclic) dicts being created, again and again as they
+    # accumulate: switched off while reading, a trace of 1M events reads in 5.8 s instead of 8.7 s.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        return _read(path, data)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _read(path: Path, data: bytes | None) -> KinetoTrace:
     try:
         raw = path.read_bytes() if data is None else data
         if raw[:2] == b"\x1f\x8b":
@@ -82,30 +262,295 @@ def read_kineto(path: str | Path, data: bytes | None = None) -> KinetoTrace:
         doc = orjson.loads(raw)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile, orjson.JSONDecodeError) as exc:
         raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
+    del raw
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    base = int(doc.get("baseTimeNanoseconds") or 0)
-    comm: list[KinetoCommEvent] = []
+    base = _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    parser = _Parser(base)
     for ev in doc["traceEvents"]:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        name = ev.get("name") or ""
-        if not _COMM_NAME.search(name):
-            continue
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        seq = args.get("Seq")
-        comm.append(KinetoCommEvent(
-            name=name, t_begin_ns=base + int(float(ev.get("ts", 0)) * 1000),
-            duration_ns=int(float(ev.get("dur", 0)) * 1000), pid=ev.get("pid"), tid=ev.get("tid"),
-            category=str(ev.get("cat", "")), collective=args.get("Collective name"),
-            seq=int(seq) if isinstance(seq, (int, str)) and str(seq).isdigit() else None,
-            pg_name=args.get("Process Group Name"),
-        ))
+        if isinstance(ev, dict):
+            parser.feed(ev)
     rank, world = info.get("rank"), info.get("world_size")
-    return KinetoTrace(
-        path=path, rank=int(rank) if isinstance(rank, int) else None,
-        world_size=int(world) if isinstance(world, int) else None, backend=info.get("backend"),
-        base_time_ns=base, pg_config=info.get("pg_config"), comm_events=tuple(comm),
-        event_count=len(doc["traceEvents"]),
+    backend = info.get("backend")
+    return parser.finish(
+        path=path, rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        world_size=world if isinstance(world, int) and not isinstance(world, bool) else None,
+        backend=backend if isinstance(backend, str) else None, base_time_ns=base,
+        pg_config=info.get("pg_config"), event_count=len(doc["traceEvents"]),
     )
+
+
+# --- parsing ----------------------------------------------------------------------------------------------
+
+
+def us_to_ns(value: Any) -> int | None:
+    """Kineto microseconds -> integer nanoseconds, rounded; None for anything but a finite number.
+
+    ``ts`` is written to the nanosecond (three decimals) but parsed as a float, within half an ulp of the
+    decimal. Around today's ts (~2**42 us) ``int(ts * 1000)`` is a nanosecond short for about 1 value in 170, and
+    ``round(ts * 1000)`` off for 1 in 340 (the product's own rounding adds to the float's error; e.g.
+    ``4453700846418.643``). Splitting off the whole microseconds first (an exact subtraction) and rounding only
+    the fraction gives back the written nanoseconds for every ts < 2**43 us (101.8 days). Kineto's base time is
+    the start of the 7889238-second (91.3-day) interval the process started in (libkineto ChromeTraceBaseTime),
+    so ts stays below that unless the trace is taken over ten days after that interval ended; past 2**43 us the
+    float itself has 2 ns steps.
+
+    >>> us_to_ns(4464633909866.391), us_to_ns(12), us_to_ns("x")
+    (4464633909866391, 12000, None)
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        whole = math.floor(value)  # an int
+        return whole * 1000 + round((value - whole) * 1000)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value * 1000
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An int field that may be written as a number or a digit string (``"Seq": "5"``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+class _Thread:
+    """What the parser gathers about one CPU thread."""
+
+    __slots__ = ("events", "has_steps", "lane", "only_backend")
+
+    def __init__(self, tid: int) -> None:
+        self.lane = f"thread {tid}"
+        self.events: list[KinetoEvent] = []
+        self.only_backend = True  # every event so far is a backend annotation ("gloo:all_reduce")
+        self.has_steps = False
+
+
+# What a category means to the parser: skipped, a CPU event, GPU work, or a GPU annotation.
+_SKIP, _CPU, _GPU, _GPU_ANNOTATION = range(4)
+
+
+class _Parser:
+    """One pass over ``traceEvents``; keeps compact events, never the raw dicts.
+
+    A trace has millions of events but a few thousand distinct names and a handful of categories and threads,
+    so everything decided per name, category or thread is decided once and cached.
+    """
+
+    def __init__(self, base_ns: int) -> None:
+        self.base = base_ns
+        self.comm: list[KinetoCommEvent] = []
+        self.threads: dict[tuple[int, int], _Thread] = {}
+        self.thread_names: dict[tuple[int, int], list[str]] = {}
+        self.gpu: list[KinetoEvent] = []
+        self.gpu_ann: list[KinetoEvent] = []
+        self.gpu_lanes: dict[tuple[int, int], str] = {}
+        # name -> (the one copy kept, is communication, is a backend annotation, ProfilerStep number)
+        self._names: dict[str, tuple[str, bool, bool, int | None]] = {}
+        self._kinds: dict[str, tuple[str, int]] = {}  # category -> (kind, _SKIP/_CPU/_GPU/_GPU_ANNOTATION)
+        self._klasses: dict[tuple[str, str], str] = {}  # (kernel name, category) -> classify_gpu
+        self._strings: dict[str, str] = {}
+
+    def _intern(self, text: str) -> str:
+        return self._strings.setdefault(text, text)
+
+    def _name(self, name: str) -> tuple[str, bool, bool, int | None]:
+        info = self._names.get(name)
+        if info is None:
+            step = _PROFILER_STEP.match(name)
+            info = (name, bool(_COMM_NAME.search(name)), bool(_BACKEND_ANNOTATION.match(name)),
+                    int(step.group(1)) if step else None)
+            self._names[name] = info
+        return info
+
+    def _kind(self, category: str) -> tuple[str, int]:
+        known = self._kinds.get(category)
+        if known is None:
+            kind = normalise_kind(category)
+            if kind in GPU_WORK_KINDS:
+                role = _GPU
+            elif kind == GPU_ANNOTATION_KIND:
+                role = _GPU_ANNOTATION
+            elif kind in _CPU_KINDS or kind.endswith(_CPU_KIND_SUFFIXES):
+                role = _CPU
+            else:
+                role = _SKIP
+            known = self._kinds[category] = (kind, role)
+        return known
+
+    def feed(self, ev: dict[str, Any]) -> None:
+        """Take one raw event. The hot loop of the reader: lookups are cached, and the common case (float
+        ts/dur, int pid/tid/ids) is tested by type before anything slower runs."""
+        get = ev.get
+        ph = get("ph")
+        if ph != "X":
+            if ph == "M":
+                self._metadata(ev)
+            return
+        name, ts, dur = get("name"), get("ts"), get("dur")
+        if not isinstance(name, str):
+            return
+        try:  # us_to_ns, inlined: floor() refuses None, strings, NaN and infinities
+            whole = floor(ts)
+            begin = self.base + whole * 1000 + round((ts - whole) * 1000)
+            whole = floor(dur)
+            duration = whole * 1000 + round((dur - whole) * 1000)
+        except (TypeError, ValueError, OverflowError):
+            return
+        if duration < 0:
+            return
+        args = get("args")
+        if args.__class__ is not dict:
+            args = {}
+        category = get("cat")
+        if category.__class__ is not str:
+            category = ""
+        name, is_comm, is_backend, step = self._names.get(name) or self._name(name)
+        if is_comm:
+            self._comm(ev, name, begin, duration, category, args)
+        kind, role = self._kinds.get(category) or self._kind(category)
+        if role == _SKIP:
+            return
+        shown = _NO_ARGS if _SHOWN_ARG_SET.isdisjoint(args) else self._args(args)
+        external, correlation = args.get("External id"), args.get("correlation")
+        if external is not None and external.__class__ is not int:
+            external = _int_or_none(external)
+        if correlation is not None and correlation.__class__ is not int:
+            correlation = _int_or_none(correlation)
+        if role == _CPU:
+            pid, tid = get("pid"), get("tid")
+            if pid.__class__ is not int or tid.__class__ is not int:
+                pid, tid = _int_or_none(pid), _int_or_none(tid)
+                if pid is None or tid is None:  # Kineto's own rows ("Spans", "Traces") are not threads
+                    return
+            thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
+            thread.events.append(KinetoEvent(name, begin, duration, thread.lane, kind, None, shown, external,
+                                             correlation))
+            if not is_backend:
+                thread.only_backend = False
+            if step is not None:
+                thread.has_steps = True
+            return
+        # A GPU event: Kineto writes the device as pid and the stream as tid, and both again in args.
+        device, stream = args.get("device"), args.get("stream")
+        if device.__class__ is not int:
+            device = _int_or_none(device)
+            if device is None:
+                device = _int_or_none(get("pid"))
+        if stream.__class__ is not int:
+            stream = _int_or_none(stream)
+            if stream is None:
+                stream = _stream_from_tid(get("tid"))
+        if device is None or stream is None:
+            return
+        lane = self.gpu_lanes.get((device, stream)) or self._gpu_lane(device, stream)
+        if role == _GPU_ANNOTATION:
+            self.gpu_ann.append(KinetoEvent(name, begin, duration, lane, kind, None, shown, external, correlation))
+        else:
+            klass = self._klasses.get((name, category)) or self._klass(name, category)
+            self.gpu.append(KinetoEvent(name, begin, duration, lane, kind, klass, shown, external, correlation))
+
+    def _thread(self, pid: int, tid: int) -> _Thread:
+        thread = self.threads[(pid, tid)] = _Thread(tid)
+        return thread
+
+    def _gpu_lane(self, device: int, stream: int) -> str:
+        lane = self.gpu_lanes[(device, stream)] = f"gpu {device} stream {stream}"
+        return lane
+
+    def _klass(self, name: str, category: str) -> str:
+        klass = self._klasses[(name, category)] = classify_gpu(name, category)
+        return klass
+
+    def _comm(self, ev: dict[str, Any], name: str, begin: int, dur: int, category: str,
+              args: dict[str, Any]) -> None:
+        collective, pg_name = args.get("Collective name"), args.get("Process Group Name")
+        self.comm.append(KinetoCommEvent(
+            name=name, t_begin_ns=begin, duration_ns=dur, pid=ev.get("pid"), tid=ev.get("tid"),
+            category=self._intern(category), collective=collective if isinstance(collective, str) else None,
+            seq=_int_or_none(args.get("Seq")), pg_name=str(pg_name) if pg_name is not None else None,
+        ))
+
+    def _args(self, args: dict[str, Any]) -> Mapping[str, ArgValue]:
+        """The ``SHOWN_ARGS`` of an event that has some (most have none: ``feed`` checks that first)."""
+        kept: dict[str, ArgValue] = {}
+        for key in SHOWN_ARGS:
+            value = args.get(key)
+            if isinstance(value, str):
+                kept[key] = self._intern(value)
+            elif isinstance(value, (int, float)):  # bool too: it is an int
+                kept[key] = value
+        return kept if kept else _NO_ARGS
+
+    def _metadata(self, ev: dict[str, Any]) -> None:
+        if ev.get("name") != "thread_name":
+            return
+        pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
+        args = ev.get("args")
+        label = args.get("name") if isinstance(args, dict) else None
+        if pid is not None and tid is not None and isinstance(label, str):
+            self.thread_names.setdefault((pid, tid), []).append(label)
+
+    def finish(self, **fields: Any) -> KinetoTrace:
+        lane_order: dict[str, tuple[int, int, int]] = {}
+        lane_names: dict[str, str] = {}
+        cpu_ops: list[KinetoEvent] = []
+        skipped: list[str] = []
+        for (pid, tid), thread in sorted(self.threads.items()):
+            names = self.thread_names.get((pid, tid), [])
+            if not is_training_thread(pid, tid, has_steps=thread.has_steps, names=names,
+                                      only_backend_annotations=thread.only_backend):
+                skipped.append(thread.lane)
+                continue
+            lane_order[thread.lane] = (0, tid, 0)
+            lane_names[thread.lane] = names[-1] if names else thread.lane  # Kineto's latest name comes last
+            cpu_ops.extend(thread.events)
+        for (device, stream), lane in self.gpu_lanes.items():
+            lane_order[lane] = (1, device, stream)
+            lane_names[lane] = f"GPU {device} stream {stream}"
+
+        def order(ev: KinetoEvent) -> tuple[tuple[int, int, int], int, int]:
+            return lane_order[ev.lane], ev.t_begin_ns, -ev.duration_ns
+
+        cpu_ops.sort(key=order)
+        self.gpu.sort(key=order)
+        self.gpu_ann.sort(key=order)
+        pids: Counter[int] = Counter()
+        for (pid, _tid), thread in self.threads.items():
+            pids[pid] += len(thread.events)
+        return KinetoTrace(
+            comm_events=tuple(self.comm), cpu_ops=tuple(cpu_ops), gpu_events=tuple(self.gpu),
+            gpu_annotations=tuple(self.gpu_ann), steps=self._steps(cpu_ops),
+            pid=pids.most_common(1)[0][0] if pids else None, lane_names=lane_names,
+            skipped_threads=tuple(skipped), **fields,
+        )
+
+    @staticmethod
+    def _steps(cpu_ops: list[KinetoEvent]) -> tuple[tuple[int, int, int], ...]:
+        """``ProfilerStep#n`` spans; the same n on two threads (unusual) spans both."""
+        spans: dict[int, tuple[int, int]] = {}
+        for ev in cpu_ops:
+            match = _PROFILER_STEP.match(ev.name) if ev.name.startswith("ProfilerStep#") else None
+            if match:
+                n = int(match.group(1))
+                begin, end = spans.get(n, (ev.t_begin_ns, ev.t_end_ns))
+                spans[n] = (min(begin, ev.t_begin_ns), max(end, ev.t_end_ns))
+        return tuple((n, begin, end) for n, (begin, end) in sorted(spans.items()))
+
+
+def _stream_from_tid(tid: Any) -> int | None:
+    """Kineto writes a GPU event's stream as its tid: ``7``, or ``"stream 7"`` in some versions."""
+    value = _int_or_none(tid)
+    if value is not None:
+        return value
+    if isinstance(tid, str):
+        match = re.search(r"\d+", tid)
+        if match:
+            return int(match.group(0))
+    return None
