@@ -147,3 +147,14 @@ def test_gzipped_dumps_are_read(tmp_path):
     (tmp_path / "raw" / "nccl_trace_rank_1").unlink()
     loaded = load_job([tmp_path])
     assert loaded.ranks_with_data == (0, 1) and len(loaded.collectives["0[0,1]"]) == 3
+
+
+def test_profiler_trace_with_pg_config_is_not_taken_for_a_dump(tmp_path):
+    """torch.profiler writes distributedInfo.pg_config near the top, a key Flight Recorder JSON has too."""
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 1, "world_size": 2,
+                                                    "pg_config": [{"pg_name": "0", "ranks": [0, 1]}]},
+           "baseTimeNanoseconds": 1_795_000_000_000_000_000, "traceEvents": []}
+    path = tmp_path / "rank1.kineto.1.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (found,), skipped = discover([tmp_path])
+    assert (found.kind, skipped) == ("kineto", [])

@@ -94,12 +94,13 @@ def _classify_json(head: bytes, name: str) -> str | None:
         return EVENT_LOG
     if b'"comm2perfetto-stacks"' in head:
         return STACKS
+    # Kineto first: its distributedInfo also carries a "pg_config".
+    if sniff_kineto(head):
+        return KINETO
     if b'"profiling_name"' in head or b'"pg_config"' in head or (
         b'"entries"' in head and b'"version"' in head
     ):
         return FR
-    if sniff_kineto(head):
-        return KINETO
     if name == "job.json" or b'"comm2perfetto-job"' in head:
         return JOB
     return None
@@ -204,7 +205,7 @@ def load_sources(
         if not force:
             raise MixedJobsError(
                 "these files look like more than one job: " + "; ".join(problems[:3])
-                + ". Point diagnose at one job's folder, or pass --force to read them together anyway"
+                + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
             )
         src.notes.extend(f"--force: {p}" for p in problems)
     if not src.fr and not src.logs:

@@ -85,6 +85,12 @@ def _merge_snapshots(dumps: list[FrDump]) -> tuple[list[dict[str, Any]], str | N
         return dumps[0].entries, None
     merged: dict[tuple, dict[str, Any]] = {}
     conflict = None
+    # Snapshots of one rank describe one default group; two sizes mean two jobs' dumps of the same rank.
+    worlds = sorted((len(d.pg_config["0"].ranks), str(d.path)) for d in dumps
+                    if "0" in d.pg_config and d.pg_config["0"].ranks is not None)
+    if worlds and worlds[0][0] != worlds[-1][0]:
+        (na, a), (nb, b) = worlds[0], worlds[-1]
+        conflict = f"{a} and {b} are dumps of the same rank from jobs of {na} and {nb} ranks"
     for d in sorted(dumps, key=_snapshot_age):
         for i, e in enumerate(d.entries):
             key = (e.get("profiling_name", "").partition(":")[0], e.get("pg_id"), e.get("record_id", i))
