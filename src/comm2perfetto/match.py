@@ -78,12 +78,13 @@ class _Track:
 
 def load_job(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
     ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
     needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
+    ``align=False`` keeps every rank's own clock (no offsets applied).
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
@@ -92,13 +93,13 @@ def load_job(
     try:
         src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
                            workers=workers, progress=progress)
-        return build_job(src, lazy_stacks=not with_stacks)
+        return build_job(src, lazy_stacks=not with_stacks, align=align)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def build_job(src: Sources, lazy_stacks: bool = False) -> Job:
+def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Job:
     """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock)."""
     world = _world_size(src)
     notes = list(src.notes)
@@ -119,8 +120,10 @@ def build_job(src: Sources, lazy_stacks: bool = False) -> Job:
     for rank, log in src.logs.items():
         _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites)
 
-    clock = measured_offsets(src.logs, src.ranks)
-    clock = refine(clock, _precise_ends(tracks))
+    if align:
+        clock = refine(measured_offsets(src.logs, src.ranks), _precise_ends(tracks))
+    else:
+        clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
     stacks = tuple(src.stack_table.stacks)
     collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}

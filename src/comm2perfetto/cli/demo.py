@@ -1,4 +1,4 @@
-"""``comm2perfetto demo``: record the bundled DDP example on CPU/gloo, then diagnose it.
+"""``comm2perfetto demo``: record the bundled DDP example on CPU/gloo, merge it into a trace, diagnose it.
 
 The quickest way to see what comm2perfetto produces, on a laptop with no GPU.
 """
@@ -15,9 +15,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="record and diagnose a small DDP job on CPU (gloo)",
+    p = sub.add_parser("demo", help="record, merge and diagnose a small DDP job on CPU (gloo)",
                        description="Run the bundled DDP example with torchrun under 'comm2perfetto record', "
-                                   "then diagnose the recording.")
+                                   "merge the recording into DIR.pftrace (plus a DIR.png preview), then "
+                                   "diagnose it.")
     p.add_argument("-o", "--out", metavar="DIR", help="output folder (default: ./comm2perfetto-<date-time>)")
     p.add_argument("--nproc", type=int, default=2, help="ranks to run (default 2)")
     p.add_argument("--steps", type=int, default=20, help="training steps per epoch, 2 epochs (default 20)")
@@ -38,5 +39,10 @@ def run(args: argparse.Namespace) -> int:
     ])
     if status != 0:
         print(f"comm2perfetto demo: the example job failed (status {status})", file=sys.stderr)
+        return status
+    # Next to the folder, not in it: a later merge or diagnose of the folder should not meet them.
+    trace = str(Path(out).resolve()) + ".pftrace"
+    status = cli_main(["merge", out, "-o", trace, "--preview", trace.removesuffix(".pftrace") + ".png"])
+    if status != 0:
         return status
     return cli_main(["diagnose", out])

@@ -88,7 +88,7 @@ _HEADLINE = {
 
 def render_text(d: Diagnosis, out: TextIO) -> None:
     """The same content as the JSON, for a person, most important first."""
-    ranks = _span(d.ranks_with_data)
+    ranks = rank_span(d.ranks_with_data)
     world = f"world size {d.world_size}" if d.world_size else "world size unknown"
     n = len(d.findings)
     head = _HEADLINE[d.status]
@@ -118,7 +118,7 @@ def _finding(i: int, f: Finding, out: TextIO) -> None:
     tag = " (resolved: the job went on)" if f.resolved else ""
     out.write(f"[{i}] {f.kind}{where}:{what}{tag}\n")
     if f.culprit_ranks:
-        out.write(f"    culprit: {_span(f.culprit_ranks)}\n")
+        out.write(f"    culprit: {rank_span(f.culprit_ranks)}\n")
     out.write(_wrap(f.detail, "    "))
     for rank, site in sorted(f.call_sites.items()):
         out.write(f"    call site, rank {rank}: {site}\n")
@@ -142,7 +142,7 @@ def _wrap(text: str, indent: str, width: int = 110) -> str:
     return "".join(f"{indent}{ln}\n" for ln in lines)
 
 
-def _span(ranks) -> str:
+def rank_span(ranks) -> str:
     ranks = sorted(ranks)
     if not ranks:
         return "none"

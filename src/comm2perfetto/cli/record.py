@@ -163,4 +163,6 @@ def _print_summary(out_dir: str, status: int, seconds: float) -> None:
           f"({summary.stalls} stall(s) detected), {summary.profiler_traces} profiler traces", file=err)
     for problem in summary.unreadable:
         print(f"  unreadable: {problem}", file=err)
-    print(f"comm2perfetto: next: comm2perfetto diagnose {out_dir}", file=err)
+    trace = os.path.normpath(out_dir) + ".pftrace"
+    print(f"comm2perfetto: next: comm2perfetto merge {out_dir} -o {trace}   (or: comm2perfetto diagnose {out_dir})",
+          file=err)

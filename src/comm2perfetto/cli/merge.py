@@ -1,0 +1,223 @@
+"""``comm2perfetto merge DIR... -o job.pftrace``: every rank's dumps and logs in one Perfetto trace.
+
+Reads what ``diagnose`` reads (Flight Recorder dumps, recorder logs, stall stacks) plus profiler traces,
+aligns the ranks' clocks, and writes one trace: a process per rank, a track per process group, compute
+tracks, a flow across the ranks of every collective, and diagnose's findings marked where they happened.
+The closing summary goes to stdout, progress to stderr. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import sys
+from pathlib import Path
+
+from comm2perfetto.analysis.findings import Diagnosis, secs_text
+from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.cli import UserError
+from comm2perfetto.cli.diagnose import rank_span
+from comm2perfetto.cli.progress import Progress
+from comm2perfetto.export.formats import format_for, open_writer
+from comm2perfetto.export.markers import plan_markers
+from comm2perfetto.export.sink import WriteStats
+from comm2perfetto.export.timeline import TimelineSummary, parse_ranks, select_ranks, write_timeline
+from comm2perfetto.match import load_job
+from comm2perfetto.model import Job
+from comm2perfetto.sources.discover import SourceError
+
+_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "merge", help="merge every rank's dumps and logs into one Perfetto trace",
+        description="Merge every rank's Flight Recorder dumps, comm2perfetto event logs, stall stacks and "
+                    "profiler traces under the given folders into ONE trace: a process per rank, a track per "
+                    "process group, compute tracks, each collective linked across ranks, and where the job "
+                    "stalled. Open the result at https://ui.perfetto.dev.",
+    )
+    p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="the trace to write: .pftrace (Perfetto protobuf) or .json / .json.gz (Chrome JSON)")
+    p.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0-7,12")
+    p.add_argument("--window", metavar="START:END",
+                   help="only events overlapping this time window, relative to the job's first event: "
+                        "10:20 (seconds), 1500ms:2s, :30, 12.5:")
+    p.add_argument("--no-align", action="store_true",
+                   help="keep each rank's own clock instead of aligning every rank to rank 0's")
+    p.add_argument("--all-ranks", action="store_true",
+                   help="keep every rank of a job above 256 ranks (default: ranks findings name plus a sample)")
+    p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
+    p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
+    p.add_argument("--force", action="store_true",
+                   help="read files that look like they come from different jobs together anyway")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    gc.disable()  # see diagnose: millions of long-lived objects, no cycles to find
+    out = Path(args.output)
+    try:
+        format_for(out)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    _check_writable(out)
+    preview = Path(args.preview) if args.preview else None
+    if preview is not None:
+        if preview.suffix.lower() != ".png":
+            raise UserError(f"--preview writes a PNG: name it FILE.png, not {preview.name!r}")
+        _check_writable(preview)
+    try:
+        requested = parse_ranks(args.ranks) if args.ranks else None
+    except ValueError as exc:
+        raise UserError(f"--ranks: {exc}") from None
+    window_rel = _parse_window(args.window) if args.window else None
+
+    progress = Progress("reading dumps (ranks)")
+    try:
+        job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
+                       align=not args.no_align)
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        progress.finish()
+    diagnosis = diagnose(job)
+    markers = plan_markers(job, diagnosis)
+    selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
+    if not selection.ranks:
+        raise UserError(f"--ranks {args.ranks}: none of these ranks is in the job "
+                        f"(ranks with data: {rank_span(job.ranks)})")
+    start = _job_start(job)
+    window = None
+    if window_rel is not None:
+        if start is None:
+            raise UserError("--window: the job has no timed events to measure the window from")
+        window = (start + window_rel[0], start + window_rel[1])
+
+    temp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        sink = open_writer(out, write_to=temp, realtime_anchor_ns=start)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    progress = Progress("writing the trace (ranks)")
+    try:
+        summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
+                                 preview=preview is not None, progress=progress)
+        stats = sink.close()
+        os.replace(temp, out)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        progress.finish()
+        if temp.exists():
+            temp.unlink()
+    if preview is not None:
+        _draw_preview(preview, summary, diagnosis, selection.note)
+    _print_summary(out, job, diagnosis, summary, stats, preview)
+    return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before the (long) loading when the output cannot be written."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a folder")
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"cannot write {path}: {parent} is not a folder")
+    if not parent.is_dir():
+        raise UserError(f"cannot write {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"cannot write {path}: permission denied")
+
+
+def _parse_window(text: str) -> tuple[int, int]:
+    """``10:20`` -> (10 s, 20 s) in ns; either side may be empty; units ns, us, ms, s (default s)."""
+    if ":" not in text:
+        raise UserError(f"--window {text!r}: expected START:END, e.g. 10:20 or 1500ms:2s")
+    lo_text, hi_text = text.split(":", 1)
+    lo = _parse_time(lo_text, text) if lo_text.strip() else 0
+    hi = _parse_time(hi_text, text) if hi_text.strip() else 2**62
+    if hi <= lo:
+        raise UserError(f"--window {text!r}: the end must come after the start")
+    return lo, hi
+
+
+def _parse_time(part: str, whole: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)?\s*", part)
+    if m is None:
+        raise UserError(f"--window {whole!r}: cannot read {part!r} as a time (e.g. 12.5, 300ms, 2s)")
+    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+def _job_start(job: Job) -> int | None:
+    """The earliest timed event: the origin of --window and the trace's wall-clock anchor."""
+    times = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
+    for rank, log in job.logs.items():
+        off = job.clock.offset_ns.get(rank, 0)
+        times += [call.t_call_ns + off for call in log.calls[:1]]
+        times += [r.t_begin_ns + off for r in log.ranges[:1]]
+        times += [t + off for _, t, _ in log.steps[:1]]
+    return min(times) if times else None
+
+
+def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> None:
+    from comm2perfetto.export.preview import render_preview
+
+    if summary.t_begin_ns is None or summary.t_end_ns is None or summary.t_end_ns <= summary.t_begin_ns:
+        print(f"comm2perfetto merge: no timed events to draw; {path} not written", file=sys.stderr)
+        return
+    notes = [f"diagnose: {diagnosis.status}"] + [f"{f.kind}: {f.op} ({f.process_group} seq {f.seq})"
+                                                 for f in diagnosis.findings[:3]]
+    if note:
+        notes.append(note)
+    try:
+        render_preview(path, summary.preview, summary.t_begin_ns, summary.t_end_ns,
+                       title=f"comm2perfetto: {len(summary.ranks)} ranks", notes=notes)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineSummary, stats: WriteStats,
+                   preview: Path | None) -> None:
+    span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
+        summary.t_end_ns is not None else 0
+    total = len(set(job.ranks) | {r for g in job.groups.values() for r in g.ranks})
+    lines = [
+        (f"wrote {out} ({_size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
+         f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
+        (f"  ranks: {len(summary.ranks)} of {total}; collectives: {summary.collectives:,}; "
+         f"p2p transfers: {summary.p2p:,}; time span: {secs_text(span)}"),
+    ]
+    clock = job.clock
+    if clock.residual_skew_ns is not None:
+        lines.append(f"  clocks aligned to rank 0; residual skew {clock.residual_skew_ns / 1000:.1f} us "
+                     f"({clock.samples} collective ends)")
+    elif all(m == "none" for m in clock.method.values()):
+        lines.append("  clocks: not aligned (--no-align): each rank on its own clock")
+    if diagnosis.findings:
+        lines.append(f"  findings ({diagnosis.status}): " + "; ".join(
+            f"{f.kind} {f.op or ''} ({f.process_group} seq {f.seq})" if f.seq is not None else f.kind
+            for f in diagnosis.findings[:4]) + (" ..." if len(diagnosis.findings) > 4 else "")
+            + "  (comm2perfetto diagnose for details)")
+    else:
+        lines.append("  findings: none (every collective matched on all ranks)")
+    for note in summary.notes[:5]:
+        lines.append(f"  note: {note}")
+    if job.skipped:
+        lines.append(f"  skipped {len(job.skipped)} file(s) (comm2perfetto diagnose lists them)")
+    if preview is not None and preview.exists():
+        lines.append(f"  preview: {preview}")
+    lines.append(f"open it: https://ui.perfetto.dev -> Open trace file -> {out.name}")
+    print("\n".join(lines))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+

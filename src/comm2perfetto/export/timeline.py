@@ -1,0 +1,771 @@
+"""Lay a loaded job out as one timeline and write it to a ``TraceSink``. Never imports torch.
+
+What goes where (processes top-down, tracks in this order inside each)::
+
+    job                     findings (stalls, mismatches, missing ranks) · collectives in flight (counter)
+    rank 0 (host, pid)      steps
+                            <group>            one slice per collective or p2p op; more lanes if they overlap
+                            python calls (thread T)   every torch.distributed call, call -> return
+                            ranges (thread T)         NVTX and comm2perfetto.range() ranges
+                            cpu ops (thread T)        torch.profiler CPU ops of the training threads
+                            GPU <stream>              kernels: compute, communication or memory
+                            recorder                  stalls seen, Flight Recorder dumps, warnings, marks
+    rank 1 ...
+
+A flow links the slices of one collective across its ranks (and a send to its recv). Ranks are written
+one after another, so memory holds one rank's events at a time besides the job itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from comm2perfetto.analysis.findings import Diagnosis
+from comm2perfetto.export.lanes import UNCLOSED, layout
+from comm2perfetto.export.markers import Markers, plan_markers
+from comm2perfetto.export.preview import PreviewRow
+from comm2perfetto.export.sink import TraceSink
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site
+from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
+
+SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
+
+# Bytes per element of Flight Recorder's dtype names (the recorder writes the same names).
+DTYPE_BYTES = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
+    "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The ranks drawn. ``note`` says why some are left out, for the summary and the trace."""
+
+    ranks: tuple[int, ...]
+    total: int
+    note: str | None = None
+
+
+def select_ranks(job: Job, markers: Markers, requested: set[int] | None = None, all_ranks: bool = False,
+                 limit: int = SAMPLE_LIMIT) -> Selection:
+    """``requested`` ranks, or every rank up to ``limit``; past it, implicated ranks plus an even sample."""
+    have = set(job.ranks) | {r for g in job.groups.values() for r in g.ranks}
+    total = len(have)
+    if requested is not None:
+        return Selection(tuple(sorted(requested & have)), total,
+                         f"showing {len(requested & have)} of {total} ranks (--ranks)")
+    if all_ranks or total <= limit:
+        return Selection(tuple(sorted(have)), total)
+    keep = markers.implicated_ranks & have
+    others = sorted(have - keep)
+    room = max(limit - len(keep), 0)
+    if room:
+        step = len(others) / room  # evenly spread, so every node of the job shows up
+        keep.update(others[int(i * step)] for i in range(room))
+    note = (f"showing {len(keep)} of {total} ranks: the ranks findings name plus an even sample; "
+            "--all-ranks keeps every rank")
+    return Selection(tuple(sorted(keep)), total, note)
+
+
+@dataclass(slots=True)
+class TimelineSummary:
+    ranks: tuple[int, ...]
+    collectives: int
+    p2p: int
+    t_begin_ns: int | None
+    t_end_ns: int | None
+    notes: list[str] = field(default_factory=list)
+    preview: list[PreviewRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    fid: int
+    first: int  # rank whose event starts the flow
+    last: int
+
+
+class _Uuids:
+    def __init__(self) -> None:
+        self.next = 1
+
+    def __call__(self) -> int:
+        self.next += 1
+        return self.next
+
+
+def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
+                   window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
+    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end]."""
+    markers = plan_markers(job, diagnosis)
+    shown = set(selection.ranks)
+    inside = _window_test(window)
+    flows = _collective_flows(job, shown, inside)
+    fid = _Counter(start=len(flows) + 1)
+    p2p_flows = _p2p_flows(job, shown, inside, fid)
+    uuid = _Uuids()
+    summary = TimelineSummary(ranks=selection.ranks, collectives=sum(len(c) for c in job.collectives.values()),
+                              p2p=sum(len(t) for t in job.p2p.values()), t_begin_ns=None, t_end_ns=None)
+    if selection.note:
+        summary.notes.append(selection.note)
+
+    job_pid = uuid()
+    sink.process(job_pid, pid=1, name="job", description=_job_description(job, diagnosis, selection),
+                 sort_index=0)
+    _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or _everything)
+    sites, shared = _SiteCache(job), _SharedArgs()
+    for n, rank in enumerate(selection.ranks, 1):
+        writer = _RankWriter(job, rank, markers, flows, p2p_flows, sites, shared, inside, kineto)
+        span = writer.write(sink, uuid)
+        if span is not None:
+            lo, hi = span
+            summary.t_begin_ns = lo if summary.t_begin_ns is None else min(summary.t_begin_ns, lo)
+            summary.t_end_ns = hi if summary.t_end_ns is None else max(summary.t_end_ns, hi)
+        summary.notes.extend(writer.notes)
+        if preview:
+            summary.preview.append(writer.preview_row())
+        if progress is not None:
+            progress(n, len(selection.ranks))
+    return summary
+
+
+class _Counter:
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    def __call__(self) -> int:
+        self.value += 1
+        return self.value - 1
+
+
+# --- what the job process shows ----------------------------------------------------------------------------
+
+
+def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> str:
+    parts = [f"world size {job.world_size}" if job.world_size else "world size unknown",
+             f"diagnose: {diagnosis.status}"]
+    if job.clock.residual_skew_ns is not None:
+        parts.append(f"residual clock skew {job.clock.residual_skew_ns / 1000:.1f} us")
+    if selection.note:
+        parts.append(selection.note)
+    return "; ".join(parts)
+
+
+def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: _Uuids, pid: int,
+                      inside: Callable[[int, int], bool]) -> None:
+    findings = uuid()
+    sink.track(findings, parent=pid, name="findings", sort_index=0)
+    for f in diagnosis.findings:
+        t = f.t_ns if f.t_ns is not None else _job_end(job)
+        if t is None:
+            continue
+        what = f" {f.op} ({f.process_group} seq {f.seq})" if f.seq is not None else ""
+        sink.instant(findings, t, f"{f.kind}{what}" + (" (resolved)" if f.resolved else ""), {
+            "detail": f.detail, "action": f.action, "culprit_ranks": list(f.culprit_ranks),
+            "ranks_missing": list(f.ranks_missing), "resolved": f.resolved,
+        }, category="finding")
+    in_flight = uuid()
+    sink.counter_track(in_flight, parent=pid, name="collectives in flight", sort_index=1)
+    deltas: dict[int, int] = defaultdict(int)
+    for c in job.iter_collectives():
+        begin = min((t for t in c.arrive_ns if t is not None), default=None)
+        if begin is None:
+            continue
+        ends = c.end_ns
+        end = max(ends) if all(e is not None for e in ends) and c.completed_everywhere else None
+        if not inside(begin, end if end is not None else begin):
+            continue
+        deltas[begin] += 1
+        if end is not None:
+            deltas[end] -= 1
+    level = 0
+    for t in sorted(deltas):
+        level += deltas[t]
+        sink.counter(in_flight, t, level)
+
+
+def _job_end(job: Job) -> int | None:
+    ends = [t for c in job.iter_collectives() for t in (*c.end_ns, *c.arrive_ns) if t is not None]
+    return max(ends) if ends else None
+
+
+# --- flows ---------------------------------------------------------------------------------------------------
+
+
+def _window_test(window: tuple[int, int] | None) -> Callable[[int, int], bool] | None:
+    """``inside(begin, end)``, or None without a window (everything is inside)."""
+    if window is None:
+        return None
+    lo, hi = window
+    return lambda begin, end: end >= lo and begin <= hi
+
+
+def _everything(begin: int, end: int) -> bool:
+    return True
+
+
+def _event_time(arrive: int | None, start: int | None, end: int | None) -> int | None:
+    return arrive if arrive is not None else (start if start is not None else end)
+
+
+def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bool] | None
+                      ) -> dict[str, dict[int, _Flow]]:
+    """Per group and seq, for collectives drawn on two or more ranks: the flow id and the ranks at its ends."""
+    flows: dict[str, dict[int, _Flow]] = {}
+    fid = 1
+    for uid, cols in job.collectives.items():
+        if not cols:
+            continue
+        ranks = cols[0].ranks
+        everyone = all(r in shown for r in ranks)
+        by_seq = flows[uid] = {}
+        for c in cols:
+            if everyone and inside is None:
+                times = [(t, r) for t, r in zip(c.arrive_ns, ranks) if t is not None]
+                if len(times) < sum(1 for s in c.signatures if s is not None):
+                    times = _flow_times(c, shown, inside)  # a rank known without arrival: the slow way
+            else:
+                times = _flow_times(c, shown, inside)
+            if len(times) > 1:
+                by_seq[c.seq] = _Flow(fid, min(times)[1], max(times)[1])
+                fid += 1
+    return flows
+
+
+def _flow_times(c: Collective, shown: set[int], inside: Callable[[int, int], bool] | None) -> list[tuple[int, int]]:
+    times = []
+    for i, r in enumerate(c.ranks):
+        if r not in shown or c.signatures[i] is None:
+            continue
+        end = c.end_ns[i]
+        t = _event_time(c.arrive_ns[i], c.start_ns[i], end)
+        if t is not None and (inside is None or inside(t, end if end is not None else t)):
+            times.append((t, r))
+    return times
+
+
+def _p2p_flows(job: Job, shown: set[int], inside: Callable[[int, int], bool] | None,
+               fid: _Counter) -> dict[tuple[str, int, int, int], tuple[int, str]]:
+    """Per matched send/recv on shown ranks: flow id and which side comes first in time."""
+    out: dict[tuple[str, int, int, int], tuple[int, str]] = {}
+    for uid, transfers in job.p2p.items():
+        for tr in transfers:
+            if not tr.matched or tr.src not in shown or tr.dst not in shown:
+                continue
+            ts = tr.send.t_arrive_ns  # type: ignore[union-attr]
+            tr_ = tr.recv.t_arrive_ns  # type: ignore[union-attr]
+            if ts is None or tr_ is None or (inside is not None and not (inside(ts, ts) and inside(tr_, tr_))):
+                continue
+            out[(uid, tr.src, tr.dst, tr.index)] = (fid(), "send" if ts <= tr_ else "recv")
+    return out
+
+
+class _SiteCache:
+    """Call site text per stack id (``train.py:57 step``), computed once for all ranks."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.cache: dict[int, str | None] = {}
+
+    def __call__(self, sid: int | None) -> str | None:
+        if sid is None:
+            return None
+        try:
+            return self.cache[sid]
+        except KeyError:
+            frame = call_site(self.job.stack(sid))
+            site = str(frame) if frame is not None else None
+            self.cache[sid] = site
+            return site
+
+
+# --- one rank --------------------------------------------------------------------------------------------------
+
+# An item to lay out on a track family: (begin, end | None (instant) | UNCLOSED, payload).
+# payload: (name, args, category, flow_start, flow_step, flow_end).
+Item = tuple[int, Any, tuple]
+_NO_FLOW: tuple[int, ...] = ()
+_NO_ROLES = (_NO_FLOW, _NO_FLOW, _NO_FLOW)
+
+
+class _RankWriter:
+    def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, _Flow]],
+                 p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: _SiteCache,
+                 shared: _SharedArgs, inside: Callable[[int, int], bool] | None, kineto: bool) -> None:
+        self.job, self.rank, self.markers = job, rank, markers
+        self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
+        self.window = inside  # None: no window (the hot loop skips the test)
+        self.inside = inside or _everything
+        self.shared = shared
+        self.kineto = kineto
+        self.offset = job.clock.offset_ns.get(rank, 0)
+        self.families: list[tuple[str, str | None, list[Item]]] = []  # (track name, description, items)
+        self.lo: int | None = None
+        self.hi: int | None = None
+        self.notes: list[str] = []
+        self.compute: list[tuple[int, int]] = []
+        self.comm: list[tuple[int, int]] = []
+        self.stalled: list[int] = []
+        self.marks: list[tuple[int, str, bool]] = []  # (t, kind, gone for good) for the preview
+
+    # The order of these calls is the order of the tracks in the rank's process.
+    def write(self, sink: TraceSink, uuid: _Uuids) -> tuple[int, int] | None:
+        log = self.job.logs.get(self.rank)
+        self._steps(log)
+        group_items = self._collectives()
+        for label, items in group_items:
+            self.families.append((label, None, items))
+        if log is not None:
+            self._python_calls(log)
+            self._ranges(log)
+        if self.kineto:
+            self._profiler()
+        if log is not None:
+            self._recorder_events(log)
+        self._place_marks(group_items)
+        pid = uuid()
+        sink.process(pid, pid=self.rank + 2, name=f"rank {self.rank}", description=self._description(),
+                     sort_index=self.rank + 1)
+        order = 0
+        for name, desc, items in self.families:
+            if not items:
+                continue
+            for k, lane in enumerate(layout(items)):
+                tid = uuid()
+                sink.track(tid, parent=pid, name=name if k == 0 else f"{name} ({k + 1})", sort_index=order,
+                           description=desc)
+                order += 1
+                _emit(sink, tid, lane)
+        if self.lo is None or self.hi is None:
+            return None
+        return self.lo, self.hi
+
+    def _description(self) -> str:
+        info = self.job.ranks.get(self.rank)
+        if info is None:
+            return "no data from this rank"
+        parts = [f"host {info.host}" if info.host else None, f"pid {info.pid}" if info.pid else None,
+                 info.backend]
+        method = self.job.clock.method.get(self.rank)
+        if method:
+            parts.append(f"clock {method} ({self.offset / 1000:+.1f} us)")
+        if info.closed_cleanly is False:
+            parts.append("log not closed cleanly: the rank died or was killed")
+        return ", ".join(p for p in parts if p)
+
+    def _seen(self, begin: int, end: int | None) -> None:
+        stop = end if end is not None else begin
+        self.lo = begin if self.lo is None or begin < self.lo else self.lo
+        self.hi = stop if self.hi is None or stop > self.hi else self.hi
+
+    # --- collectives and p2p ---------------------------------------------------------------------------------
+
+    def _collectives(self) -> list[tuple[str, list[Item]]]:
+        out = []
+        for uid, group in _ordered_groups(self.job):
+            if self.rank not in group.ranks:
+                continue
+            items: list[Item] = []
+            cols = self.job.collectives.get(uid, ())
+            if cols:
+                self._group_collectives(uid, cols, cols[0].ranks.index(self.rank), items)
+            for tr in self.job.p2p.get(uid, ()):
+                if tr.src == self.rank and tr.send is not None:
+                    self._p2p(tr, "send", tr.send, tr.dst, uid, items)
+                if tr.dst == self.rank and tr.recv is not None:
+                    self._p2p(tr, "recv", tr.recv, tr.src, uid, items)
+            out.append((group.label, items))
+        return out
+
+    def _group_collectives(self, uid: str, cols: tuple[Collective, ...], i: int, items: list[Item]) -> None:
+        """This rank's slice of every collective of one group: the hot loop of a big merge (2M slices)."""
+        rank, inside, shared, sites = self.rank, self.window, self.shared, self.sites
+        flows = self.flows.get(uid, {})
+        mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
+        stalled = {seq: waits[rank] for (u, seq), waits in self.markers.stalled.items()
+                   if u == uid and rank in waits}
+        append, comm = items.append, self.comm
+        shared_seen = shared.by_group.setdefault(uid, {})  # seq -> (signature, args, first arrival)
+        lo, hi = self.lo, self.hi
+        for c in cols:
+            sig = c.signatures[i]
+            if sig is None:
+                continue
+            arrive, end = c.arrive_ns[i], c.end_ns[i]
+            begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
+            if begin is None or (inside is not None and not inside(begin, end if end is not None else begin)):
+                continue
+            cached = shared_seen.get(c.seq)
+            if cached is None or cached[0] is not sig:
+                cached = shared_seen[c.seq] = (sig, *shared(c, sig))
+            _, common, first = cached
+            args = common.copy()
+            state = args["state"] = c.states[i] or "unknown"
+            site = sites(c.stack_ids[i])
+            if site:
+                args["call_site"] = site
+            if arrive is not None and first is not None:
+                args["lateness_ns"] = arrive - first
+            source = c.sources[i]
+            if source:
+                args["source"] = source
+            stop: Any = end
+            seq = c.seq
+            if mismatched:
+                kind = mismatched.get(seq)
+                if kind:
+                    args["mismatch"] = kind
+            waits = stalled.get(seq) if stalled else None
+            if waits is not None:
+                args["state"] = "stalled"
+                args["waiting_for"] = list(waits)
+                args["state_at_dump"] = state
+                stop = UNCLOSED
+                self.stalled.append(begin)
+            elif end is None:
+                # Gloo's Flight Recorder records no end time: an instant where the collective was issued.
+                args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
+                                    else "unknown (no end time recorded)")
+            elif end < begin:
+                stop = begin
+            flow = flows.get(seq)
+            if flow is None:
+                roles = _NO_ROLES
+            elif flow.first == rank:
+                roles = ((flow.fid,), _NO_FLOW, _NO_FLOW)
+            elif flow.last == rank:
+                roles = (_NO_FLOW, _NO_FLOW, (flow.fid,))
+            else:
+                roles = (_NO_FLOW, (flow.fid,), _NO_FLOW)
+            append((begin, stop, (sig.op, args, "collective", *roles)))
+            stop_t = end if end is not None else begin
+            if lo is None or begin < lo:
+                lo = begin
+            if hi is None or stop_t > hi:
+                hi = stop_t
+            if end is not None and end > begin:
+                comm.append((begin, end))
+        self.lo, self.hi = lo, hi
+
+    def _p2p(self, tr, kind: str, op, peer: int, uid: str, items: list[Item]) -> None:
+        begin, end = op.t_arrive_ns, op.t_end_ns
+        if begin is None or not self.inside(begin, end if end is not None else begin):
+            return
+        sig: Signature = op.signature
+        args = {"peer": peer, "process_group": self.job.groups[uid].label, "index": tr.index,
+                "shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ()),
+                "bytes": _nbytes(sig), "state": op.state, "matched": tr.matched, "source": op.source}
+        site = self.sites(op.stack_id)
+        if site:
+            args["call_site"] = site
+        fs = fe = _NO_FLOW
+        flow = self.p2p_flows.get((uid, tr.src, tr.dst, tr.index))
+        if flow is not None:
+            fid, first = flow
+            fs, fe = ((fid,), _NO_FLOW) if first == kind else (_NO_FLOW, (fid,))
+        name = "send" if kind == "send" else "recv"
+        items.append((begin, end if end is not None and end >= begin else None,
+                      (name, args, "p2p", fs, _NO_FLOW, fe)))
+        self._seen(begin, end)
+        if end is not None and end > begin:
+            self.comm.append((begin, end))
+
+    def _place_marks(self, group_items: list[tuple[str, list[Item]]]) -> None:
+        marks = [m for m in self.markers.marks if m.rank == self.rank]
+        if not marks:
+            return
+        labels = {self.job.groups[uid].label: items for uid, items in
+                  ((uid, next((it for lb, it in group_items if lb == g.label), None))
+                   for uid, g in self.job.groups.items()) if items is not None}
+        for m in marks:
+            label = self.job.groups[m.group_uid].label
+            items = labels.get(label)
+            if items is None:
+                items = []
+                self.families.insert(1, (label, None, items))
+                labels[label] = items
+            t = m.t_ns if m.t_ns is not None else self.hi
+            if t is None:
+                continue
+            items.append((t, None, (m.name, m.args, "marker", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            kind = "missing" if m.name.startswith("missing") else "mismatch"
+            self.marks.append((t, kind, kind == "missing" and m.t_ns is None))
+
+    # --- the recorder's own view -----------------------------------------------------------------------------
+
+    def _steps(self, log) -> None:
+        bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
+        items: list[Item] = []
+        for (step, t), nxt in zip(bounds, bounds[1:] + [None]):
+            end = nxt[1] if nxt is not None else None
+            if end is None:
+                end = self._log_end(log)
+            if end is None or end < t or not self.inside(t, end):
+                continue
+            items.append((t, end, (f"step {step}", {"step": step}, "step", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        self.families.append(("steps", "step boundaries: optimizer steps, profiler steps or comm2perfetto.step()",
+                              items))
+
+    def _log_end(self, log) -> int | None:
+        times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
+        times += [r.t_end_ns or r.t_begin_ns for r in log.ranges[-1:]]
+        return max(times) + self.offset if times else None
+
+    def _python_calls(self, log) -> None:
+        by_thread: dict[int, list[Item]] = defaultdict(list)
+        log_end = self._log_end(log)
+        for call in log.calls:
+            begin = call.t_call_ns + self.offset
+            end = call.t_return_ns + self.offset if call.t_return_ns is not None else None
+            args: dict[str, Any] = {"seq": call.seq if call.seq is not None else -1, "async": call.is_async,
+                                    "step": call.step}
+            if call.site:
+                args["call_site"] = call.site
+            if call.module:
+                args["module"] = call.module
+            if call.pass_:
+                args["pass"] = call.pass_
+            if call.nvtx:
+                args["nvtx"] = " > ".join(call.nvtx)
+            if call.shapes:
+                args["shapes"] = _sizes(call.shapes)
+                args["dtypes"] = ",".join(map(str, call.dtypes or ()))
+            if call.nbytes is not None:
+                args["bytes"] = call.nbytes
+            if call.peer is not None:
+                args["peer"] = str(call.peer)
+            if call.t_done_ns is not None:
+                args["completed_after_ns"] = call.t_done_ns + self.offset - begin
+            if call.error:
+                args["error"] = call.error
+            if end is None:
+                # Never returned: stalled there if diagnose says this rank is stuck, else its data ends here.
+                if self._stuck_in(call):
+                    args["state"] = "stalled"
+                    end = UNCLOSED
+                else:
+                    args["state"] = "never returned (the rank's data ends here)"
+                    end = max(log_end or begin, begin)
+            if not self.inside(begin, begin if end is UNCLOSED else end):
+                continue
+            by_thread[call.tid].append((begin, end, (call.op, args, "python", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            self._seen(begin, None if end is UNCLOSED else end)
+        for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
+            self.families.append((_thread_name("python calls", tid),
+                                  "torch.distributed calls as the patch layer saw them: from call to return", items))
+
+    def _stuck_in(self, call) -> bool:
+        groups = self.job.logs[self.rank].groups
+        g = groups.get(call.gid)
+        for (uid, seq), waits in self.markers.stalled.items():
+            if self.rank in waits and g is not None and self.job.groups[uid].name == g.name and (
+                    call.seq is None or call.seq <= seq <= (call.seq_last or call.seq)):
+                return True
+        return False
+
+    def _ranges(self, log) -> None:
+        by_thread: dict[int, list[Item]] = defaultdict(list)
+        log_end = self._log_end(log)
+        for rng in log.ranges:
+            begin = rng.t_begin_ns + self.offset
+            args: dict[str, Any] = {"source": rng.source}
+            if rng.t_end_ns is not None:
+                end = rng.t_end_ns + self.offset
+            else:
+                args["state"] = "not closed (the rank's data ends here)"
+                end = max(log_end or begin, begin)
+            if not self.inside(begin, end):
+                continue
+            by_thread[rng.tid].append((begin, end, (rng.name, args, "range", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            self._seen(begin, end)
+            self.compute.append((begin, end))
+        for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
+            self.families.append((_thread_name("ranges", tid), "NVTX and comm2perfetto.range() ranges",
+                                  items))
+
+    def _recorder_events(self, log) -> None:
+        items: list[Item] = []
+        for s in log.stalls:
+            t = s.t_ns + self.offset
+            args = {"reason": s.reason}
+            if s.trigger_rank is not None:
+                args["trigger_rank"] = s.trigger_rank
+            if s.stacks_file:
+                args["stacks_file"] = s.stacks_file
+            items.append((t, None, ("stall detected", args, "recorder", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        for t, path, reason in log.fr_dumps:
+            items.append((t + self.offset, None, ("Flight Recorder dump", {"file": path, "reason": reason},
+                                                  "recorder", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        for t, message in log.warnings:
+            items.append((t + self.offset, None, ("recorder warning", {"message": message}, "recorder",
+                                                  _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        for t, name, tid, source in log.marks:
+            items.append((t + self.offset, None, (name, {"source": source, "thread": str(tid)}, "mark",
+                                                  _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        items = [it for it in items if self.inside(it[0], it[0])]
+        self.families.append(("recorder", "what the recorder noticed: stalls, Flight Recorder dumps, warnings",
+                              items))
+
+    # --- profiler traces -------------------------------------------------------------------------------------
+
+    def _profiler(self) -> None:
+        info = self.job.ranks.get(self.rank)
+        if info is None or not info.kineto_files:
+            return
+        cpu: dict[str, list[Item]] = {}  # by lane, in the reader's order (threads, then GPU streams)
+        gpu: dict[str, list[Item]] = {}
+        names: dict[str, str] = {}
+        for path in info.kineto_files:
+            try:
+                trace = read_kineto(path)
+            except KinetoFormatError as exc:
+                self.notes.append(str(exc))
+                continue
+            names.update(trace.lane_names)
+            for ev in trace.cpu_ops:
+                self._kineto_item(ev, cpu.setdefault(ev.lane, []), compute=True)
+            for ev in trace.gpu_events:
+                self._kineto_item(ev, gpu.setdefault(ev.lane, []), compute=ev.klass == "compute")
+        for lane, items in cpu.items():
+            self.families.append((f"cpu ops ({names.get(lane, lane)})", "torch.profiler CPU ops", items))
+        for lane, items in gpu.items():
+            self.families.append((names.get(lane, lane),
+                                  "kernels, memcpy and memset: class compute, comm or memory", items))
+
+    def _kineto_item(self, ev, items: list[Item], compute: bool) -> None:
+        begin = ev.t_begin_ns + self.offset
+        end = begin + max(ev.duration_ns, 0)
+        if not self.inside(begin, end):
+            return
+        args = dict(ev.args) if ev.args else {}
+        klass = getattr(ev, "klass", None)
+        if klass:
+            args["class"] = klass
+        items.append((begin, end, (ev.name, args, klass or ev.kind, _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        self._seen(begin, end)
+        if klass == "comm":
+            self.comm.append((begin, end))
+        elif compute and klass != "memory":
+            self.compute.append((begin, end))
+
+    def preview_row(self) -> PreviewRow:
+        spans = [(b, e, "compute") for b, e in self.compute] + [(b, e, "comm") for b, e in self.comm]
+        spans += [(b, 2**62, "stalled") for b in self.stalled]  # to the end of the picture
+        # A rank that never came back: missing from its last activity on (the renderer clips at the end).
+        spans += [(t, 2**62, "missing") for t, _, gone in self.marks if gone]
+        return PreviewRow(label=f"rank {self.rank}", spans=spans, marks=[(t, kind) for t, kind, _ in self.marks])
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _emit(sink: TraceSink, track: int, lane: list[tuple[str, int, Any]]) -> None:
+    n = len(lane)
+    i = 0
+    while i < n:
+        kind, ts, payload = lane[i]
+        i += 1
+        if kind == "E":
+            sink.end(track, ts)
+            continue
+        name, args, category, fs, fm, fe = payload
+        if kind == "B":
+            if i < n and lane[i][0] == "E":  # no children: one complete slice (the writers' fast path)
+                sink.complete(track, ts, lane[i][1] - ts, name, args, category=category, flow_start=fs,
+                              flow_step=fm, flow_end=fe)
+                i += 1
+            else:
+                sink.begin(track, ts, name, args, category=category, flow_start=fs, flow_step=fm, flow_end=fe)
+        else:
+            sink.instant(track, ts, name, args, category=category, flow_start=fs, flow_step=fm, flow_end=fe)
+
+
+class _SharedArgs:
+    """Args every rank's slice of a collective carries, built once per (collective, signature)."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[int, int], tuple[dict[str, Any], int | None]] = {}
+        # Per group: the last (signature, args, first arrival) per seq; ranks mostly share one signature
+        # object (the loader interns them), so this identity check skips the general cache.
+        self.by_group: dict[str, dict[int, tuple]] = {}
+
+    def __call__(self, c: Collective, sig: Signature) -> tuple[dict[str, Any], int | None]:
+        """(the args, the first rank's arrival time)."""
+        key = (id(c), id(sig))  # both live as long as the job: ids stay unique
+        found = self.cache.get(key)
+        if found is None:
+            first = min((t for t in c.arrive_ns if t is not None), default=None)
+            found = self.cache[key] = (_collective_args(c, sig), first)
+        return found
+
+
+def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
+    args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
+                            "shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ())}
+    if sig.output_sizes is not None and sig.output_sizes != sig.input_sizes:
+        args["output_shapes"] = _sizes(sig.output_sizes)
+    nbytes = _nbytes(sig)
+    if nbytes is not None:
+        args["bytes"] = nbytes
+    last = c.last_arrival_rank
+    if last is not None:
+        args["last_arrival_rank"] = last
+    return args
+
+
+def _sizes(sizes) -> str:
+    if sizes is None:
+        return "?"
+    return "[" + ", ".join("[" + ", ".join(map(str, s)) + "]" for s in sizes) + "]"
+
+
+def _nbytes(sig: Signature) -> int | None:
+    if sig.input_sizes is None or not sig.input_dtypes:
+        return None
+    total = 0
+    for shape, dtype in zip(sig.input_sizes, sig.input_dtypes):
+        size = DTYPE_BYTES.get(dtype)
+        if size is None:
+            return None
+        total += math.prod(shape) * size
+    return total
+
+
+def _thread_name(what: str, tid: Any) -> str:
+    return f"{what} (thread {tid})"
+
+
+def _ordered_groups(job: Job) -> list[tuple[str, Any]]:
+    def key(item: tuple[str, Any]) -> tuple:
+        g = item[1]
+        return (0 if g.name == "0" else 1, len(g.ranks) * -1, g.name)
+
+    return sorted(job.groups.items(), key=key)
+
+
+def parse_ranks(text: str) -> set[int]:
+    """``0-7,12`` -> {0, ..., 7, 12}. Raises ValueError with the bad part named."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-7,12)") from None
+        if a < 0 or b < a:
+            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-7,12)")
+        out.update(range(a, b + 1))
+    if not out:
+        raise ValueError("no ranks given (expected e.g. 0-7,12)")
+    return out
+

@@ -1,0 +1,258 @@
+"""``comm2perfetto merge`` on real 2-rank gloo jobs recorded with ``comm2perfetto record``.
+
+Each trace is decoded with the Perfetto protos and checked against the TrackEvent rules (``check_trace``),
+then searched for what a person opening it would look for: the stalled all-reduce and the rank it waits
+for, the missing rank's stack, the mismatched shapes, DDP's C++-issued collectives on every rank, the
+flows that link a collective across ranks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import communicate, job_env, kill_tree, record_cmd, torchrun
+
+from comm2perfetto.export.check import check_trace
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+HANG_JOB = """
+import time
+import torch
+import torch.distributed as dist
+
+
+def slow_data_loader():
+    while True:
+        time.sleep(0.1)  # @sleep
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.all_reduce(torch.ones(2))  # @warmup
+if rank == 1:
+    slow_data_loader()
+dist.all_reduce(torch.ones(3))  # @stalled
+"""
+
+KILLED_JOB = """
+import os, signal
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for i in range(3):
+    dist.all_reduce(torch.ones(4))  # @loop
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+dist.all_reduce(torch.ones(4))  # @orphan
+"""
+
+
+def merge(out: Path, target: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "merge", str(out), "-o", str(target),
+                           *extra], capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def hang(module_jobs):
+    """Rank 1 never comes back; the scheduler kills the job (SIGKILL) once the stall has been dumped."""
+    running = module_jobs.start(HANG_JOB, record_args=["--stall-after", "1"])
+    for rank in (0, 1):
+        running.wait_for(f"out/rank{rank}.stacks.1.json")
+    deadline = time.monotonic() + 30
+    while not list(running.out.glob("rank0.fr.*.pkl")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # let the stall dumps finish writing
+    kill_tree(running.proc)
+    return running
+
+
+@pytest.fixture(scope="module")
+def hang_trace(hang, tmp_path_factory):
+    target = tmp_path_factory.mktemp("hang") / "job.pftrace"
+    proc = merge(hang.out, target, "--preview", str(target.with_suffix(".png")))
+    assert proc.returncode == 0, proc.stderr
+    return proc, check_trace(target), target
+
+
+def _line(script: str, marker: str) -> int:
+    (n,) = [i for i, text in enumerate(script.splitlines(), 1) if marker in text]
+    return n
+
+
+def test_stalled_all_reduce_is_drawn_to_the_end_and_names_the_rank_it_waits_for(hang, hang_trace):
+    _, trace, _ = hang_trace
+    (stalled,) = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.args.get("seq") == 2]
+    assert stalled.kind == "slice" and stalled.dur is None  # unclosed: runs to the end of the trace
+    assert stalled.name == "all_reduce" and stalled.args["state"] == "stalled"
+    assert str(stalled.args["waiting_for"]) in ("[1]", "1")
+    assert stalled.args["call_site"].startswith(f"job.py:{_line(hang.script, '@stalled')}")
+    assert stalled.args["shapes"] == "[[3]]" and stalled.args["bytes"] == 3 * 4
+
+
+def test_missing_rank_gets_an_instant_with_its_stack(hang, hang_trace):
+    _, trace, _ = hang_trace
+    (missing,) = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "instant"]
+    assert missing.name == "missing all_reduce (default_pg seq 2)"
+    assert "slow_data_loader" in missing.args["stack"]
+    assert missing.args["last_collective"] == "all_reduce (default_pg seq 1)"
+    # At rank 1's last activity: after its warm-up all-reduce.
+    (warmup,) = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.args.get("seq") == 1]
+    assert missing.ts >= warmup.ts
+
+
+def test_completed_collective_is_linked_across_ranks_by_a_flow(hang_trace):
+    _, trace, _ = hang_trace
+    warmups = {trace.process_of(e).name: e for p in ("rank 0", "rank 1")
+               for e in trace.events_on("default_pg", process_name=p) if e.args.get("seq") == 1}
+    assert set(warmups) == {"rank 0", "rank 1"}
+    assert all(e.dur is not None and e.dur > 0 and e.args["state"] == "completed" for e in warmups.values())
+    (fid,) = warmups["rank 0"].flow_ids
+    assert warmups["rank 1"].flow_ids == (fid,)
+    assert {trace.process_of(e).name for e in trace.flows[fid]} == {"rank 0", "rank 1"}
+    assert {e.args["last_arrival_rank"] for e in warmups.values()} == {warmups["rank 0"].args["last_arrival_rank"]}
+
+
+def test_findings_and_recorder_tracks(hang_trace):
+    proc, trace, _ = hang_trace
+    (finding,) = trace.events_on("findings", process_name="job")
+    assert finding.name == "missing_ranks all_reduce (default_pg seq 2)"
+    assert finding.args["culprit_ranks"] in ("[1]", "1", [1])
+    for rank in (0, 1):
+        names = [e.name for e in trace.events_on("recorder", process_name=f"rank {rank}")]
+        assert "stall detected" in names
+    calls = [e for t in trace.tracks_of("rank 0") if t.name.startswith("python calls")
+             for e in trace.events_on(t.name, process_name="rank 0")]
+    assert [(e.name, e.args.get("state")) for e in calls] == [("all_reduce", None), ("all_reduce", "stalled")]
+    assert "missing_ranks all_reduce (default_pg seq 2)" in proc.stdout
+    assert "open it: https://ui.perfetto.dev" in proc.stdout
+
+
+def test_processes_are_ordered_job_then_ranks(hang_trace):
+    _, trace, _ = hang_trace
+    processes = sorted((t for t in trace.tracks.values() if t.kind == "process"), key=lambda t: t.sort_index)
+    assert [p.name for p in processes] == ["job", "rank 0", "rank 1"]
+
+
+def test_preview_png_is_written(hang_trace):
+    _, _, target = hang_trace
+    png = target.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
+def test_chrome_json_holds_the_same_events(hang, hang_trace, tmp_path):
+    _, proto, _ = hang_trace
+    target = tmp_path / "job.json.gz"
+    proc = merge(hang.out, target)
+    assert proc.returncode == 0, proc.stderr
+    trace = check_trace(target)
+
+    def key(t):
+        # Chrome JSON holds times relative to the trace's start, in microseconds with 3 decimals.
+        first = min(e.ts for e in t.events)
+        return sorted((t.process_of(e).name, e.name, e.kind, e.ts - first, e.dur) for e in t.events
+                      if e.kind != "counter")
+
+    assert key(trace) == key(proto)
+
+
+def test_ranks_and_window_select_what_is_drawn(hang, hang_trace, tmp_path):
+    _, full, _ = hang_trace
+    target = tmp_path / "rank1.pftrace"
+    assert merge(hang.out, target, "--ranks", "1").returncode == 0
+    trace = check_trace(target)
+    assert {t.name for t in trace.tracks.values() if t.kind == "process"} == {"job", "rank 1"}
+    assert not trace.flows  # a flow needs two ranks drawn
+    # A window ending before the stall keeps the warm-up and drops the stalled call.
+    (warm,) = [e for e in full.events_on("default_pg", process_name="rank 0") if e.args.get("seq") == 1]
+    (stalled,) = [e for e in full.events_on("default_pg", process_name="rank 0") if e.args.get("seq") == 2]
+    first = min(e.ts for e in full.events if e.kind != "counter")
+    end_us = (warm.ts + warm.dur - first) // 1000 + 1
+    if stalled.ts - first > end_us * 1000:
+        target = tmp_path / "window.pftrace"
+        assert merge(hang.out, target, "--window", f"0:{end_us}us").returncode == 0
+        seqs = {e.args.get("seq") for e in check_trace(target).events_on("default_pg", process_name="rank 0")}
+        assert seqs == {1}
+
+
+@pytest.fixture(scope="module")
+def recorded_examples(tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples")
+    runs = {
+        "ddp": ("ddp_train.py", ["--epochs", "1", "--steps", "4"], ["--profile-steps", "2-3"]),
+        "mismatch": ("shape_mismatch.py", [], []),
+    }
+    done = {}
+    for name, (example, args, rec) in runs.items():
+        command = record_cmd(root / name, torchrun(2, str(EXAMPLES / example)) + args, rec)
+        proc = subprocess.Popen(command, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        communicate(proc, 120)
+        done[name] = root / name
+    return done
+
+
+def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
+    target = tmp_path / "ddp.pftrace"
+    proc = merge(recorded_examples["ddp"], target)
+    assert proc.returncode == 0, proc.stderr
+    trace = check_trace(target)
+    per_rank = {}
+    for rank in (0, 1):
+        events = trace.events_on("default_pg", process_name=f"rank {rank}")
+        per_rank[rank] = sorted((e.args["seq"], e.name) for e in events if e.args.get("source") == "fr")
+    assert per_rank[0] == per_rank[1]
+    names = {name for _, name in per_rank[0]}
+    assert {"all_reduce", "broadcast"} <= names
+    # Each C++-issued collective is one flow across both ranks.
+    for e in trace.events_on("default_pg", process_name="rank 0"):
+        if e.args.get("source") == "fr":
+            (fid,) = e.flow_ids
+            assert {trace.process_of(x).name for x in trace.flows[fid]} == {"rank 0", "rank 1"}
+    steps = [e.name for e in trace.events_on("steps", process_name="rank 0")]
+    assert steps[:2] == ["step 1", "step 2"]
+    cpu_tracks = [t.name for t in trace.tracks_of("rank 0") if t.name.startswith("cpu ops")]
+    assert cpu_tracks, "the profiler's CPU ops of steps 2-3 are drawn"
+    ops = {e.name for t in cpu_tracks for e in trace.events_on(t, process_name="rank 0")}
+    assert "c10d::allreduce_" in ops or "c10d::broadcast_" in ops  # DDP's C++ calls, seen by the profiler
+    assert "findings: none" in proc.stdout
+
+
+def test_shape_mismatch_is_marked_on_both_ranks(recorded_examples, tmp_path):
+    target = tmp_path / "mismatch.pftrace"
+    proc = merge(recorded_examples["mismatch"], target)
+    assert proc.returncode == 0, proc.stderr
+    trace = check_trace(target)
+    marks = {}
+    for rank in (0, 1):
+        (mark,) = [e for e in trace.events_on("default_pg", process_name=f"rank {rank}")
+                   if e.name.startswith("size_mismatch")]
+        assert mark.name == "size_mismatch all_reduce (default_pg seq 4)"
+        marks[rank] = mark.args
+    assert marks[0]["signature"] == "all_reduce [[256]] Float" and marks[0]["culprit"] is False
+    assert marks[1]["signature"] == "all_reduce [[512]] Float" and marks[1]["culprit"] is True
+    slices = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.args.get("seq") == 4]
+    assert slices and slices[0].args["mismatch"] == "size_mismatch"
+
+
+def test_killed_rank(module_jobs, tmp_path):
+    """Rank 1 is SIGKILLed between collectives; torchrun then tears rank 0 down inside the next one."""
+    job = module_jobs.run(KILLED_JOB)
+    assert job.returncode != 0
+    target = tmp_path / "killed.pftrace"
+    proc = merge(job.out, target)
+    assert proc.returncode == 0, proc.stderr
+    trace = check_trace(target)
+    assert "not closed cleanly" in trace.process_named("rank 1").description
+    loops = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "slice"]
+    assert [e.args["seq"] for e in loops] == [1, 2, 3]  # everything rank 1 did before it died
+    (missing,) = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "instant"]
+    assert missing.name == "missing all_reduce (default_pg seq 4)"
+    assert missing.ts >= max(e.ts + e.dur for e in loops)

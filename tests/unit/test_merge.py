@@ -1,0 +1,258 @@
+"""``comm2perfetto merge`` on built dumps: layout, sampling, selection, and every kind of bad input."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from factories import STEP_NS, T0_NS, EventLog, FrJob, steady_job
+
+from comm2perfetto.cli import main
+from comm2perfetto.export.check import check_trace
+from comm2perfetto.export.lanes import UNCLOSED, layout
+from comm2perfetto.export.timeline import parse_ranks
+
+
+def _merge(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["merge", *argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _stuck_job(tmp_path, world: int = 4, missing: int = 2):
+    """Three completed all-reduces, then every rank but ``missing`` waits in a fourth."""
+    job = steady_job(world=world, steps=3)
+    for r in job.ranks:
+        if r != missing:
+            job.collective(r, "all_reduce", [[4]], state="started", site="train.py:57")
+    job.write(tmp_path)
+    return job
+
+
+# --- lanes -------------------------------------------------------------------------------------------------
+
+
+def _shape(lanes):
+    return [[(k, t) for k, t, _ in lane] for lane in lanes]
+
+
+def test_lanes_nest_children_and_split_overlaps():
+    lanes = layout([(0, 10, "parent"), (2, 5, "child"), (4, 12, "overlap"), (10, 11, "next")])
+    assert _shape(lanes) == [[("B", 0), ("B", 2), ("E", 5), ("E", 10), ("B", 10), ("E", 11)],
+                             [("B", 4), ("E", 12)]]
+
+
+def test_lanes_give_an_unclosed_slice_no_child_slices():
+    lanes = layout([(0, UNCLOSED, "stalled"), (5, 6, "later"), (7, None, "marker on the stalled one")])
+    assert _shape(lanes) == [[("B", 0), ("I", 7)], [("B", 5), ("E", 6)]]
+
+
+def test_instant_at_a_slice_end_stays_on_its_lane():
+    assert _shape(layout([(0, 10, "a"), (10, None, "mark")])) == [[("B", 0), ("E", 10), ("I", 10)]]
+
+
+# --- the trace of a stuck job --------------------------------------------------------------------------------
+
+
+def test_stuck_job_marks_stalled_slices_and_the_missing_rank(tmp_path, capsys):
+    _stuck_job(tmp_path / "dumps")
+    target = tmp_path / "job.pftrace"
+    code, out, _ = _merge(capsys, str(tmp_path / "dumps"), "-o", str(target))
+    assert code == 0
+    trace = check_trace(target)
+    for rank in (0, 1, 3):
+        (last,) = [e for e in trace.events_on("default_pg", process_name=f"rank {rank}") if e.args.get("seq") == 4]
+        assert (last.dur, last.args["state"], last.args["waiting_for"]) == (None, "stalled", "[2]")
+        assert last.args["call_site"] == "train.py:57 train"
+    (missing,) = [e for e in trace.events_on("default_pg", process_name="rank 2") if e.kind == "instant"]
+    assert missing.name == "missing all_reduce (default_pg seq 4)"
+    # Every completed collective is one flow through all four ranks.
+    completed = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.args.get("seq") in (1, 2, 3)]
+    assert len(completed) == 3
+    for e in completed:
+        (fid,) = e.flow_ids
+        assert sorted(trace.process_of(x).name for x in trace.flows[fid]) == [f"rank {r}" for r in range(4)]
+    assert "4 of 4" in out and "missing_ranks all_reduce (default_pg seq 4)" in out
+
+
+def test_collective_args_carry_what_a_person_looks_for(tmp_path, capsys):
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_gather", [[256]], [[512]], dtype="BFloat16", t_ns=T0_NS + r * 7_000)
+    job.write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    late = [e for e in trace.events_on("default_pg", process_name="rank 1")]
+    (e,) = late
+    assert e.name == "all_gather"
+    assert {k: e.args[k] for k in ("process_group", "seq", "shapes", "output_shapes", "dtypes", "bytes",
+                                   "group_size", "state", "last_arrival_rank", "lateness_ns")} == {
+        "process_group": "default_pg", "seq": 1, "shapes": "[[256]]", "output_shapes": "[[512]]",
+        "dtypes": "BFloat16", "bytes": 256 * 2, "group_size": 2, "state": "completed", "last_arrival_rank": 1,
+        "lateness_ns": 7_000}
+    assert e.dur == 50_000  # FR's time_discovered_completed_ns - time_created_ns in the built dump
+
+
+def test_overlapping_async_collectives_get_a_second_lane(tmp_path, capsys):
+    job = FrJob(world=2)
+    for r in job.ranks:  # the second is issued before the first completes (50 us each, 10 us apart)
+        job.collective(r, "all_reduce", [[4]], t_ns=T0_NS)
+        job.collective(r, "all_reduce", [[8]], t_ns=T0_NS + 10_000)
+    job.write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    names = [t.name for t in trace.tracks_of("rank 0")]
+    assert "default_pg" in names and "default_pg (2)" in names
+
+
+def test_collectives_in_flight_counter(tmp_path, capsys):
+    steady_job(world=2, steps=3).write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    values = [e.value for e in sorted(trace.events_on("collectives in flight", process_name="job"),
+                                      key=lambda e: e.ts)]
+    assert values == [1, 0] * 3  # 1 ms apart, 50 us long: never two at once
+
+
+def test_recorder_log_adds_python_calls_and_steps(tmp_path, capsys):
+    folder = tmp_path / "d"
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.lines.append(["p", 1, T0_NS, "optimizer"])
+        log.call("all_reduce", T0_NS + STEP_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+        log.lines.append(["p", 2, T0_NS + 2 * STEP_NS, "optimizer"])
+        log.call("barrier", T0_NS + 3 * STEP_NS, seq=2)
+        log.close(T0_NS + 4 * STEP_NS)
+        log.write(folder)
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(folder), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    assert [e.name for e in trace.events_on("steps", process_name="rank 1")] == ["step 1", "step 2"]
+    (calls,) = [t.name for t in trace.tracks_of("rank 1") if t.name.startswith("python calls")]
+    got = [(e.name, e.args["seq"], e.args["call_site"]) for e in trace.events_on(calls, process_name="rank 1")]
+    assert got == [("all_reduce", 1, "train.py:57 train"), ("barrier", 2, "train.py:57 train")]
+    assert [e.args["source"] for e in trace.events_on("default_pg", process_name="rank 1")] == ["log", "log"]
+
+
+# --- selection ---------------------------------------------------------------------------------------------
+
+
+def test_parse_ranks():
+    assert parse_ranks("0-3,7, 9") == {0, 1, 2, 3, 7, 9}
+    for bad in ("a", "3-1", "-2", ""):
+        with pytest.raises(ValueError):
+            parse_ranks(bad)
+
+
+def test_big_job_keeps_implicated_ranks_plus_a_sample(tmp_path, capsys):
+    world = 300
+    _stuck_job(tmp_path / "d", world=world, missing=277)
+    target = tmp_path / "job.pftrace"
+    code, out, _ = _merge(capsys, str(tmp_path / "d"), "-o", str(target))
+    assert code == 0
+    trace = check_trace(target)
+    shown = {t.name for t in trace.tracks.values() if t.kind == "process"} - {"job"}
+    assert "rank 277" in shown and len(shown) == 256
+    assert f"showing 256 of {world} ranks" in out
+    code, out, _ = _merge(capsys, str(tmp_path / "d"), "-o", str(target), "--all-ranks")
+    assert code == 0
+    shown = {t.name for t in check_trace(target).tracks.values() if t.kind == "process"} - {"job"}
+    assert len(shown) == world
+
+
+def test_no_align_keeps_raw_clocks(tmp_path, capsys):
+    folder = tmp_path / "d"
+    for rank, offset in ((0, 0), (1, 5_000_000)):
+        log = EventLog(rank=rank, world=2, offset_ns=offset)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_reduce", T0_NS - offset, seq=1, shapes=[[4]], dtypes=["Float"])
+        log.close(T0_NS + STEP_NS)
+        log.write(folder)
+    aligned, raw = tmp_path / "a.pftrace", tmp_path / "r.pftrace"
+    assert _merge(capsys, str(folder), "-o", str(aligned))[0] == 0
+    code, out, _ = _merge(capsys, str(folder), "-o", str(raw), "--no-align")
+    assert code == 0 and "not aligned" in out
+
+    def start(path, rank):
+        (e,) = check_trace(path).events_on("default_pg", process_name=f"rank {rank}")
+        return e.ts
+
+    assert start(aligned, 1) == start(aligned, 0) == T0_NS
+    assert start(raw, 1) == T0_NS - 5_000_000
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+
+def test_unknown_suffix(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path)
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "job.txt"))
+    assert code == 2 and "unknown output format for 'job.txt'" in err and ".pftrace" in err
+
+
+def test_unwritable_output(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path)
+    # /proc takes no new files, even from root (a chmod-ed folder would not stop root).
+    code, _, err = _merge(capsys, str(tmp_path), "-o", "/proc/comm2perfetto-test.pftrace")
+    assert code == 2 and "cannot write /proc/comm2perfetto-test.pftrace" in err
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "nccl_trace_rank_0" / "job.pftrace"))
+    assert code == 2 and "is not a folder" in err
+
+
+def test_output_in_a_missing_folder(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path)
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "nope" / "job.pftrace"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_missing_input_path(tmp_path, capsys):
+    code, _, err = _merge(capsys, str(tmp_path / "nothing"), "-o", str(tmp_path / "job.pftrace"))
+    assert code == 2 and "nothing" in err
+    assert not (tmp_path / "job.pftrace").exists()
+
+
+def test_corrupt_and_malicious_files_are_skipped_and_named(tmp_path, capsys):
+    steady_job(world=2, steps=2).write(tmp_path)
+    (tmp_path / "nccl_trace_rank_1").write_bytes((tmp_path / "nccl_trace_rank_1").read_bytes()[:200])
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch pwned",))
+
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps(Evil(), protocol=2))
+    target = tmp_path / "job.pftrace"
+    code, out, _ = _merge(capsys, str(tmp_path), "-o", str(target))
+    assert code == 0 and "skipped 2 file(s)" in out
+    assert not (tmp_path / "pwned").exists()
+    assert {t.name for t in check_trace(target).tracks.values() if t.kind == "process"} >= {"job", "rank 0"}
+
+
+def test_mixed_jobs_are_refused(tmp_path, capsys):
+    steady_job(world=2, steps=2).write(tmp_path / "a")
+    steady_job(world=4, steps=2).write(tmp_path / "b")
+    code, _, err = _merge(capsys, str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "j.pftrace"))
+    assert code == 2 and "--force" in err
+
+
+@pytest.mark.parametrize("window", ["10", "b:c", "5:1", "1x:2"])
+def test_bad_window(tmp_path, capsys, window):
+    steady_job(world=2, steps=1).write(tmp_path)
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--window", window)
+    assert code == 2 and "--window" in err
+
+
+def test_ranks_not_in_the_job(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path)
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--ranks", "5-6")
+    assert code == 2 and "none of these ranks" in err
+
+
+def test_preview_must_be_png(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path)
+    code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--preview", "x.jpg")
+    assert code == 2 and "PNG" in err
