@@ -313,6 +313,7 @@ class _RankWriter:
         self.comm: list[tuple[int, int]] = []
         self.stalled: list[int] = []
         self.marks: list[tuple[int, str, bool]] = []  # (t, kind, gone for good) for the preview
+        self.last_activity: int | None = None  # the latest event of the rank's own (not the recorder's notes)
 
     # The order of these calls is the order of the tracks in the rank's process.
     def write(self, sink: TraceSink, uuid: _Uuids) -> tuple[int, int] | None:
@@ -490,7 +491,7 @@ class _RankWriter:
                 items = []
                 self.families.insert(1, (label, None, items))
                 labels[label] = items
-            t = m.t_ns if m.t_ns is not None else self.hi
+            t = m.t_ns if m.t_ns is not None else (self.last_activity or self.hi)
             if t is None:
                 continue
             items.append((t, None, (m.name, m.args, "marker", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
@@ -609,6 +610,10 @@ class _RankWriter:
             items.append((t + self.offset, None, (name, {"source": source, "thread": str(tid)}, "mark",
                                                   _NO_FLOW, _NO_FLOW, _NO_FLOW)))
         items = [it for it in items if self.inside(it[0], it[0])]
+        activity = self.hi  # the recorder's own events are not the rank's activity (marks go there)
+        for t, _, _ in items:  # a stall detected, a dump taken: the data reaches at least this far
+            self._seen(t, None)
+        self.last_activity = activity
         self.families.append(("recorder", "what the recorder noticed: stalls, Flight Recorder dumps, warnings",
                               items))
 
