@@ -389,13 +389,8 @@ class PerfettoWriter:
         if entry is None:
             entry = self._slice_entry(self._begin_entries, _TYPE_BEGIN, track, name, category)
         event = entry[0]
-        if args:
-            try:
-                event += b"".join(map(self._args_lookup, args.items()))
-            except TypeError:  # an unhashable value (a list)
-                event += b"".join([self._annotation(key, value) for key, value in args.items()])
-        if flow_start or flow_step or flow_end:
-            event += self._flow_fields(flow_start, flow_step, flow_end)
+        if args or flow_start or flow_step or flow_end:
+            event += self._extras(args, flow_start, flow_step, flow_end)
         self._write_event(ts, event)
         self._open[track] += 1
         self._slices += 1
@@ -420,13 +415,8 @@ class PerfettoWriter:
         if dur < 0:
             raise ValueError(f"negative duration {dur} for {name!r} on track {track}")
         event, tail = entry
-        if args:
-            try:
-                event += b"".join(map(self._args_lookup, args.items()))
-            except TypeError:  # an unhashable value (a list)
-                event += b"".join([self._annotation(key, value) for key, value in args.items()])
-        if flow_start or flow_step or flow_end:
-            event += self._flow_fields(flow_start, flow_step, flow_end)
+        if args or flow_start or flow_step or flow_end:
+            event += self._extras(args, flow_start, flow_step, flow_end)
         end = ts + dur
         high = ts >> 28
         size = len(event)
@@ -458,13 +448,8 @@ class PerfettoWriter:
         if entry is None:
             entry = self._slice_entry(self._instant_entries, _TYPE_INSTANT, track, name, category)
         event = entry[0]
-        if args:
-            try:
-                event += b"".join(map(self._args_lookup, args.items()))
-            except TypeError:  # an unhashable value (a list)
-                event += b"".join([self._annotation(key, value) for key, value in args.items()])
-        if flow_start or flow_step or flow_end:
-            event += self._flow_fields(flow_start, flow_step, flow_end)
+        if args or flow_start or flow_step or flow_end:
+            event += self._extras(args, flow_start, flow_step, flow_end)
         self._write_event(ts, event)
         self._instants += 1
 
@@ -538,6 +523,19 @@ class PerfettoWriter:
             cache.clear()
         cache[(track, name, category)] = entry
         return entry
+
+    def _extras(self, args: Mapping[str, ArgValue] | None, flow_start: Sequence[int], flow_step: Sequence[int],
+                flow_end: Sequence[int]) -> bytes:
+        """The debug annotations and flow fields of one event, encoded."""
+        out = b""
+        if args:
+            try:
+                out = b"".join(map(self._args_lookup, args.items()))
+            except TypeError:  # an unhashable value (a list)
+                out = b"".join([self._annotation(key, value) for key, value in args.items()])
+        if flow_start or flow_step or flow_end:
+            out += self._flow_fields(flow_start, flow_step, flow_end)
+        return out
 
     def _flow_fields(self, flow_start: Sequence[int], flow_step: Sequence[int], flow_end: Sequence[int]) -> bytes:
         fields = b""
