@@ -256,3 +256,19 @@ def test_preview_must_be_png(tmp_path, capsys):
     steady_job(world=2, steps=1).write(tmp_path)
     code, _, err = _merge(capsys, str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--preview", "x.jpg")
     assert code == 2 and "PNG" in err
+
+
+def test_send_and_recv_are_linked_by_a_flow(tmp_path, capsys):
+    job = FrJob(world=2)
+    job.p2p(0, "send", 1, [[4]])
+    job.p2p(1, "recv", 0, [[4]])
+    job.write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    (send,) = trace.events_on("default_pg", process_name="rank 0")
+    (recv,) = trace.events_on("default_pg", process_name="rank 1")
+    assert (send.name, send.args["peer"], recv.name, recv.args["peer"]) == ("send", 1, "recv", 0)
+    assert send.args["shapes"] == recv.args["shapes"] == "[[4]]" and send.args["bytes"] == 4 * 4
+    (fid,) = send.flow_ids
+    assert recv.flow_ids == (fid,) and len(trace.flows[fid]) == 2

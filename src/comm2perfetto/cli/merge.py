@@ -184,11 +184,10 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
                    preview: Path | None) -> None:
     span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
         summary.t_end_ns is not None else 0
-    total = len(set(job.ranks) | {r for g in job.groups.values() for r in g.ranks})
     lines = [
         (f"wrote {out} ({_size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
          f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
-        (f"  ranks: {len(summary.ranks)} of {total}; collectives: {summary.collectives:,}; "
+        (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}; collectives: {summary.collectives:,}; "
          f"p2p transfers: {summary.p2p:,}; time span: {secs_text(span)}"),
     ]
     clock = job.clock

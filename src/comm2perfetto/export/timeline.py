@@ -18,6 +18,7 @@ one after another, so memory holds one rank's events at a time besides the job i
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from comm2perfetto.analysis.findings import Diagnosis
 from comm2perfetto.export.lanes import UNCLOSED, layout
 from comm2perfetto.export.markers import Markers, plan_markers
 from comm2perfetto.export.preview import PreviewRow
-from comm2perfetto.export.sink import TraceSink
+from comm2perfetto.export.sink import TraceSink, arg_text
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site
 from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
 
@@ -75,6 +76,7 @@ def select_ranks(job: Job, markers: Markers, requested: set[int] | None = None, 
 @dataclass(slots=True)
 class TimelineSummary:
     ranks: tuple[int, ...]
+    total_ranks: int
     collectives: int
     p2p: int
     t_begin_ns: int | None
@@ -90,15 +92,6 @@ class _Flow:
     last: int
 
 
-class _Uuids:
-    def __init__(self) -> None:
-        self.next = 1
-
-    def __call__(self) -> int:
-        self.next += 1
-        return self.next
-
-
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
                    progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
@@ -107,10 +100,9 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     shown = set(selection.ranks)
     inside = _window_test(window)
     flows = _collective_flows(job, shown, inside)
-    fid = _Counter(start=len(flows) + 1)
-    p2p_flows = _p2p_flows(job, shown, inside, fid)
-    uuid = _Uuids()
-    summary = TimelineSummary(ranks=selection.ranks, collectives=sum(len(c) for c in job.collectives.values()),
+    p2p_flows = _p2p_flows(job, shown, inside, itertools.count(len(flows) + 1).__next__)
+    uuid = itertools.count(2).__next__  # track uuids (0 is the Perfetto writer's root track)
+    summary = TimelineSummary(ranks=selection.ranks, total_ranks=selection.total, collectives=sum(len(c) for c in job.collectives.values()),
                               p2p=sum(len(t) for t in job.p2p.values()), t_begin_ns=None, t_end_ns=None)
     if selection.note:
         summary.notes.append(selection.note)
@@ -119,7 +111,7 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sink.process(job_pid, pid=1, name="job", description=_job_description(job, diagnosis, selection),
                  sort_index=0)
     _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or _everything)
-    sites, shared = _SiteCache(job), _SharedArgs()
+    sites, shared = _SiteCache(job), {}  # shared: per group, see _shared_args
     for n, rank in enumerate(selection.ranks, 1):
         writer = _RankWriter(job, rank, markers, flows, p2p_flows, sites, shared, inside, kineto)
         span = writer.write(sink, uuid)
@@ -135,15 +127,6 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     return summary
 
 
-class _Counter:
-    def __init__(self, start: int) -> None:
-        self.value = start
-
-    def __call__(self) -> int:
-        self.value += 1
-        return self.value - 1
-
-
 # --- what the job process shows ----------------------------------------------------------------------------
 
 
@@ -157,7 +140,7 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
     return "; ".join(parts)
 
 
-def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: _Uuids, pid: int,
+def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Callable[[], int], pid: int,
                       inside: Callable[[int, int], bool]) -> None:
     findings = uuid()
     sink.track(findings, parent=pid, name="findings", sort_index=0)
@@ -251,7 +234,7 @@ def _flow_times(c: Collective, shown: set[int], inside: Callable[[int, int], boo
 
 
 def _p2p_flows(job: Job, shown: set[int], inside: Callable[[int, int], bool] | None,
-               fid: _Counter) -> dict[tuple[str, int, int, int], tuple[int, str]]:
+               fid: Callable[[], int]) -> dict[tuple[str, int, int, int], tuple[int, str]]:
     """Per matched send/recv on shown ranks: flow id and which side comes first in time."""
     out: dict[tuple[str, int, int, int], tuple[int, str]] = {}
     for uid, transfers in job.p2p.items():
@@ -297,7 +280,7 @@ _NO_ROLES = (_NO_FLOW, _NO_FLOW, _NO_FLOW)
 class _RankWriter:
     def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, _Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: _SiteCache,
-                 shared: _SharedArgs, inside: Callable[[int, int], bool] | None, kineto: bool) -> None:
+                 shared: dict[str, dict[int, list[tuple]]], inside: Callable[[int, int], bool] | None, kineto: bool) -> None:
         self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
@@ -316,7 +299,7 @@ class _RankWriter:
         self.last_activity: int | None = None  # the latest event of the rank's own (not the recorder's notes)
 
     # The order of these calls is the order of the tracks in the rank's process.
-    def write(self, sink: TraceSink, uuid: _Uuids) -> tuple[int, int] | None:
+    def write(self, sink: TraceSink, uuid: Callable[[], int]) -> tuple[int, int] | None:
         log = self.job.logs.get(self.rank)
         self._steps(log)
         group_items = self._collectives()
@@ -392,7 +375,7 @@ class _RankWriter:
         stalled = {seq: waits[rank] for (u, seq), waits in self.markers.stalled.items()
                    if u == uid and rank in waits}
         append, comm = items.append, self.comm
-        shared_seen = shared.by_group.setdefault(uid, {})  # seq -> (signature, args, first arrival)
+        seen = shared.setdefault(uid, {})
         lo, hi = self.lo, self.hi
         for c in cols:
             sig = c.signatures[i]
@@ -402,10 +385,11 @@ class _RankWriter:
             begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
             if begin is None or (inside is not None and not inside(begin, end if end is not None else begin)):
                 continue
-            cached = shared_seen.get(c.seq)
-            if cached is None or cached[0] is not sig:
-                cached = shared_seen[c.seq] = (sig, *shared(c, sig))
-            _, common, first = cached
+            entries = seen.get(c.seq)
+            if entries and entries[0][0] is sig:  # the loader interns signatures: usually one per seq
+                _, common, first = entries[0]
+            else:
+                common, first = _shared_args(seen, c, sig)
             args = common.copy()
             state = args["state"] = c.states[i] or "unknown"
             site = sites(c.stack_ids[i])
@@ -460,8 +444,7 @@ class _RankWriter:
             return
         sig: Signature = op.signature
         args = {"peer": peer, "process_group": self.job.groups[uid].label, "index": tr.index,
-                "shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ()),
-                "bytes": _nbytes(sig), "state": op.state, "matched": tr.matched, "source": op.source}
+                **_signature_args(sig), "state": op.state, "matched": tr.matched, "source": op.source}
         site = self.sites(op.stack_id)
         if site:
             args["call_site"] = site
@@ -481,9 +464,7 @@ class _RankWriter:
         marks = [m for m in self.markers.marks if m.rank == self.rank]
         if not marks:
             return
-        labels = {self.job.groups[uid].label: items for uid, items in
-                  ((uid, next((it for lb, it in group_items if lb == g.label), None))
-                   for uid, g in self.job.groups.items()) if items is not None}
+        labels = dict(group_items)  # group label -> its items
         for m in marks:
             label = self.job.groups[m.group_uid].label
             items = labels.get(label)
@@ -649,7 +630,7 @@ class _RankWriter:
         if not self.inside(begin, end):
             return
         args = dict(ev.args) if ev.args else {}
-        klass = getattr(ev, "klass", None)
+        klass = ev.klass
         if klass:
             args["class"] = klass
         items.append((begin, end, (ev.name, args, klass or ev.kind, _NO_FLOW, _NO_FLOW, _NO_FLOW)))
@@ -691,43 +672,44 @@ def _emit(sink: TraceSink, track: int, lane: list[tuple[str, int, Any]]) -> None
             sink.instant(track, ts, name, args, category=category, flow_start=fs, flow_step=fm, flow_end=fe)
 
 
-class _SharedArgs:
-    """Args every rank's slice of a collective carries, built once per (collective, signature)."""
+def _shared_args(seen: dict[int, list[tuple]], c: Collective, sig: Signature) -> tuple[dict[str, Any], int | None]:
+    """(args every rank's slice of ``c`` with this signature carries, the first rank's arrival), built once.
 
-    def __init__(self) -> None:
-        self.cache: dict[tuple[int, int], tuple[dict[str, Any], int | None]] = {}
-        # Per group: the last (signature, args, first arrival) per seq; ranks mostly share one signature
-        # object (the loader interns them), so this identity check skips the general cache.
-        self.by_group: dict[str, dict[int, tuple]] = {}
-
-    def __call__(self, c: Collective, sig: Signature) -> tuple[dict[str, Any], int | None]:
-        """(the args, the first rank's arrival time)."""
-        key = (id(c), id(sig))  # both live as long as the job: ids stay unique
-        found = self.cache.get(key)
-        if found is None:
-            first = min((t for t in c.arrive_ns if t is not None), default=None)
-            found = self.cache[key] = (_collective_args(c, sig), first)
-        return found
+    ``seen`` is the group's cache: per seq, one (signature, args, first arrival) per distinct signature (one,
+    unless the ranks disagree).
+    """
+    entries = seen.setdefault(c.seq, [])
+    for known, args, first in entries:
+        if known is sig:
+            return args, first
+    first = min((t for t in c.arrive_ns if t is not None), default=None)
+    entries.append((sig, _collective_args(c, sig), first))
+    return entries[-1][1], first
 
 
 def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
     args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
-                            "shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ())}
-    if sig.output_sizes is not None and sig.output_sizes != sig.input_sizes:
-        args["output_shapes"] = _sizes(sig.output_sizes)
-    nbytes = _nbytes(sig)
-    if nbytes is not None:
-        args["bytes"] = nbytes
+                            **_signature_args(sig)}
     last = c.last_arrival_rank
     if last is not None:
         args["last_arrival_rank"] = last
     return args
 
 
+def _signature_args(sig: Signature) -> dict[str, Any]:
+    """shapes, dtypes, output_shapes (when they differ) and bytes (when the dtypes are known)."""
+    args: dict[str, Any] = {"shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ())}
+    if sig.output_sizes is not None and sig.output_sizes != sig.input_sizes:
+        args["output_shapes"] = _sizes(sig.output_sizes)
+    nbytes = _nbytes(sig)
+    if nbytes is not None:
+        args["bytes"] = nbytes
+    return args
+
+
 def _sizes(sizes) -> str:
-    if sizes is None:
-        return "?"
-    return "[" + ", ".join("[" + ", ".join(map(str, s)) + "]" for s in sizes) + "]"
+    """``[[4, 8], [2]]``; ``?`` when unknown."""
+    return "?" if sizes is None else str(arg_text(sizes))
 
 
 def _nbytes(sig: Signature) -> int | None:
