@@ -259,6 +259,8 @@ class EventLog:
     _cid: int = 0
     _sites: dict[str, int] = field(default_factory=dict)
     _args: dict[str, int] = field(default_factory=dict)
+    _contexts: dict[str, int] = field(default_factory=dict)
+    _rid: int = 0
 
     def __post_init__(self) -> None:
         self.lines.append({"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": self.rank,
@@ -275,24 +277,51 @@ class EventLog:
     def call(self, op: str, t_ns: int, *, gid: int = 0, seq: int | None = None, seq_last: int | None = None,
              peer: Any = None, shapes: list | None = None, dtypes: list | None = None, dur_ns: int = 50_000,
              site: str = "train.py:57 train", returns: bool = True, is_async: bool = False,
-             error: str | None = None) -> int:
+             error: str | None = None, done_ns: int | None = None, module: str | None = None,
+             pass_: str | None = None, nbytes: int | None = None, step: int = 1) -> int:
+        """One recorded call; ``done_ns``: when an async call's work completed; ``module``/``pass_``: the
+        module it was issued in."""
         self._cid += 1
         cid = self._cid
+        context = 0
+        if module is not None or pass_ is not None:
+            context = self._context(module, pass_)
         if site not in self._sites:
             self._sites[site] = len(self._sites) + 1
             self.lines.append(["s", self._sites[site], site])
-        key = json.dumps([shapes, dtypes])
+        key = json.dumps([shapes, dtypes, nbytes])
         if key not in self._args:
             self._args[key] = len(self._args) + 1
             self.lines.append(["a", self._args[key], shapes if shapes is not None else [],
-                               dtypes if dtypes is not None else [], None])
-        self.lines.append(["b", cid, t_ns, op, gid, seq, peer, is_async, 1396872, self._sites[site], 0, 1,
-                           self._args[key]])
+                               dtypes if dtypes is not None else [], nbytes])
+        self.lines.append(["b", cid, t_ns, op, gid, seq, peer, is_async, 1396872, self._sites[site], context,
+                           step, self._args[key]])
         if error is not None:
             self.lines.append(["x", cid, t_ns + dur_ns, error])
         elif returns:
             self.lines.append(["e", cid, t_ns + dur_ns, seq_last if seq_last is not None else seq])
+        if done_ns is not None:
+            self.lines.append(["d", cid, done_ns])
         return cid
+
+    def _context(self, module: str | None, pass_: str | None) -> int:
+        key = json.dumps([module, pass_])
+        if key not in self._contexts:
+            self._contexts[key] = len(self._contexts) + 1
+            self.lines.append(["c", self._contexts[key], [], module, pass_])
+        return self._contexts[key]
+
+    def range(self, name: str, begin_ns: int, end_ns: int | None, *, tid: int = 1396872,
+              source: str = "range") -> None:
+        """An NVTX / comm2perfetto.range() range; ``end_ns=None``: never closed."""
+        self._rid += 1
+        self.lines.append(["r", self._rid, begin_ns, name, tid, source])
+        if end_ns is not None:
+            self.lines.append(["q", self._rid, end_ns])
+
+    def step(self, n: int, t_ns: int, source: str = "optimizer") -> None:
+        """The step counter became ``n`` at ``t_ns``."""
+        self.lines.append(["p", n, t_ns, source])
 
     def stall(self, t_ns: int, reason: str = "pending", trigger_rank: int = 0, cid: int | None = None,
               stacks_file: str | None = None) -> None:

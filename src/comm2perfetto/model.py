@@ -10,6 +10,7 @@ otherwise build two million objects. ``Collective.part(rank)`` builds the per-ra
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,30 @@ PENDING = "pending"  # the recorder saw the call begin and never return
 FAILED = "failed"  # the call raised
 UNKNOWN = "unknown"
 NOT_DONE_STATES = frozenset({STARTED, SCHEDULED, PENDING, FAILED})
+
+# Bytes per element of the dtypes Flight Recorder and the recorder name ("Float", "BFloat16" ...).
+DTYPE_BYTES = {
+    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
+    "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+}
+
+
+def tensor_bytes(sizes: tuple[tuple[int, ...], ...] | None, dtypes: tuple[str, ...] | None) -> int | None:
+    """Total bytes of tensors given as shapes and dtype names; None when a shape or dtype is unknown.
+
+    >>> tensor_bytes(((4, 8), (2,)), ("Float", "BFloat16"))
+    132
+    """
+    if sizes is None or not dtypes or len(dtypes) < len(sizes):
+        return None
+    total = 0
+    for shape, dtype in zip(sizes, dtypes):
+        size = DTYPE_BYTES.get(dtype)
+        if size is None:
+            return None
+        total += math.prod(shape) * size
+    return total
 
 def _empty() -> Mapping:
     return MappingProxyType({})

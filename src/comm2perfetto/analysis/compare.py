@@ -23,6 +23,7 @@ _FAMILY = {
     "_allgather_base": "all_gather", "allgather": "all_gather", "all_gather_into_tensor": "all_gather",
     "all_gather_object": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
     "ALLGATHER_coalesced": "all_gather", "allgather_coalesced": "all_gather", "all_gather_single": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
     "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
     "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "REDUCE_SCATTER_coalesced": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",

@@ -21,7 +21,7 @@ class UserError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from comm2perfetto.cli import demo, diagnose, merge, record
+    from comm2perfetto.cli import demo, diagnose, merge, record, report
 
     parser = argparse.ArgumentParser(
         prog="comm2perfetto",
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"comm2perfetto {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (record, merge, diagnose, demo):
+    for module in (record, merge, diagnose, report, demo):
         module.add_parser(sub)
     return parser
 

@@ -64,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
         format_for(out)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    _check_writable(out)
+    check_writable(out)
     preview = Path(args.preview) if args.preview else None
     if preview is not None:
         if preview.suffix.lower() != ".png":
             raise UserError(f"--preview writes a PNG: name it FILE.png, not {preview.name!r}")
-        _check_writable(preview)
+        check_writable(preview)
     try:
         requested = parse_ranks(args.ranks) if args.ranks else None
     except ValueError as exc:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(path: Path) -> None:
+def check_writable(path: Path) -> None:
     """Fail before the (long) loading when the output cannot be written."""
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():

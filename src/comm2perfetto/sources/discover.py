@@ -143,9 +143,12 @@ def _walk(root: Path) -> list[Path]:
 
 def load_sources(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None, profiles_suffice: bool = False,
 ) -> Sources:
     """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
+
+    ``profiles_suffice``: profiler traces alone are usable input (``report`` works from them; ``merge`` and
+    ``diagnose`` need Flight Recorder dumps or event logs).
 
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
     ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
@@ -208,12 +211,14 @@ def load_sources(
                 + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
             )
         src.notes.extend(f"--force: {p}" for p in problems)
-    if not src.fr and not src.logs:
+    if not src.fr and not src.logs and not (profiles_suffice and src.kineto):
         where = ", ".join(str(p) for p in paths)
         detail = f" ({len(src.skipped)} file(s) skipped, e.g. {src.skipped[0].path}: {src.skipped[0].reason})" \
             if src.skipped else ""
+        wanted = "Flight Recorder dump, comm2perfetto event log or profiler trace" if profiles_suffice \
+            else "Flight Recorder dump or comm2perfetto event log"
         raise SourceError(
-            f"no Flight Recorder dump or comm2perfetto event log found in {where}{detail}; "
+            f"no {wanted} found in {where}{detail}; "
             "give the folder `comm2perfetto record` wrote, or the folder of TORCH_FR_DUMP_TEMP_FILE dumps"
         )
     return src

@@ -1,0 +1,191 @@
+"""What each rank was doing, as unions of compute, communication and memory-copy time on the job's clock.
+
+Two bases, chosen per rank:
+
+- ``gpu``: the rank has profiler (Kineto) traces with GPU work. Kernels on every stream, classified as HTA
+  classifies them (``sources.kineto.classify_gpu``): NCCL kernels are communication, Memcpy/Memset are memory,
+  everything else is compute. This is the basis on which ``overlap_pct`` equals HTA's comm/comp overlap.
+- ``cpu``: no GPU work known (gloo jobs, or no profiler). Compute is the recorded NVTX and
+  ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
+  recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the
+  collectives the patch layer did not see (DDP's), and the profiler's communication events (gloo's worker
+  annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
+  inside a user's range that wraps the whole step.
+
+Profiler traces are read in worker processes (:func:`kineto_intervals` returns compact unions, not events).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from comm2perfetto.analysis.intervals import Span, difference, envelope, union
+from comm2perfetto.model import Job
+from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
+
+# Profiler CPU events that are communication (or waiting for it), not compute.
+_CPU_COMM = re.compile(r"^(nccl|gloo|mpi|ucc|c10d|_c10d_functional|record_param_comms)|ncclKernel|ncclDevKernel",
+                       re.IGNORECASE)
+_COMPUTE_CPU_KINDS = frozenset({"cpu_op", "user_annotation"})
+
+GPU = "gpu"
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class KinetoIntervals:
+    """One rank's profiler traces reduced to unions, on that rank's own clock. Picklable, small."""
+
+    gpu_compute: list[Span] = field(default_factory=list)
+    gpu_comm: list[Span] = field(default_factory=list)
+    gpu_memory: list[Span] = field(default_factory=list)
+    cpu_compute: list[Span] = field(default_factory=list)
+    cpu_comm: list[Span] = field(default_factory=list)
+    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    events: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankActivity:
+    """A rank's compute, communication and memory unions on the job's (aligned) clock."""
+
+    rank: int
+    basis: str  # GPU or CPU
+    sources: tuple[str, ...]
+    compute: list[Span]
+    comm: list[Span]
+    memory: list[Span]
+    steps: tuple[tuple[int, int, int], ...]  # (step, begin, end)
+
+    @property
+    def span(self) -> Span | None:
+        return envelope(self.compute, self.comm, self.memory)
+
+
+def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
+    """Read a rank's profiler traces (several files: several profiled windows) into unions."""
+    gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
+    cpu_compute: list[Span] = []
+    cpu_comm: list[Span] = []
+    steps: list[tuple[int, int, int]] = []
+    notes: list[str] = []
+    events = 0
+    for path in paths:
+        try:
+            trace = read_kineto(path)
+        except KinetoFormatError as exc:
+            notes.append(f"skipped {path}: {exc}")
+            continue
+        events += trace.event_count
+        for ev in trace.gpu_events:
+            gpu[ev.klass or "compute"].append((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns))
+        for ev in trace.cpu_ops:
+            if ev.kind in _COMPUTE_CPU_KINDS and not ev.name.startswith("ProfilerStep#") \
+                    and not _CPU_COMM.search(ev.name):
+                cpu_compute.append((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns))
+        cpu_comm.extend((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns) for ev in trace.comm_events)
+        steps.extend(trace.steps)
+    return KinetoIntervals(union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"]), union(cpu_compute),
+                           union(cpu_comm), tuple(sorted(steps)), events, tuple(notes))
+
+
+def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
+                  progress: Callable[[int, int], None] | None = None) -> dict[int, KinetoIntervals]:
+    """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
+    ranks = sorted(kineto_files)
+    out: dict[int, KinetoIntervals] = {}
+    if workers <= 1 or len(ranks) <= 1:
+        results = map(kineto_intervals, (kineto_files[r] for r in ranks))
+        for i, (rank, result) in enumerate(zip(ranks, results)):
+            out[rank] = result
+            if progress:
+                progress(i + 1, len(ranks))
+        return out
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for i, (rank, result) in enumerate(zip(ranks, pool.map(kineto_intervals,
+                                                             [kineto_files[r] for r in ranks]))):
+            out[rank] = result
+            if progress:
+                progress(i + 1, len(ranks))
+    return out
+
+
+def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None) -> RankActivity:
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank."""
+    offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
+    log = job.logs.get(rank) if job is not None else None
+    profile = profile or KinetoIntervals()
+    if profile.gpu_compute or profile.gpu_comm:
+        compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
+        return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
+                            _steps(log, profile, offset, envelope(compute, comm)))
+    sources: list[str] = []
+    compute: list[Span] = []
+    comm: list[Span] = []
+    blocked: list[Span] = []
+    if log is not None:
+        compute += [(r.t_begin_ns, r.t_end_ns) for r in log.ranges if r.t_end_ns is not None]
+        for call in log.calls:
+            end = call.t_done_ns or call.t_return_ns
+            if end is not None:
+                comm.append((call.t_call_ns, end))
+            if not call.is_async and call.t_return_ns is not None:
+                blocked.append((call.t_call_ns, call.t_return_ns))
+        sources += ["recorder ranges"] * bool(log.ranges) + ["recorder calls"] * bool(log.calls)
+    if profile.cpu_compute or profile.cpu_comm:
+        compute += profile.cpu_compute
+        comm += profile.cpu_comm
+        sources.append("profiler CPU ops")
+    compute_u = difference(union(compute), union(blocked))
+    comm_u = _shift(union(comm), offset)
+    fr = _flight_recorder_comm(job, rank) if job is not None else []
+    if fr:
+        comm_u = union(comm_u + fr)
+        sources.append("Flight Recorder")
+    compute_u = _shift(compute_u, offset)
+    return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
+                        _steps(log, profile, offset, envelope(compute_u, comm_u)))
+
+
+def _flight_recorder_comm(job: Job, rank: int) -> list[Span]:
+    """Start (or enqueue) to end of the collectives on ``rank`` known only from Flight Recorder (the calls the
+    patch layer saw are already counted, from the recorder's more precise times). Already on the job clock."""
+    spans: list[Span] = []
+    for cols in job.collectives.values():
+        for c in cols:
+            try:
+                i = c.ranks.index(rank)
+            except ValueError:
+                continue
+            if c.sources[i] != "fr":
+                continue
+            begin = c.start_ns[i] or c.arrive_ns[i]
+            end = c.end_ns[i]
+            if begin is not None and end is not None and end > begin:
+                spans.append((begin, end))
+    return spans
+
+
+def _steps(log, profile: KinetoIntervals, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
+    """Step windows on the job clock: the recorder's step marks (step n runs from the mark that started it to
+    the next one, the last to the end of the rank's activity), else the profiler's ``ProfilerStep#n``."""
+    marks = [(step, t) for step, t, _source in log.steps] if log is not None else []
+    if marks:
+        end_of_run = span[1] - offset if span is not None else marks[-1][1]
+        first_begin = span[0] - offset if span is not None else marks[0][1]
+        bounds = ([(0, first_begin)] if first_begin < marks[0][1] else []) + marks
+        out = []
+        for (step, t), nxt in zip(bounds, bounds[1:] + [(None, max(end_of_run, bounds[-1][1]))]):
+            if nxt[1] > t:
+                out.append((step, t + offset, nxt[1] + offset))
+        return tuple(out)
+    return tuple((n, b + offset, e + offset) for n, b, e in profile.steps)
+
+
+def _shift(u: list[Span], offset: int) -> list[Span]:
+    return [(b + offset, e + offset) for b, e in u] if offset else u

@@ -1,0 +1,89 @@
+"""Compute/communication breakdown of a rank, a step or the whole job.
+
+For one rank over a window (its whole activity, or one step):
+
+- ``compute`` = |union(compute)|, ``comm`` = |union(comm)|;
+- ``overlapped_comm`` = |union(comm) ∩ union(compute)|: communication hidden behind compute;
+- ``exposed_comm`` = ``comm - overlapped_comm``: communication nothing else hides;
+- ``idle`` = ``span - |union(compute ∪ comm ∪ memory)|``;
+- ``comm_to_compute`` = ``comm / compute``; ``overlap_pct`` = ``100 * overlapped_comm / comm``, which on GPU
+  kernels is Holistic Trace Analysis's comm/comp overlap (``get_comm_comp_overlap``).
+
+The job's times are the mean over ranks; its ratios come from the totals, so a rank with more communication
+weighs more, as it does for the job's throughput.
+
+>>> from comm2perfetto.analysis.activity import RankActivity
+>>> a = RankActivity(0, "gpu", (), compute=[(0, 60)], comm=[(40, 100)], memory=[], steps=())
+>>> b = breakdown(a)
+>>> b.overlapped_ns, b.exposed_ns, round(b.overlap_pct, 1)
+(20, 40, 33.3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from comm2perfetto.analysis.activity import RankActivity
+from comm2perfetto.analysis.intervals import Span, clip, intersection, length, union
+
+_NS = 1e-9
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    span_ns: int
+    compute_ns: int
+    comm_ns: int
+    overlapped_ns: int
+    busy_ns: int  # compute, comm or memory copies
+
+    @property
+    def exposed_ns(self) -> int:
+        return self.comm_ns - self.overlapped_ns
+
+    @property
+    def idle_ns(self) -> int:
+        return max(self.span_ns - self.busy_ns, 0)
+
+    @property
+    def comm_to_compute(self) -> float | None:
+        return self.comm_ns / self.compute_ns if self.compute_ns else None
+
+    @property
+    def overlap_pct(self) -> float | None:
+        return 100.0 * self.overlapped_ns / self.comm_ns if self.comm_ns else None
+
+    def as_dict(self) -> dict[str, float | None]:
+        """The report's keys, times in seconds."""
+        return {
+            "span_s": self.span_ns * _NS, "compute_s": self.compute_ns * _NS, "comm_s": self.comm_ns * _NS,
+            "overlapped_comm_s": self.overlapped_ns * _NS, "exposed_comm_s": self.exposed_ns * _NS,
+            "idle_s": self.idle_ns * _NS, "comm_to_compute": self.comm_to_compute,
+            "overlap_pct": self.overlap_pct,
+        }
+
+
+def breakdown(activity: RankActivity, window: Span | None = None) -> Breakdown:
+    """The breakdown of one rank, over ``window`` (default: from its first to its last activity)."""
+    compute, comm, memory = activity.compute, activity.comm, activity.memory
+    if window is not None:
+        compute, comm, memory = (clip(u, *window) for u in (compute, comm, memory))
+        span = window[1] - window[0]
+    else:
+        whole = activity.span
+        span = whole[1] - whole[0] if whole else 0
+    busy = union(compute + comm + memory) if memory else union(compute + comm)
+    return Breakdown(span, length(compute), length(comm), length(intersection(compute, comm)), length(busy))
+
+
+def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:
+    """The job's row: mean times over ranks, ratios from the totals, and how many ranks it averages."""
+    n = len(parts)
+    total = Breakdown(*(sum(getattr(b, f) for b in parts)
+                        for f in ("span_ns", "compute_ns", "comm_ns", "overlapped_ns", "busy_ns")))
+    row = {key: (value / n if n and key.endswith("_s") else value) for key, value in total.as_dict().items()}
+    # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
+    row["idle_s"] = sum(b.idle_ns for b in parts) * _NS / n if n else 0.0
+    row["ranks"] = n
+    return row

@@ -1,0 +1,148 @@
+"""``comm2perfetto report DIR``: how much of each step is communication, how much of it hides behind compute,
+which collectives are slow, who everyone waits for, and which module sends what.
+
+Reads what ``merge`` reads; profiler traces alone are enough (``torch.profiler`` traces of a GPU job give
+HTA's overlap numbers). Output: text (default), JSON (the contract in docs/report.md) or CSV, to stdout or
+``-o FILE``; ``--plot`` draws per-rank bars and a lateness heat map. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+
+import orjson
+
+from comm2perfetto.analysis.activity import read_profiles
+from comm2perfetto.analysis.report import build_report
+from comm2perfetto.cli import UserError
+from comm2perfetto.cli.merge import check_writable
+from comm2perfetto.cli.progress import Progress
+from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
+from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
+from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
+from comm2perfetto.export.report_text import render_text
+from comm2perfetto.match import build_job
+from comm2perfetto.sources.discover import SourceError, load_sources
+
+_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
+_MAX_PROFILE_WORKERS = 8
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report", help="comm/compute ratio, overlap, bandwidth, stragglers and collectives per module",
+        description="Report, per rank, per step and for the job: compute, communication, overlapped and exposed "
+                    "communication, idle time; per collective type and process group: counts, bytes, "
+                    "durations, algorithm and bus bandwidth; stragglers; collectives per nn.Module. Reads a "
+                    "`comm2perfetto record` folder, Flight Recorder dumps, or torch.profiler traces alone.",
+    )
+    p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
+    p.add_argument("--format", choices=("text", "json", "csv"),
+                   help="output format (default: from -o's suffix .json/.csv/.txt, else text)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write here instead of stdout (csv: FILE.ranks.csv, FILE.collectives.csv ...)")
+    p.add_argument("--plot", metavar="FILE",
+                   help="also draw per-rank bars and a lateness heat map: .html (self-contained, no extra "
+                        "packages), .png or .svg (need matplotlib: pip install 'comm2perfetto[plot]')")
+    p.add_argument("--steps", metavar="A-B", help="only steps A to B (inclusive), e.g. 10-20 or 5")
+    p.add_argument("--depth", type=int, metavar="N", help="module tree depth: paths cut to N components")
+    p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
+    p.add_argument("--force", action="store_true",
+                   help="read files that look like they come from different jobs together anyway")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    gc.disable()  # see diagnose: many long-lived objects, no cycles to find
+    out = Path(args.output) if args.output else None
+    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
+    if out is not None:
+        check_writable(out)
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        if plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise UserError(f"--plot writes {', '.join(PLOT_SUFFIXES)}: not {plot.name!r}")
+        check_writable(plot)
+    steps = parse_steps(args.steps) if args.steps else None
+    if args.depth is not None and args.depth < 1:
+        raise UserError(f"--depth {args.depth}: give 1 or more")
+
+    progress = Progress("reading dumps (ranks)")
+    try:
+        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress,
+                           profiles_suffice=not args.no_profiler)
+        job = build_job(src, lazy_stacks=True) if (src.fr or src.logs) else None
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        progress.finish()
+    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()
+                                          if r is not None}
+    progress = Progress("reading profiler traces (ranks)")
+    try:
+        profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
+                                 progress=progress)
+    finally:
+        progress.finish()
+    doc = build_report(job, profiles, steps=steps, depth=args.depth)
+    if None in src.kineto and not args.no_profiler:
+        doc["notes"].append(f"{len(src.kineto[None])} profiler trace(s) left out: their rank is neither in "
+                            f"distributedInfo nor in the file name (e.g. {src.kineto[None][0]})")
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
+
+    if plot is not None:
+        try:
+            write_plot(doc, plot)
+        except PlotDependencyError as exc:
+            raise UserError(str(exc)) from None
+        except OSError as exc:
+            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
+    _emit(doc, fmt, out)
+    if plot is not None:
+        print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
+    return 0
+
+
+def _emit(doc: dict, fmt: str, out: Path | None) -> None:
+    if fmt == "csv" and out is not None:
+        try:
+            written = write_csv(doc, out)
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        print("comm2perfetto report: wrote " + ", ".join(map(str, written)), file=sys.stderr)
+        return
+    if fmt == "json":
+        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+    elif fmt == "csv":
+        text = render_csv_stdout(doc)
+    else:
+        text = render_text(doc)
+    if out is not None:
+        try:
+            out.write_text(text)
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        print(f"comm2perfetto report: wrote {out}", file=sys.stderr)
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `report DIR | head`
+        sys.stdout = None  # type: ignore[assignment]
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``10-20`` -> (10, 20); ``5`` -> (5, 5)."""
+    lo, sep, hi = text.partition("-")
+    try:
+        first = int(lo)
+        last = int(hi) if sep else first
+    except ValueError:
+        raise UserError(f"--steps {text!r}: expected A-B or A, e.g. 10-20") from None
+    if first < 0 or last < first:
+        raise UserError(f"--steps {text!r}: expected 0 <= A <= B")
+    return first, last

@@ -1,0 +1,283 @@
+"""The analyses behind ``comm2perfetto report``: interval arithmetic, the compute/comm breakdown on GPU kernels
+(HTA's overlap, values derived by hand), bandwidth, stragglers and the per-module table.
+
+Expected values are written as their derivation from the inputs, so a reader can check them.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from factories import T0_NS, EventLog, FrJob
+from kineto_fixtures import KinetoDoc
+
+from comm2perfetto.analysis.activity import GPU, RankActivity, kineto_intervals, rank_activity
+from comm2perfetto.analysis.bandwidth import bus_factor, collective_table, message_bytes, percentile
+from comm2perfetto.analysis.intervals import clip, difference, envelope, intersection, length, union
+from comm2perfetto.analysis.modules import NOT_SEEN, OUTSIDE, module_table
+from comm2perfetto.analysis.overlap import breakdown, job_breakdown
+from comm2perfetto.analysis.report import build_report
+from comm2perfetto.analysis.stragglers import lateness_map, straggler_table
+from comm2perfetto.match import load_job
+from comm2perfetto.model import Signature
+
+# --- intervals ---------------------------------------------------------------------------------------------
+
+
+def _covered(spans) -> set[int]:
+    return {t for b, e in spans for t in range(b, e)}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_interval_algebra_matches_point_sets(seed):
+    rnd = random.Random(seed)
+
+    def spans():
+        out = []
+        for _ in range(rnd.randint(0, 12)):
+            b = rnd.randint(0, 200)
+            out.append((b, b + rnd.randint(-3, 40)))  # some empty or reversed: dropped
+        return out
+
+    raw_a, raw_b = spans(), spans()
+    a, b = union(raw_a), union(raw_b)
+    assert _covered(a) == _covered(raw_a) and _covered(b) == _covered(raw_b)
+    assert all(x[1] < y[0] for x, y in zip(a, a[1:])), "a union is disjoint, ordered, touching spans merged"
+    assert _covered(intersection(a, b)) == _covered(a) & _covered(b)
+    assert _covered(difference(a, b)) == _covered(a) - _covered(b)
+    assert length(intersection(a, b)) == len(_covered(a) & _covered(b))
+    assert _covered(clip(a, 50, 120)) == {t for t in _covered(a) if 50 <= t < 120}
+
+
+def test_union_merges_touching_and_nested_spans():
+    assert union([(30, 40), (0, 10), (10, 20), (2, 5), (40, 40)]) == [(0, 20), (30, 40)]
+    assert envelope([(5, 9)], [], [(1, 3)]) == (1, 9)
+    assert envelope([], []) is None
+
+
+# --- GPU kernels: HTA's overlap, derived by hand -------------------------------------------------------------
+
+COMPUTE_KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >"
+GEMM = "ampere_sgemm_128x64_tn"
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _gpu_rank(tmp_path, rank: int, comm_shift: float = 0.0):
+    """Kernels (times in us from the trace's start):
+
+    compute, stream 7:  [0, 100]  [150, 250]      compute, stream 8: [90, 160] (across both: union [0, 250])
+    comm, stream 13:    [80, 180] [260, 300]      (+ comm_shift)
+    memory, stream 7:   Memcpy [330, 340]
+    """
+    doc = KinetoDoc(rank=rank, world_size=2)
+    main = doc.thread(doc.pid, "python")
+    doc.cpu(main, "ProfilerStep#4", 0.0, 340.0, cat="user_annotation")
+    doc.gpu(7, COMPUTE_KERNEL, 0.0, 100.0)
+    doc.gpu(7, GEMM, 150.0, 100.0)
+    doc.gpu(8, GEMM, 90.0, 70.0)
+    doc.gpu(13, NCCL, 80.0 + comm_shift, 100.0)
+    doc.gpu(13, NCCL, 260.0 + comm_shift, 40.0)
+    doc.gpu(7, "Memcpy HtoD (Pageable -> Device)", 330.0, 10.0, cat="gpu_memcpy")
+    return doc.write(tmp_path / f"rank{rank}.pt.trace.json.gz")
+
+
+def test_gpu_breakdown_is_htas_overlap(tmp_path):
+    profile = kineto_intervals([_gpu_rank(tmp_path, 0)])
+    a = rank_activity(None, 0, profile)
+    assert a.basis == GPU
+    b = breakdown(a)
+    us = 1000
+    assert b.compute_ns == 250 * us                       # union [0, 250]
+    assert b.comm_ns == (100 + 40) * us                   # [80, 180] + [260, 300]
+    assert b.overlapped_ns == 100 * us                    # [80, 180] lies inside [0, 250]
+    assert b.exposed_ns == 40 * us                        # [260, 300]
+    assert b.span_ns == 340 * us                          # first kernel start to the Memcpy's end
+    assert b.idle_ns == (340 - 250 - 40 - 10) * us        # gaps [250, 260] and [300, 330]
+    assert b.overlap_pct == pytest.approx(100 * 100 / 140)
+    assert b.comm_to_compute == pytest.approx(140 / 250)
+
+
+def test_gpu_breakdown_of_a_rank_whose_comm_runs_late(tmp_path):
+    """Rank 1's NCCL kernels start 100 us later: [180, 280] overlaps [180, 250] only; [360, 400] is exposed."""
+    a = rank_activity(None, 1, kineto_intervals([_gpu_rank(tmp_path, 1, comm_shift=100.0)]))
+    b = breakdown(a)
+    assert b.overlapped_ns == (250 - 180) * 1000
+    assert b.overlap_pct == pytest.approx(100 * 70 / 140)
+    assert b.span_ns == 400 * 1000
+
+
+def test_job_row_means_times_and_takes_ratios_from_totals(tmp_path):
+    parts = [breakdown(rank_activity(None, r, kineto_intervals([_gpu_rank(tmp_path, r, comm_shift=100.0 * r)])))
+             for r in (0, 1)]
+    row = job_breakdown(parts)
+    assert row["ranks"] == 2
+    assert row["comm_s"] == pytest.approx(140e-6)                      # both ranks 140 us
+    assert row["overlapped_comm_s"] == pytest.approx((100 + 70) / 2 * 1e-6)
+    assert row["overlap_pct"] == pytest.approx(100 * (100 + 70) / (140 + 140))
+    assert row["span_s"] == pytest.approx((340 + 400) / 2 * 1e-6)
+
+
+def test_steps_of_a_profile_window_the_breakdown(tmp_path):
+    doc = build_report(None, {0: kineto_intervals([_gpu_rank(tmp_path, 0)])})
+    assert [s["step"] for s in doc["steps"]] == [4]
+    assert doc["steps"][0]["ranks"]["0"]["overlap_pct"] == pytest.approx(100 * 100 / 140)
+    assert doc["basis"] == "gpu"
+    assert doc["ranks"]["0"]["sources"] == ["profiler GPU kernels"]
+
+
+def test_breakdown_in_a_window_clips_every_union():
+    a = RankActivity(0, "cpu", (), compute=[(0, 100)], comm=[(50, 150)], memory=[], steps=())
+    b = breakdown(a, (75, 125))
+    assert (b.span_ns, b.compute_ns, b.comm_ns, b.overlapped_ns, b.idle_ns) == (50, 25, 50, 25, 0)
+
+
+# --- CPU basis from a recorder log ----------------------------------------------------------------------------
+
+
+def test_cpu_basis_never_counts_a_blocked_thread_as_compute(tmp_path):
+    """A user range wraps a whole step; inside it a blocking all_reduce waits 30 ms: that is comm, not compute.
+    An async all_reduce completes while a second range computes: overlapped."""
+    ms = 1_000_000
+    log = EventLog(rank=0, world=1)
+    log.group(0, "0", "default_pg", [0])
+    log.step(1, T0_NS)
+    log.range("step", T0_NS, T0_NS + 100 * ms)
+    log.call("all_reduce", T0_NS + 40 * ms, seq=1, dur_ns=30 * ms, shapes=[[4]], dtypes=["Float"], nbytes=16)
+    log.call("all_reduce", T0_NS + 80 * ms, seq=2, dur_ns=1 * ms, is_async=True, done_ns=T0_NS + 90 * ms,
+             shapes=[[4]], dtypes=["Float"], nbytes=16)
+    log.close(T0_NS + 101 * ms)
+    log.write(tmp_path)
+    job = load_job([tmp_path])
+    a = rank_activity(job, 0, None)
+    b = breakdown(a)
+    assert a.basis == "cpu" and "recorder ranges" in a.sources
+    assert b.compute_ns == (100 - 30) * ms            # the range minus the blocking call
+    assert b.comm_ns == (30 + 10) * ms                # blocking call, and the async one from call to completion
+    assert b.overlapped_ns == 10 * ms                 # the async one, while the range computes
+    assert b.exposed_ns == 30 * ms
+
+
+# --- bandwidth ------------------------------------------------------------------------------------------------
+
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("allgather_into_tensor_coalesced", 8) == pytest.approx(7 / 8)
+    assert bus_factor("_reduce_scatter_base", 4) == pytest.approx(3 / 4)
+    assert bus_factor("all_to_all_single", 2) == pytest.approx(1 / 2)
+    assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
+    assert bus_factor("barrier", 8) is None
+
+
+def test_message_size_is_what_nccl_tests_calls_s():
+    ar = Signature("all_reduce", ((1024, 1024),), ("Float",), ((1024, 1024),), ("Float",))
+    ag = Signature("_allgather_base", ((256,),), ("BFloat16",), ((1024,),), ("BFloat16",))
+    ag_log = Signature("all_gather_into_tensor", ((256,),), ("BFloat16",), None, None, source="log")
+    rs = Signature("_reduce_scatter_base", ((1024,),), ("Float",), ((256,),), ("Float",))
+    assert message_bytes(ar, 4) == 1024 * 1024 * 4       # each rank's buffer
+    assert message_bytes(ag, 4) == 1024 * 2              # the gathered buffer
+    assert message_bytes(ag_log, 4) == 4 * 256 * 2       # outputs unknown: n x input
+    assert message_bytes(rs, 4) == 1024 * 4              # the buffer before scattering
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile(list(range(1, 101)), 50) == 50
+    assert percentile([3, 9], 99) == 9
+
+
+def _staggered_job(tmp_path, world=4, steps=5, lag_ns=10_000):
+    """All-reduces of 1 MiB floats; rank r arrives r * lag after rank 0; each rank's FR end is 50 us after its
+    own arrival (factories: time_discovered_completed = created + 50 us)."""
+    fr = FrJob(world=world)
+    for i in range(steps):
+        for r in fr.ranks:
+            fr.collective(r, "all_reduce", [[512, 512]], t_ns=T0_NS + i * 1_000_000 + r * lag_ns)
+    fr.write(tmp_path)
+    return load_job([tmp_path])
+
+
+def test_collective_table_times_and_bandwidth(tmp_path):
+    job = _staggered_job(tmp_path)
+    [row] = collective_table(job)
+    size = 512 * 512 * 4
+    assert (row["op"], row["group_size"], row["count"], row["timed"]) == ("all_reduce", 4, 5, 5)
+    assert row["bytes"] == 5 * size
+    # duration: first arrival (rank 0) to last completion (rank 3: 30 us late + 50 us)
+    assert row["mean_s"] == pytest.approx((3 * 10_000 + 50_000) * 1e-9)
+    assert row["transfer_s"] == pytest.approx(5 * 50_000 * 1e-9)     # the fastest rank's own 50 us, 5 times
+    assert row["algbw_gbps"] == pytest.approx(size / 50e-6 / 1e9)
+    assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 3 / 4)
+    assert row["arrival_skew_mean_s"] == pytest.approx(30_000e-9)
+
+
+def test_stragglers_rank_the_last_arriver_first(tmp_path):
+    job = _staggered_job(tmp_path)
+    rows = straggler_table(job)
+    assert [r["rank"] for r in rows][0] == 3
+    assert rows[0]["last_arrivals"] == 5 and rows[0]["matched"] == 5
+    assert rows[0]["mean_lateness_s"] == pytest.approx(30_000e-9)
+    by_rank = {r["rank"]: r for r in rows}
+    assert by_rank[1]["p99_lateness_s"] == pytest.approx(10_000e-9)
+    assert by_rank[0]["last_arrivals"] == 0
+    heat = lateness_map(job, columns=3)
+    assert heat["ranks"] == [0, 1, 2, 3] and len(heat["collectives"]) == 3
+    assert [row[0] for row in heat["lateness_s"]] == pytest.approx([0.0, 10e-6, 20e-6, 30e-6])
+
+
+def test_steps_filter_collectives_by_first_arrival(tmp_path):
+    """Two recorded steps; --steps 2 keeps only the collective issued during step 2."""
+    ms = 1_000_000
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        log.step(1, T0_NS)
+        log.call("all_reduce", T0_NS + 1 * ms, seq=1, shapes=[[4]], dtypes=["Float"], nbytes=16, step=1)
+        log.step(2, T0_NS + 10 * ms)
+        log.call("broadcast", T0_NS + 11 * ms, seq=2, shapes=[[8]], dtypes=["Float"], nbytes=32, step=2)
+        log.close(T0_NS + 20 * ms)
+        log.write(tmp_path)
+    job = load_job([tmp_path])
+    everything = build_report(job, {})
+    assert sorted(r["op"] for r in everything["collectives"]) == ["all_reduce", "broadcast"]
+    only2 = build_report(job, {}, steps=(2, 2))
+    assert [r["op"] for r in only2["collectives"]] == ["broadcast"]
+    assert [r["op"] for r in only2["modules"]] == ["broadcast"]
+    assert [s["step"] for s in only2["steps"]] == [2]
+
+
+# --- modules --------------------------------------------------------------------------------------------------
+
+
+def test_module_table_counts_each_collective_once_across_ranks(tmp_path):
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        t = T0_NS
+        for i in range(3):  # three forward all-reduces in net2, one backward in net1
+            log.call("all_reduce", t + i, seq=i + 1, module="MLP.net2", pass_="forward", nbytes=2048)
+        log.call("all_reduce", t + 10, seq=4, module="MLP.net1", pass_="backward", nbytes=1024)
+        log.call("barrier", t + 20, seq=5)
+        log.close(t + 30)
+        log.write(tmp_path)
+    job = load_job([tmp_path])
+    rows = {(r["path"], r["pass"], r["op"]): r for r in module_table(job)}
+    assert rows[("MLP.net2", "forward", "all_reduce")]["count"] == 3
+    assert rows[("MLP.net2", "forward", "all_reduce")]["bytes"] == 3 * 2048
+    assert rows[("MLP.net2", "forward", "all_reduce")]["ranks"] == 2
+    assert rows[("MLP.net1", "backward", "all_reduce")]["count"] == 1
+    assert rows[(OUTSIDE, None, "barrier")]["count"] == 1
+    depth1 = {(r["path"], r["pass"]): r["count"] for r in module_table(job, depth=1)}
+    assert depth1[("MLP", "forward")] == 3 and depth1[("MLP", "backward")] == 1
+    assert not any(r["path"] == NOT_SEEN for r in module_table(job))
+
+
+def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
+    fr = FrJob(world=2, backend="gloo")
+    for r in fr.ranks:
+        for _ in range(6):
+            fr.collective(r, "all_reduce", [[64]])
+    fr.write(tmp_path)
+    [row] = module_table(load_job([tmp_path]))
+    assert (row["path"], row["op"], row["count"], row["bytes"], row["ranks"]) == (NOT_SEEN, "all_reduce", 6,
+                                                                                  6 * 64 * 4, 2)
