@@ -281,3 +281,24 @@ def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
     [row] = module_table(load_job([tmp_path]))
     assert (row["path"], row["op"], row["count"], row["bytes"], row["ranks"]) == (NOT_SEEN, "all_reduce", 6,
                                                                                   6 * 64 * 4, 2)
+
+
+def test_span_reader_agrees_with_the_event_reader(tmp_path):
+    """read_kineto_spans (report's fast path) keeps exactly the times read_kineto's events have."""
+    from kineto_fixtures import training_doc
+
+    from comm2perfetto.sources.kineto import _COMM_NAME, read_kineto, read_kineto_spans
+
+    doc, _scene = training_doc()
+    path = doc.write(tmp_path / "rank0.json.gz")
+    full, spans = read_kineto(path), read_kineto_spans(path)
+    for klass in ("compute", "comm", "memory"):
+        expected = sorted((e.t_begin_ns, e.t_end_ns) for e in full.gpu_events if e.klass == klass)
+        assert sorted(spans.gpu[klass]) == expected, klass
+    assert spans.gpu["comm"] and spans.gpu["compute"] and spans.gpu["memory"]
+    compute = sorted((e.t_begin_ns, e.t_end_ns) for e in full.cpu_ops
+                     if e.kind in ("cpu_op", "user_annotation") and not e.name.startswith("ProfilerStep#")
+                     and not _COMM_NAME.search(e.name))
+    assert sorted(spans.cpu_compute) == compute and compute
+    assert sorted(spans.comm) == sorted((e.t_begin_ns, e.t_begin_ns + e.duration_ns) for e in full.comm_events)
+    assert spans.steps == full.steps and spans.event_count == full.event_count

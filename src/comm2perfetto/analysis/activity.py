@@ -17,7 +17,6 @@ Profiler traces are read in worker processes (:func:`kineto_intervals` returns c
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -25,12 +24,7 @@ from pathlib import Path
 
 from comm2perfetto.analysis.intervals import Span, difference, envelope, union
 from comm2perfetto.model import Job
-from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
-
-# Profiler CPU events that are communication (or waiting for it), not compute.
-_CPU_COMM = re.compile(r"^(nccl|gloo|mpi|ucc|c10d|_c10d_functional|record_param_comms)|ncclKernel|ncclDevKernel",
-                       re.IGNORECASE)
-_COMPUTE_CPU_KINDS = frozenset({"cpu_op", "user_annotation"})
+from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto_spans
 
 GPU = "gpu"
 CPU = "cpu"
@@ -77,18 +71,15 @@ def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
     events = 0
     for path in paths:
         try:
-            trace = read_kineto(path)
+            trace = read_kineto_spans(path)
         except KinetoFormatError as exc:
             notes.append(f"skipped {path}: {exc}")
             continue
         events += trace.event_count
-        for ev in trace.gpu_events:
-            gpu[ev.klass or "compute"].append((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns))
-        for ev in trace.cpu_ops:
-            if ev.kind in _COMPUTE_CPU_KINDS and not ev.name.startswith("ProfilerStep#") \
-                    and not _CPU_COMM.search(ev.name):
-                cpu_compute.append((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns))
-        cpu_comm.extend((ev.t_begin_ns, ev.t_begin_ns + ev.duration_ns) for ev in trace.comm_events)
+        for klass, spans in trace.gpu.items():
+            gpu[klass] += spans
+        cpu_compute += trace.cpu_compute
+        cpu_comm += trace.comm
         steps.extend(trace.steps)
     return KinetoIntervals(union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"]), union(cpu_compute),
                            union(cpu_comm), tuple(sorted(steps)), events, tuple(notes))

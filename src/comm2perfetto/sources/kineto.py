@@ -56,7 +56,8 @@ from typing import Any
 
 import orjson
 
-_COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|record_param_comms)|ncclDevKernel|ncclKernel", re.IGNORECASE)
+_COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|ncclDevKernel|ncclKernel",
+                        re.IGNORECASE)
 
 # GPU kernel families, as Holistic Trace Analysis classifies kernels (get_kernel_type, hta/utils/utils.py):
 # comm = NCCL's kernels (names starting "nccl"; also ncclKernel_* / ncclDevKernel_* anywhere in a name, as
@@ -255,18 +256,7 @@ def read_kineto(path: str | Path, data: bytes | None = None) -> KinetoTrace:
 
 
 def _read(path: Path, data: bytes | None) -> KinetoTrace:
-    try:
-        raw = path.read_bytes() if data is None else data
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        doc = orjson.loads(raw)
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile, orjson.JSONDecodeError) as exc:
-        raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
-    del raw
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
-    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    base = _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    doc, info, base = _load(path, data)
     parser = _Parser(base)
     for ev in doc["traceEvents"]:
         if isinstance(ev, dict):
@@ -279,6 +269,60 @@ def _read(path: Path, data: bytes | None) -> KinetoTrace:
         backend=backend if isinstance(backend, str) else None, base_time_ns=base,
         pg_config=info.get("pg_config"), event_count=len(doc["traceEvents"]),
     )
+
+
+def _load(path: Path, data: bytes | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The parsed document, its ``distributedInfo`` ({} when absent) and ``baseTimeNanoseconds``."""
+    try:
+        raw = path.read_bytes() if data is None else data
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = orjson.loads(raw)
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile, orjson.JSONDecodeError) as exc:
+        raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
+    del raw
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
+    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    return doc, info, _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class KinetoSpans:
+    """What the time accounting of ``report`` needs from a trace: begin/end pairs, no events.
+
+    ``gpu`` maps a class (``compute``, ``comm``, ``memory``: see ``classify_gpu``) to the spans of that class's
+    kernels, memcpys and memsets; ``cpu_compute`` holds the CPU ops and user annotations of training threads that
+    are neither communication nor ``ProfilerStep#n``; ``comm`` every communication event (``_COMM_NAME``) on
+    any thread or stream. Reading spans is 3x faster than ``read_kineto``, which builds an object per event.
+    """
+
+    path: Path
+    gpu: Mapping[str, list[Span]]
+    cpu_compute: list[Span]
+    comm: list[Span]
+    steps: tuple[tuple[int, int, int], ...]
+    event_count: int
+
+
+def read_kineto_spans(path: str | Path, data: bytes | None = None) -> KinetoSpans:
+    """Parse a Kineto trace into spans (see ``KinetoSpans``). Raises KinetoFormatError."""
+    path = Path(path)
+    gc_was_on = gc.isenabled()
+    gc.disable()  # as in read_kineto
+    try:
+        doc, _info, base = _load(path, data)
+        parser = _SpanParser(base)
+        for ev in doc["traceEvents"]:
+            if ev.__class__ is dict:
+                parser.feed(ev)
+        return parser.spans(path, len(doc["traceEvents"]))
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 # --- parsing ----------------------------------------------------------------------------------------------
@@ -321,13 +365,13 @@ def _int_or_none(value: Any) -> int | None:
 
 
 class _Thread:
-    """What the parser gathers about one CPU thread."""
+    """What the parser gathers about one CPU thread: its KinetoEvents (the span parser: its compute spans)."""
 
     __slots__ = ("events", "has_steps", "lane", "only_backend")
 
     def __init__(self, tid: int) -> None:
         self.lane = f"thread {tid}"
-        self.events: list[KinetoEvent] = []
+        self.events: list[Any] = []
         self.only_backend = True  # every event so far is a backend annotation ("gloo:all_reduce")
         self.has_steps = False
 
@@ -542,6 +586,91 @@ class _Parser:
                 begin, end = spans.get(n, (ev.t_begin_ns, ev.t_end_ns))
                 spans[n] = (min(begin, ev.t_begin_ns), max(end, ev.t_end_ns))
         return tuple((n, begin, end) for n, (begin, end) in sorted(spans.items()))
+
+
+class _SpanParser(_Parser):
+    """``_Parser``'s decisions (categories, names, threads, kernel classes) keeping only begin/end pairs."""
+
+    def __init__(self, base_ns: int) -> None:
+        super().__init__(base_ns)
+        self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
+        self.comm_spans: list[Span] = []
+        self.step_spans: dict[int, Span] = {}
+
+    def feed(self, ev: dict[str, Any]) -> None:
+        get = ev.get
+        ph = get("ph")
+        if ph != "X":
+            if ph == "M":
+                self._metadata(ev)
+            return
+        name, category = get("name"), get("cat")
+        if name.__class__ is not str:
+            return
+        if category.__class__ is not str:
+            category = ""
+        _name, is_comm, is_backend, step = self._names.get(name) or self._name(name)
+        kind, role = self._kinds.get(category) or self._kind(category)
+        if role in (_SKIP, _GPU_ANNOTATION) and not is_comm:
+            return
+        span = _span(get("ts"), get("dur"), self.base)
+        if span is None:
+            return
+        if is_comm:
+            self.comm_spans.append(span)
+        if role == _GPU:
+            if not _on_stream(ev):
+                return  # as read_kineto (and HTA): GPU work is on a device's stream
+            klass = self._klasses.get((name, category)) or self._klass(name, category)
+            self.gpu_spans[klass].append(span)
+        elif role == _CPU:
+            pid, tid = _int_or_none(get("pid")), _int_or_none(get("tid"))
+            if pid is None or tid is None:
+                return
+            thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
+            if not is_backend:
+                thread.only_backend = False
+            if step is not None:
+                thread.has_steps = True
+                begin, end = self.step_spans.get(step, span)
+                self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
+            elif not is_comm and kind in _COMPUTE_KINDS:
+                thread.events.append(span)
+
+    def spans(self, path: Path, event_count: int) -> KinetoSpans:
+        cpu: list[Span] = []
+        for (pid, tid), thread in self.threads.items():
+            if is_training_thread(pid, tid, has_steps=thread.has_steps, names=self.thread_names.get((pid, tid), []),
+                                  only_backend_annotations=thread.only_backend):
+                cpu.extend(thread.events)
+        steps = tuple((n, b, e) for n, (b, e) in sorted(self.step_spans.items()))
+        return KinetoSpans(path, self.gpu_spans, cpu, self.comm_spans, steps, event_count)
+
+
+_COMPUTE_KINDS = frozenset({"cpu_op", "user_annotation"})  # not python_function (wraps everything), not runtime
+
+
+def _on_stream(ev: dict[str, Any]) -> bool:
+    """Whether a GPU event names its device and stream (in args, or as Kineto's pid and tid)."""
+    args = ev.get("args")
+    if args.__class__ is not dict:
+        args = {}
+    device, stream = args.get("device"), args.get("stream")
+    if device.__class__ is not int and _int_or_none(device) is None and _int_or_none(ev.get("pid")) is None:
+        return False
+    return stream.__class__ is int or _int_or_none(stream) is not None or _stream_from_tid(ev.get("tid")) is not None
+
+
+def _span(ts: Any, dur: Any, base: int) -> Span | None:
+    """(begin, end) in ns from Kineto's microsecond ts and dur; None when either is not a number."""
+    try:
+        whole = floor(ts)
+        begin = base + whole * 1000 + round((ts - whole) * 1000)
+        whole = floor(dur)
+        duration = whole * 1000 + round((dur - whole) * 1000)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return (begin, begin + duration) if duration >= 0 else None
 
 
 def _stream_from_tid(tid: Any) -> int | None:
