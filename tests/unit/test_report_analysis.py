@@ -14,7 +14,7 @@ from kineto_fixtures import KinetoDoc
 
 from comm2perfetto.analysis.activity import GPU, RankActivity, kineto_intervals, rank_activity
 from comm2perfetto.analysis.bandwidth import bus_factor, collective_table, message_bytes, percentile
-from comm2perfetto.analysis.intervals import clip, difference, envelope, intersection, length, union
+from comm2perfetto.analysis.intervals import Measured, clip, difference, envelope, intersection, length, union
 from comm2perfetto.analysis.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.analysis.overlap import breakdown, job_breakdown
 from comm2perfetto.analysis.report import build_report
@@ -48,6 +48,11 @@ def test_interval_algebra_matches_point_sets(seed):
     assert _covered(difference(a, b)) == _covered(a) - _covered(b)
     assert length(intersection(a, b)) == len(_covered(a) & _covered(b))
     assert _covered(clip(a, 50, 120)) == {t for t in _covered(a) if 50 <= t < 120}
+    measured = Measured(a)
+    for _ in range(20):
+        lo = rnd.randint(-10, 250)
+        hi = lo + rnd.randint(-5, 120)
+        assert measured.within(lo, hi) == len({t for t in _covered(a) if lo <= t < hi}), (lo, hi)
 
 
 def test_union_merges_touching_and_nested_spans():

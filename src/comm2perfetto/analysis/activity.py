@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from comm2perfetto.analysis.intervals import Span, difference, envelope, union
+from comm2perfetto.analysis.intervals import Measured, Span, difference, envelope, intersection, union
 from comm2perfetto.model import Job
 from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto_spans
 
@@ -60,6 +61,13 @@ class RankActivity:
     def span(self) -> Span | None:
         return envelope(self.compute, self.comm, self.memory)
 
+    @cached_property
+    def measured(self) -> tuple[Measured, Measured, Measured, Measured]:
+        """compute, comm, comm ∩ compute and compute ∪ comm ∪ memory, each measurable in any window."""
+        busy = union(self.compute + self.comm + self.memory) if self.memory else union(self.compute + self.comm)
+        return (Measured(self.compute), Measured(self.comm), Measured(intersection(self.compute, self.comm)),
+                Measured(busy))
+
 
 def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
     """Read a rank's profiler traces (several files: several profiled windows) into unions."""
@@ -81,6 +89,8 @@ def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
         cpu_compute += trace.cpu_compute
         cpu_comm += trace.comm
         steps.extend(trace.steps)
+    if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
+        cpu_compute, cpu_comm = [], []
     return KinetoIntervals(union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"]), union(cpu_compute),
                            union(cpu_comm), tuple(sorted(steps)), events, tuple(notes))
 

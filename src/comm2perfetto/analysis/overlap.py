@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from comm2perfetto.analysis.activity import RankActivity
-from comm2perfetto.analysis.intervals import Span, clip, intersection, length, union
+from comm2perfetto.analysis.intervals import Span
 
 _NS = 1e-9
 
@@ -66,15 +66,14 @@ class Breakdown:
 
 def breakdown(activity: RankActivity, window: Span | None = None) -> Breakdown:
     """The breakdown of one rank, over ``window`` (default: from its first to its last activity)."""
-    compute, comm, memory = activity.compute, activity.comm, activity.memory
-    if window is not None:
-        compute, comm, memory = (clip(u, *window) for u in (compute, comm, memory))
-        span = window[1] - window[0]
-    else:
+    compute, comm, overlapped, busy = activity.measured
+    if window is None:
         whole = activity.span
-        span = whole[1] - whole[0] if whole else 0
-    busy = union(compute + comm + memory) if memory else union(compute + comm)
-    return Breakdown(span, length(compute), length(comm), length(intersection(compute, comm)), length(busy))
+        return Breakdown(whole[1] - whole[0] if whole else 0, compute.total, comm.total, overlapped.total,
+                         busy.total)
+    begin, end = window
+    return Breakdown(max(end - begin, 0), compute.within(begin, end), comm.within(begin, end),
+                     overlapped.within(begin, end), busy.within(begin, end))
 
 
 def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:

@@ -611,31 +611,42 @@ class _SpanParser(_Parser):
             category = ""
         _name, is_comm, is_backend, step = self._names.get(name) or self._name(name)
         kind, role = self._kinds.get(category) or self._kind(category)
-        if role in (_SKIP, _GPU_ANNOTATION) and not is_comm:
-            return
-        span = _span(get("ts"), get("dur"), self.base)
+        if role == _GPU:
+            span = _span(get("ts"), get("dur"), self.base)
+            if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
+                return
+            if is_comm:
+                self.comm_spans.append(span)
+            klass = self._klasses.get((name, category)) or self._klass(name, category)
+            self.gpu_spans[klass].append(span)
+        elif role == _CPU:
+            self._cpu(ev, kind, is_comm, is_backend, step)
+        elif is_comm:
+            span = _span(get("ts"), get("dur"), self.base)
+            if span is not None:
+                self.comm_spans.append(span)
+
+    def _cpu(self, ev: dict[str, Any], kind: str, is_comm: bool, is_backend: bool, step: int | None) -> None:
+        pid, tid = ev.get("pid"), ev.get("tid")
+        if pid.__class__ is not int or tid.__class__ is not int:
+            pid, tid = _int_or_none(pid), _int_or_none(tid)
+            if pid is None or tid is None:
+                return
+        thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
+        if not is_backend:
+            thread.only_backend = False
+        wanted = step is not None or is_comm or kind in _COMPUTE_KINDS  # runtime calls are neither
+        span = _span(ev.get("ts"), ev.get("dur"), self.base) if wanted else None
         if span is None:
             return
         if is_comm:
             self.comm_spans.append(span)
-        if role == _GPU:
-            if not _on_stream(ev):
-                return  # as read_kineto (and HTA): GPU work is on a device's stream
-            klass = self._klasses.get((name, category)) or self._klass(name, category)
-            self.gpu_spans[klass].append(span)
-        elif role == _CPU:
-            pid, tid = _int_or_none(get("pid")), _int_or_none(get("tid"))
-            if pid is None or tid is None:
-                return
-            thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
-            if not is_backend:
-                thread.only_backend = False
-            if step is not None:
-                thread.has_steps = True
-                begin, end = self.step_spans.get(step, span)
-                self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
-            elif not is_comm and kind in _COMPUTE_KINDS:
-                thread.events.append(span)
+        elif step is not None:
+            thread.has_steps = True
+            begin, end = self.step_spans.get(step, span)
+            self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
+        else:
+            thread.events.append(span)
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
         cpu: list[Span] = []
