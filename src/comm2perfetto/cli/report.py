@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if None in src.kineto and not args.no_profiler:
         doc["notes"].append(f"{len(src.kineto[None])} profiler trace(s) left out: their rank is neither in "
                             f"distributedInfo nor in the file name (e.g. {src.kineto[None][0]})")
+    doc["notes"].extend(job.notes if job is not None else src.notes)
     doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
 
     if plot is not None:

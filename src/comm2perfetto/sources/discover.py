@@ -197,9 +197,15 @@ def load_sources(
         if isinstance(info, dict):
             src.job_info = dict(info, _path=str(f.path))
 
+    kineto_worlds: dict[int, list[Path]] = defaultdict(list)
     for f in by_kind[KINETO]:
-        rank = _kineto_rank(f)
+        rank, world = _kineto_rank(f)
         src.kineto.setdefault(rank, []).append(f.path)
+        if world is not None:
+            kineto_worlds[world].append(f.path)
+    if len(kineto_worlds) > 1:
+        examples = ", ".join(f"{paths[0]} (world size {w})" for w, paths in sorted(kineto_worlds.items()))
+        problems.append(f"profiler traces disagree on world size: {examples}")
 
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
     _check_fr_groups(src, problems)
@@ -233,23 +239,32 @@ def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:
         problems.append(f"event logs come from different runs ({', '.join(sorted(runs))})")
 
 
-def _kineto_rank(f: FoundFile) -> int | None:
-    """The rank from ``distributedInfo`` near the top of the trace, else from the name."""
+def _kineto_rank(f: FoundFile) -> tuple[int | None, int | None]:
+    """(rank, world size) from ``distributedInfo`` near the top of the trace; the rank from the name otherwise.
+
+    ``"distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 8, ...}`` -> (3, 8)
+    """
     try:
         with open(f.path, "rb") as fh:
             head = fh.read(1 << 16)
     except OSError:
-        return None
+        return None, None
     if f.gzipped:
         head = gunzip_head(head, 1 << 16)
     start = head.find(b'"distributedInfo"')
     if start >= 0:
-        i = head.find(b'"rank":', start)
-        if i >= 0:
-            digits = head[i + 7:i + 20].split(b",")[0].strip(b" }\n")
-            if digits.isdigit():
-                return int(digits)
-    return rank_from_name(f.path.name)
+        rank, world = _int_after(head, b'"rank":', start), _int_after(head, b'"world_size":', start)
+        if rank is not None:
+            return rank, world
+    return rank_from_name(f.path.name), None
+
+
+def _int_after(head: bytes, key: bytes, start: int) -> int | None:
+    i = head.find(key, start)
+    if i < 0:
+        return None
+    digits = head[i + len(key):i + len(key) + 13].split(b",")[0].strip(b" }\n")
+    return int(digits) if digits.isdigit() else None
 
 
 PARALLEL_MIN_RANKS = 32  # below this, starting workers costs more than it saves
