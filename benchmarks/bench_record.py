@@ -13,8 +13,12 @@ a) Patch layer: per-call time of ``dist.all_reduce`` on a 1-float tensor over gl
 b) DDP step time: ``examples/ddp_train.py --report-step-time`` under torchrun with 2 ranks, plain and under
    ``comm2perfetto record``, alternating. Target: at most 2 % slower.
 
-    python benchmarks/bench_record.py            # full run, about a minute or two
-    python benchmarks/bench_record.py --quick    # a smoke run
+c) Module tracking: the cost per nn.Module call of the recorder's module hooks (context.ModuleTracker), on a
+   Sequential of Linear layers, forward only and forward + backward, tracked and plain in interleaved rounds.
+
+    python benchmarks/bench_record.py                  # full run, a few minutes
+    python benchmarks/bench_record.py --only patch     # one part: patch, modules or ddp
+    python benchmarks/bench_record.py --quick          # a smoke run
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
         "world_size": world_size,
         "calls": {name: len(values) for name, values in samples.items()},
         "median_ns": {name: statistics.median(values) for name, values in samples.items()},
+        # The mean keeps what the median leaves out: first sightings, growing the log, the odd page fault.
+        "mean_ns": {name: statistics.fmean(values) for name, values in samples.items()},
         # Paired by round: neighbouring blocks share the machine's state, so their difference drifts less.
         "block_overhead_ns": [r - u for r, u in zip(block_medians[RECORDING], block_medians[UNPATCHED])],
         "noop_overhead_ns": [r - u for r, u in zip(block_medians[NOOP_RECORDING], block_medians[NOOP])],
@@ -202,14 +208,54 @@ def report_patch_layer(per_world: list[list[dict]]) -> None:
     noop = {name: clean["median_ns"][name] / 1000 for name in (NOOP, NOOP_RECORDING)}
     cost, q1, q3 = overhead_us(clean, "noop_overhead_ns")
     verdict = "ok" if cost <= PATCH_TARGET_US else "OVER TARGET"
+    mean = {name: clean["mean_ns"][name] / 1000 for name in (NOOP, NOOP_RECORDING)}
     print(f"around a no-op: {noop[NOOP]:.2f} us bare, {noop[NOOP_RECORDING]:.2f} us through the recording "
-          f"wrapper")
+          f"wrapper (means {mean[NOOP]:.2f} and {mean[NOOP_RECORDING]:.2f} us)")
     print(f"patch overhead: {cost:.2f} us/call around a no-op (block quartiles {q1:.2f} .. {q3:.2f}; "
           f"target <= {PATCH_TARGET_US:g} us): {verdict}")
     med = {name: ns / 1000 for name, ns in clean["median_ns"].items()}
     print(f"with gloo at world size {clean['world_size']}: {overhead_us(clean)[0]:.2f} us/call over the bare call, "
           f"{med[RECORDING] - med[BUSY]:.2f} us over the call after 1 us of other work (gloo's back-to-back "
           f"fast path is lost by any work in between)")
+
+
+# --- c) module tracking ---------------------------------------------------------------------------------------
+
+
+def measure_modules(layers: int, rounds: int, calls: int) -> None:
+    """Cost per module call of the recorder's module tracking: a Sequential of ``layers`` Linear(8, 8) run
+    with and without the tracker's hooks, in interleaved rounds, forward only and forward + backward."""
+    import torch
+    from torch import nn
+
+    from comm2perfetto.record.context import ModuleTracker
+
+    def fail(exc: BaseException) -> None:
+        raise exc
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
+    x = torch.randn(4, 8, requires_grad=True)
+    module_calls = layers + 1  # the Sequential too
+    workloads = {"forward": lambda: model(x), "forward + backward": lambda: model(x).sum().backward()}
+    for label, work in workloads.items():
+        times: dict[str, list[float]] = {"plain": [], "tracked": []}
+        for round_no in range(rounds):
+            for variant in (("plain", "tracked") if round_no % 2 == 0 else ("tracked", "plain")):
+                tracker = ModuleTracker(fail)
+                if variant == "tracked":
+                    tracker.install()
+                try:
+                    work()  # warm-up: the first call of each module computes its path
+                    start = time.perf_counter_ns()
+                    for _ in range(calls):
+                        work()
+                    times[variant].append((time.perf_counter_ns() - start) / calls)
+                finally:
+                    tracker.uninstall()
+        plain, tracked = statistics.median(times["plain"]), statistics.median(times["tracked"])
+        print(f"{label:>18}: {plain / 1000:8.1f} us plain, {tracked / 1000:8.1f} us tracked: "
+              f"{(tracked - plain) / module_calls / 1000:.2f} us per module call")
 
 
 # --- b) DDP step time ---------------------------------------------------------------------------------------------
@@ -298,7 +344,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="DDP runs per variant")
     parser.add_argument("--steps", type=int, default=300, help="DDP steps per run")
     parser.add_argument("--batch", type=int, default=64, help="DDP batch size per rank")
-    parser.add_argument("--only", choices=["patch", "ddp"], help="run one part only")
+    parser.add_argument("--layers", type=int, default=50, help="Linear layers of the module-tracking model")
+    parser.add_argument("--only", choices=["patch", "modules", "ddp"], help="run one part only")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few calls, steps and repeats")
     args = parser.parse_args(argv)
     if args.quick:
@@ -321,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # a rank failed: say so and go on to the other part
             print(f"patch layer measurement failed: {type(exc).__name__}: {exc}")
             completed = False
+    if args.only in (None, "modules"):
+        print(f"\n[c] module tracking: nn.Sequential of {args.layers} Linear(8, 8), batch 4, median of "
+              f"{args.repeats * 2} interleaved rounds")
+        measure_modules(args.layers, args.repeats * 2, 20 if args.quick else 200)
     if args.only in (None, "ddp"):
         print(f"\n[b] DDP step time: examples/ddp_train.py, 2 ranks, {args.steps} steps, batch {args.batch}, "
               f"{args.repeats} runs each, alternating")

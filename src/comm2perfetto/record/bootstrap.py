@@ -25,6 +25,12 @@ def _patch_c10d(module: ModuleType) -> None:
     patch.install(module, sys.modules.get("torch.distributed"))
 
 
+def _patch_functional(module: ModuleType) -> None:
+    from comm2perfetto.record import patch
+
+    patch.install_functional(module)
+
+
 def _mirror_nvtx(module: ModuleType) -> None:
     from comm2perfetto.record import nvtx
 
@@ -40,6 +46,7 @@ def _mirror_torch_cuda_nvtx(module: ModuleType) -> None:
 # Module name -> what to do right after it has been executed.
 POST_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": _patch_c10d,
+    "torch.distributed._functional_collectives": _patch_functional,
     "nvtx": _mirror_nvtx,
     "torch.cuda.nvtx": _mirror_torch_cuda_nvtx,
 }

@@ -35,7 +35,8 @@ class RecordConfig:
     sync: bool = False
     """Synchronise the device around each call so return time is completion time (changes what is measured)."""
     modules: bool = True
-    """Track the nn.Module path of each call (global forward hooks: a few microseconds per module call)."""
+    """Track the nn.Module path and pass of each call (global forward hooks: a few microseconds per module call;
+    off by itself after a few steps without a call to attribute)."""
     fr_buffer: int = DEFAULT_FR_BUFFER
     """Flight Recorder ring size to ask for when the user has not set a larger one."""
     run_id: str = field(default="")

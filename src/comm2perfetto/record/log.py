@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14+
 _CHUNK = 4 << 20  # grow 4 MiB at a time: a few hundred thousand records
 _dumps = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -43,9 +44,14 @@ class EventLog:
         self._size = chunk
         os.ftruncate(self._fd, self._size)
         self._map = mmap.mmap(self._fd, self._size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._populate(0, self._size)
         self._pos = 0  # the length, once closed; the mapping's own position before
         self._lock = threading.Lock()
         self.closed = False
+        # The recorder's hot path appends serialised records with this (mmap.write: copies and advances the
+        # position in one C call) and hands what raises ValueError or TypeError (full, or closed) to
+        # write_bytes.
+        self.append = self._map.write
 
     def write(self, record: Any) -> None:
         """Serialise ``record`` (a list or dict of JSON types) and append it as one line.
@@ -57,9 +63,10 @@ class EventLog:
         try:
             self._map.write(data)
         except (ValueError, TypeError):  # full (or closed: ValueError/TypeError from a released mapping)
-            self._write_slow(data)
+            self.write_bytes(data)
 
-    def _write_slow(self, data: bytes) -> None:
+    def write_bytes(self, data: bytes) -> None:
+        """Append one serialised record, growing the mapping as needed; nothing once closed."""
         with self._lock:
             if self.closed:
                 return
@@ -70,8 +77,17 @@ class EventLog:
                     size += self._chunk
                 os.ftruncate(self._fd, size)
                 self._map.resize(size)
+                self._populate(self._size, size - self._size)
                 self._size = size
             self._map.write(data)
+
+    def _populate(self, start: int, length: int) -> None:
+        """Fault the pages of a new chunk in for writing now, in one system call (about 3 ms for 4 MiB here):
+        faulting them in one at a time, as records reach them, costs a third more, spread over the calls."""
+        try:
+            self._map.madvise(_MADV_POPULATE_WRITE, start, length)
+        except (OSError, ValueError):  # Linux before 5.14: records fault their pages in as they go
+            pass
 
     @property
     def bytes_written(self) -> int:

@@ -2,8 +2,9 @@
 ``torch.cuda.nvtx``.
 
 Every range is both emitted through NVTX (so Nsight Systems shows it) and written to the event log as an
-``r``/``q`` record pair. The open ranges of each thread are also kept as a tuple of names, which the patch
-layer stores with every collective (its "enclosing NVTX ranges").
+``r``/``q`` record pair. The open ranges of each thread are also kept as a tuple of names
+(``state.ThreadState.names``), which the patch layer stores with every collective (its "enclosing NVTX
+ranges").
 
 Without an NVTX collector attached the ``nvtx`` package hands out a dummy domain and never reaches its C
 library, so mirroring patches its Python functions (``push_range``, ``pop_range``, ``annotate``, ``mark``),
@@ -26,14 +27,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _range_ids = itertools.count(1)
 
 
-class _OpenRanges(threading.local):
-    ids: tuple[int, ...] = ()
-    names: tuple[str, ...] = ()
-
-
-open_ranges = _OpenRanges()
-
-
 def begin(name: str, source: str) -> None:
     """Record that ``name`` opened on this thread (no-op when not recording)."""
     rec = state.recorder
@@ -42,9 +35,10 @@ def begin(name: str, source: str) -> None:
     try:
         rid = next(_range_ids)
         t = time.time_ns()
-        open_ranges.ids += (rid,)
-        open_ranges.names += (name,)
-        rec.log.write(["r", rid, t, name, threading.get_ident(), source])
+        thread = state.threads.state
+        thread.ids += (rid,)
+        thread.names += (name,)
+        rec.log.write(["r", rid, t, name, thread.tid, source])
     except Exception as exc:  # never let recording break the caller
         rec.fault(exc)
 
@@ -52,12 +46,15 @@ def begin(name: str, source: str) -> None:
 def end() -> None:
     """Record that this thread's innermost recorded range closed."""
     rec = state.recorder
-    ids = open_ranges.ids
-    if rec is None or not ids:
+    if rec is None:
+        return
+    thread = state.threads.state
+    ids = thread.ids
+    if not ids:
         return
     try:
-        open_ranges.ids = ids[:-1]
-        open_ranges.names = open_ranges.names[:-1]
+        thread.ids = ids[:-1]
+        thread.names = thread.names[:-1]
         rec.log.write(["q", ids[-1], time.time_ns()])
     except Exception as exc:
         rec.fault(exc)

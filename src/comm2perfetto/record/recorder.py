@@ -1,8 +1,9 @@
 """The per-rank recorder: turns each patched call into log records, and owns the rank's output files.
 
-The hot path (``record_call``) does as little as it can: read the clock, the group's sequence counter, the
-input tensors' shapes and the caller's code location, and append one ``b`` record before and one ``e`` record
-after the call. Strings that repeat (call sites, contexts) are written once and referred to by id.
+The hot path (``recording_wrapper``, the function patch.py puts in place of each torch function) does as
+little as it can: read the clock, the group's sequence counter, the input tensors' shapes and the caller's
+code location, and append one ``b`` record before and one ``e`` record after the call. Strings that repeat
+(call sites, contexts, argument signatures) are written once and referred to by id.
 
 Any exception inside the recorder goes to ``fault()``, which disables recording on this rank with one line
 on stderr and one ``w`` record; the user's call always runs.
@@ -10,22 +11,34 @@ on stderr and one ``w`` record; the user's call always runs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from comm2perfetto.record import nvtx as nvtx_ranges
 from comm2perfetto.record import state
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
-from comm2perfetto.record.patch import BoundSpec, busy
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.patch import BoundSpec
 
 _time_ns = time.time_ns
-_get_ident = threading.get_ident
+_threads = state.threads
+_getframe = sys._getframe
+_dumps = orjson.dumps
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+
+# Steps after which module tracking switches itself off if it had nothing to attribute (check_module_tracking).
+MODULES_GRACE_STEPS = 3
 
 # Flight Recorder's dtype names (c10::ScalarType), so recorder and FR records compare directly.
 _DTYPE_NAMES = {
@@ -35,6 +48,124 @@ _DTYPE_NAMES = {
     "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2",
     "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz",
 }
+
+
+def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The function that replaces ``original`` (see patch.py): the recorder's hot path.
+
+    While this process records, a call is run between a ``b`` and an ``e`` record. This is the cost every
+    recorded call pays, so it is one function (each Python call level costs a tenth of a microsecond) and the
+    common case finds each thing it needs in one dict lookup: the call site by the caller's code position,
+    the group by identity, the argument signature by (shape, dtype). First sightings, and calls made from
+    inside torch (which walk out to the first frame outside it), go to the Recorder's methods.
+    """
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = state.recorder
+        if rec is None:
+            return original(*args, **kwargs)
+        thread = _threads.state
+        if thread.call is not None:  # torch's implementation of a recorded call: covered by that record
+            return original(*args, **kwargs)
+        try:
+            frame = _getframe(1)
+            site = rec._sites.get((id(frame.f_code), frame.f_lasti))
+            if site is None:
+                site = rec._call_site(frame)
+            t = _time_ns()
+            n = len(args)
+            group = args[call.group] if call.group < n else (kwargs.get("group") if kwargs else None)
+            if group is None:
+                info = rec._default_info or rec._group_info(None)
+            else:
+                info = rec._groups.get(id(group)) or rec._group_info(group)
+            counter = info.seq_counter
+            seq = raw_seq = None
+            if counter is not None:
+                raw_seq = counter()
+                if call.collective:
+                    seq = raw_seq + 1 - info.p2p_consumed
+            async_op = call.always_async
+            if call.async_op < n:
+                async_op = bool(args[call.async_op])
+            elif kwargs:
+                async_op = bool(kwargs.get("async_op", async_op))
+            aid = None
+            if call.input_pos < n:  # the usual single input tensor, passed positionally
+                value = args[call.input_pos]
+                if value.__class__ is rec._tensor_type:  # an attribute read, cheaper than isinstance()
+                    shapes = rec._arg_ids.get(value.dtype)
+                    if shapes is not None:
+                        aid = shapes.get(value.shape)
+            if aid is None:
+                aid = rec._arguments(call, args, kwargs)
+            backward = rec._graph_task_id() != -1
+            ctx = rec._context(thread, backward) if thread.names or backward or thread.stack else 0
+            cid = next(rec._cids)
+            record = ["b", cid, t, call.name, info.gid, seq,
+                      rec._peer(call, args, kwargs, info.group) if call.has_peer else None,
+                      async_op, thread.tid, site, ctx, rec.steps.current, aid]
+            if call.functional:
+                record.append(1)
+            data = _dumps(record, None, _NEWLINE)
+            try:
+                rec._append(data)
+            except (ValueError, TypeError):  # the mapping is full (or closed)
+                rec.log.write_bytes(data)
+            if rec._extras:
+                rec._extras_before(call)
+        except Exception as exc:
+            rec.fault(exc)
+            return original(*args, **kwargs)
+
+        # Guard every call: implementations nest in ways that change between releases (send goes through
+        # isend on 2.13, object collectives through all_gather/broadcast, deprecated names through their
+        # successors).
+        thread.call = record
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            thread.call = None
+            rec._raised(cid, exc)
+            raise
+        thread.call = None
+
+        try:
+            if rec._extras:
+                rec._extras_after()
+            if not call.single and counter is not None:  # several collectives, or a p2p op
+                raw_after = counter()
+                if not call.collective:
+                    info.p2p_consumed += raw_after - raw_seq
+                seq = raw_after - info.p2p_consumed
+            data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
+            try:
+                rec._append(data)
+            except (ValueError, TypeError):
+                rec.log.write_bytes(data)
+            # Async work stays pending until its future completes. A functional collective returns an
+            # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
+            if result is not None and not call.functional and not rec._sync:
+                futures = _futures_of(result if isinstance(result, list) else (result,))
+                if futures:
+                    rec._on_completion(record, futures)
+        except Exception as exc:
+            rec.fault(exc)
+        return result
+
+    tracing = call.tracing
+    if tracing is None:
+        return wrapper
+    recording = wrapper
+
+    @functools.wraps(original)
+    def functional_wrapper(*args: Any, **kwargs: Any) -> Any:
+        if tracing():  # torch.compile or make_fx tracing DTensor code: fake tensors, no collective
+            return original(*args, **kwargs)
+        return recording(*args, **kwargs)
+
+    return functional_wrapper
 
 
 class _GroupInfo:
@@ -70,21 +201,39 @@ class Recorder:
         self._c10d = c10d
         self._world = c10d.GroupMember
         self._cids = itertools.count(1)
-        self._strings: dict[Any, int] = {}
+        # Code objects are keyed by id(): hashing one hashes its bytecode (half a microsecond for a training
+        # loop). Each keyed code object is kept alive in _codes, so its id() is never reused.
+        self._sites: dict[tuple[int, int], int] = {}  # (id(code), f_lasti) of a caller outside torch -> site
+        self._site_ids = itertools.count(1)
+        self._internal_code: dict[int, bool] = {}  # id(code) -> inside torch or comm2perfetto
+        self._codes: list[Any] = []
         self._contexts: dict[tuple, int] = {}
+        # Groups by id() of what the hot path is handed: a ProcessGroup, and for functional collectives a group
+        # name or a DeviceMesh. Each key object is kept alive (by its _GroupInfo, or in ``_pinned``), so its
+        # id() is never reused while it is a key. None, the default group, is ``_default_info``.
         self._groups: dict[int, _GroupInfo] = {}
-        self._internal_code: dict[Any, bool] = {}
+        self._group_list: list[_GroupInfo] = []
+        self._pinned: list[Any] = []
+        self._keyed_groups: dict[tuple, _GroupInfo] = {}  # functional (mesh, dim) pairs and rank lists
         self._dtype_names: dict[Any, str] = {}
-        self._arg_ids: dict[tuple, int] = {}
+        # The hot path's argument signatures: dtype -> shape -> `a` id of one positional input tensor.
+        self._arg_ids: dict[Any, dict[Any, int]] = {}
+        # The others: a tuple of (shape, dtype), or None (object collectives) -> `a` id.
+        self._other_arg_ids: dict[Any, int] = {}
+        self._arg_id_count = itertools.count(1)
         self._emit_nvtx = nvtx_ranges.collector_attached()
         self._write = log.write
+        self._append = log.append
         log.write(["c", 0, [], None, None])
-        self._graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
-        self.default_group: Any = None  # set by the session; re-set if the job re-creates it
-        self.pending: dict[int, tuple[int, str, int, int | None]] = {}
+        self._graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_graph_task)
+        self._default_group: Any = None
+        self._default_info: _GroupInfo | None = None
+        # Async calls whose work has not completed: cid -> the call's `b` record. A call still running is its
+        # thread's ``ThreadState.call`` instead (in_flight()), so a synchronous call costs no bookkeeping.
+        self.pending: dict[int, list] = {}
         self.steps = StepCounter(self)
-        self.modules = ModuleTracker() if config.modules else None
-        self._module_stack = self.modules.stack if self.modules is not None else None
+        self.modules = ModuleTracker(self.fault) if config.modules else None
+        self._attributed = False  # a recorded call ran inside a module or in backward
         self._sync = config.sync and torch.cuda.is_available()
         self._extras = self._sync or self._emit_nvtx
         self._internal_roots = _internal_roots(torch)
@@ -93,81 +242,15 @@ class Recorder:
         self.flight = None  # set by session: record.flight.FlightRecorderDumps
         self.cwd = os.getcwd()
 
-    # --- the hot path ---------------------------------------------------------------------------------------
+    @property
+    def default_group(self) -> Any:
+        return self._default_group
 
-    def record_call(self, call: BoundSpec, original: Any, args: tuple, kwargs: dict) -> Any:
-        """Run ``original`` between a ``b`` and an ``e`` record. One function on purpose: this is the cost
-        every recorded call pays, and each Python call level costs a tenth of a microsecond."""
-        pending = self.pending
-        try:
-            t = _time_ns()
-            n = len(args)
-            group = args[call.group] if call.group < n else kwargs.get("group")
-            if group is None:
-                group = self.default_group
-            info = self._groups.get(id(group)) or self._declare_group(group)
-            counter = info.seq_counter
-            seq = raw_seq = None
-            if counter is not None:
-                raw_seq = counter()
-                if call.collective:
-                    seq = raw_seq + 1 - info.p2p_consumed
-            if call.async_op < n:
-                async_op = bool(args[call.async_op])
-            else:
-                async_op = call.always_async or bool(kwargs.get("async_op", False))
-            graph_task = self._graph_task_id
-            backward = graph_task is not None and graph_task() != -1
-            modules = self._module_stack.modules if self._module_stack is not None else None
-            names = nvtx_ranges.open_ranges.names
-            cid = next(self._cids)
-            if self._fault_at == call.name:
-                raise RuntimeError(f"injected recorder fault in {call.name} (COMM2PERFETTO_TEST_FAULT)")
-            self._write([
-                "b", cid, t, call.name, info.gid, seq,
-                self._peer(call, args, kwargs, group) if call.has_peer else None,
-                async_op, _get_ident(), self._call_site(),
-                self._context(names, backward) if (names or modules or backward) else 0,
-                self.steps.current, self._arguments(call, args, kwargs),
-            ])
-            pending[cid] = (t, call.name, info.gid, seq)
-            if self._extras:
-                self._extras_before(call)
-        except Exception as exc:
-            self.fault(exc)
-            return original(*args, **kwargs)
-
-        # Guard every call: implementations nest in ways that change between releases (send goes through
-        # isend on 2.13, object collectives through all_gather/broadcast).
-        busy.active = True
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            busy.active = False
-            self._raised(cid, exc)
-            raise
-        busy.active = False
-
-        try:
-            if self._extras:
-                self._extras_after()
-            if not call.single and counter is not None:  # several collectives, or a p2p op
-                raw_after = counter()
-                if not call.collective:
-                    info.p2p_consumed += raw_after - raw_seq
-                seq = raw_after - info.p2p_consumed
-            self._write(["e", cid, _time_ns(), seq])
-            if result is None or self._sync:
-                del pending[cid]
-            else:
-                futures = _futures_of(result if isinstance(result, list) else (result,))
-                if futures:
-                    self._on_completion(cid, futures)
-                else:  # completion cannot be observed (gloo p2p work has no future)
-                    del pending[cid]
-        except Exception as exc:
-            self.fault(exc)
-        return result
+    @default_group.setter
+    def default_group(self, pg: Any) -> None:
+        """Set by the session, and again when the job re-creates its default group."""
+        self._default_group = pg
+        self._default_info = None
 
     def _extras_before(self, call: BoundSpec) -> None:
         """Opt-in work around a call: device sync (--sync), NVTX emission when a collector is attached."""
@@ -182,7 +265,9 @@ class Recorder:
         if self._emit_nvtx:
             nvtx_ranges.emit_pop()
 
-    def _on_completion(self, cid: int, futures: list[Any]) -> None:
+    def _on_completion(self, record: list, futures: list[Any]) -> None:
+        cid = record[1]
+        self.pending[cid] = record  # before the callbacks: a future done already runs its callback at once
         remaining = [len(futures)]
         lock = threading.Lock()
 
@@ -209,43 +294,39 @@ class Recorder:
         except Exception as inner:
             self.fault(inner)
 
-    # --- what a call record refers to -----------------------------------------------------------------------
+    # --- what a call record refers to: first sight of each (the hot path's cache misses) ------------------------
 
     def _arguments(self, call: BoundSpec, args: tuple, kwargs: dict) -> int:
         """Interned id of the input tensors' (shapes, dtypes, bytes): written once per distinct signature."""
+        if self._fault_at == call.name:  # first sight of a signature: where the tests inject a fault
+            raise RuntimeError(f"injected recorder fault in {call.name} (COMM2PERFETTO_TEST_FAULT)")
         n = len(args)
         tensor_type = self._tensor_type
-        if len(call.inputs) == 1:  # fast path: one input tensor (all_reduce, broadcast, send ...)
-            pos, name = call.inputs[0]
-            value = args[pos] if pos < n else kwargs.get(name)
-            if isinstance(value, tensor_type):
-                aid = self._arg_ids.get((call.name, value.shape, value.dtype))
-                if aid is not None:
-                    return aid
-        key: list = [call.name]
+        pairs: list[tuple[Any, Any]] = []
         for pos, name in call.inputs:
             value = args[pos] if pos < n else kwargs.get(name)
             if value is None:
                 continue
             if isinstance(value, tensor_type):
-                key.append((value.shape, value.dtype))
+                pairs.append((value.shape, value.dtype))
                 continue
             for item in value:  # a list of tensors, or of P2POp (batch_isend_irecv)
                 if not isinstance(item, tensor_type):
                     item = getattr(item, "tensor", None)
                     if item is None:
                         continue
-                key.append((item.shape, item.dtype))
-        frozen = tuple(key)
-        aid = self._arg_ids.get(frozen)
+                pairs.append((item.shape, item.dtype))
+        # Object collectives (no input tensors) have no signature and no bytes.
+        key = tuple(pairs) if call.inputs else None
+        aid = self._other_arg_ids.get(key)
         if aid is None:
-            aid = self._arg_ids[frozen] = len(self._arg_ids) + 1
-            if len(key) == 2:  # also under the fast path's key
-                self._arg_ids[(call.name, *key[1])] = aid
-            shapes = [list(shape) for shape, _ in key[1:]]
-            dtypes = [self._dtype_name(dtype) for _, dtype in key[1:]]
-            nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in key[1:]) if call.inputs else None
+            aid = self._other_arg_ids[key] = next(self._arg_id_count)
+            shapes = [list(shape) for shape, _ in pairs]
+            dtypes = [self._dtype_name(dtype) for _, dtype in pairs]
+            nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in pairs) if call.inputs else None
             self._write(["a", aid, shapes, dtypes, nbytes])
+        if call.input_pos < n and args[call.input_pos].__class__ is tensor_type:  # the hot path's key too
+            self._arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid
         return aid
 
     def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
@@ -266,9 +347,35 @@ class Recorder:
             name = self._dtype_names[dtype] = _DTYPE_NAMES.get(short, short)
         return name
 
-    def _declare_group(self, group: Any) -> _GroupInfo:
+    def _group_info(self, group: Any) -> _GroupInfo:
+        """The group a call names: None (the default group), a ProcessGroup, or what a functional collective
+        accepts (a group name, a DeviceMesh, a ``(mesh, dim)`` pair, a list of ranks). Remembered by id() where
+        the hot path can find it again; a pair or a list is a new object at every call, so it is looked up by
+        value here instead."""
+        if group is None:
+            info = self._default_info = self.declare_group(self._default_group)
+            return info
+        if isinstance(group, self._c10d.ProcessGroup):
+            return self.declare_group(group)
+        if isinstance(group, (tuple, list)):
+            key = (id(group[0]), group[1]) if isinstance(group, tuple) else tuple(group)
+            info = self._keyed_groups.get(key)
+            if info is None:
+                info = self._keyed_groups[key] = self.declare_group(_resolve_functional_group(self._c10d, group))
+                if isinstance(group, tuple):
+                    self._pinned.append(group[0])  # the mesh, whose id() is in the key
+            return info
+        info = self._groups[id(group)] = self.declare_group(_resolve_functional_group(self._c10d, group))
+        self._pinned.append(group)
+        return info
+
+    def declare_group(self, group: Any) -> _GroupInfo:
+        """The group's info, declaring it in the log (a ``g`` record) the first time."""
+        info = self._groups.get(id(group))
+        if info is not None:
+            return info
         c10d = self._c10d
-        gid = len(self._groups)
+        gid = len(self._group_list)
         try:
             name = c10d._get_process_group_name(group)
         except Exception:
@@ -292,51 +399,74 @@ class Recorder:
                 counter = None
         info = _GroupInfo(gid, counter, group)
         self._groups[id(group)] = info
+        self._group_list.append(info)
         self._write(["g", gid, name, desc, ranks, backend])
         return info
 
-    def _intern(self, key: Any, text: str) -> int:
-        sid = len(self._strings) + 1
-        self._strings[key] = sid
-        self._write(["s", sid, text])
-        return sid
-
-    def _call_site(self) -> int | None:
-        """Interned ``file:line function`` of the first caller frame outside torch and comm2perfetto."""
-        try:
-            frame = sys._getframe(3)  # _call_site < record_call < wrapper < caller
-        except ValueError:
-            return None
+    def _call_site(self, frame: Any) -> int | None:
+        """Interned ``file:line function`` of the first frame outside torch and comm2perfetto, from the
+        wrapper's caller ``frame`` outwards. Only positions outside torch are keys, so the hot path finds a
+        direct caller's site at once; a call from inside torch (DTensor's, FSDP's) walks out each time."""
         internal = self._internal_code
         while frame is not None:
             code = frame.f_code
-            is_internal = internal.get(code)
+            is_internal = internal.get(id(code))
             if is_internal is None:
-                is_internal = internal[code] = code.co_filename.startswith(self._internal_roots)
+                is_internal = internal[id(code)] = code.co_filename.startswith(self._internal_roots)
+                self._codes.append(code)
             if not is_internal:
                 break
             frame = frame.f_back
         if frame is None:
             return None
-        key = (code, frame.f_lasti)  # the call instruction: cheaper to read than f_lineno, as unique
-        sid = self._strings.get(key)
+        key = (id(code), frame.f_lasti)  # the call instruction: cheaper to read than f_lineno, as unique
+        sid = self._sites.get(key)
         if sid is None:
             filename = code.co_filename
             if filename.startswith(self.cwd + os.sep):
                 filename = filename[len(self.cwd) + 1:]
-            sid = self._intern(key, f"{filename}:{frame.f_lineno} {code.co_name}")
+            sid = self._sites[key] = next(self._site_ids)
+            self._write(["s", sid, f"{filename}:{frame.f_lineno} {code.co_name}"])
         return sid
 
-    def _context(self, names: tuple[str, ...], backward: bool) -> int:
+    def _context(self, thread: state.ThreadState, backward: bool) -> int:
         """Interned (open NVTX ranges, module path, pass) of the calling thread; 0 is the empty context."""
-        module = self.modules.current_path() if self.modules is not None else None
+        names = thread.names
+        module = thread.stack[-1][1] if thread.stack else None
+        tracker = self.modules  # read once: check_module_tracking may switch it off meanwhile
+        if module is None and backward and tracker is not None:  # backward proper, not a recomputation
+            module = tracker.backward_path()
         pass_ = "backward" if backward else ("forward" if module is not None else None)
+        if pass_ is not None:
+            self._attributed = True
         key = (names, module, pass_)
         ctx = self._contexts.get(key)
         if ctx is None:
             ctx = self._contexts[key] = len(self._contexts) + 1
             self._write(["c", ctx, list(names), module, pass_])
         return ctx
+
+    def in_flight(self) -> list[list]:
+        """The `b` records (cid, t, op, gid, seq ...) of the calls not completed, oldest first: calls running
+        on some thread and async calls whose work is pending."""
+        records = dict(self.pending)
+        for ref in state.all_threads.valuerefs():
+            thread = ref()
+            record = thread.call if thread is not None else None
+            if record is not None:
+                records[record[1]] = record
+        return [records[cid] for cid in sorted(records)]
+
+    def check_module_tracking(self, step: int) -> None:
+        """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
+        recorded call it could attribute (none inside a module, none in backward): DDP's and FSDP1's
+        collectives are issued from C++, and then the hooks would cost every module call for nothing."""
+        if self.modules is None or self._attributed or step < MODULES_GRACE_STEPS:
+            return
+        self.modules.uninstall()
+        self.modules = None
+        self.warn(f"module tracking switched off after {step} steps: no recorded call ran inside a module or "
+                  f"in backward; later calls have no module")
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -366,6 +496,22 @@ class Recorder:
             self.flight.dump(reason, wait)
 
 
+def _no_graph_task() -> int:
+    return -1
+
+
+def _resolve_functional_group(c10d: Any, group: Any) -> Any:
+    """The ProcessGroup behind a functional collective's ``group`` argument, resolved as funcol does."""
+    import warnings
+
+    from torch.distributed import _functional_collectives as funcol
+
+    with warnings.catch_warnings():  # a rank list is deprecated: the user's own call warns already
+        warnings.simplefilter("ignore")
+        name = funcol._resolve_group_name(group)
+    return c10d._resolve_process_group(name)
+
+
 def _numel(shape: Any) -> int:
     total = 1
     for dim in shape:
@@ -384,11 +530,16 @@ def _futures_of(works: Any) -> list[Any]:
 
 
 def _internal_roots(torch: Any) -> tuple[str, ...]:
+    """Where frames are not a call site: torch, comm2perfetto, and the decorator layers torch's functions are
+    wrapped in (functools, contextlib, typing_extensions' and warnings' ``deprecated``)."""
+    import contextlib
+    import warnings
+
     import comm2perfetto
 
-    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(comm2perfetto.__file__) + os.sep]
-    import contextlib
-    import functools
-
-    roots += [functools.__file__, contextlib.__file__]
+    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(comm2perfetto.__file__) + os.sep,
+             functools.__file__, contextlib.__file__, warnings.__file__]
+    extensions = sys.modules.get("typing_extensions")
+    if extensions is not None and extensions.__file__:
+        roots.append(extensions.__file__)
     return tuple(roots)

@@ -79,12 +79,13 @@ def start(config: RecordConfig, pg: Any) -> None:
     })
     rec = Recorder(config, log, rank, world_size)
     rec.default_group = pg
-    rec._declare_group(pg)
+    rec.declare_group(pg)
     rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
     rec.steps.install()
     rec.steps.listeners.append(lambda _step: rec.flight.maybe_dump())
     if rec.modules is not None:
         rec.modules.install()
+        rec.steps.listeners.append(rec.check_module_tracking)
     profiler = ProfilerCapture(rec, config.out_dir, config.profile_steps)
     _parts["profiler"] = profiler
 

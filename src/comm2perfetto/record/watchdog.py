@@ -81,7 +81,8 @@ class Watchdog:
             return
         now = time.time_ns()
         stalled = False
-        for cid, (t_begin, op, gid, seq) in list(rec.pending.items()):
+        for record in rec.in_flight():
+            cid, t_begin, op, gid, seq = record[1:6]  # the call's `b` record
             if now - t_begin > self._stall_ns:
                 stalled = True
                 if cid not in self._reported:
@@ -163,9 +164,9 @@ def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank:
             if not fs.filename.startswith(ours)
         ]
         threads.append({"tid": tid, "name": names.get(tid, "?"), "frames": frames})
-    pending = [
-        {"cid": cid, "op": op, "gid": gid, "seq": seq, "since_ns": t}
-        for cid, (t, op, gid, seq) in list(rec.pending.items())
+    pending = [  # each pending call's `b` record: cid, t, op, gid, seq ...
+        {"cid": record[1], "op": record[3], "gid": record[4], "seq": record[5], "since_ns": record[2]}
+        for record in rec.in_flight()
     ]
     doc = {
         "format": "comm2perfetto-stacks", "version": 1, "rank": rec.rank, "t_ns": time.time_ns(),

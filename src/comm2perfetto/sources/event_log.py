@@ -39,7 +39,11 @@ class Group:
 
 @dataclass
 class Call:
-    """One ``torch.distributed`` call as the patch layer saw it. Times in ns; None when unknown."""
+    """One ``torch.distributed`` call as the patch layer saw it. Times in ns; None when unknown.
+
+    ``functional``: a functional collective (``torch.distributed._functional_collectives``, what DTensor and
+    tensor parallelism use): it returns at once with a tensor to wait on, so ``t_done_ns`` stays None.
+    """
 
     cid: int
     op: str
@@ -61,6 +65,7 @@ class Call:
     t_done_ns: int | None = None
     seq_last: int | None = None
     error: str | None = None
+    functional: bool = False
 
     @property
     def t_end_ns(self) -> int | None:
@@ -184,7 +189,7 @@ class _Builder:
             call = Call(
                 cid=r[1], t_call_ns=r[2], op=r[3], gid=r[4], seq=r[5], peer=r[6], is_async=bool(r[7]),
                 tid=r[8], site=self.strings.get(r[9]), nvtx=nvtx, module=module, pass_=pass_, step=r[11],
-                shapes=shapes, dtypes=dtypes, nbytes=nbytes,
+                shapes=shapes, dtypes=dtypes, nbytes=nbytes, functional=len(r) > 13 and bool(r[13]),
             )
             self.calls[call.cid] = call
             log.calls.append(call)
