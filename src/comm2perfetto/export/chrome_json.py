@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
 
-from .sink import ArgValue, WriteStats, arg_text
+from .sink import ArgValue, EventItem, SharedArgs, WriteStats, arg_text
 
 FLOW_CATEGORY = "comm2perfetto"
 FLOW_NAME = "flow"
@@ -140,8 +140,8 @@ class ChromeJsonWriter:
         return (ns - self._origin) / 1000
 
     def _slice_event(self, phase: str, track: int, ts: int, name: str, args: Mapping[str, ArgValue] | None,
-                     category: str | None, flows: tuple[Sequence[int], Sequence[int], Sequence[int]],
-                     dur: int | None = None) -> None:
+                     category: str | None, shared: SharedArgs | None,
+                     flows: tuple[Sequence[int], Sequence[int], Sequence[int]], dur: int | None = None) -> None:
         pid, tid = self._place(track)
         us = self._ts(ts)
         event: dict[str, Any] = {"ph": phase, "pid": pid, "tid": tid, "ts": us, "name": name}
@@ -153,6 +153,10 @@ class ChromeJsonWriter:
             event["dur"] = dur / 1000
         if category is not None:
             event["cat"] = category
+        if shared is not None:
+            args = {**shared.args, **args} if args else shared.args
+            (start, step, end), (shared_start, shared_step, shared_end) = flows, shared.flows
+            flows = ((*start, *shared_start), (*step, *shared_step), (*end, *shared_end))
         if args:
             event["args"] = {k: v if v.__class__ in _SCALARS else arg_text(v) for k, v in args.items()}
         self._emit(event)
@@ -164,9 +168,9 @@ class ChromeJsonWriter:
         self._flows += len(flows[0])
 
     def begin(self, track: int, ts: int, name: str, args: Mapping[str, ArgValue] | None = None, *,
-              category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-              flow_end: Sequence[int] = ()) -> None:
-        self._slice_event("B", track, ts, name, args, category, (flow_start, flow_step, flow_end))
+              category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+              flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
+        self._slice_event("B", track, ts, name, args, category, shared, (flow_start, flow_step, flow_end))
         self._open[track] += 1
         self._slices += 1
 
@@ -178,15 +182,24 @@ class ChromeJsonWriter:
         self._emit({"ph": "E", "pid": pid, "tid": tid, "ts": self._ts(ts)})
 
     def complete(self, track: int, ts: int, dur: int, name: str, args: Mapping[str, ArgValue] | None = None,
-                 *, category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-                 flow_end: Sequence[int] = ()) -> None:
-        self._slice_event("X", track, ts, name, args, category, (flow_start, flow_step, flow_end), dur)
+                 *, category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+                 flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
+        self._slice_event("X", track, ts, name, args, category, shared, (flow_start, flow_step, flow_end), dur)
         self._slices += 1
 
+    def events(self, track: int, items: Iterable[EventItem]) -> None:
+        for ts, end, name, args, category, shared, (flow_start, flow_step, flow_end) in items:
+            if end is None:
+                self.instant(track, ts, name, args, category=category, shared=shared, flow_start=flow_start,
+                             flow_step=flow_step, flow_end=flow_end)
+            else:
+                self.complete(track, ts, end - ts, name, args, category=category, shared=shared,
+                              flow_start=flow_start, flow_step=flow_step, flow_end=flow_end)
+
     def instant(self, track: int, ts: int, name: str, args: Mapping[str, ArgValue] | None = None, *,
-                category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-                flow_end: Sequence[int] = ()) -> None:
-        self._slice_event("i", track, ts, name, args, category, (flow_start, flow_step, flow_end))
+                category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+                flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
+        self._slice_event("i", track, ts, name, args, category, shared, (flow_start, flow_step, flow_end))
         self._instants += 1
 
     def counter(self, track: int, ts: int, value: int | float) -> None:  # noqa: PYI041 - as in sink.py

@@ -4,22 +4,25 @@ Perfetto draws one track as a stack of properly nested slices; two intervals tha
 containing the other (two async collectives in flight on one group, a kernel launched on a busy stream)
 need separate tracks. ``layout`` places each interval on the first lane where it either nests inside the
 innermost open interval or starts after it ended, and returns, per lane, a begin/end event stream in time
-order (parents open before their children and close after them), ready to write.
+order (parents open before their children and close after them), ready to write. ``in_order`` tells when
+that work can be skipped: the items already are one lane, in order, none inside another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 UNCLOSED = float("inf")  # the end of an interval drawn to the end of the trace
 
-# One event of a lane's stream: (kind, ts, item). kind: "B" begin, "E" end, "I" instant.
+# An interval: a tuple that starts with (begin, end); what follows is the caller's.
+Item = tuple[Any, ...]
+# One event of a lane's stream: (kind, ts, item). kind: "B" begin, "E" end (item None), "I" instant.
 LaneEvent = tuple[str, int, Any]
 
 
-def layout(items: Iterable[tuple[int, int | float | None, Any]]) -> list[list[LaneEvent]]:
-    """Lane streams for ``(begin, end, payload)`` items; ``end`` None is an instant, ``UNCLOSED`` never ends.
+def layout(items: Iterable[Item]) -> list[list[LaneEvent]]:
+    """Lane streams for ``(begin, end, ...)`` items; ``end`` None is an instant, ``UNCLOSED`` never ends.
 
     >>> [[(k, t) for k, t, _ in lane] for lane in layout([(0, 10, "a"), (2, 5, "b"), (4, 12, "c")])]
     [[('B', 0), ('B', 2), ('E', 5), ('E', 10)], [('B', 4), ('E', 12)]]
@@ -30,7 +33,8 @@ def layout(items: Iterable[tuple[int, int | float | None, Any]]) -> list[list[La
         return [simple]
     stacks: list[list[int | float]] = []  # per lane: ends of the open intervals, innermost last
     lanes: list[list[LaneEvent]] = []
-    for begin, end, payload in ordered:
+    for item in ordered:
+        begin, end = item[0], item[1]
         stop = begin if end is None else end
         for k, stack in enumerate(stacks):
             lane = lanes[k]
@@ -45,9 +49,9 @@ def layout(items: Iterable[tuple[int, int | float | None, Any]]) -> list[list[La
             lanes.append([])
             k = len(stacks) - 1
         if end is None:
-            lanes[k].append(("I", begin, payload))
+            lanes[k].append(("I", begin, item))
         else:
-            lanes[k].append(("B", begin, payload))
+            lanes[k].append(("B", begin, item))
             stacks[k].append(end)
     for k, stack in enumerate(stacks):
         while stack:
@@ -57,26 +61,47 @@ def layout(items: Iterable[tuple[int, int | float | None, Any]]) -> list[list[La
     return lanes
 
 
-def _one_lane(ordered: list[tuple[int, Any, Any]]) -> list[LaneEvent] | None:
+def in_order(items: Sequence[Item]) -> bool:
+    """Whether ``layout`` would keep ``items`` on one lane, in this order, each closed before the next begins.
+
+    Then each item is one event as it stands: an instant, a slice (begin to end) or, last, a slice drawn to
+    the end of the trace.
+
+    >>> in_order([(0, 5, "a"), (5, None, "b"), (6, 9, "c")]), in_order([(0, 5, "a"), (4, 9, "b")])
+    (True, False)
+    """
+    prev: Item | None = None
+    free: int | float = 0  # when the previous item is over
+    for item in items:
+        begin, end = item[0], item[1]
+        if prev is not None and (begin < free or begin < prev[0] or begin == prev[0] and _order(item) < _order(prev)):
+            return False
+        prev = item
+        free = begin if end is None else end
+    return True
+
+
+def _one_lane(ordered: list[Item]) -> list[LaneEvent] | None:
     """The stream when no two items overlap (the usual case: one group's collectives on one rank), else None."""
     lane: list[LaneEvent] = []
     append = lane.append
     free = None  # when the previous item ends
-    for begin, end, payload in ordered:
+    for item in ordered:
+        begin, end = item[0], item[1]
         if free is not None and begin < free:
             return None
         if end is None:
-            append(("I", begin, payload))
+            append(("I", begin, item))
             free = begin
         else:
-            append(("B", begin, payload))
+            append(("B", begin, item))
             if end != UNCLOSED:
                 append(("E", end, None))
             free = end
     return lane
 
 
-def _order(item: tuple[int, int | float | None, Any]) -> tuple[int, float]:
+def _order(item: Item) -> tuple[int, float]:
     # Earlier first; at one begin, the longer first so that it becomes the parent; instants after slices.
     begin, end = item[0], item[1]
     return (begin, -(end - begin) if end is not None else 1.0)

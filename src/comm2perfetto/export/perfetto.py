@@ -44,7 +44,7 @@ import numbers
 import os
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -60,18 +60,20 @@ from .protobuf import (
     pack_double,
     varint,
 )
-from .sink import ArgValue, WriteStats, arg_text
+from .sink import NO_FLOWS, ArgValue, EventItem, SharedArgs, WriteStats, arg_text
 
 # Compressed chunks hold about this much encoded packet data. zlib's window is 32 KiB, so bigger chunks
 # barely compress better; 1 MiB keeps the per-chunk overhead negligible and the reader's buffers small.
 CHUNK_BYTES = 1 << 20
-# zlib level 5, measured with benchmarks/bench_writer.py on merge-like data (see its docstring): level 6 (zlib's
-# and the tracing service's default) is 1-2% smaller for twice the CPU, level 1 20-25% bigger. Compression
-# runs on a worker thread (zlib releases the GIL), so with a spare core its cost hides behind encoding.
-ZLIB_LEVEL = 5
+# zlib level 2, measured on the slices of a 64-rank merge (bench_merge's dumps, 138 bytes a slice before
+# compression): 0.54 us and 17.6 bytes a slice; level 1 costs as much for 20.9 bytes, level 5 twice the CPU
+# (1.1 us) for 15.7, level 6 four times. Compression runs on a worker thread (zlib releases the GIL): with a
+# spare core its cost hides behind encoding, without one (a busy machine) it adds to merge's time.
+ZLIB_LEVEL = 2
 # Caps on what is remembered: past them strings are written inline and caches start over.
 INTERN_LIMIT = 1 << 20
 CACHE_LIMIT = 1 << 16
+_PARTS_LIMIT = 1 << 16  # pieces of packets gathered by events() before they go into the buffer
 PER_NAME_CACHE = 1 << 12
 GROUP_UUID_BIT = 1 << 63
 _NO_HIGH = object()
@@ -159,6 +161,7 @@ class _Track:
 # Packet tag + length, and timestamp tag + low 14 bits, looked up (see protobuf.GROUPS14).
 _PACKET_SIZE = [_PACKET + v for v in VARINTS]
 _TS_LOW = [_TS + g for g in GROUPS14]
+_BEGIN_HEADS: dict[int, list[bytes]] = {}  # by timestamp length: see PerfettoWriter._timestamp_range
 
 
 def _track_event(parts: bytes) -> bytes:
@@ -179,8 +182,8 @@ class PerfettoWriter:
                  "_file", "_float_prefix", "_flows", "_group_tracks", "_grouped", "_groups", "_high",
                  "_high_begin", "_high_bytes", "_inflight", "_instant_entries", "_instants", "_int_prefixes",
                  "_level", "_name_iids", "_open", "_owns_file", "_path", "_pending", "_pool", "_processes",
-                 "_slice_uuid", "_slices", "_stats", "_string_iids", "_tracks", "_ts_len", "_typed_cache",
-                 "_waiting", "_written")
+                 "_shared_lookup", "_slice_uuid", "_slices", "_stats", "_string_iids", "_tracks", "_ts_len",
+                 "_typed_cache", "_waiting", "_written")
 
     def __init__(self, path_or_binary_file: str | os.PathLike[str] | BinaryIO, *, compress: bool = True,
                  realtime_anchor_ns: int | None = None, group_tracks: bool | None = True,
@@ -237,6 +240,9 @@ class PerfettoWriter:
         self._args_cache = _ArgCache()
         self._args_cache.encode = self._encode_arg
         self._args_lookup = self._args_cache.__getitem__
+        shared_cache = _SharedCache()
+        shared_cache.encode = self._encode_shared
+        self._shared_lookup = shared_cache.__getitem__
         self._typed_cache: dict[tuple[str, Any, type], bytes] = {}
         self._cached_per_name: dict[str, int] = {}
         self._int_prefixes: dict[str, list[bytes]] = {}
@@ -376,21 +382,21 @@ class PerfettoWriter:
 
     # --- events ---------------------------------------------------------------------------------------------
     #
-    # The hot path. Per event: one dict lookup gives the encoded type + track + name + category fields
-    # (and validates the track), one map() over ``args.items()`` gives each debug annotation already
-    # encoded, and the packet is joined from pieces. Timestamps of the same ~0.27 s share their high varint
-    # bytes (``_high_bytes``); the low 28 bits come from a table. Everything else goes through slower
-    # methods that fill these caches.
+    # The hot path (``events``). Per event: one dict lookup gives the encoded type + track + name + category
+    # fields (and validates the track), one more the shared args' annotations, one per own arg its
+    # annotation, one the flow fields, all already encoded; the packet is joined from pieces. Timestamps of
+    # the same ~0.27 s share their high varint bytes (``_high_bytes``); the low 28 bits come from a table.
+    # Everything else goes through slower methods that fill these caches.
 
     def begin(self, track: int, ts: int, name: str, args: Mapping[str, ArgValue] | None = None, *,
-              category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-              flow_end: Sequence[int] = ()) -> None:
+              category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+              flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
         entry = self._begin_entries.get((track, name, category))
         if entry is None:
             entry = self._slice_entry(self._begin_entries, _TYPE_BEGIN, track, name, category)
         event = entry[0]
-        if args or flow_start or flow_step or flow_end:
-            event += self._extras(args, flow_start, flow_step, flow_end)
+        if shared is not None or args or flow_start or flow_step or flow_end:
+            event += self._extras(shared, args, flow_start, flow_step, flow_end)
         self._write_event(ts, event)
         self._open[track] += 1
         self._slices += 1
@@ -407,49 +413,125 @@ class PerfettoWriter:
         self._write_end(ts, tail)
 
     def complete(self, track: int, ts: int, dur: int, name: str, args: Mapping[str, ArgValue] | None = None,
-                 *, category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-                 flow_end: Sequence[int] = ()) -> None:
+                 *, category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+                 flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
         entry = self._begin_entries.get((track, name, category))
         if entry is None:
             entry = self._slice_entry(self._begin_entries, _TYPE_BEGIN, track, name, category)
         if dur < 0:
             raise ValueError(f"negative duration {dur} for {name!r} on track {track}")
         event, tail = entry
-        if args or flow_start or flow_step or flow_end:
-            event += self._extras(args, flow_start, flow_step, flow_end)
+        if shared is not None or args or flow_start or flow_step or flow_end:
+            event += self._extras(shared, args, flow_start, flow_step, flow_end)
         end = ts + dur
         high = ts >> 28
         size = len(event)
         if high == self._high and end >> 28 == high and size < 16000 and not self._pending:
-            # BEGIN then END, both inline. The END follows its BEGIN at once: trace_processor sorts by
-            # (ts, file order), so they pair right as long as slices on one track come in start-time order,
-            # parents first.
+            # BEGIN then END, both inline, as events() writes them.
             ts_len = self._ts_len
-            low = ts & 0xFFFFFFF
-            end_low = end & 0xFFFFFFF
+            low, end_low = ts & 0xFFFFFFF, end & 0xFFFFFFF
             buf = self._buf
             buf += b"".join((
                 _PACKET_SIZE[ts_len + 6 + size if size < 128 else ts_len + 7 + size], _TS_LOW[low & 0x3FFF],
                 GROUPS14[low >> 14], self._high_begin, VARINTS[size], event,
                 _PACKET_SIZE[ts_len + len(tail)], _TS_LOW[end_low & 0x3FFF], GROUPS14[end_low >> 14],
                 self._high_bytes, tail))
-            self._slices += 1
             if len(buf) >= CHUNK_BYTES:
                 self._flush()
         else:
             self._write_event(ts, event)
             self._write_end(end, tail)
-            self._slices += 1
+        self._slices += 1
+
+    def events(self, track: int, items: Iterable[EventItem]) -> None:
+        # The hot loop of a big merge (2M slices): everything it needs is in locals, and the packets go to
+        # ``parts``, joined into the buffer in bulk. BEGIN then END, both inline: the END follows its BEGIN at
+        # once, which pairs right because trace_processor sorts by (ts, file order) and slices on one track
+        # come in start-time order, parents first.
+        entries, pending = self._begin_entries, self._pending
+        shared_lookup, args_lookup = self._shared_lookup, self._args_lookup
+        base, limit, heads = self._timestamp_range()
+        high_begin, high_bytes, ts_len = self._high_begin, self._high_bytes, self._ts_len
+        tail = end_head = end_rest = b""  # the track's END packet: its head and what follows the low ts bytes
+        parts: list[bytes] = []
+        slices = started = 0
+        try:
+            for ts, end, name, args, category, shared, flows in items:
+                if end is None:
+                    self._write_parts(parts)
+                    self.instant(track, ts, name, args, category=category, shared=shared, flow_start=flows[0],
+                                 flow_step=flows[1], flow_end=flows[2])
+                    continue
+                entry = entries.get((track, name, category))
+                if entry is None:
+                    entry = self._slice_entry(entries, _TYPE_BEGIN, track, name, category)
+                if end < ts:
+                    raise ValueError(f"negative duration {end - ts} for {name!r} on track {track}")
+                event = entry[0]
+                if entry[1] is not tail:
+                    tail = entry[1]
+                    end_head, end_rest = _PACKET_SIZE[ts_len + len(tail)], high_bytes + tail
+                if shared is not None:
+                    event += shared_lookup(shared)
+                    started += shared.starts
+                if args:
+                    head = event
+                    try:
+                        for item in args.items():  # for the usual one or two, faster than join(map())
+                            event += args_lookup(item)
+                    except TypeError:  # an unhashable value (a list)
+                        event = head + self._args_uncached(args)
+                if flows is not NO_FLOWS:
+                    event += _flow_fields(*flows)
+                    started += len(flows[0])
+                size = len(event)
+                if base <= ts and end < limit and size < 16000 and not pending:
+                    low, end_low = ts - base, end - base
+                    parts += (heads[size], _TS_LOW[low & 0x3FFF], GROUPS14[low >> 14], high_begin, VARINTS[size],
+                              event, end_head, _TS_LOW[end_low & 0x3FFF], GROUPS14[end_low >> 14], end_rest)
+                    if len(parts) >= _PARTS_LIMIT:
+                        self._write_parts(parts)
+                else:  # a new high part of the timestamps, interned data to send first, or a huge event
+                    self._write_parts(parts)
+                    self._write_event(ts, event)
+                    self._write_end(end, tail)
+                    base, limit, heads = self._timestamp_range()
+                    high_begin, high_bytes, ts_len = self._high_begin, self._high_bytes, self._ts_len
+                    end_head, end_rest = _PACKET_SIZE[ts_len + len(tail)], high_bytes + tail
+                slices += 1
+        finally:
+            self._write_parts(parts)
+            self._slices += slices
+            self._flows += started
+
+    def _timestamp_range(self) -> tuple[int, int, list[bytes]]:
+        """For events(): the times the cached high part covers, [base, limit) (empty if none), and the packet
+        head (tag and length) of a BEGIN there, by the length of its TrackEvent."""
+        if self._high is _NO_HIGH:
+            return 0, 0, []
+        base = self._high << 28  # type: ignore[operator]
+        heads = _BEGIN_HEADS.get(self._ts_len)
+        if heads is None:  # ts, sequence fields, TrackEvent tag, its length, the TrackEvent
+            heads = _BEGIN_HEADS[self._ts_len] = [_PACKET_SIZE[self._ts_len + 5 + len(VARINTS[size]) + size]
+                                                  for size in range(16000)]
+        return base, base + (1 << 28), heads
+
+    def _write_parts(self, parts: list[bytes]) -> None:
+        if parts:
+            self._buf += b"".join(parts)
+            parts.clear()
+            if len(self._buf) >= CHUNK_BYTES:
+                self._flush()
 
     def instant(self, track: int, ts: int, name: str, args: Mapping[str, ArgValue] | None = None, *,
-                category: str | None = None, flow_start: Sequence[int] = (), flow_step: Sequence[int] = (),
-                flow_end: Sequence[int] = ()) -> None:
+                category: str | None = None, shared: SharedArgs | None = None, flow_start: Sequence[int] = (),
+                flow_step: Sequence[int] = (), flow_end: Sequence[int] = ()) -> None:
         entry = self._instant_entries.get((track, name, category))
         if entry is None:
             entry = self._slice_entry(self._instant_entries, _TYPE_INSTANT, track, name, category)
         event = entry[0]
-        if args or flow_start or flow_step or flow_end:
-            event += self._extras(args, flow_start, flow_step, flow_end)
+        if shared is not None or args or flow_start or flow_step or flow_end:
+            event += self._extras(shared, args, flow_start, flow_step, flow_end)
         self._write_event(ts, event)
         self._instants += 1
 
@@ -524,30 +606,26 @@ class PerfettoWriter:
         cache[(track, name, category)] = entry
         return entry
 
-    def _extras(self, args: Mapping[str, ArgValue] | None, flow_start: Sequence[int], flow_step: Sequence[int],
-                flow_end: Sequence[int]) -> bytes:
+    def _extras(self, shared: SharedArgs | None, args: Mapping[str, ArgValue] | None, flow_start: Sequence[int],
+                flow_step: Sequence[int], flow_end: Sequence[int]) -> bytes:
         """The debug annotations and flow fields of one event, encoded."""
         out = b""
         if args:
             try:
                 out = b"".join(map(self._args_lookup, args.items()))
             except TypeError:  # an unhashable value (a list)
-                out = b"".join([self._annotation(key, value) for key, value in args.items()])
+                out = self._args_uncached(args)
+        if shared is not None:
+            out = self._shared_lookup(shared) + out
+            self._flows += shared.starts
         if flow_start or flow_step or flow_end:
-            out += self._flow_fields(flow_start, flow_step, flow_end)
+            out += _flow_fields(flow_start, flow_step, flow_end)
+            if flow_start:
+                self._flows += len(flow_start)
         return out
 
-    def _flow_fields(self, flow_start: Sequence[int], flow_step: Sequence[int], flow_end: Sequence[int]) -> bytes:
-        fields = b""
-        if flow_start:
-            self._flows += len(flow_start)
-            for flow in flow_start:
-                fields += _pack_flow(_FLOW, flow & MASK64)
-        for flow in flow_step:
-            fields += _pack_flow(_FLOW, flow & MASK64)
-        for flow in flow_end:
-            fields += _pack_flow(_FLOW_END, flow & MASK64)
-        return fields
+    def _args_uncached(self, args: Mapping[str, ArgValue]) -> bytes:
+        return b"".join([self._annotation(key, value) for key, value in args.items()])
 
     # --- interning and debug annotations --------------------------------------------------------------------
 
@@ -571,6 +649,16 @@ class PerfettoWriter:
             fields += field_varint(_CATEGORY_IID, cat) if cat is not None else field_string(_CATEGORY_INLINE, category)
         return fields
 
+    def _encode_shared(self, shared: SharedArgs) -> bytes:
+        """The debug annotations and flow fields of a ``SharedArgs`` not seen before."""
+        if not isinstance(shared, SharedArgs):
+            raise TypeError(f"shared must be a SharedArgs, got {shared!r}")
+        try:
+            args = b"".join(map(self._args_lookup, shared.args.items()))
+        except TypeError:  # an unhashable value (a list)
+            args = self._args_uncached(shared.args)
+        return args + _flow_fields(*shared.flows)
+
     def _encode_arg(self, item: tuple[str, Any]) -> bytes:
         """An arg the cache does not hold (``_ArgCache.__missing__``)."""
         key, value = item
@@ -584,6 +672,9 @@ class PerfettoWriter:
                 if value < _CACHED_INT and self._cached_per_name.get(key, 0) < PER_NAME_CACHE:
                     self._cache_arg(key, value, encoded)
                 return encoded
+        typed = self._typed_cache.get((key, value, value.__class__))
+        if typed is not None:  # 0, 1 and bools: a lateness of 0 on every collective's first rank
+            return typed
         return self._annotation(key, value)
 
     def _annotation_name(self, key: str) -> bytes:
@@ -750,6 +841,30 @@ class _ArgCache(dict):  # type: ignore[type-arg]
 
     def __missing__(self, item: tuple[str, Any]) -> bytes:
         return self.encode(item)
+
+
+class _SharedCache(dict):  # type: ignore[type-arg]
+    """SharedArgs (by identity) -> its encoded annotations and flow fields; a miss encodes and keeps them."""
+
+    __slots__ = ("encode",)
+
+    def __missing__(self, shared: SharedArgs) -> bytes:
+        if len(self) >= CACHE_LIMIT:
+            self.clear()
+        encoded = self[shared] = self.encode(shared)
+        return encoded
+
+
+def _flow_fields(flow_start: Sequence[int], flow_step: Sequence[int], flow_end: Sequence[int]) -> bytes:
+    """flow_ids for the flows an event starts or continues, terminating_flow_ids for those it ends."""
+    fields = b""
+    for flow in flow_start:
+        fields += _pack_flow(_FLOW, flow & MASK64)
+    for flow in flow_step:
+        fields += _pack_flow(_FLOW, flow & MASK64)
+    for flow in flow_end:
+        fields += _pack_flow(_FLOW_END, flow & MASK64)
+    return fields
 
 
 def _annotation(body: bytes) -> bytes:

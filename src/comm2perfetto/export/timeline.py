@@ -18,29 +18,24 @@ one after another, so memory holds one rank's events at a time besides the job i
 
 from __future__ import annotations
 
+import functools
 import itertools
-import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import getitem, gt, is_not, itemgetter, not_, sub
+from types import MappingProxyType
 from typing import Any
 
 from comm2perfetto.analysis.findings import Diagnosis
-from comm2perfetto.export.lanes import UNCLOSED, layout
+from comm2perfetto.export.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.export.markers import Markers, plan_markers
 from comm2perfetto.export.preview import PreviewRow
-from comm2perfetto.export.sink import TraceSink, arg_text
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site
+from comm2perfetto.export.sink import NO_FLOWS, SharedArgs, TraceSink, arg_text
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site, tensor_bytes
 from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
-
-# Bytes per element of Flight Recorder's dtype names (the recorder writes the same names).
-DTYPE_BYTES = {
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
-    "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
-    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +86,13 @@ class _Flow:
     first: int  # rank whose event starts the flow
     last: int
 
+    def role(self, rank: int) -> int:
+        """Where ``rank``'s event puts the flow: _START, _STEP or _END (its index in SharedArgs.flows)."""
+        return _START if rank == self.first else _END if rank == self.last else _STEP
+
+
+_START, _STEP, _END = 0, 1, 2
+
 
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
@@ -100,7 +102,8 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     shown = set(selection.ranks)
     inside = _window_test(window)
     flows = _collective_flows(job, shown, inside)
-    p2p_flows = _p2p_flows(job, shown, inside, itertools.count(len(flows) + 1).__next__)
+    # p2p flow ids follow the collectives' (1 .. their count)
+    p2p_flows = _p2p_flows(job, shown, inside, itertools.count(sum(map(len, flows.values())) + 1).__next__)
     uuid = itertools.count(2).__next__  # track uuids (0 is the Perfetto writer's root track)
     summary = TimelineSummary(ranks=selection.ranks, total_ranks=selection.total, collectives=sum(len(c) for c in job.collectives.values()),
                               p2p=sum(len(t) for t in job.p2p.values()), t_begin_ns=None, t_end_ns=None)
@@ -111,9 +114,9 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sink.process(job_pid, pid=1, name="job", description=_job_description(job, diagnosis, selection),
                  sort_index=0)
     _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or _everything)
-    sites, shared = _SiteCache(job), {}  # shared: per group, see _shared_args
+    sites, tables = _SiteCache(job), {}  # tables: per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
-        writer = _RankWriter(job, rank, markers, flows, p2p_flows, sites, shared, inside, kineto)
+        writer = _RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview)
         span = writer.write(sink, uuid)
         if span is not None:
             lo, hi = span
@@ -144,8 +147,11 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
                       inside: Callable[[int, int], bool]) -> None:
     findings = uuid()
     sink.track(findings, parent=pid, name="findings", sort_index=0)
+    job_end = None
     for f in diagnosis.findings:
-        t = f.t_ns if f.t_ns is not None else _job_end(job)
+        if f.t_ns is None and job_end is None:
+            job_end = _job_end(job)
+        t = f.t_ns if f.t_ns is not None else job_end
         if t is None:
             continue
         what = f" {f.op} ({f.process_group} seq {f.seq})" if f.seq is not None else ""
@@ -157,11 +163,12 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
     sink.counter_track(in_flight, parent=pid, name="collectives in flight", sort_index=1)
     deltas: dict[int, int] = defaultdict(int)
     for c in job.iter_collectives():
-        begin = min((t for t in c.arrive_ns if t is not None), default=None)
-        if begin is None:
+        arrivals = _known(c.arrive_ns)
+        if not arrivals:
             continue
+        begin = min(arrivals)
         ends = c.end_ns
-        end = max(ends) if all(e is not None for e in ends) and c.completed_everywhere else None
+        end = max(ends) if (all(ends) or None not in ends) and c.completed_everywhere else None
         if not inside(begin, end if end is not None else begin):
             continue
         deltas[begin] += 1
@@ -174,8 +181,16 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
 
 
 def _job_end(job: Job) -> int | None:
-    ends = [t for c in job.iter_collectives() for t in (*c.end_ns, *c.arrive_ns) if t is not None]
+    ends = [max(times) for c in job.iter_collectives() if (times := _known(c.end_ns + c.arrive_ns))]
     return max(ends) if ends else None
+
+
+def _known(values: tuple[int | None, ...]) -> Sequence[int]:
+    """The values that are not None; the tuple itself when none is (tested at C speed: ranks x collectives).
+
+    ``all()`` tests truth, faster than ``None in``: a time of 0 only sends it the slow way.
+    """
+    return values if all(values) else [v for v in values if v is not None]
 
 
 # --- flows ---------------------------------------------------------------------------------------------------
@@ -206,9 +221,20 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
         if not cols:
             continue
         ranks = cols[0].ranks
-        everyone = all(r in shown for r in ranks)
+        positions = [i for i, r in enumerate(ranks) if r in shown]
+        everyone = len(positions) == len(ranks)
+        # The usual case, at C speed: no window, and every shown rank (two or more) issued it and arrived.
+        pick = None if everyone or len(positions) < 2 else itemgetter(*positions)
+        picked = ranks if pick is None else pick(ranks)
+        quick = inside is None and len(positions) > 1
         by_seq = flows[uid] = {}
         for c in cols:
+            if quick:
+                arrive = c.arrive_ns if pick is None else pick(c.arrive_ns)
+                if all(arrive) and (pick is None or all(pick(c.signatures))):
+                    by_seq[c.seq] = _Flow(fid, _rank_at(min, arrive, picked), _rank_at(max, arrive, picked))
+                    fid += 1
+                    continue
             if everyone and inside is None:
                 times = [(t, r) for t, r in zip(c.arrive_ns, ranks) if t is not None]
                 if len(times) < sum(1 for s in c.signatures if s is not None):
@@ -219,6 +245,14 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
                 by_seq[c.seq] = _Flow(fid, min(times)[1], max(times)[1])
                 fid += 1
     return flows
+
+
+def _rank_at(pick: Callable[..., Any], arrive: tuple[int, ...], ranks: tuple[int, ...]) -> int:
+    """``pick(zip(arrive, ranks))[1]`` for ``pick`` min or max: C-speed scans unless arrivals tie."""
+    t = pick(arrive)
+    if arrive.count(t) == 1:
+        return ranks[arrive.index(t)]
+    return pick(r for a, r in zip(arrive, ranks) if a == t)
 
 
 def _flow_times(c: Collective, shown: set[int], inside: Callable[[int, int], bool] | None) -> list[tuple[int, int]]:
@@ -270,23 +304,23 @@ class _SiteCache:
 
 # --- one rank --------------------------------------------------------------------------------------------------
 
-# An item to lay out on a track family: (begin, end | None (instant) | UNCLOSED, payload).
-# payload: (name, args, category, flow_start, flow_step, flow_end).
-Item = tuple[int, Any, tuple]
-_NO_FLOW: tuple[int, ...] = ()
-_NO_ROLES = (_NO_FLOW, _NO_FLOW, _NO_FLOW)
+# An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
+# SharedArgs or None, (flow_start, flow_step, flow_end)).
+Item = tuple[int, Any, str, Any, str, SharedArgs | None, tuple[tuple[int, ...], ...]]
 
 
 class _RankWriter:
     def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, _Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: _SiteCache,
-                 shared: dict[str, dict[int, list[tuple]]], inside: Callable[[int, int], bool] | None, kineto: bool) -> None:
+                 tables: dict[str, _GroupTable], inside: Callable[[int, int], bool] | None,
+                 kineto: bool, preview: bool) -> None:
         self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
         self.inside = inside or _everything
-        self.shared = shared
+        self.tables = tables
         self.kineto = kineto
+        self.preview = preview  # collect what the preview draws (compute, comm, stalls)
         self.offset = job.clock.offset_ns.get(rank, 0)
         self.families: list[tuple[str, str | None, list[Item]]] = []  # (track name, description, items)
         self.lo: int | None = None
@@ -319,6 +353,12 @@ class _RankWriter:
         order = 0
         for name, desc, items in self.families:
             if not items:
+                continue
+            if in_order(items):  # the usual case (one group's collectives): the items are the lane
+                tid = uuid()
+                sink.track(tid, parent=pid, name=name, sort_index=order, description=desc)
+                order += 1
+                _emit_items(sink, tid, items)
                 continue
             for k, lane in enumerate(layout(items)):
                 tid = uuid()
@@ -368,75 +408,86 @@ class _RankWriter:
         return out
 
     def _group_collectives(self, uid: str, cols: tuple[Collective, ...], i: int, items: list[Item]) -> None:
-        """This rank's slice of every collective of one group: the hot loop of a big merge (2M slices)."""
-        rank, inside, shared, sites = self.rank, self.window, self.shared, self.sites
-        flows = self.flows.get(uid, {})
-        mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
+        """This rank's slice of every collective of one group: the hot part of a big merge (2M slices).
+
+        Built a column at a time at C speed (every collective's value for this rank at once, see _GroupTable).
+        The collectives that need a closer look (missing or different here, stalled, mismatched, without an
+        end time; all of them with a window) go one by one through _collective_slice, in their place.
+        """
+        table = self.tables.get(uid)
+        if table is None:
+            table = self.tables[uid] = _GroupTable(cols, self.flows.get(uid, {}), self.sites)
+        rank = self.rank
         stalled = {seq: waits[rank] for (u, seq), waits in self.markers.stalled.items()
                    if u == uid and rank in waits}
-        append, comm = items.append, self.comm
-        seen = shared.setdefault(uid, {})
-        lo, hi = self.lo, self.hi
-        for c in cols:
-            sig = c.signatures[i]
-            if sig is None:
-                continue
-            arrive, end = c.arrive_ns[i], c.end_ns[i]
-            begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
-            if begin is None or (inside is not None and not inside(begin, end if end is not None else begin)):
-                continue
-            entries = seen.get(c.seq)
-            if entries and entries[0][0] is sig:  # the loader interns signatures: usually one per seq
-                _, common, first = entries[0]
-            else:
-                common, first = _shared_args(seen, c, sig)
-            args = common.copy()
-            state = args["state"] = c.states[i] or "unknown"
-            site = sites(c.stack_ids[i])
-            if site:
-                args["call_site"] = site
-            if arrive is not None and first is not None:
-                args["lateness_ns"] = arrive - first
-            source = c.sources[i]
-            if source:
-                args["source"] = source
-            stop: Any = end
-            seq = c.seq
-            if mismatched:
-                kind = mismatched.get(seq)
-                if kind:
-                    args["mismatch"] = kind
-            waits = stalled.get(seq) if stalled else None
-            if waits is not None:
-                args["state"] = "stalled"
-                args["waiting_for"] = list(waits)
-                args["state_at_dump"] = state
-                stop = UNCLOSED
-                self.stalled.append(begin)
-            elif end is None:
-                # Gloo's Flight Recorder records no end time: an instant where the collective was issued.
-                args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
-                                    else "unknown (no end time recorded)")
-            elif end < begin:
-                stop = begin
-            flow = flows.get(seq)
-            if flow is None:
-                roles = _NO_ROLES
-            elif flow.first == rank:
-                roles = ((flow.fid,), _NO_FLOW, _NO_FLOW)
-            elif flow.last == rank:
-                roles = (_NO_FLOW, _NO_FLOW, (flow.fid,))
-            else:
-                roles = (_NO_FLOW, (flow.fid,), _NO_FLOW)
-            append((begin, stop, (sig.op, args, "collective", *roles)))
-            stop_t = end if end is not None else begin
-            if lo is None or begin < lo:
-                lo = begin
-            if hi is None or stop_t > hi:
-                hi = stop_t
-            if end is not None and end > begin:
-                comm.append((begin, end))
-        self.lo, self.hi = lo, hi
+        mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
+        get = itemgetter(i)
+        arrive, ends = list(map(get, table.arrive)), list(map(get, table.ends))
+        if self.window is not None:
+            odd = range(len(arrive))
+        else:
+            odd = table.odd_positions(list(map(get, table.signatures)), arrive, ends)
+            marked = {table.position[seq] for seq in (*stalled, *mismatched) if seq in table.position}
+            if marked:
+                odd = sorted(marked.union(odd))
+        # The plain slices: all of them, built column by column; the odd ones are replaced below. Where
+        # they sit, begins and ends are +-inf so that min, max and the lateness column take them as they are.
+        begins, stops = arrive, ends
+        if odd:
+            begins, stops = arrive.copy(), ends.copy()
+            for k in odd:
+                begins[k], stops[k] = UNCLOSED, -UNCLOSED
+        # {"lateness_ns": arrival - the first rank's}, made at C speed
+        lateness = map(dict.fromkeys, itertools.repeat(("lateness_ns",)), map(sub, begins, table.firsts))
+        slices: list[Item | None] = list(zip(arrive, ends, table.ops, lateness, itertools.repeat("collective"),
+                                             table.shared_of(get, rank), itertools.repeat(NO_FLOWS)))
+        if len(odd) < len(slices):
+            self._seen(min(begins), max(stops))
+            if self.preview:
+                self.comm += [(begin, end) for begin, end in zip(begins, stops) if end > begin]
+        for k in odd:
+            slices[k] = self._collective_slice(table.rows[k], i, stalled, mismatched)
+        items += filter(None, slices) if odd else slices
+
+    def _collective_slice(self, row: _Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
+                          ) -> Item | None:
+        """This rank's slice of one collective, the careful way (see _group_collectives); None: none here."""
+        c, common, flow = row
+        sig = c.signatures[i]
+        if sig is None:
+            return None
+        arrive, end = c.arrive_ns[i], c.end_ns[i]
+        begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
+        if begin is None or not self.inside(begin, end if end is not None else begin):
+            return None
+        if common.sig is not sig:  # the loader interns signatures: this rank disagrees with the first
+            common = common.variant(c, sig)
+        state = c.states[i]
+        waits = stalled.get(c.seq)
+        role = None if flow is None else flow.role(self.rank)
+        shared = common["stalled" if waits is not None else state, c.stack_ids[i], c.sources[i], role]
+        state = state or "unknown"
+        first = common.first
+        args: dict[str, Any] = {"lateness_ns": arrive - first} if arrive is not None and first is not None else {}
+        stop: Any = end
+        if waits is not None:
+            args["waiting_for"] = list(waits)
+            args["state_at_dump"] = state
+            stop = UNCLOSED
+            self.stalled.append(begin)
+        elif end is None:
+            # Gloo's Flight Recorder records no end time: an instant where the collective was issued.
+            args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
+                                else "unknown (no end time recorded)")
+        elif end < begin:
+            stop = begin
+        kind = mismatched.get(c.seq)
+        if kind:
+            args["mismatch"] = kind
+        self._seen(begin, end)
+        if self.preview and end is not None and end > begin:
+            self.comm.append((begin, end))
+        return (begin, stop, sig.op, args, "collective", shared, NO_FLOWS)
 
     def _p2p(self, tr, kind: str, op, peer: int, uid: str, items: list[Item]) -> None:
         begin, end = op.t_arrive_ns, op.t_end_ns
@@ -448,14 +499,13 @@ class _RankWriter:
         site = self.sites(op.stack_id)
         if site:
             args["call_site"] = site
-        fs = fe = _NO_FLOW
+        flows = NO_FLOWS
         flow = self.p2p_flows.get((uid, tr.src, tr.dst, tr.index))
         if flow is not None:
             fid, first = flow
-            fs, fe = ((fid,), _NO_FLOW) if first == kind else (_NO_FLOW, (fid,))
+            flows = ((fid,), (), ()) if first == kind else ((), (), (fid,))
         name = "send" if kind == "send" else "recv"
-        items.append((begin, end if end is not None and end >= begin else None,
-                      (name, args, "p2p", fs, _NO_FLOW, fe)))
+        items.append((begin, end if end is not None and end >= begin else None, name, args, "p2p", None, flows))
         self._seen(begin, end)
         if end is not None and end > begin:
             self.comm.append((begin, end))
@@ -475,7 +525,7 @@ class _RankWriter:
             t = m.t_ns if m.t_ns is not None else (self.last_activity or self.hi)
             if t is None:
                 continue
-            items.append((t, None, (m.name, m.args, "marker", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t, None, m.name, m.args, "marker", None, NO_FLOWS))
             kind = "missing" if m.name.startswith("missing") else "mismatch"
             self.marks.append((t, kind, kind == "missing" and m.t_ns is None))
 
@@ -490,7 +540,7 @@ class _RankWriter:
                 end = self._log_end(log)
             if end is None or end < t or not self.inside(t, end):
                 continue
-            items.append((t, end, (f"step {step}", {"step": step}, "step", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t, end, f"step {step}", {"step": step}, "step", None, NO_FLOWS))
         self.families.append(("steps", "step boundaries: optimizer steps, profiler steps or comm2perfetto.step()",
                               items))
 
@@ -536,7 +586,7 @@ class _RankWriter:
                     end = max(log_end or begin, begin)
             if not self.inside(begin, begin if end is UNCLOSED else end):
                 continue
-            by_thread[call.tid].append((begin, end, (call.op, args, "python", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            by_thread[call.tid].append((begin, end, call.op, args, "python", None, NO_FLOWS))
             self._seen(begin, None if end is UNCLOSED else end)
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
             self.families.append((_thread_name("python calls", tid),
@@ -564,7 +614,7 @@ class _RankWriter:
                 end = max(log_end or begin, begin)
             if not self.inside(begin, end):
                 continue
-            by_thread[rng.tid].append((begin, end, (rng.name, args, "range", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            by_thread[rng.tid].append((begin, end, rng.name, args, "range", None, NO_FLOWS))
             self._seen(begin, end)
             self.compute.append((begin, end))
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
@@ -580,19 +630,19 @@ class _RankWriter:
                 args["trigger_rank"] = s.trigger_rank
             if s.stacks_file:
                 args["stacks_file"] = s.stacks_file
-            items.append((t, None, ("stall detected", args, "recorder", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t, None, "stall detected", args, "recorder", None, NO_FLOWS))
         for t, path, reason in log.fr_dumps:
-            items.append((t + self.offset, None, ("Flight Recorder dump", {"file": path, "reason": reason},
-                                                  "recorder", _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t + self.offset, None, "Flight Recorder dump", {"file": path, "reason": reason},
+                          "recorder", None, NO_FLOWS))
         for t, message in log.warnings:
-            items.append((t + self.offset, None, ("recorder warning", {"message": message}, "recorder",
-                                                  _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t + self.offset, None, "recorder warning", {"message": message}, "recorder", None,
+                          NO_FLOWS))
         for t, name, tid, source in log.marks:
-            items.append((t + self.offset, None, (name, {"source": source, "thread": str(tid)}, "mark",
-                                                  _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+            items.append((t + self.offset, None, name, {"source": source, "thread": str(tid)}, "mark", None,
+                          NO_FLOWS))
         items = [it for it in items if self.inside(it[0], it[0])]
         activity = self.hi  # the recorder's own events are not the rank's activity (marks go there)
-        for t, _, _ in items:  # a stall detected, a dump taken: the data reaches at least this far
+        for t, *_ in items:  # a stall detected, a dump taken: the data reaches at least this far
             self._seen(t, None)
         self.last_activity = activity
         self.families.append(("recorder", "what the recorder noticed: stalls, Flight Recorder dumps, warnings",
@@ -633,7 +683,7 @@ class _RankWriter:
         klass = ev.klass
         if klass:
             args["class"] = klass
-        items.append((begin, end, (ev.name, args, klass or ev.kind, _NO_FLOW, _NO_FLOW, _NO_FLOW)))
+        items.append((begin, end, ev.name, args, klass or ev.kind, None, NO_FLOWS))
         self._seen(begin, end)
         if klass == "comm":
             self.comm.append((begin, end))
@@ -651,52 +701,168 @@ class _RankWriter:
 # --- helpers -----------------------------------------------------------------------------------------------------
 
 
+def _emit_items(sink: TraceSink, track: int, items: list[Item]) -> None:
+    """Items that ``lanes.in_order`` accepted, one event each: a slice drawn to the end of the trace comes last."""
+    last = items[-1]
+    if last[1] != UNCLOSED:
+        sink.events(track, items)
+        return
+    sink.events(track, items[:-1])
+    begin, _, name, args, category, shared, (fs, fm, fe) = last
+    sink.begin(track, begin, name, args, category=category, shared=shared, flow_start=fs, flow_step=fm, flow_end=fe)
+
+
 def _emit(sink: TraceSink, track: int, lane: list[tuple[str, int, Any]]) -> None:
     n = len(lane)
     i = 0
     while i < n:
-        kind, ts, payload = lane[i]
+        kind, ts, item = lane[i]
         i += 1
         if kind == "E":
             sink.end(track, ts)
             continue
-        name, args, category, fs, fm, fe = payload
+        _, _, name, args, category, shared, (fs, fm, fe) = item
         if kind == "B":
             if i < n and lane[i][0] == "E":  # no children: one complete slice (the writers' fast path)
-                sink.complete(track, ts, lane[i][1] - ts, name, args, category=category, flow_start=fs,
-                              flow_step=fm, flow_end=fe)
+                sink.complete(track, ts, lane[i][1] - ts, name, args, category=category, shared=shared,
+                              flow_start=fs, flow_step=fm, flow_end=fe)
                 i += 1
             else:
-                sink.begin(track, ts, name, args, category=category, flow_start=fs, flow_step=fm, flow_end=fe)
+                sink.begin(track, ts, name, args, category=category, shared=shared, flow_start=fs, flow_step=fm,
+                           flow_end=fe)
         else:
-            sink.instant(track, ts, name, args, category=category, flow_start=fs, flow_step=fm, flow_end=fe)
+            sink.instant(track, ts, name, args, category=category, shared=shared, flow_start=fs, flow_step=fm,
+                         flow_end=fe)
 
 
-def _shared_args(seen: dict[int, list[tuple]], c: Collective, sig: Signature) -> tuple[dict[str, Any], int | None]:
-    """(args every rank's slice of ``c`` with this signature carries, the first rank's arrival), built once.
+class _Common(dict):  # type: ignore[type-arg]
+    """What every rank's slice of one collective (with one signature) shares, built once.
 
-    ``seen`` is the group's cache: per seq, one (signature, args, first arrival) per distinct signature (one,
-    unless the ranks disagree).
+    ``args`` and ``first`` (the first rank's arrival); as a dict, ``(state, stack id, source)`` -> those args
+    with these three, as one ``SharedArgs`` that the writer encodes once for every rank that has them.
     """
-    entries = seen.setdefault(c.seq, [])
-    for known, args, first in entries:
-        if known is sig:
-            return args, first
-    first = min((t for t in c.arrive_ns if t is not None), default=None)
-    entries.append((sig, _collective_args(c, sig), first))
-    return entries[-1][1], first
+
+    __slots__ = ("args", "first", "flow", "others", "sig", "sites")
+
+    def __init__(self, c: Collective, sig: Signature, sites: _SiteCache, flow: _Flow | None) -> None:
+        super().__init__()
+        self.sig, self.sites, self.flow = sig, sites, flow
+        self.args = _collective_args(c, sig)
+        arrivals = _known(c.arrive_ns)
+        self.first = min(arrivals) if arrivals else None
+        self.others: list[_Common] = []  # of ranks whose signature differs
+
+    def __missing__(self, key: tuple[str | None, int | None, str | None, int | None]) -> SharedArgs:
+        state, stack_id, source, role = key
+        args = dict(self.args, state=state or "unknown")
+        site = self.sites(stack_id)
+        if site:
+            args["call_site"] = site
+        if source:
+            args["source"] = source
+        flows: list[tuple[int, ...]] = [(), (), ()]
+        if role is not None and self.flow is not None:
+            flows[role] = (self.flow.fid,)
+        shared = self[key] = SharedArgs(args, flow_start=flows[0], flow_step=flows[1], flow_end=flows[2])
+        return shared
+
+    def variant(self, c: Collective, sig: Signature) -> _Common:
+        """The shared part for ranks that issued ``c`` with another signature than this one's."""
+        for other in self.others:
+            if other.sig is sig:
+                return other
+        self.others.append(_Common(c, sig, self.sites, self.flow))
+        return self.others[-1]
+
+
+# Per collective of a group: the collective, the shared part of its slices, its flow.
+_Row = tuple[Collective, _Common, _Flow | None]
+
+
+class _GroupTable:
+    """One group's collectives laid out for the rank-by-rank walk; built once, read by every rank.
+
+    ``rows``: per collective some rank issued, the collective, what its slices share and its flow. Per-rank
+    fields are columns, one per-rank tuple per collective: ``map(itemgetter(i), table.arrive)`` reads rank
+    ``i``'s arrival in every collective at C speed. The other lists hold one value per collective.
+    """
+
+    def __init__(self, cols: tuple[Collective, ...], flows: Mapping[int, _Flow], sites: _SiteCache) -> None:
+        self.rows: list[_Row] = []
+        for c in cols:
+            sig = next((s for s in c.signatures if s is not None), None)
+            if sig is not None:
+                flow = flows.get(c.seq)
+                self.rows.append((c, _Common(c, sig, sites, flow), flow))
+        issued = [c for c, _, _ in self.rows]
+        self.position = {c.seq: k for k, c in enumerate(issued)}
+        self.signatures = [c.signatures for c in issued]
+        self.arrive = [c.arrive_ns for c in issued]
+        self.ends = [c.end_ns for c in issued]
+        self.states = [c.states for c in issued]
+        self.stack_ids = [c.stack_ids for c in issued]
+        self.sources = [c.sources for c in issued]
+        self.commons = [common for _, common, _ in self.rows]
+        self.common_sigs = [common.sig for common in self.commons]
+        self.ops = [sig.op for sig in self.common_sigs]
+        self.firsts = [common.first or 0 for common in self.commons]  # 0: no arrival, the careful way
+        # Flow roles: the middle one (shared_of puts the first and last rank's in their place).
+        self.roles = [None if flow is None else _STEP for _, _, flow in self.rows]
+        self.flow_starts: dict[int, list[int]] = defaultdict(list)  # rank -> positions of the flows it starts
+        self.flow_ends: dict[int, list[int]] = defaultdict(list)
+        for k, (_, _, flow) in enumerate(self.rows):
+            if flow is not None:
+                self.flow_starts[flow.first].append(k)
+                self.flow_ends[flow.last].append(k)
+        # The (state, stack id, source) of the first rank with a slice, and its SharedArgs: what most ranks have.
+        usual = [c.signatures.index(common.sig) for c, common, _ in self.rows]
+        self.usual_states = [c.states[j] for c, j in zip(issued, usual)]
+        self.usual_stack_ids = [c.stack_ids[j] for c, j in zip(issued, usual)]
+        self.usual_sources = [c.sources[j] for c, j in zip(issued, usual)]
+        self.usual_shared = list(map(getitem, self.commons, zip(self.usual_states, self.usual_stack_ids,
+                                                                self.usual_sources, self.roles)))
+
+    def shared_of(self, get: itemgetter, rank: int) -> list[SharedArgs]:
+        """The SharedArgs of ``rank``'s slice of each collective (``get`` reads its column), at C speed."""
+        states = list(map(get, self.states))
+        stack_ids = list(map(get, self.stack_ids))
+        sources = list(map(get, self.sources))
+        if states == self.usual_states and stack_ids == self.usual_stack_ids and sources == self.usual_sources:
+            shared = self.usual_shared.copy()
+        else:  # _Common.__missing__ makes the ones not seen yet
+            shared = list(map(getitem, self.commons, zip(states, stack_ids, sources, self.roles)))
+        for role, positions in ((_END, self.flow_ends.get(rank, ())), (_START, self.flow_starts.get(rank, ()))):
+            for k in positions:
+                shared[k] = self.commons[k][states[k], stack_ids[k], sources[k], role]
+        return shared
+
+    def odd_positions(self, sigs: list[Signature | None], arrive: list[int | None], ends: list[int | None]
+                      ) -> list[int]:
+        """Collectives the columns cannot make this rank's slice of: missing or with another signature here,
+        no arrival or end time (or 0), an end before the arrival. Found at C speed: usually few or none."""
+        positions = range(len(sigs))
+        odd = set(itertools.compress(positions, map(is_not, sigs, self.common_sigs)))
+        if not (all(arrive) and all(ends)):
+            missing = {k for column in (arrive, ends) for k in itertools.compress(positions, map(not_, column))}
+            odd |= missing
+            arrive, ends = arrive.copy(), ends.copy()
+            for k in missing:
+                arrive[k] = ends[k] = 0
+        odd.update(itertools.compress(positions, map(gt, arrive, ends)))
+        return sorted(odd)
 
 
 def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
     args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
                             **_signature_args(sig)}
-    last = c.last_arrival_rank
+    last = _rank_at(max, c.arrive_ns, c.ranks) if c.ranks and all(c.arrive_ns) else c.last_arrival_rank
     if last is not None:
         args["last_arrival_rank"] = last
     return args
 
 
-def _signature_args(sig: Signature) -> dict[str, Any]:
+@functools.lru_cache(maxsize=1024)  # a job has few distinct signatures, each on thousands of collectives
+def _signature_args(sig: Signature) -> Mapping[str, Any]:
     """shapes, dtypes, output_shapes (when they differ) and bytes (when the dtypes are known)."""
     args: dict[str, Any] = {"shapes": _sizes(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ())}
     if sig.output_sizes is not None and sig.output_sizes != sig.input_sizes:
@@ -704,7 +870,7 @@ def _signature_args(sig: Signature) -> dict[str, Any]:
     nbytes = _nbytes(sig)
     if nbytes is not None:
         args["bytes"] = nbytes
-    return args
+    return MappingProxyType(args)
 
 
 def _sizes(sizes) -> str:
@@ -713,15 +879,7 @@ def _sizes(sizes) -> str:
 
 
 def _nbytes(sig: Signature) -> int | None:
-    if sig.input_sizes is None or not sig.input_dtypes:
-        return None
-    total = 0
-    for shape, dtype in zip(sig.input_sizes, sig.input_dtypes):
-        size = DTYPE_BYTES.get(dtype)
-        if size is None:
-            return None
-        total += math.prod(shape) * size
-    return total
+    return tensor_bytes(sig.input_sizes, sig.input_dtypes)
 
 
 def _thread_name(what: str, tid: Any) -> str:
