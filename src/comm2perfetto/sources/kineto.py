@@ -440,15 +440,10 @@ class _Parser:
         name, ts, dur = get("name"), get("ts"), get("dur")
         if not isinstance(name, str):
             return
-        try:  # us_to_ns, inlined: floor() refuses None, strings, NaN and infinities
-            whole = floor(ts)
-            begin = self.base + whole * 1000 + round((ts - whole) * 1000)
-            whole = floor(dur)
-            duration = whole * 1000 + round((dur - whole) * 1000)
-        except (TypeError, ValueError, OverflowError):
+        span = _span(ts, dur, self.base)
+        if span is None:
             return
-        if duration < 0:
-            return
+        begin, duration = span[0], span[1] - span[0]
         args = get("args")
         if args.__class__ is not dict:
             args = {}
@@ -673,7 +668,8 @@ def _on_stream(ev: dict[str, Any]) -> bool:
 
 
 def _span(ts: Any, dur: Any, base: int) -> Span | None:
-    """(begin, end) in ns from Kineto's microsecond ts and dur; None when either is not a number."""
+    """(begin, end) in ns from Kineto's microsecond ts and dur; None when either is not a finite number or dur
+    is negative (floor() refuses None, strings, NaN and infinities)."""
     try:
         whole = floor(ts)
         begin = base + whole * 1000 + round((ts - whole) * 1000)
