@@ -25,6 +25,7 @@ from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
 from comm2perfetto.export.report_text import render_text
+from comm2perfetto.export.timeline import int_range
 from comm2perfetto.match import build_job
 from comm2perfetto.sources.discover import SourceError, load_sources
 
@@ -138,12 +139,7 @@ def _emit(doc: dict, fmt: str, out: Path | None) -> None:
 
 def parse_steps(text: str) -> tuple[int, int]:
     """``10-20`` -> (10, 20); ``5`` -> (5, 5)."""
-    lo, sep, hi = text.partition("-")
-    try:
-        first = int(lo)
-        last = int(hi) if sep else first
-    except ValueError:
-        raise UserError(f"--steps {text!r}: expected A-B or A, e.g. 10-20") from None
-    if first < 0 or last < first:
-        raise UserError(f"--steps {text!r}: expected 0 <= A <= B")
-    return first, last
+    steps = int_range(text)
+    if steps is None:
+        raise UserError(f"--steps {text!r}: expected A-B or A with 0 <= A <= B, e.g. 10-20")
+    return steps

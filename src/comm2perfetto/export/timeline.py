@@ -901,16 +901,22 @@ def parse_ranks(text: str) -> set[int]:
         part = part.strip()
         if not part:
             continue
-        lo, sep, hi = part.partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-7,12)") from None
-        if a < 0 or b < a:
+        bounds = int_range(part)
+        if bounds is None:
             raise ValueError(f"bad rank range {part!r} (expected e.g. 0-7,12)")
-        out.update(range(a, b + 1))
+        out.update(range(bounds[0], bounds[1] + 1))
     if not out:
         raise ValueError("no ranks given (expected e.g. 0-7,12)")
     return out
+
+
+def int_range(text: str) -> tuple[int, int] | None:
+    """``3-7`` -> (3, 7), ``5`` -> (5, 5); None unless 0 <= A <= B."""
+    lo, sep, hi = text.partition("-")
+    try:
+        first = int(lo)
+        last = int(hi) if sep else first
+    except ValueError:
+        return None
+    return (first, last) if 0 <= first <= last else None
 
