@@ -17,7 +17,8 @@ Profiler traces are read in worker processes (:func:`kineto_intervals` returns c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -99,25 +100,27 @@ def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
                   progress: Callable[[int, int], None] | None = None) -> dict[int, KinetoIntervals]:
     """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
     ranks = sorted(kineto_files)
-    out: dict[int, KinetoIntervals] = {}
+    tasks = [kineto_files[r] for r in ranks]
     if workers <= 1 or len(ranks) <= 1:
-        results = map(kineto_intervals, (kineto_files[r] for r in ranks))
-        for i, (rank, result) in enumerate(zip(ranks, results)):
-            out[rank] = result
-            if progress:
-                progress(i + 1, len(ranks))
-        return out
+        return _gather(ranks, map(kineto_intervals, tasks), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for i, (rank, result) in enumerate(zip(ranks, pool.map(kineto_intervals,
-                                                             [kineto_files[r] for r in ranks]))):
-            out[rank] = result
-            if progress:
-                progress(i + 1, len(ranks))
+        return _gather(ranks, pool.map(kineto_intervals, tasks), progress)
+
+
+def _gather(ranks: list[int], results: Iterable[KinetoIntervals],
+            progress: Callable[[int, int], None] | None) -> dict[int, KinetoIntervals]:
+    out: dict[int, KinetoIntervals] = {}
+    for i, (rank, result) in enumerate(zip(ranks, results)):
+        out[rank] = result
+        if progress:
+            progress(i + 1, len(ranks))
     return out
 
 
-def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None) -> RankActivity:
-    """Combine what the recorder, Flight Recorder and the profiler know about one rank."""
+def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
+                  fr_comm: Mapping[int, list[Span]] | None = None) -> RankActivity:
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``:
+    ``flight_recorder_comm(job)``, when the caller has it for every rank already."""
     offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
     log = job.logs.get(rank) if job is not None else None
     profile = profile or KinetoIntervals()
@@ -144,7 +147,9 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None) -
         sources.append("profiler CPU ops")
     compute_u = difference(union(compute), union(blocked))
     comm_u = _shift(union(comm), offset)
-    fr = _flight_recorder_comm(job, rank) if job is not None else []
+    if fr_comm is None:
+        fr_comm = flight_recorder_comm(job) if job is not None else {}
+    fr = fr_comm.get(rank, [])
     if fr:
         comm_u = union(comm_u + fr)
         sources.append("Flight Recorder")
@@ -153,22 +158,17 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None) -
                         _steps(log, profile, offset, envelope(compute_u, comm_u)))
 
 
-def _flight_recorder_comm(job: Job, rank: int) -> list[Span]:
-    """Start (or enqueue) to end of the collectives on ``rank`` known only from Flight Recorder (the calls the
-    patch layer saw are already counted, from the recorder's more precise times). Already on the job clock."""
-    spans: list[Span] = []
+def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
+    """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
+    patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
+    One pass over the job's collectives serves every rank."""
+    spans: dict[int, list[Span]] = defaultdict(list)
     for cols in job.collectives.values():
         for c in cols:
-            try:
-                i = c.ranks.index(rank)
-            except ValueError:
-                continue
-            if c.sources[i] != "fr":
-                continue
-            begin = c.start_ns[i] or c.arrive_ns[i]
-            end = c.end_ns[i]
-            if begin is not None and end is not None and end > begin:
-                spans.append((begin, end))
+            for rank, source, start, arrive, end in zip(c.ranks, c.sources, c.start_ns, c.arrive_ns, c.end_ns):
+                begin = start or arrive
+                if source == "fr" and begin is not None and end is not None and end > begin:
+                    spans[rank].append((begin, end))
     return spans
 
 

@@ -60,6 +60,7 @@ def message_bytes(sig: Signature, n: int) -> int | None:
 
 @dataclass
 class _Row:
+    group_size: int = 0
     count: int = 0
     timed: int = 0
     bytes: int = 0
@@ -72,7 +73,6 @@ class _Row:
 def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None) -> list[dict]:
     """One row per (op family, process group), slowest total first; only collectives ``keep`` accepts."""
     rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
-    sizes: dict[tuple[str, str], int] = {}
     for uid, cols in job.collectives.items():
         group = job.groups[uid]
         n = len(group.ranks)
@@ -80,21 +80,21 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
             sig = first_signature(c)
             if sig is None or (keep is not None and not keep(c)):
                 continue
-            key = (family(sig.op), uid)
-            sizes[key] = n
-            _add(rows[key], message_bytes(sig, n), _timing(c.arrive_ns, c.end_ns), c.arrival_skew_ns)
+            row = rows[(family(sig.op), uid)]
+            row.group_size = n
+            _add(row, message_bytes(sig, n), _timing(c.arrive_ns, c.end_ns), c.arrival_skew_ns)
     for uid, transfers in job.p2p.items() if keep is None else ():  # p2p has no step: left out of a step range
         for t in transfers:
             ops = [op for op in (t.send, t.recv) if op is not None]
             if not ops:
                 continue
-            key = ("send/recv", uid)
-            sizes[key] = 2
+            row = rows[("send/recv", uid)]
+            row.group_size = 2
             arrive = tuple(op.t_arrive_ns for op in ops)
             skew = max(arrive) - min(arrive) if len(ops) == 2 and None not in arrive else None
-            _add(rows[key], tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes),
+            _add(row, tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes),
                  _timing(arrive, tuple(op.t_end_ns for op in ops)), skew)
-    table = [_render(op, job.groups[uid].label, sizes[(op, uid)], row) for (op, uid), row in rows.items()]
+    table = [_render(op, job.groups[uid].label, row) for (op, uid), row in rows.items()]
     table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
     return table
 
@@ -119,13 +119,13 @@ def _add(row: _Row, nbytes: int | None, timing: tuple[int, int] | None, skew: in
         row.timed_bytes += nbytes or 0
 
 
-def _render(op: str, group: str, n: int, row: _Row) -> dict:
+def _render(op: str, group: str, row: _Row) -> dict:
     durations = sorted(row.durations)
     total = sum(durations)
     algbw = row.timed_bytes / (row.transfer_ns * _NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
-    factor = bus_factor(op, n)
+    factor = bus_factor(op, row.group_size)
     return {
-        "op": op, "process_group": group, "group_size": n, "count": row.count, "timed": row.timed,
+        "op": op, "process_group": group, "group_size": row.group_size, "count": row.count, "timed": row.timed,
         "bytes": row.bytes,
         "total_s": total * _NS if durations else None,
         "mean_s": total / len(durations) * _NS if durations else None,

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from comm2perfetto.analysis.bandwidth import first_signature
 from comm2perfetto.analysis.compare import family
 from comm2perfetto.model import Collective, Job, tensor_bytes
 
@@ -62,7 +63,7 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
             if not c.joined_ranks or any(s is not None and "log" in s for s in c.sources) or (
                     keep is not None and not keep(c)):
                 continue
-            sig = next(s for s in c.signatures if s is not None)
+            sig = first_signature(c)
             row = rows[(NOT_SEEN, None, family(sig.op))]
             row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
             row.ranks.update(c.joined_ranks)

@@ -21,7 +21,7 @@ weighs more, as it does for the job's throughput.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from comm2perfetto.analysis.activity import RankActivity
@@ -76,12 +76,19 @@ def breakdown(activity: RankActivity, window: Span | None = None) -> Breakdown:
                      overlapped.within(begin, end), busy.within(begin, end))
 
 
+def total(parts: Iterable[Breakdown]) -> Breakdown:
+    """Every figure added up: several windows of one rank, or every rank of the job."""
+    sums = [0, 0, 0, 0, 0]
+    for b in parts:
+        for i, value in enumerate((b.span_ns, b.compute_ns, b.comm_ns, b.overlapped_ns, b.busy_ns)):
+            sums[i] += value
+    return Breakdown(*sums)
+
+
 def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:
     """The job's row: mean times over ranks, ratios from the totals, and how many ranks it averages."""
     n = len(parts)
-    total = Breakdown(*(sum(getattr(b, f) for b in parts)
-                        for f in ("span_ns", "compute_ns", "comm_ns", "overlapped_ns", "busy_ns")))
-    row = {key: (value / n if n and key.endswith("_s") else value) for key, value in total.as_dict().items()}
+    row = {key: (value / n if n and key.endswith("_s") else value) for key, value in total(parts).as_dict().items()}
     # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
     row["idle_s"] = sum(b.idle_ns for b in parts) * _NS / n if n else 0.0
     row["ranks"] = n

@@ -12,11 +12,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 
-from comm2perfetto.analysis.activity import KinetoIntervals, RankActivity, rank_activity
+from comm2perfetto.analysis.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
 from comm2perfetto.analysis.bandwidth import collective_table
 from comm2perfetto.analysis.intervals import Span, union
 from comm2perfetto.analysis.modules import module_table
-from comm2perfetto.analysis.overlap import Breakdown, breakdown, job_breakdown
+from comm2perfetto.analysis.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.analysis.stragglers import lateness_map, straggler_table
 from comm2perfetto.model import Collective, Job
 
@@ -27,7 +27,8 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
                  depth: int | None = None) -> dict:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
-    activities = {r: rank_activity(job, r, profiles.get(r)) for r in ranks}
+    fr_comm = flight_recorder_comm(job) if job is not None else {}
+    activities = {r: rank_activity(job, r, profiles.get(r), fr_comm) for r in ranks}
     notes = [n for p in profiles.values() for n in p.notes]
     windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
                for r, a in activities.items()}
@@ -37,7 +38,7 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
     per_rank: dict[str, dict] = {}
     parts: list[Breakdown] = []
     for rank, activity in activities.items():
-        b = _sum(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
+        b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
         parts.append(b)
         per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
     keep = _inside(union(w for ws in windows.values() for w in ws)) if steps is not None else None
@@ -68,12 +69,6 @@ def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | 
     return [{"step": n, "job": job_breakdown(list(parts.values())),
              "ranks": {str(r): b.as_dict() for r, b in sorted(parts.items())}}
             for n, parts in sorted(by_step.items())]
-
-
-def _sum(parts) -> Breakdown:
-    parts = list(parts)
-    return Breakdown(*(sum(getattr(b, f) for b in parts)
-                       for f in ("span_ns", "compute_ns", "comm_ns", "overlapped_ns", "busy_ns")))
 
 
 def _inside(windows: list[Span]) -> Callable[[Collective], bool]:
