@@ -13,7 +13,9 @@ and under the recorder::
 
     comm2perfetto record -o c2p-ddp -- torchrun --nproc_per_node 2 examples/ddp_train.py
 
-``--report-step-time`` makes rank 0 print ``step_time_ms median=<x>`` (benchmarks/bench_record.py parses it).
+``--report-step-time`` makes rank 0 print ``step_time_ms median=<x> mean=<y> steps=<n>``
+(benchmarks/bench_record.py parses it). ``--bind-cpu`` pins rank r to CPU core r (modulo the cores), as a
+launcher's CPU binding does: the scheduler then stops moving ranks between cores, and step times scatter less.
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _launch import launch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from _launch import launch
-
-WARMUP_STEPS = 5  # steps left out of the step-time median: first calls allocate and build DDP buckets
+WARMUP_STEPS = 5  # steps left out of the step-time figures: first calls allocate and build DDP buckets
 
 
 class Net(nn.Module):
@@ -90,6 +91,9 @@ def train(args: argparse.Namespace) -> None:
     backend = pick_backend(args.backend)
     dist.init_process_group(backend=backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if args.bind_cpu and hasattr(os, "sched_setaffinity"):  # Linux only; elsewhere the flag does nothing
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
@@ -126,7 +130,8 @@ def train(args: argparse.Namespace) -> None:
     dist.barrier()
     if args.report_step_time and rank == 0:
         timed = step_ns[WARMUP_STEPS:] or step_ns
-        print(f"step_time_ms median={statistics.median(timed) / 1e6:.4f} steps={len(timed)}", flush=True)
+        print(f"step_time_ms median={statistics.median(timed) / 1e6:.4f} mean={statistics.fmean(timed) / 1e6:.4f} "
+              f"steps={len(timed)}", flush=True)
     dist.destroy_process_group()
 
 
@@ -140,8 +145,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--report-step-time",
         action="store_true",
-        help=f"rank 0 prints the median step time, leaving out the first {WARMUP_STEPS} steps",
+        help=f"rank 0 prints the median and mean step time, leaving out the first {WARMUP_STEPS} steps",
     )
+    parser.add_argument("--bind-cpu", action="store_true", help="pin rank r to CPU core r (modulo the cores; Linux)")
     return parser.parse_args(argv)
 
 
