@@ -9,9 +9,9 @@ import pytest
 from factories import STEP_NS, T0_NS, EventLog, FrJob, steady_job
 
 from comm2perfetto.cli import main
+from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.export.check import check_trace
 from comm2perfetto.export.lanes import UNCLOSED, layout
-from comm2perfetto.export.timeline import parse_ranks
 
 
 def _merge(capsys, *argv: str) -> tuple[int, str, str]:
@@ -272,3 +272,25 @@ def test_send_and_recv_are_linked_by_a_flow(tmp_path, capsys):
     assert send.args["shapes"] == recv.args["shapes"] == "[[4]]" and send.args["bytes"] == 4 * 4
     (fid,) = send.flow_ids
     assert recv.flow_ids == (fid,) and len(trace.flows[fid]) == 2
+
+
+def test_p2p_and_collective_flows_never_share_an_id(tmp_path, capsys):
+    """Collectives take flow ids 1..N and transfers the ids after them: a transfer once reused a collective's
+    id, which drew one arrow through both."""
+    job = FrJob(world=2)
+    for r in job.ranks:
+        for _ in range(3):
+            job.collective(r, "all_reduce", [[4]])
+    for _ in range(2):
+        job.p2p(0, "send", 1, [[8]])
+        job.p2p(1, "recv", 0, [[8]])
+    job.write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    linked = {fid: sorted((trace.process_of(e).name, e.name) for e in events) for fid, events in trace.flows.items()}
+    assert sorted(linked.values()) == (
+        [[("rank 0", "all_reduce"), ("rank 1", "all_reduce")]] * 3 + [[("rank 0", "send"), ("rank 1", "recv")]] * 2
+    )
+    seqs = {fid: {e.args.get("seq") for e in trace.flows[fid]} for fid in linked if linked[fid][0][1] == "all_reduce"}
+    assert sorted(s for v in seqs.values() for s in v) == [1, 2, 3]  # each flow joins one collective's slices
