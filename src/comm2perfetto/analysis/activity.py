@@ -41,6 +41,10 @@ class KinetoIntervals:
     gpu_memory: list[Span] = field(default_factory=list)
     cpu_compute: list[Span] = field(default_factory=list)
     cpu_comm: list[Span] = field(default_factory=list)
+    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
+    # leaves their shape, so the workers that read the traces compute them, in parallel.
+    gpu_overlapped: list[Span] | None = None
+    gpu_busy: list[Span] | None = None
     steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
     events: int = 0
     notes: tuple[str, ...] = ()
@@ -57,6 +61,8 @@ class RankActivity:
     comm: list[Span]
     memory: list[Span]
     steps: tuple[tuple[int, int, int], ...]  # (step, begin, end)
+    overlapped: list[Span] | None = None  # compute ∩ comm and compute ∪ comm ∪ memory, when known already
+    busy: list[Span] | None = None
 
     @property
     def span(self) -> Span | None:
@@ -65,9 +71,11 @@ class RankActivity:
     @cached_property
     def measured(self) -> tuple[Measured, Measured, Measured, Measured]:
         """compute, comm, comm ∩ compute and compute ∪ comm ∪ memory, each measurable in any window."""
-        busy = union(self.compute + self.comm + self.memory) if self.memory else union(self.compute + self.comm)
-        return (Measured(self.compute), Measured(self.comm), Measured(intersection(self.compute, self.comm)),
-                Measured(busy))
+        overlapped = self.overlapped if self.overlapped is not None else intersection(self.compute, self.comm)
+        busy = self.busy
+        if busy is None:
+            busy = union(self.compute + self.comm + self.memory) if self.memory else union(self.compute + self.comm)
+        return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
 
 
 def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
@@ -91,9 +99,12 @@ def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
         cpu_comm += trace.comm
         steps.extend(trace.steps)
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
-        cpu_compute, cpu_comm = [], []
-    return KinetoIntervals(union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"]), union(cpu_compute),
-                           union(cpu_comm), tuple(sorted(steps)), events, tuple(notes))
+        compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
+        return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
+                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)), events=events,
+                               notes=tuple(notes))
+    return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
+                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), events=events, notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
@@ -127,7 +138,8 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
     if profile.gpu_compute or profile.gpu_comm:
         compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
         return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
-                            _steps(log, profile, offset, envelope(compute, comm)))
+                            _steps(log, profile, offset, envelope(compute, comm)),
+                            _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset))
     sources: list[str] = []
     compute: list[Span] = []
     comm: list[Span] = []
@@ -190,3 +202,7 @@ def _steps(log, profile: KinetoIntervals, offset: int, span: Span | None) -> tup
 
 def _shift(u: list[Span], offset: int) -> list[Span]:
     return [(b + offset, e + offset) for b, e in u] if offset else u
+
+
+def _shift_known(u: list[Span] | None, offset: int) -> list[Span] | None:
+    return None if u is None else _shift(u, offset)

@@ -8,8 +8,11 @@ in the job (diagnose) or the recorded job failed (record), 2 usage or input erro
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from comm2perfetto import __version__
 
@@ -20,9 +23,25 @@ class UserError(Exception):
     """An error the user can fix: printed as one line, exit status 2, never a traceback."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from comm2perfetto.cli import demo, diagnose, merge, record, report
+COMMANDS = ("record", "merge", "diagnose", "report", "demo")
 
+
+def check_writable(path: Path) -> None:
+    """Fail before the (long) loading when the output cannot be written."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a folder")
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"cannot write {path}: {parent} is not a folder")
+    if not parent.is_dir():
+        raise UserError(f"cannot write {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"cannot write {path}: permission denied")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``only`` one subcommand: each subcommand's module imports what its
+    ``run`` needs, and a command should not pay for the others' imports (a tenth of a second)."""
     parser = argparse.ArgumentParser(
         prog="comm2perfetto",
         description="Record, diagnose and visualise PyTorch distributed communication across every rank.",
@@ -30,14 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"comm2perfetto {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (record, merge, diagnose, report, demo):
-        module.add_parser(sub)
+    for name in COMMANDS:
+        if only is None or name == only:
+            importlib.import_module(f"comm2perfetto.cli.{name}").add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
     except UserError as exc:

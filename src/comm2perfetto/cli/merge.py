@@ -17,13 +17,14 @@ from pathlib import Path
 
 from comm2perfetto.analysis.findings import Diagnosis, secs_text
 from comm2perfetto.analysis.hang import diagnose
-from comm2perfetto.cli import UserError
+from comm2perfetto.cli import UserError, check_writable
 from comm2perfetto.cli.diagnose import rank_span
 from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.export.formats import format_for, open_writer
 from comm2perfetto.export.markers import plan_markers
 from comm2perfetto.export.sink import WriteStats
-from comm2perfetto.export.timeline import TimelineSummary, parse_ranks, select_ranks, write_timeline
+from comm2perfetto.export.timeline import TimelineSummary, select_ranks, write_timeline
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
@@ -118,19 +119,6 @@ def run(args: argparse.Namespace) -> int:
         _draw_preview(preview, summary, diagnosis, selection.note)
     _print_summary(out, job, diagnosis, summary, stats, preview)
     return 0
-
-
-def check_writable(path: Path) -> None:
-    """Fail before the (long) loading when the output cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise UserError(f"cannot write {path}: it is a folder")
-    if parent.exists() and not parent.is_dir():
-        raise UserError(f"cannot write {path}: {parent} is not a folder")
-    if not parent.is_dir():
-        raise UserError(f"cannot write {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UserError(f"cannot write {path}: permission denied")
 
 
 def _parse_window(text: str) -> tuple[int, int]:

@@ -18,15 +18,13 @@ import orjson
 
 from comm2perfetto.analysis.activity import read_profiles
 from comm2perfetto.analysis.report import build_report
-from comm2perfetto.cli import UserError
-from comm2perfetto.cli.merge import check_writable
+from comm2perfetto.cli import UserError, check_writable
 from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
 from comm2perfetto.export.report_text import render_text
-from comm2perfetto.export.timeline import int_range
-from comm2perfetto.match import build_job
 from comm2perfetto.sources.discover import SourceError, load_sources
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
@@ -76,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress,
                            profiles_suffice=not args.no_profiler)
-        job = build_job(src, lazy_stacks=True) if (src.fr or src.logs) else None
+        job = None
+        if src.fr or src.logs:
+            from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
+
+            job = build_job(src, lazy_stacks=True)
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:

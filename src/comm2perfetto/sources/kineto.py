@@ -591,6 +591,20 @@ class _SpanParser(_Parser):
         self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
         self.comm_spans: list[Span] = []
         self.step_spans: dict[int, Span] = {}
+        # (name, category) -> what to do with such an event: everything ``feed`` decides from the two strings.
+        self._plans: dict[tuple[str, str], tuple[int, list[Span] | None, list[Span] | None, bool, bool,
+                                                 int | None]] = {}
+
+    def _plan(self, name: str, category: str) -> tuple[int, list[Span] | None, list[Span] | None, bool, bool,
+                                                       int | None]:
+        """(role, GPU class list or None, comm list or None, is a backend annotation, CPU span wanted, step)."""
+        _name, is_comm, is_backend, step = self._name(name)
+        kind, role = self._kind(category)
+        gpu = self.gpu_spans[self._klass(name, category)] if role == _GPU else None
+        wanted = step is not None or is_comm or kind in _COMPUTE_KINDS  # runtime calls are neither
+        plan = self._plans[(name, category)] = (role, gpu, self.comm_spans if is_comm else None, is_backend,
+                                                wanted, step)
+        return plan
 
     def feed(self, ev: dict[str, Any]) -> None:
         get = ev.get
@@ -604,44 +618,40 @@ class _SpanParser(_Parser):
             return
         if category.__class__ is not str:
             category = ""
-        _name, is_comm, is_backend, step = self._names.get(name) or self._name(name)
-        kind, role = self._kinds.get(category) or self._kind(category)
+        role, gpu, comm, is_backend, wanted, step = self._plans.get((name, category)) or self._plan(name, category)
         if role == _GPU:
             span = _span(get("ts"), get("dur"), self.base)
             if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
                 return
-            if is_comm:
-                self.comm_spans.append(span)
-            klass = self._klasses.get((name, category)) or self._klass(name, category)
-            self.gpu_spans[klass].append(span)
+            gpu.append(span)
+            if comm is not None:
+                comm.append(span)
         elif role == _CPU:
-            self._cpu(ev, kind, is_comm, is_backend, step)
-        elif is_comm:
+            pid, tid = get("pid"), get("tid")
+            if pid.__class__ is not int or tid.__class__ is not int:
+                pid, tid = _int_or_none(pid), _int_or_none(tid)
+                if pid is None or tid is None:
+                    return
+            thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
+            if not is_backend:
+                thread.only_backend = False
+            if not wanted:
+                return
+            span = _span(get("ts"), get("dur"), self.base)
+            if span is None:
+                return
+            if comm is not None:
+                comm.append(span)
+            elif step is not None:
+                thread.has_steps = True
+                begin, end = self.step_spans.get(step, span)
+                self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
+            else:
+                thread.events.append(span)
+        elif comm is not None:
             span = _span(get("ts"), get("dur"), self.base)
             if span is not None:
-                self.comm_spans.append(span)
-
-    def _cpu(self, ev: dict[str, Any], kind: str, is_comm: bool, is_backend: bool, step: int | None) -> None:
-        pid, tid = ev.get("pid"), ev.get("tid")
-        if pid.__class__ is not int or tid.__class__ is not int:
-            pid, tid = _int_or_none(pid), _int_or_none(tid)
-            if pid is None or tid is None:
-                return
-        thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
-        if not is_backend:
-            thread.only_backend = False
-        wanted = step is not None or is_comm or kind in _COMPUTE_KINDS  # runtime calls are neither
-        span = _span(ev.get("ts"), ev.get("dur"), self.base) if wanted else None
-        if span is None:
-            return
-        if is_comm:
-            self.comm_spans.append(span)
-        elif step is not None:
-            thread.has_steps = True
-            begin, end = self.step_spans.get(step, span)
-            self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
-        else:
-            thread.events.append(span)
+                comm.append(span)
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
         cpu: list[Span] = []
@@ -662,6 +672,8 @@ def _on_stream(ev: dict[str, Any]) -> bool:
     if args.__class__ is not dict:
         args = {}
     device, stream = args.get("device"), args.get("stream")
+    if device.__class__ is int and stream.__class__ is int:  # what Kineto writes
+        return True
     if device.__class__ is not int and _int_or_none(device) is None and _int_or_none(ev.get("pid")) is None:
         return False
     return stream.__class__ is int or _int_or_none(stream) is not None or _stream_from_tid(ev.get("tid")) is not None
