@@ -39,7 +39,7 @@ class StepCounter:
             self.source = source
         self.current += 1
         self._recorder.log.write(["p", self.current, time.time_ns(), source])
-        for listener in self.listeners:
+        for listener in self.listeners[:]:  # a listener may remove itself
             listener(self.current)
 
     def install(self) -> None:

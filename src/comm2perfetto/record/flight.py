@@ -91,6 +91,11 @@ class FlightRecorderDumps:
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
+        import torch.distributed.distributed_c10d as c10d
+
+        self._c10d = c10d
+        self._counters_key: tuple[int, int | None] | None = None
+        self._counters: list[Callable[[], int]] = []
 
     def warm_up_if_due(self) -> None:
         """Make one throw-away dump once the ring holds entries: the first dump with stack frames imports
@@ -185,13 +190,17 @@ class FlightRecorderDumps:
             self.dump("periodic")
 
     def _issued(self) -> int:
-        """Collectives issued so far on every group this rank has seen, C++-issued ones included."""
-        import torch.distributed.distributed_c10d as c10d
-
+        """Collectives issued so far on every group this rank has seen, C++-issued ones included. Runs at every
+        step boundary: the groups' counters are looked up again only when groups come or go."""
+        world = self._c10d._world
+        key = (len(world.pg_map), getattr(world, "group_count", None))
+        if key != self._counters_key or key[1] is None:
+            self._counters_key = key
+            self._counters = [group._get_sequence_number_for_group for group in list(world.pg_map)]
         total = 0
-        for group in list(c10d._world.pg_map):
+        for counter in self._counters:
             try:
-                total += group._get_sequence_number_for_group()
-            except Exception:  # a backend without the counter
+                total += counter()
+            except Exception:  # a backend without the counter, a group destroyed meanwhile
                 continue
         return total

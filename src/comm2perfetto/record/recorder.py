@@ -461,7 +461,10 @@ class Recorder:
         """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
         recorded call it could attribute (none inside a module, none in backward): DDP's and FSDP1's
         collectives are issued from C++, and then the hooks would cost every module call for nothing."""
-        if self.modules is None or self._attributed or step < MODULES_GRACE_STEPS:
+        if step < MODULES_GRACE_STEPS:
+            return
+        self.steps.listeners.remove(self.check_module_tracking)  # decided for good: no check at later steps
+        if self.modules is None or self._attributed:
             return
         self.modules.uninstall()
         self.modules = None
