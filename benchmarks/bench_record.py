@@ -365,10 +365,14 @@ def measure_ddp(repeats: int, steps: int, batch: int) -> bool:
 # --- d) DDP step in one job ----------------------------------------------------------------------------------
 
 
+NO_STEP_HOOK = "recorded, no step hook"
+BLOCK_VARIANTS = ["plain", "recorded", NO_STEP_HOOK]
+
+
 def ddp_blocks_rank(rank: int, world_size: int, port: int, rounds: int, block: int, work_dir: str) -> None:
     """One rank: train the example's DDP model in blocks of ``block`` steps, recording switched on
-    (``comm2perfetto.enable()``) and off (``disable()``) between blocks in ABBA order. Writes the mean step
-    time of each block, in ms, to ``blocks.<rank>.json``."""
+    (``comm2perfetto.enable()``) and off (``disable()``) between blocks, the variants in rotating order. Writes
+    the mean step time of each block, in ms, to ``blocks.<rank>.json``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # The ring size the recorder asks for, in both variants: the process group reads it once, at creation.
     os.environ["TORCH_FR_BUFFER_SIZE"] = str(DEFAULT_FR_BUFFER)
@@ -402,17 +406,24 @@ def ddp_blocks_rank(rank: int, world_size: int, port: int, rounds: int, block: i
         return (time.perf_counter_ns() - start) / steps / 1e6
 
     run_block(block)  # warm-up: DDP buckets, allocator
-    means: dict[str, list[float]] = {"plain": [], "recorded": []}
+    means: dict[str, list[float]] = {name: [] for name in BLOCK_VARIANTS}
     for round_no in range(rounds):
-        for variant in (("plain", "recorded") if round_no % 2 == 0 else ("recorded", "plain")):
-            if variant == "recorded":  # a fresh folder: enable() starts a new log
-                comm2perfetto.enable(str(Path(work_dir) / f"round{round_no}"))
-                if round_no < 2:  # the one-off Flight Recorder warm-up dump, in the background
+        shift = round_no % len(BLOCK_VARIANTS)  # no variant always first
+        for variant in BLOCK_VARIANTS[shift:] + BLOCK_VARIANTS[:shift]:
+            if variant != "plain":  # a fresh folder: enable() starts a new log
+                comm2perfetto.enable(str(Path(work_dir) / f"round{round_no}-{len(means[variant])}-{variant}"))
+                rec = state.recorder
+                if not rec.flight.warmed.is_set():  # the one-off Flight Recorder warm-up dump, in the background
                     run_block(block)
-                    state.recorder.flight.warmed.wait(120)
+                    rec.flight.warmed.wait(120)
+                if variant == NO_STEP_HOOK:  # everything recording but the step boundary's own work
+                    rec.steps.uninstall()
+                    if rec.modules is not None:  # its switch-off is decided at a step boundary
+                        rec.modules.uninstall()
+                        rec.modules = None
             dist.barrier()
             means[variant].append(run_block(block))
-            if variant == "recorded":
+            if variant != "plain":
                 comm2perfetto.disable()
     dist.destroy_process_group()
     (Path(work_dir) / f"blocks.{rank}.json").write_text(json.dumps(means))
@@ -425,20 +436,25 @@ def measure_ddp_blocks(rounds: int, block: int, world_size: int = 1) -> None:
     machine's other load), and at world size 1 no other rank's jitter enters, so the difference resolves
     well under 1 %. It measures the recorder's work per step (the step hook and its log record, the check for
     a periodic Flight Recorder dump, watchdog ticks); one-off costs of starting (imports, clock sync, the
-    first FR dump) are left out, as a long job would see them. The step is shorter than at world size 2 (no
+    first FR dump) are left out, as a long job would see them. A third variant records with the step hook
+    removed: what is left is the cost of everything else. The step is shorter than at world size 2 (no
     peer to wait for), so the same per-step cost is a larger share of it."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="c2p-bench-blocks-") as work_dir:
         mp.spawn(ddp_blocks_rank, args=(world_size, free_port(), rounds, block, work_dir), nprocs=world_size)
         means = json.loads((Path(work_dir) / "blocks.0.json").read_text())
+    print(f"{'':>22}  {'median ms':>9}  {'min ms':>7}  {'max ms':>7}")
+    for label, values in means.items():
+        print(f"{label:>22}  {statistics.median(values):>9.3f}  {min(values):>7.3f}  {max(values):>7.3f}")
     ratios = [r / p for r, p in zip(means["recorded"], means["plain"])]
     ratio = statistics.median(ratios)
-    print(f"{'':>9}  {'median ms':>9}  {'min ms':>7}  {'max ms':>7}")
-    for label, values in means.items():
-        print(f"{label:>9}  {statistics.median(values):>9.3f}  {min(values):>7.3f}  {max(values):>7.3f}")
     print(f"step time ratio: {ratio:.4f} (median of {len(ratios)} paired blocks, {(ratio - 1) * 100:+.2f} %, "
           f"target <= +{STEP_TARGET_PCT:g} %), {step_verdict(ratios, '--rounds')}")
+    ratios = [r / p for r, p in zip(means[NO_STEP_HOOK], means["plain"])]
+    low, high = ((r - 1) * 100 for r in bootstrap_interval(ratios))
+    print(f"without the step hook: {(statistics.median(ratios) - 1) * 100:+.2f} % (95 % interval {low:+.2f} % to "
+          f"{high:+.2f} %): the rest of the recorder's cost per step")
 
 
 # --- main -------------------------------------------------------------------------------------------------------
@@ -452,7 +468,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=600, help="DDP steps per run")
     parser.add_argument("--batch", type=int, default=64, help="DDP batch size per rank")
     parser.add_argument("--layers", type=int, default=50, help="Linear layers of the module-tracking model")
-    parser.add_argument("--rounds", type=int, default=40, help="block pairs of the in-job DDP measurement")
+    parser.add_argument("--rounds", type=int, default=60, help="block pairs of the in-job DDP measurement")
     parser.add_argument("--only", choices=["patch", "modules", "ddp", "blocks"], help="run one part only")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few calls, steps and repeats")
     args = parser.parse_args(argv)
