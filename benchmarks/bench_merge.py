@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_diagnose import _FLOOR, measure, write_dumps
+from bench_diagnose import _FLOOR, compile_package, measure, write_dumps
 
 
 def _merge(folder: Path, out: Path, env: dict[str, str], *extra: str) -> dict:
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, default=None, help="where to write the dumps (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
+    compile_package()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-merge-"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     rows = []

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import synthetic_kineto as synth
-from bench_diagnose import measure
+from bench_diagnose import compile_package, measure
 
 HTA_INSTALL = ("Holistic Trace Analysis is not installed in this interpreter; install it with\n"
                "    pip install 'comm2perfetto[bench]'      (or: pip install HolisticTraceAnalysis==0.5.0)\n"
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the traces and report's output under DIR and keep them (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
+    compile_package()
     if not args.no_hta and importlib.util.find_spec("hta") is None:
         raise SystemExit(HTA_INSTALL)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-report-"))

@@ -316,9 +316,7 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None) -> KinetoSpan
     try:
         doc, _info, base = _load(path, data)
         parser = _SpanParser(base)
-        for ev in doc["traceEvents"]:
-            if ev.__class__ is dict:
-                parser.feed(ev)
+        parser.feed_all(doc["traceEvents"])
         return parser.spans(path, len(doc["traceEvents"]))
     finally:
         if gc_was_on:
@@ -606,52 +604,60 @@ class _SpanParser(_Parser):
                                                 wanted, step)
         return plan
 
-    def feed(self, ev: dict[str, Any]) -> None:
-        get = ev.get
-        ph = get("ph")
-        if ph != "X":
-            if ph == "M":
-                self._metadata(ev)
-            return
-        name, category = get("name"), get("cat")
-        if name.__class__ is not str:
-            return
-        if category.__class__ is not str:
-            category = ""
-        role, gpu, comm, is_backend, wanted, step = self._plans.get((name, category)) or self._plan(name, category)
-        if role == _GPU:
-            span = _span(get("ts"), get("dur"), self.base)
-            if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
-                return
-            gpu.append(span)
-            if comm is not None:
-                comm.append(span)
-        elif role == _CPU:
-            pid, tid = get("pid"), get("tid")
-            if pid.__class__ is not int or tid.__class__ is not int:
-                pid, tid = _int_or_none(pid), _int_or_none(tid)
-                if pid is None or tid is None:
-                    return
-            thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
-            if not is_backend:
-                thread.only_backend = False
-            if not wanted:
-                return
-            span = _span(get("ts"), get("dur"), self.base)
-            if span is None:
-                return
-            if comm is not None:
-                comm.append(span)
-            elif step is not None:
-                thread.has_steps = True
-                begin, end = self.step_spans.get(step, span)
-                self.step_spans[step] = (min(begin, span[0]), max(end, span[1]))
-            else:
-                thread.events.append(span)
-        elif comm is not None:
-            span = _span(get("ts"), get("dur"), self.base)
-            if span is not None:
-                comm.append(span)
+    def feed_all(self, events: list[Any]) -> None:
+        """Take every raw event. One loop in one frame, everything it touches in a local: the per-event work is
+        a handful of dict reads, and a method call per event would add a fifth to it."""
+        plans, plan_of = self._plans, self._plan
+        threads, new_thread = self.threads, self._thread
+        step_spans, base = self.step_spans, self.base
+        for ev in events:
+            if ev.__class__ is not dict:
+                continue
+            get = ev.get
+            ph = get("ph")
+            if ph != "X":
+                if ph == "M":
+                    self._metadata(ev)
+                continue
+            name, category = get("name"), get("cat")
+            if name.__class__ is not str:
+                continue
+            if category.__class__ is not str:
+                category = ""
+            role, gpu, comm, is_backend, wanted, step = plans.get((name, category)) or plan_of(name, category)
+            if role == _GPU:
+                span = _span(get("ts"), get("dur"), base)
+                if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
+                    continue
+                gpu.append(span)
+                if comm is not None:
+                    comm.append(span)
+            elif role == _CPU:
+                pid, tid = get("pid"), get("tid")
+                if pid.__class__ is not int or tid.__class__ is not int:
+                    pid, tid = _int_or_none(pid), _int_or_none(tid)
+                    if pid is None or tid is None:
+                        continue
+                thread = threads.get((pid, tid)) or new_thread(pid, tid)
+                if not is_backend:
+                    thread.only_backend = False
+                if not wanted:
+                    continue
+                span = _span(get("ts"), get("dur"), base)
+                if span is None:
+                    continue
+                if comm is not None:
+                    comm.append(span)
+                elif step is not None:
+                    thread.has_steps = True
+                    begin, end = step_spans.get(step, span)
+                    step_spans[step] = (min(begin, span[0]), max(end, span[1]))
+                else:
+                    thread.events.append(span)
+            elif comm is not None:
+                span = _span(get("ts"), get("dur"), base)
+                if span is not None:
+                    comm.append(span)
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
         cpu: list[Span] = []
