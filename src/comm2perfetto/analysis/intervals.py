@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from itertools import accumulate
+from operator import itemgetter, sub
 
 Span = tuple[int, int]
 
@@ -88,8 +89,7 @@ def clip(u: list[Span], begin: int, end: int) -> list[Span]:
     return out
 
 
-def _end(span: Span) -> int:
-    return span[1]
+_begin, _end = itemgetter(0), itemgetter(1)
 
 
 def envelope(*unions: list[Span]) -> Span | None:
@@ -110,9 +110,10 @@ class Measured:
 
     def __init__(self, u: list[Span]) -> None:
         self.union = u
-        self._begins = [b for b, _ in u]
-        self._ends = [e for _, e in u]
-        self._before = list(accumulate((e - b for b, e in u), initial=0))  # length of u[:i]
+        # map() over C functions: a report builds these for every rank, on unions of 10^4 to 10^5 spans
+        self._begins = list(map(_begin, u))
+        self._ends = list(map(_end, u))
+        self._before = list(accumulate(map(sub, self._ends, self._begins), initial=0))  # length of u[:i]
 
     @property
     def total(self) -> int:
