@@ -78,6 +78,7 @@ class FlightRecorderDumps:
 
     def __init__(self, recorder: Recorder, out_dir: str, buffer_size: int) -> None:
         import torch._C._distributed_c10d as c10d_C
+        import torch.distributed.distributed_c10d as c10d
 
         self._recorder = recorder
         self._out_dir = out_dir
@@ -91,8 +92,6 @@ class FlightRecorderDumps:
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
-        import torch.distributed.distributed_c10d as c10d
-
         self._c10d = c10d
         self._counters_key: tuple[int, int | None] | None = None
         self._counters: list[Callable[[], int]] = []
@@ -196,7 +195,8 @@ class FlightRecorderDumps:
         key = (len(world.pg_map), getattr(world, "group_count", None))
         if key != self._counters_key or key[1] is None:
             self._counters_key = key
-            self._counters = [group._get_sequence_number_for_group for group in list(world.pg_map)]
+            self._counters = [counter for group in list(world.pg_map)
+                              if (counter := getattr(group, "_get_sequence_number_for_group", None)) is not None]
         total = 0
         for counter in self._counters:
             try:
