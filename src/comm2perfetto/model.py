@@ -229,7 +229,7 @@ class Collective:
 
     @property
     def completed_everywhere(self) -> bool:
-        return all(s == COMPLETED for s in self.states)
+        return self.states.count(COMPLETED) == len(self.states)
 
     def part(self, rank: int) -> CollectivePart | None:
         i = self.ranks.index(rank)

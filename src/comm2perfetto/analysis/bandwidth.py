@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from comm2perfetto.analysis.compare import family
+from comm2perfetto.analysis.intervals import NS
 from comm2perfetto.model import Collective, Job, Signature, tensor_bytes
 
-_NS = 1e-9
 _ROOTED_TOTAL = ("all_gather", "gather")  # S is n x each rank's input
 _BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -122,19 +122,19 @@ def _add(row: _Row, nbytes: int | None, timing: tuple[int, int] | None, skew: in
 def _render(op: str, group: str, row: _Row) -> dict:
     durations = sorted(row.durations)
     total = sum(durations)
-    algbw = row.timed_bytes / (row.transfer_ns * _NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
+    algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
     factor = bus_factor(op, row.group_size)
     return {
         "op": op, "process_group": group, "group_size": row.group_size, "count": row.count, "timed": row.timed,
         "bytes": row.bytes,
-        "total_s": total * _NS if durations else None,
-        "mean_s": total / len(durations) * _NS if durations else None,
-        "p50_s": percentile(durations, 50) * _NS if durations else None,
-        "p99_s": percentile(durations, 99) * _NS if durations else None,
-        "transfer_s": row.transfer_ns * _NS if durations else None,
+        "total_s": total * NS if durations else None,
+        "mean_s": total / len(durations) * NS if durations else None,
+        "p50_s": percentile(durations, 50) * NS if durations else None,
+        "p99_s": percentile(durations, 99) * NS if durations else None,
+        "transfer_s": row.transfer_ns * NS if durations else None,
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
-        "arrival_skew_mean_s": sum(row.skews) / len(row.skews) * _NS if row.skews else None,
+        "arrival_skew_mean_s": sum(row.skews) / len(row.skews) * NS if row.skews else None,
     }
 
 

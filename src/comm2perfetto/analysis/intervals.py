@@ -19,6 +19,7 @@ from itertools import accumulate
 from operator import itemgetter, sub
 
 Span = tuple[int, int]
+NS = 1e-9  # seconds in a nanosecond: spans are in ns, the report's figures in s
 
 
 def union(spans: Iterable[Span]) -> list[Span]:

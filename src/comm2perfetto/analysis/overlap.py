@@ -25,9 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from comm2perfetto.analysis.activity import RankActivity
-from comm2perfetto.analysis.intervals import Span
-
-_NS = 1e-9
+from comm2perfetto.analysis.intervals import NS, Span
 
 
 @dataclass(frozen=True)
@@ -57,9 +55,9 @@ class Breakdown:
     def as_dict(self) -> dict[str, float | None]:
         """The report's keys, times in seconds."""
         return {
-            "span_s": self.span_ns * _NS, "compute_s": self.compute_ns * _NS, "comm_s": self.comm_ns * _NS,
-            "overlapped_comm_s": self.overlapped_ns * _NS, "exposed_comm_s": self.exposed_ns * _NS,
-            "idle_s": self.idle_ns * _NS, "comm_to_compute": self.comm_to_compute,
+            "span_s": self.span_ns * NS, "compute_s": self.compute_ns * NS, "comm_s": self.comm_ns * NS,
+            "overlapped_comm_s": self.overlapped_ns * NS, "exposed_comm_s": self.exposed_ns * NS,
+            "idle_s": self.idle_ns * NS, "comm_to_compute": self.comm_to_compute,
             "overlap_pct": self.overlap_pct,
         }
 
@@ -90,6 +88,6 @@ def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:
     n = len(parts)
     row = {key: (value / n if n and key.endswith("_s") else value) for key, value in total(parts).as_dict().items()}
     # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
-    row["idle_s"] = sum(b.idle_ns for b in parts) * _NS / n if n else 0.0
+    row["idle_s"] = sum(b.idle_ns for b in parts) * NS / n if n else 0.0
     row["ranks"] = n
     return row

@@ -11,9 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from comm2perfetto.analysis.bandwidth import percentile
+from comm2perfetto.analysis.intervals import NS
 from comm2perfetto.model import Collective, Job
-
-_NS = 1e-9
 
 
 def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) -> list[dict]:
@@ -35,8 +34,8 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
     for rank, values in lateness.items():
         values.sort()
         rows.append({"rank": rank, "matched": len(values), "last_arrivals": last[rank],
-                     "mean_lateness_s": sum(values) / len(values) * _NS,
-                     "p99_lateness_s": percentile(values, 99) * _NS})
+                     "mean_lateness_s": sum(values) / len(values) * NS,
+                     "p99_lateness_s": percentile(values, 99) * NS})
     rows.sort(key=lambda r: (-r["last_arrivals"], -r["mean_lateness_s"], r["rank"]))
     return rows
 
@@ -56,6 +55,6 @@ def lateness_map(job: Job, keep: Callable[[Collective], bool] | None = None, col
     for j, c in enumerate(joined):
         first = min(c.arrive_ns)
         for rank, t in zip(c.ranks, c.arrive_ns):
-            values[row_of[rank]][j] = (t - first) * _NS
+            values[row_of[rank]][j] = (t - first) * NS
     labels = [f"{c.op} {c.group.label}:{c.seq}" for c in joined]
     return {"ranks": ranks, "collectives": labels, "lateness_s": values}
