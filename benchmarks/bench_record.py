@@ -122,7 +122,7 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
             total += i
         return original(*args, **kwargs)
 
-    from comm2perfetto.record import patch
+    from comm2perfetto.record import patch, state
 
     names_all = (UNPATCHED, PASSTHROUGH, BUSY, RECORDING, NOOP, NOOP_RECORDING)
     samples: dict[str, list[int]] = {name: [] for name in names_all}
@@ -137,6 +137,9 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
                 NOOP: noop, NOOP_RECORDING: recording_noop}
     names = list(variants)
     time_calls(recording, tensor, block, [])  # warm-up: first recorded calls declare the group, intern sites
+    # Once the ring holds entries the recorder makes one throw-away Flight Recorder dump in the background
+    # (torch imports ~800 modules the first time): timing during it would measure that import.
+    state.recorder.flight.warmed.wait(120)
 
     # Every rank runs the same sequence, so in the 2-rank case the ranks call the same variant in lockstep.
     for round_no in range(max(1, calls // block)):
@@ -410,6 +413,9 @@ def ddp_blocks_rank(rank: int, world_size: int, port: int, rounds: int, block: i
             if variant != "plain":  # a fresh folder: enable() starts a new log
                 comm2perfetto.enable(str(Path(work_dir) / f"round{round_no}-{len(means[variant])}-{variant}"))
                 rec = state.recorder
+                if not rec.flight.warmed.is_set():  # the one-off Flight Recorder warm-up dump, in the background
+                    run_block(block)
+                    rec.flight.warmed.wait(120)
                 if variant == NO_STEP_HOOK:  # everything recording but the step boundary's own work
                     rec.steps.uninstall()
                     if rec.modules is not None:  # its switch-off is decided at a step boundary
@@ -430,7 +436,7 @@ def measure_ddp_blocks(rounds: int, block: int, world_size: int = 1) -> None:
     machine's other load), and at world size 1 no other rank's jitter enters, so the difference resolves
     well under 1 %. It measures the recorder's work per step (the step hook and its log record, the check for
     a periodic Flight Recorder dump, watchdog ticks); one-off costs of starting (imports, clock sync, the
-    first records) are left out, as a long job would see them. A third variant records with the step hook
+    first FR dump) are left out, as a long job would see them. A third variant records with the step hook
     removed: what is left is the cost of everything else. The step is shorter than at world size 2 (no
     peer to wait for), so the same per-step cost is a larger share of it."""
     import torch.multiprocessing as mp

@@ -8,19 +8,16 @@ environment is read when it is created) and dumps the ring:
   step boundary and by the watchdog every second), so consecutive dumps overlap and nothing is dropped;
 - at exit, on an uncaught exception, on SIGTERM/SIGINT, before ``destroy_process_group`` and at a stall.
 
-Dumps are written to a temporary name and renamed, so a reader never sees half a file, and never make torch
-import inductor (``without_inductor_import``).
+Dumps are written to a temporary name and renamed, so a reader never sees half a file.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -91,12 +88,26 @@ class FlightRecorderDumps:
         self._generic_json = getattr(c10d_C, "_dump_fr_trace_json", None)
         self._nccl_json = getattr(c10d_C, "_dump_nccl_trace_json", None)
         self._lock = threading.Lock()
+        self.warmed = threading.Event()  # benchmarks wait for it before timing anything
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
         self._c10d = c10d
         self._counters_key: tuple[int, int | None] | None = None
         self._counters: list[Callable[[], int]] = []
+
+    def warm_up_if_due(self) -> None:
+        """Make one throw-away dump once the ring holds entries: the first dump with stack frames imports
+        torch._dynamo and ~800 modules to symbolise them (1-2 s here). The watchdog does it in the
+        background, so the dumps that matter (stall, signal, exit) are quick. Without the dump lock: a
+        signal that arrives meanwhile still gets its dump."""
+        if self.warmed.is_set() or self._issued() == 0:
+            return
+        try:
+            if self._generic is not None:
+                self._generic()
+        finally:
+            self.warmed.set()
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
@@ -123,7 +134,7 @@ class FlightRecorderDumps:
             if dumper is None:
                 continue
             try:
-                data = without_inductor_import(dumper)
+                data = dumper()
             except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue
@@ -164,7 +175,7 @@ class FlightRecorderDumps:
         """(profiling name, group name) of one active entry, for the stall message; best effort."""
         dumper = self._generic_json if kind == "fr" else self._nccl_json
         try:
-            for entry in orjson.loads(without_inductor_import(dumper, True, True)).get("entries", []):
+            for entry in orjson.loads(dumper(True, True)).get("entries", []):
                 if str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq:
                     group = entry.get("process_group") or ["?", "?"]
                     return entry.get("profiling_name", "?"), f"{group[1] or group[0]}"
@@ -193,38 +204,3 @@ class FlightRecorderDumps:
             except Exception:  # a backend without the counter, a group destroyed meanwhile
                 continue
         return total
-
-
-_INDUCTOR = "torch._inductor"
-
-
-def without_inductor_import(dumper: Callable[..., bytes], *args: Any) -> bytes:
-    """Run a Flight Recorder dump without letting it import ``torch._inductor``.
-
-    Symbolising the entries' Python frames asks ``torch._inductor`` for its ``codecache``, to map frames of
-    code inductor generated back to their source. In a job that never imported inductor no frame can come from
-    there, but asking imports it: some 800 modules, over a second of CPU holding the GIL, in the middle of
-    training (seen on 2.13). While the dump runs, a stand-in module without ``codecache`` answers instead,
-    which torch takes as "nothing to map"; the frames come out the same. The stand-in is marked as still
-    initialising and its module's import lock is held meanwhile, so another thread that imports inductor just
-    then waits for the stand-in to go and then gets the real module.
-    """
-    if _INDUCTOR in sys.modules:
-        return dumper(*args)
-    try:
-        from importlib._bootstrap import _ModuleLockManager  # type: ignore[attr-defined]
-        from importlib.machinery import ModuleSpec
-    except ImportError:  # a Python whose import internals differ: the dump imports inductor, as torch would
-        return dumper(*args)
-    with _ModuleLockManager(_INDUCTOR):
-        if _INDUCTOR in sys.modules:  # imported meanwhile
-            return dumper(*args)
-        stand_in = types.ModuleType(_INDUCTOR)
-        stand_in.__spec__ = ModuleSpec(_INDUCTOR, None)
-        stand_in.__spec__._initializing = True  # others' `import torch._inductor` wait on the lock we hold
-        sys.modules[_INDUCTOR] = stand_in
-        try:
-            return dumper(*args)
-        finally:
-            if sys.modules.get(_INDUCTOR) is stand_in:
-                del sys.modules[_INDUCTOR]
