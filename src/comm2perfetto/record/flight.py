@@ -97,10 +97,14 @@ class FlightRecorderDumps:
         self._counters: list[Callable[[], int]] = []
 
     def warm_up_if_due(self) -> None:
-        """Make one throw-away dump once the ring holds entries: the first dump with stack frames imports
-        torch._dynamo and ~800 modules to symbolise them (1-2 s here). The watchdog does it in the
-        background, so the dumps that matter (stall, signal, exit) are quick. Without the dump lock: a
-        signal that arrives meanwhile still gets its dump."""
+        """Make one throw-away dump once the ring holds entries: symbolising the first frames makes torch
+        import ``torch._inductor`` (for its code cache; some 800 modules, 1.2 to 2 s of CPU holding the GIL on
+        2.13). The watchdog does it in the background, so the dumps that matter (stall, signal, exit) are
+        quick. Without the dump lock: a signal that arrives meanwhile still gets its dump.
+
+        A stand-in for ``torch._inductor`` during dumps (in ``sys.modules`` or as torch's attribute) would
+        avoid the import, but breaks another thread's import of inductor at that moment (its own code reads
+        ``torch._inductor.<submodule>``), so the cost is paid once instead."""
         if self.warmed.is_set() or self._issued() == 0:
             return
         try:
