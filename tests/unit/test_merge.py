@@ -20,6 +20,14 @@ def _merge(capsys, *argv: str) -> tuple[int, str, str]:
     return code, cap.out, cap.err
 
 
+def _merged_trace(tmp_path, capsys, job):
+    """Write ``job``'s dumps, merge them with the defaults and return the decoded, rule-checked trace."""
+    job.write(tmp_path / "d")
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
+    return check_trace(target)
+
+
 def _stuck_job(tmp_path, world: int = 4, missing: int = 2):
     """Three completed all-reduces, then every rank but ``missing`` waits in a fourth."""
     job = steady_job(world=world, steps=3)
@@ -80,10 +88,7 @@ def test_collective_args_carry_what_a_person_looks_for(tmp_path, capsys):
     job = FrJob(world=2)
     for r in job.ranks:
         job.collective(r, "all_gather", [[256]], [[512]], dtype="BFloat16", t_ns=T0_NS + r * 7_000)
-    job.write(tmp_path / "d")
-    target = tmp_path / "job.pftrace"
-    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
-    trace = check_trace(target)
+    trace = _merged_trace(tmp_path, capsys, job)
     late = [e for e in trace.events_on("default_pg", process_name="rank 1")]
     (e,) = late
     assert e.name == "all_gather"
@@ -100,19 +105,13 @@ def test_overlapping_async_collectives_get_a_second_lane(tmp_path, capsys):
     for r in job.ranks:  # the second is issued before the first completes (50 us each, 10 us apart)
         job.collective(r, "all_reduce", [[4]], t_ns=T0_NS)
         job.collective(r, "all_reduce", [[8]], t_ns=T0_NS + 10_000)
-    job.write(tmp_path / "d")
-    target = tmp_path / "job.pftrace"
-    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
-    trace = check_trace(target)
+    trace = _merged_trace(tmp_path, capsys, job)
     names = [t.name for t in trace.tracks_of("rank 0")]
     assert "default_pg" in names and "default_pg (2)" in names
 
 
 def test_collectives_in_flight_counter(tmp_path, capsys):
-    steady_job(world=2, steps=3).write(tmp_path / "d")
-    target = tmp_path / "job.pftrace"
-    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
-    trace = check_trace(target)
+    trace = _merged_trace(tmp_path, capsys, steady_job(world=2, steps=3))
     values = [e.value for e in sorted(trace.events_on("collectives in flight", process_name="job"),
                                       key=lambda e: e.ts)]
     assert values == [1, 0] * 3  # 1 ms apart, 50 us long: never two at once
@@ -262,10 +261,7 @@ def test_send_and_recv_are_linked_by_a_flow(tmp_path, capsys):
     job = FrJob(world=2)
     job.p2p(0, "send", 1, [[4]])
     job.p2p(1, "recv", 0, [[4]])
-    job.write(tmp_path / "d")
-    target = tmp_path / "job.pftrace"
-    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
-    trace = check_trace(target)
+    trace = _merged_trace(tmp_path, capsys, job)
     (send,) = trace.events_on("default_pg", process_name="rank 0")
     (recv,) = trace.events_on("default_pg", process_name="rank 1")
     assert (send.name, send.args["peer"], recv.name, recv.args["peer"]) == ("send", 1, "recv", 0)
@@ -284,10 +280,7 @@ def test_p2p_and_collective_flows_never_share_an_id(tmp_path, capsys):
     for _ in range(2):
         job.p2p(0, "send", 1, [[8]])
         job.p2p(1, "recv", 0, [[8]])
-    job.write(tmp_path / "d")
-    target = tmp_path / "job.pftrace"
-    assert _merge(capsys, str(tmp_path / "d"), "-o", str(target))[0] == 0
-    trace = check_trace(target)
+    trace = _merged_trace(tmp_path, capsys, job)
     linked = {fid: sorted((trace.process_of(e).name, e.name) for e in events) for fid, events in trace.flows.items()}
     assert sorted(linked.values()) == (
         [[("rank 0", "all_reduce"), ("rank 1", "all_reduce")]] * 3 + [[("rank 0", "send"), ("rank 1", "recv")]] * 2
