@@ -163,6 +163,14 @@ class JobResult:
 
         return read_event_log(self.out / f"rank{rank}.events.jsonl")
 
+    def stall_between(self, rank: int, after_ns: int, before_ns: int) -> Any:
+        """The first stall ``rank`` logged in that window. With a short ``--stall-after`` a loaded machine
+        can make a rank wait that long elsewhere (the other rank held up by its first dump's imports), and
+        that extra stall is the recorder doing its job; a test checks the stall its job arranged."""
+        stalls = [s for s in self.log(rank).stalls if after_ns < s.t_ns < before_ns]
+        assert stalls, f"rank {rank} logged no stall in the window; all its stalls: {self.log(rank).stalls}"
+        return stalls[0]
+
     def fr_dumps(self, rank: int) -> list[Path]:
         return sorted(self.out.glob(f"rank{rank}.fr.*.pkl"), key=lambda p: int(p.name.split(".")[2]))
 

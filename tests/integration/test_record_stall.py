@@ -61,13 +61,11 @@ def test_rank_waiting_in_the_collective(stall_job):
     log = stall_job.log(0)
     stalled = log.calls[1]
     assert stalled.site == f"job.py:{stall_job.line_of('@stalled')} <module>"
-    (stall,) = log.stalls
-    assert (stall.reason, stall.trigger_rank, stall.cid, stall.stacks_file) == \
-        ("pending", 0, stalled.cid, "rank0.stacks.1.json")
-    # Reported after --stall-after, while the call was still pending.
-    assert stalled.t_call_ns + 2e9 <= stall.t_ns < stalled.t_return_ns
+    stall = stall_job.stall_between(0, stalled.t_call_ns, stalled.t_return_ns)
+    assert (stall.reason, stall.trigger_rank, stall.cid) == ("pending", 0, stalled.cid)
+    assert stall.t_ns >= stalled.t_call_ns + 2e9  # reported after --stall-after
 
-    stacks = read_stacks(stall_job.out / "rank0.stacks.1.json")
+    stacks = read_stacks(stall_job.out / stall.stacks_file)
     assert (stacks["rank"], stacks["reason"], stacks["trigger_rank"]) == (0, "pending", 0)
     assert [(p["cid"], p["op"], p["gid"], p["seq"]) for p in stacks["pending"]] == [(stalled.cid, "all_reduce", 0, 2)]
     frames = _main_thread(stacks)["frames"]
@@ -81,14 +79,12 @@ def test_rank_outside_any_collective_leaves_its_stack(stall_job):
     from comm2perfetto.sources.event_log import read_stacks
 
     log = stall_job.log(1)
-    (stall,) = log.stalls
-    assert (stall.reason, stall.trigger_rank, stall.cid, stall.stacks_file) == \
-        ("remote", 0, None, "rank1.stacks.1.json")
     warmup, after = log.calls
     # Dumped while rank 1 was in slow_data_loader: after its first call returned, before its second began.
-    assert warmup.t_return_ns < stall.t_ns < after.t_call_ns
+    stall = stall_job.stall_between(1, warmup.t_return_ns, after.t_call_ns)
+    assert (stall.reason, stall.trigger_rank, stall.cid) == ("remote", 0, None)
 
-    stacks = read_stacks(stall_job.out / "rank1.stacks.1.json")
+    stacks = read_stacks(stall_job.out / stall.stacks_file)
     assert (stacks["rank"], stacks["reason"], stacks["trigger_rank"]) == (1, "remote", 0)
     assert stacks["pending"] == []
     frames = _main_thread(stacks)["frames"]
@@ -104,9 +100,11 @@ def test_rank_outside_any_collective_leaves_its_stack(stall_job):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_flight_recorder_dumped_at_the_stall(stall_job, rank):
     log = stall_job.log(rank)
-    reasons = [reason for _t, _name, reason in log.fr_dumps]
-    assert reasons == ["stall", "destroy", "exit"]
-    _t, name, _reason = log.fr_dumps[0]
+    warmup, stalled = log.calls
+    stall = stall_job.stall_between(rank, warmup.t_return_ns, stalled.t_return_ns)
+    # Each stall is followed by its dump; the job's end adds two more.
+    assert [reason for _t, _name, reason in log.fr_dumps] == ["stall"] * len(log.stalls) + ["destroy", "exit"]
+    (name,) = [name for t, name, reason in log.fr_dumps if reason == "stall" and t >= stall.t_ns][:1]
     assert (stall_job.out / name).exists()
     entries = stall_job.fr_entries(rank)
     assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce", "gloo:all_reduce"]
