@@ -112,6 +112,34 @@ def test_gpu_breakdown_of_a_rank_whose_comm_runs_late(tmp_path):
     assert b.span_ns == 400 * 1000
 
 
+def _fractional_rank(tmp_path):
+    """Kernels on Kineto's nanosecond grid (us from the trace's start):
+
+    compute, stream 7:  [0.4, 10.6]  [12.2, 20.9]  [30.1, 30.8]
+    comm, stream 13:    [5.5, 25.5]
+    """
+    doc = KinetoDoc(rank=0, world_size=1)
+    doc.gpu(7, GEMM, 0.4, 10.2)
+    doc.gpu(7, GEMM, 12.2, 8.7)
+    doc.gpu(7, COMPUTE_KERNEL, 30.1, 0.7)
+    doc.gpu(13, NCCL, 5.5, 20.0)
+    return doc.write(tmp_path / "rank0.pt.trace.json")
+
+
+def test_hta_rounding_reads_kernels_as_hta_does(tmp_path):
+    path = _fractional_rank(tmp_path)
+    exact = breakdown(rank_activity(None, 0, kineto_intervals([path])))
+    assert exact.comm_ns == 20_000                                # [5.5, 25.5]
+    assert exact.overlapped_ns == (10_600 - 5_500) + (20_900 - 12_200)
+    assert exact.overlap_pct == pytest.approx(100 * 13.8 / 20)
+    # Inward to whole microseconds: [1, 10] [13, 20], [31, 30] is gone; comm [6, 25].
+    hta = breakdown(rank_activity(None, 0, kineto_intervals([path], whole_us=True)))
+    assert hta.compute_ns == (9 + 7) * 1000
+    assert hta.comm_ns == 19_000
+    assert hta.overlapped_ns == ((10 - 6) + (20 - 13)) * 1000
+    assert hta.overlap_pct == pytest.approx(100 * 11 / 19)
+
+
 def test_job_row_means_times_and_takes_ratios_from_totals(tmp_path):
     parts = [breakdown(rank_activity(None, r, kineto_intervals([_gpu_rank(tmp_path, r, comm_shift=100.0 * r)])))
              for r in (0, 1)]
@@ -296,7 +324,7 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
 
     doc, _scene = training_doc()
     path = doc.write(tmp_path / "rank0.json.gz")
-    full, spans = read_kineto(path), read_kineto_spans(path)
+    full, spans = read_kineto(path), read_kineto_spans(path, cpu=True)
     for klass in ("compute", "comm", "memory"):
         expected = sorted((e.t_begin_ns, e.t_end_ns) for e in full.gpu_events if e.klass == klass)
         assert sorted(spans.gpu[klass]) == expected, klass
@@ -307,3 +335,34 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
     assert sorted(spans.cpu_compute) == compute and compute
     assert sorted(spans.comm) == sorted((e.t_begin_ns, e.t_begin_ns + e.duration_ns) for e in full.comm_events)
     assert spans.steps == full.steps and spans.event_count == full.event_count
+
+
+def test_span_reader_skips_the_cpu_side_of_a_gpu_trace(tmp_path):
+    """Report uses kernels alone when a trace has them: the CPU ops are not read, the rest is as before."""
+    from kineto_fixtures import training_doc
+
+    from comm2perfetto.sources.kineto import read_kineto_spans
+
+    path = training_doc()[0].write(tmp_path / "rank0.json.gz")
+    everything, fast = read_kineto_spans(path, cpu=True), read_kineto_spans(path)
+    assert everything.cpu_read and everything.cpu_compute and everything.comm
+    assert not fast.cpu_read and fast.cpu_compute == [] and fast.comm == []
+    assert fast.gpu == everything.gpu and fast.steps == everything.steps
+    assert fast.event_count == everything.event_count
+
+
+def test_span_reader_reads_the_cpu_side_when_a_guess_of_kernels_was_wrong(tmp_path):
+    """"kernel" in the text, no kernel in the trace: the CPU side is read after all."""
+    from comm2perfetto.sources.kineto import read_kineto_spans
+
+    doc = KinetoDoc(rank=0, world_size=1)
+    main = doc.thread(doc.pid, "python")
+    doc.cpu(main, "ProfilerStep#1", 0.0, 100.0, cat="user_annotation")
+    doc.cpu(main, "aten::mm", 10.0, 30.0, extra={"note": "kernel"})
+    doc.cpu(main, "record_param_comms", 50.0, 20.0)
+    path = doc.write(tmp_path / "rank0.pt.trace.json")
+    assert b'"kernel"' in path.read_bytes()
+    spans = read_kineto_spans(path)
+    assert spans.cpu_read and spans.gpu == {"compute": [], "comm": [], "memory": []}
+    assert spans == read_kineto_spans(path, cpu=True)
+    assert len(spans.cpu_compute) == 1 and len(spans.comm) == 1 and len(spans.steps) == 1

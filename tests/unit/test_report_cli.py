@@ -41,6 +41,20 @@ def test_json_to_a_file_by_suffix(tmp_path, capsys):
     assert doc["version"] == 1 and doc["ranks"]["1"]["overlap_pct"] == pytest.approx(50.0)
 
 
+def test_hta_rounding_rounds_kernels_inward_to_whole_microseconds(tmp_path, capsys):
+    """GEMM [0, 100], NCCL [50.4, 150.4]: exactly 49.6 of 100 us overlap; rounded as HTA does, the NCCL
+    kernel is [51, 150] and overlaps 49 of 99 us."""
+    _traces(tmp_path / "t", world=1, comm_us=(50.4, 100.0))
+    exact = json.loads(_report(capsys, str(tmp_path / "t"), "--format", "json")[1])
+    code, out, _ = _report(capsys, str(tmp_path / "t"), "--format", "json", "--hta-rounding")
+    rounded = json.loads(out)
+    assert code == 0
+    assert exact["ranks"]["0"]["overlap_pct"] == pytest.approx(49.6)
+    assert rounded["ranks"]["0"]["overlap_pct"] == pytest.approx(100 * 49 / 99)
+    assert any("--hta-rounding" in note for note in rounded["notes"])
+    assert not any("--hta-rounding" in note for note in exact["notes"])
+
+
 def test_fr_dumps_alone_give_collectives_and_stragglers(tmp_path, capsys):
     fr = FrJob(world=4)
     for i in range(3):

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 from comm2perfetto.analysis.intervals import Measured, Span, difference, envelope, intersection, union
@@ -78,8 +78,9 @@ class RankActivity:
         return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
 
 
-def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
-    """Read a rank's profiler traces (several files: several profiled windows) into unions."""
+def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoIntervals:
+    """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us``: as
+    HTA reads them (``read_kineto_spans``)."""
     gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
@@ -88,7 +89,7 @@ def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
     events = 0
     for path in paths:
         try:
-            trace = read_kineto_spans(path)
+            trace = read_kineto_spans(path, whole_us=whole_us)
         except KinetoFormatError as exc:
             notes.append(f"skipped {path}: {exc}")
             continue
@@ -108,14 +109,16 @@ def kineto_intervals(paths: Sequence[Path]) -> KinetoIntervals:
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
-                  progress: Callable[[int, int], None] | None = None) -> dict[int, KinetoIntervals]:
+                  progress: Callable[[int, int], None] | None = None,
+                  whole_us: bool = False) -> dict[int, KinetoIntervals]:
     """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
     ranks = sorted(kineto_files)
     tasks = [kineto_files[r] for r in ranks]
+    read = partial(kineto_intervals, whole_us=whole_us)
     if workers <= 1 or len(ranks) <= 1:
-        return _gather(ranks, map(kineto_intervals, tasks), progress)
+        return _gather(ranks, map(read, tasks), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return _gather(ranks, pool.map(kineto_intervals, tasks), progress)
+        return _gather(ranks, pool.map(read, tasks), progress)
 
 
 def _gather(ranks: list[int], results: Iterable[KinetoIntervals],
