@@ -19,7 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,6 +245,18 @@ class RunningJob:
                 kill_tree(self.proc)
                 pytest.fail(f"{path} did not appear within {timeout:.0f}s")
             time.sleep(0.05)
+
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = JOB_TIMEOUT_S) -> None:
+        """Wait until ``done()`` (reading the job's files as it runs); fail at once if the job ends first."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                pytest.fail(f"job exited with {self.proc.returncode} before {what}\n{out}\n{err}")
+            if time.monotonic() > deadline:
+                kill_tree(self.proc)
+                pytest.fail(f"no {what} within {timeout:.0f}s")
+            time.sleep(0.1)
 
     def finish(self, timeout: float = JOB_TIMEOUT_S) -> JobResult:
         stdout, stderr = communicate(self.proc, timeout)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,14 +64,24 @@ def merge(out: Path, target: Path, *extra: str) -> subprocess.CompletedProcess:
 def hang(module_jobs):
     """Rank 1 never comes back; the scheduler kills the job (SIGKILL) once the stall has been dumped."""
     running = module_jobs.start(HANG_JOB, record_args=["--stall-after", "1"])
-    for rank in (0, 1):
-        running.wait_for(f"out/rank{rank}.stacks.1.json")
-    deadline = time.monotonic() + 30
-    while not list(running.out.glob("rank0.fr.*.pkl")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)  # let the stall dumps finish writing
+    running.wait_until(lambda: _stall_dumped(running.out), "stall dumps of the second all_reduce on both ranks")
     kill_tree(running.proc)
     return running
+
+
+def _stall_dumped(out: Path) -> bool:
+    """Rank 0 reported its second all_reduce as stalled and both ranks have written their stall dumps since.
+    Not just any stall: on a loaded machine the warm-up all_reduce can wait past a second too."""
+    from comm2perfetto.sources.event_log import EventLogError, read_event_log
+
+    try:
+        logs = [read_event_log(out / f"rank{rank}.events.jsonl") for rank in (0, 1)]
+    except EventLogError:  # not created yet
+        return False
+    stalled = [c.cid for c in logs[0].calls if c.seq == 2]
+    reported = [s.t_ns for s in logs[0].stalls if s.cid in stalled]
+    return bool(reported) and all(
+        any(reason == "stall" and t >= reported[0] for t, _name, reason in log.fr_dumps) for log in logs)
 
 
 @pytest.fixture(scope="module")
