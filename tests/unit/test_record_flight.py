@@ -47,3 +47,33 @@ def test_keeps_the_users_dump_place(tmp_path):
     prepare_environment(env, 20000, str(tmp_path))
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/fr_"
     assert "TORCH_FR_DUMP_TEMP_FILE" not in env
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def _dumps_checked_at_steps(buffer_size: int, step_ns: int, steps: int) -> int:
+    """How many of ``steps`` step boundaries, ``step_ns`` apart, check whether a dump is due."""
+    from comm2perfetto.record.flight import FlightRecorderDumps
+
+    dumps = FlightRecorderDumps(recorder=None, out_dir=".", buffer_size=buffer_size)
+    dumps._clock = clock = _Clock()
+    checks = []
+    dumps.maybe_dump = lambda: checks.append(clock.ns)
+    for step in range(steps):
+        clock.ns = step * step_ns
+        dumps.at_step(step)
+    return len(checks)
+
+
+def test_step_boundaries_check_at_most_once_per_half_ring_of_microseconds():
+    # The default ring: 10,000 entries cannot accumulate in 10 ms. 1 ms steps check every tenth step.
+    assert _dumps_checked_at_steps(20000, 1_000_000, 100) == 10
+    assert _dumps_checked_at_steps(20000, 20_000_000, 10) == 10  # slow steps: every one
+    # A 16-entry ring: 8 us, so every step of a real job.
+    assert _dumps_checked_at_steps(16, 1_000_000, 50) == 50

@@ -82,7 +82,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     rec.declare_group(pg)
     rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
     rec.steps.install()
-    rec.steps.listeners.append(lambda _step: rec.flight.maybe_dump())
+    rec.steps.listeners.append(rec.flight.at_step)
     if rec.modules is not None:
         rec.modules.install()
         rec.steps.listeners.append(rec.check_module_tracking)
