@@ -9,6 +9,9 @@ a) Patch layer: per-call time of ``dist.all_reduce`` on a 1-float tensor over gl
    measured too. A plain Python pass-through wrapper is timed alongside as the floor any wrapper pays.
    The headline figure is the recording wrapper around a no-op function against the no-op itself: the patch
    layer's own cost, which the collective's jitter cannot hide or inflate. Target: at most 3 us per call.
+   At world size 1 it also times the C-level operations every recorded call needs (clock, sequence counter,
+   caller frame, shape and dtype, serialising and appending a record), in a tight loop and right after an
+   all_reduce: how much slower any code runs once a collective has left the caches cold.
 
 b) DDP step time: ``examples/ddp_train.py --report-step-time --bind-cpu`` under torchrun with 2 ranks, plain
    and under ``comm2perfetto record``, alternating; the median of the paired ratios with its 95 % bootstrap
@@ -97,6 +100,51 @@ def count_recorded(out_dir: Path, rank: int, op: str) -> int | None:
     return count
 
 
+def primitive_costs(collective: Callable[[], object], counter: Callable[[], int], tensor: object,
+                    samples: int = 3000) -> dict[str, tuple[float, float]]:
+    """Median ns of each C-level operation a recorded call needs, warm (in a tight loop) and right after
+    ``collective()``, less the cost of timing an empty call. Shows how much of the wrapper's cost around a real
+    call is the caches the collective left cold, whatever language the wrapper is written in."""
+    import mmap
+
+    import orjson
+
+    log = mmap.mmap(-1, 1 << 24)
+    record = ["b", 1, time.time_ns(), "all_reduce", 0, 1, None, False, 139911, 1, 0, 3, 1]
+    data = orjson.dumps(record, None, orjson.OPT_APPEND_NEWLINE)
+    operations: dict[str, Callable[[], object]] = {
+        "empty": lambda: None,
+        "clock": time.time_ns,
+        "sequence counter": counter,
+        "caller frame": lambda: sys._getframe(1),
+        "shape and dtype": lambda: (tensor.shape, tensor.dtype),  # type: ignore[attr-defined]
+        "serialise a record": lambda: orjson.dumps(record, None, orjson.OPT_APPEND_NEWLINE),
+        "append it to the log": lambda: log.write(data),
+    }
+    clock = time.perf_counter_ns
+    out: dict[str, tuple[float, float]] = {}
+    for name, operation in operations.items():
+        medians = []
+        for cold in (False, True):
+            durations = []
+            for _ in range(samples):
+                if cold:
+                    collective()
+                start = clock()
+                operation()
+                durations.append(clock() - start)
+            log.seek(0)
+            medians.append(statistics.median(durations))
+        out[name] = (medians[0], medians[1])
+    empty = out.pop("empty")
+    return {name: (warm - empty[0], cold - empty[1]) for name, (warm, cold) in out.items()}
+
+
+# A recorded call reads the clock and serialises and appends a record twice (its call and its return).
+PRIMITIVES_PER_CALL = {"clock": 2, "sequence counter": 1, "caller frame": 1, "shape and dtype": 1,
+                       "serialise a record": 2, "append it to the log": 2}
+
+
 def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int, work_dir: str) -> None:
     """One rank of the patch-layer measurement; writes ``result.<rank>.json`` into ``work_dir``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -151,7 +199,14 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
             block_medians[name].append(statistics.median(block_ns))
 
     comm2perfetto.disable()
+    primitives = {}
+    if world_size == 1:
+        import torch.distributed.distributed_c10d as c10d
+
+        counter = c10d._get_default_group()._get_sequence_number_for_group
+        primitives = primitive_costs(lambda: original(tensor), counter, tensor)
     result = {
+        "primitives_ns": primitives,
         "rank": rank,
         "world_size": world_size,
         "calls": {name: len(values) for name, values in samples.items()},
@@ -225,6 +280,16 @@ def report_patch_layer(per_world: list[list[dict]]) -> None:
     print(f"with gloo at world size {clean['world_size']}: {overhead_us(clean)[0]:.2f} us/call over the bare call, "
           f"{med[RECORDING] - med[BUSY]:.2f} us over the call after 1 us of other work (gloo's back-to-back "
           f"fast path is lost by any work in between)")
+    primitives = clean.get("primitives_ns")
+    if primitives:
+        print("what a recorded call cannot do without, median ns: warm (tight loop) / right after an all_reduce")
+        for name, (warm, cold) in primitives.items():
+            times = f" (x{PRIMITIVES_PER_CALL[name]})" if PRIMITIVES_PER_CALL[name] > 1 else ""
+            print(f"  {name + times:<28} {warm:>6.0f} / {cold:>6.0f}")
+        warm_sum = sum(PRIMITIVES_PER_CALL[n] * w for n, (w, _c) in primitives.items()) / 1000
+        cold_sum = sum(PRIMITIVES_PER_CALL[n] * c for n, (_w, c) in primitives.items()) / 1000
+        print(f"  sum per call: {warm_sum:.2f} us warm, {cold_sum:.2f} us right after a collective, before the "
+              f"wrapper's own code")
 
 
 # --- c) module tracking ---------------------------------------------------------------------------------------

@@ -235,16 +235,7 @@ class RunningJob:
 
     def wait_for(self, name: str, timeout: float = JOB_TIMEOUT_S) -> None:
         """Wait until the job creates ``name`` in its folder; fail at once if the job ends first."""
-        path = self.cwd / name
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            if self.proc.poll() is not None:
-                out, err = self.proc.communicate()
-                pytest.fail(f"job exited with {self.proc.returncode} before {name} appeared\n{out}\n{err}")
-            if time.monotonic() > deadline:
-                kill_tree(self.proc)
-                pytest.fail(f"{path} did not appear within {timeout:.0f}s")
-            time.sleep(0.05)
+        self.wait_until((self.cwd / name).exists, name, timeout)
 
     def wait_until(self, done: Callable[[], bool], what: str, timeout: float = JOB_TIMEOUT_S) -> None:
         """Wait until ``done()`` (reading the job's files as it runs); fail at once if the job ends first."""
