@@ -329,10 +329,18 @@ def test_text_module_tree_orders_numbered_children_and_unknown_pass() -> None:
     doc["modules"] = [{"path": f"model.layers.{i}", "pass": None, "op": "all_gather", "count": 1, "bytes": None,
                        "ranks": None} for i in (10, 2)]
     assert section(render_text(doc), "modules")[1:] == [
-        "model", "  NO PASS", "    all_gather: 2",
-        "  layers", "    NO PASS", "      all_gather: 2",
-        "    2", "      NO PASS", "        all_gather: 1",
-        "    10", "      NO PASS", "        all_gather: 1",
+        "model", "  all_gather: 2",
+        "  layers", "    all_gather: 2",
+        "    2", "      all_gather: 1",
+        "    10", "      all_gather: 1",
+    ]
+    # A module with a known pass as well gets a heading for the rest.
+    doc["modules"].append({"path": "model.layers.2", "pass": "forward", "op": "all_reduce", "count": 3,
+                           "bytes": None, "ranks": None})
+    assert section(render_text(doc), "modules")[11:] == [
+        "    2", "      FORWARD PASS", "        all_reduce: 3",
+        "      OUTSIDE FORWARD AND BACKWARD", "        all_gather: 1",
+        "    10", "      all_gather: 1",
     ]
 
 

@@ -37,7 +37,8 @@ STEPS_EACH_END = 5
 MAX_COLLECTIVES_SHOWN = 30
 MAX_STRAGGLERS_SHOWN = 10
 MIN_ELASTIC_WIDTH = 8  # a shrunk text column keeps at least this many characters
-PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS", None: "NO PASS"}
+PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
+                                      None: "OUTSIDE FORWARD AND BACKWARD"}
 
 Doc = Mapping[str, Any]
 Row = Sequence[str] | str  # a str is a line of its own inside a table (an elision mark)
@@ -350,10 +351,16 @@ def _pass_order(p: str | None) -> tuple[int, str]:
 
 
 def _pass_lines(node: _Node, pad: str) -> list[str]:
+    """The node's collectives under a heading per pass; with no pass known at all (collectives issued from
+    C++, or outside every module), the collectives alone."""
+    passes = sorted({p for p, _ in node.totals}, key=_pass_order)
     lines = []
-    for p in sorted({p for p, _ in node.totals}, key=_pass_order):
-        lines.append(pad + PASS_LABELS.get(p, f"{str(p).upper()} PASS"))
-        lines.extend(f"{pad}  {op}: {total.text()}"
+    for p in passes:
+        inner = pad
+        if passes != [None]:
+            lines.append(pad + PASS_LABELS.get(p, f"{str(p).upper()} PASS"))
+            inner = pad + "  "
+        lines.extend(f"{inner}{op}: {total.text()}"
                      for (q, op), total in sorted(node.totals.items(), key=lambda kv: kv[0][1]) if q == p)
     return lines
 
