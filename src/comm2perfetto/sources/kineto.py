@@ -282,12 +282,15 @@ def _text(path: Path, data: bytes | None) -> bytes:
 
 def _load(path: Path, data: bytes | None) -> tuple[dict[str, Any], dict[str, Any], int]:
     """The parsed document, its ``distributedInfo`` ({} when absent) and ``baseTimeNanoseconds``."""
-    raw = _text(path, data)
+    return _parse(path, _text(path, data))
+
+
+def _parse(path: Path, text: bytes) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """``_load`` of the JSON text ``_text`` returned."""
     try:
-        doc = orjson.loads(raw)
+        doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
-    del raw
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
@@ -339,8 +342,8 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     try:
         raw = _text(path, data)
         kernels_first = not cpu and b'"kernel"' in raw
-        doc, _info, base = _load(path, raw)
-        del raw
+        doc, _info, base = _parse(path, raw)
+        del raw  # before the walk: the text is as large as the events' strings
         events = doc["traceEvents"]
         parser = _SpanParser(base, whole_us)
         parser.feed_all(events, cpu=not kernels_first)
