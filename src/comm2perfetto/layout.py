@@ -3,7 +3,14 @@ the readers that find them take them from. Never imports torch."""
 
 from __future__ import annotations
 
-JOB_FILE = "job.json"
+JOB_FILE = "job.json"  # written by versions before the per-node name below
+
+
+def job_file(host: str, pid: int) -> str:
+    """``job.<host>.<pid>.json``: one per ``record`` process, so that the folders of a job's nodes (one
+    ``record`` per node, or per task under srun) can be copied into one without overwriting each other."""
+    return f"job.{host}.{pid}.json"
+
 TORCH_DUMP_PREFIX = "torch_fr_rank_"  # torch's own timeout dumps, pointed into the folder
 
 
@@ -29,4 +36,6 @@ FR_DUMP_GLOB = "rank*.fr*.pkl"
 STACKS_GLOB = "rank*.stacks.*.json"
 KINETO_GLOB = "rank*.kineto.*.json.gz"
 # Everything a recording writes: what --overwrite replaces.
-RECORDING_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*", JOB_FILE)
+JOB_GLOB = "job.*.json"
+RECORDING_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*", JOB_FILE,
+                   JOB_GLOB)

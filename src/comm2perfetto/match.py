@@ -130,7 +130,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
     p2p = {uid: _pair(uid, ops, clock) for uid, ops in p2p_ops.items()}
     return Job(
         world_size=world,
-        ranks=MappingProxyType(_rank_infos(src)),
+        ranks=MappingProxyType(_rank_infos(src, clock)),
         groups=MappingProxyType(groups),
         collectives=MappingProxyType(collectives),
         p2p=MappingProxyType(p2p),
@@ -142,6 +142,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         logs=MappingProxyType(dict(src.logs)),
         stall_stacks=MappingProxyType({r: docs[-1] for r, docs in src.stacks.items() if docs}),
         job_info=src.job_info,
+        jobs=tuple(src.jobs),
+        unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         resolver=LazyStacks(src) if lazy_stacks else None,
     )
@@ -532,12 +534,14 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
     return tuple(out)
 
 
-def _rank_infos(src: Sources) -> dict[int, RankInfo]:
+def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
     out = {}
     for rank in sorted(src.ranks):
         log = src.logs.get(rank)
         fr = src.fr.get(rank)
         header = log.header if log is not None else {}
+        off = clock.offset_ns.get(rank, 0)
+        stall = (header.get("config") or {}).get("stall_after_s") if isinstance(header.get("config"), dict) else None
         out[rank] = RankInfo(
             rank=rank, host=header.get("host"), pid=header.get("pid"),
             fr_files=tuple(fr.files) if fr else (), log_file=str(log.path) if log else None,
@@ -545,6 +549,13 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
             kineto_files=tuple(str(p) for p in src.kineto.get(rank, ())),
             closed_cleanly=log.closed_cleanly if log is not None else None,
             backend=header.get("backend") or (fr.backend if fr else None),
+            first_ns=log.first_ns + off if log is not None and log.first_ns is not None else None,
+            last_ns=log.last_ns + off if log is not None and log.last_ns is not None else None,
+            closed_reason=log.closed_reason if log is not None else None,
+            endings=tuple((e.t_ns + off, e.cause, e.detail) for e in log.endings) if log is not None else (),
+            heartbeats=bool(log is not None and log.heartbeats),
+            alive=src.alive.get(rank),
+            stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,
         )
     return out
 

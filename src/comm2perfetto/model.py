@@ -333,6 +333,14 @@ class RankInfo:
     kineto_files: tuple[str, ...]
     closed_cleanly: bool | None  # None: no recorder log
     backend: str | None
+    # The rest come from the recorder's log (None or empty without one); times aligned to rank 0's clock.
+    first_ns: int | None = None  # the rank's horizon: its first and last record (heartbeats included)
+    last_ns: int | None = None
+    closed_reason: str | None = None  # the log's `z` record: exit, signal, destroy...
+    endings: tuple[tuple[int, str, str], ...] = ()  # (t_ns, "signal" | "exception", detail), the `u` records
+    heartbeats: bool = False  # the log has `h` records: a stale last record means the process is gone
+    alive: bool | None = None  # an unclosed log's process, probed on this host; None: not known
+    stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +359,9 @@ class Job:
     notes: tuple[str, ...] = ()
     logs: Mapping[int, object] = field(default_factory=_empty, repr=False, compare=False)  # rank -> RankLog
     stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
-    job_info: Mapping | None = None
+    job_info: Mapping | None = None  # the job file written last (see ``jobs``)
+    jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)
+    unusable_ranks: frozenset[int] = frozenset()  # ranks whose every dump was skipped (truncated, corrupt)
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)

@@ -15,9 +15,14 @@ DTYPE_MISMATCH = "dtype_mismatch"
 P2P_MISMATCH = "p2p_mismatch"
 STUCK_ALL_JOINED = "stuck_all_joined"
 NO_DUMP = "no_dump"
+RANK_DIED = "rank_died"
+NO_COLLECTIVES = "no_collectives"
 
 DESYNC_KINDS = (OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, P2P_MISMATCH)
-ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (MISSING_RANKS, STUCK_ALL_JOINED, NO_DUMP))}
+ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (RANK_DIED, MISSING_RANKS, STUCK_ALL_JOINED, NO_DUMP,
+                                                    NO_COLLECTIVES))}
+# The verdicts, and the exit status diagnose gives each: 0 when nothing is wrong (so far).
+STATUS_EXIT = {"ok": 0, "interrupted": 0, "running": 0, "stuck": 1, "desync": 1, "crashed": 1, "incomplete": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +62,7 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
-    status: str  # "ok" | "stuck" | "desync" | "incomplete"
+    status: str  # a key of STATUS_EXIT
     world_size: int | None
     ranks_with_data: tuple[int, ...]
     findings: tuple[Finding, ...]
@@ -68,7 +73,8 @@ class Diagnosis:
 
     @property
     def healthy(self) -> bool:
-        return not self.findings
+        """Nothing wrong was found (``ok``, ``interrupted`` or ``running``): exit status 0."""
+        return STATUS_EXIT[self.status] == 0
 
     def to_json(self) -> dict[str, Any]:
         clock = self.clock

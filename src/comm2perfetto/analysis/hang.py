@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from comm2perfetto.analysis.compare import compare
+from comm2perfetto.analysis.ending import DIED, EXCEPTION, RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
 from comm2perfetto.analysis.findings import (
     DESYNC_KINDS,
     DTYPE_MISMATCH,
@@ -32,7 +33,9 @@ from comm2perfetto.analysis.findings import (
     NO_DUMP,
     OP_MISMATCH,
     ORDER,
+    NO_COLLECTIVES,
     P2P_MISMATCH,
+    RANK_DIED,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
@@ -58,48 +61,88 @@ MAX_STACK_FRAMES = 12
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
 
-def diagnose(job: Job, pg: str | None = None) -> Diagnosis:
-    """Find, per process group, the first collective that did not complete on all its ranks, and why."""
+def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diagnosis:
+    """Find, per process group, the first collective that did not complete on all its ranks, and why; then
+    weigh it against how the ranks ended (``analysis.ending``): a dead rank, an interruption, a job still
+    running. ``now_ns`` (the reader's clock) lets a log written on another host count as running while its
+    heartbeats are recent, and a pending collective as stuck only past the stall threshold."""
     groups = [g for g in _ordered_groups(job) if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
     notes = list(job.notes)
+    ends = rank_ends(job, now_ns)
+    interrupted_at = interruption_ns(job, ends)
     findings: list[Finding] = []
     for group in groups:
         f = _end_state(job, group)
         if f is not None:
             findings.append(f)
         findings.extend(_p2p_findings(job, group))
+    if interrupted_at is not None:
+        findings = [f for f in findings if not _caused_by_interruption(job, f, interrupted_at, notes)]
+    running = [r for r, e in ends.items() if e.how == RUNNING]
+    if running:
+        findings = [f for f in findings if not _in_progress(job, f, now_ns, notes)]
     if not any(f.kind != NO_DUMP for f in findings):
         for group in groups:
             f = _stall_state(job, group)
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
+    if not any(f.kind in DESYNC_KINDS for f in findings):
+        findings = _dead_ranks(job, groups, ends, interrupted_at, findings, notes)
     absent = _absentranks_text(job, groups)
-    if absent and not any(f.kind == NO_DUMP for f in findings):
+    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
         findings.append(_no_dump_alone(job, absent))
+    if not findings and not _any_matched(job, groups):
+        findings.append(_no_collectives(job, groups))
     findings.sort(key=lambda f: (ORDER[f.kind], f.resolved, f.t_ns if f.t_ns is not None else 0))
-    status = (job.job_info or {}).get("exit_status")
-    if isinstance(status, int) and status != 0:
-        notes.append(f"the recorded job exited with status {status} (job.json)")
+    for j in job.jobs:
+        status = j.get("exit_status")
+        if isinstance(status, int) and status != 0:
+            how = f" after `record` forwarded {j['signal']} to it" if j.get("signal") else ""
+            notes.append(f"the recorded job exited with status {status}{how} ({_name(j.get('_path'))})")
     if groups and all(g.backend == "gloo" for g in groups) and not job.logs:
         notes.append("gloo's Flight Recorder never marks collectives completed: whether the last one finished "
                      "cannot be told from these dumps alone (record with `comm2perfetto record` to know)")
+    status = _status(findings, interrupted_at is not None, bool(running))
+    if status == "interrupted":
+        notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
     return Diagnosis(
-        status=_status(findings), world_size=job.world_size, ranks_with_data=job.ranks_with_data,
+        status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
         groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
     )
 
 
-def _status(findings: Sequence[Finding]) -> str:
+def _status(findings: Sequence[Finding], interrupted: bool, running: bool) -> str:
     kinds = {f.kind for f in findings}
     if kinds & set(DESYNC_KINDS):
         return "desync"
+    if RANK_DIED in kinds:
+        return "crashed"
     if kinds & {MISSING_RANKS, STUCK_ALL_JOINED}:
         return "stuck"
     if kinds:
         return "incomplete"
+    if interrupted:
+        return "interrupted"
+    if running:
+        return "running"
     return "ok"
+
+
+def _name(path: object) -> str:
+    return str(path).rsplit("/", 1)[-1] if path else "job file"
+
+
+def _signals_text(job: Job, ends: Mapping[int, RankEnd]) -> str:
+    got = sorted(r for r, e in ends.items() if e.how == SIGNALLED)
+    sent = sorted({j["signal"] for j in job.jobs if j.get("signal")})
+    parts = []
+    if sent:
+        parts.append(f"`record` forwarded {', '.join(sent)}")
+    if got:
+        parts.append(f"{ranks_text(got)} received it")
+    return "; ".join(parts) or "a signal"
 
 
 def _ordered_groups(job: Job) -> list[ProcessGroup]:
@@ -431,6 +474,7 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding
 
 def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
     expected: set[int] = set(range(job.world_size)) if job.world_size else set()
+    expected.update(job.unusable_ranks)  # their dumps were there but unreadable
     for g in groups:
         expected.update(g.ranks)
     return sorted(expected - set(job.ranks))
@@ -472,10 +516,13 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
         return None
     t = times[0]
     cols = job.collectives.get(group.uid, ())
+    # A rank without data, or whose data ends before the stall, says nothing about it: "not seen" is not
+    # "not issued" (its horizon; a ring buffer that wrapped is handled by the coverage).
+    known = [_seen_at(job, r, group, t) for r in group.ranks]
     for i, c in enumerate(cols):
         arrived = [a is not None and a <= t for a in c.arrive_ns]
-        if any(arrived) and not all(arrived):
-            late = [r for r, here in zip(c.ranks, arrived) if not here]
+        if any(arrived) and not all(here or not k for here, k in zip(arrived, known)):
+            late = [r for r, here, k in zip(c.ranks, arrived, known) if k and not here]
             statuses = [_MISSING if r in late else _JOINED for r in c.ranks]
             return _missing(job, c, late, statuses, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
     for i, c in enumerate(cols):
@@ -485,6 +532,13 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
         if known and (len(known) < len(c.end_ns) or max(known) > t):
             return _stuck(job, c, group, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
     return None
+
+
+def _seen_at(job: Job, rank: int, group: ProcessGroup, t: int) -> bool:
+    info = job.ranks.get(rank)
+    if info is None or job.coverage.get((rank, group.uid)) is None:
+        return False
+    return info.last_ns is None or info.last_ns >= t
 
 
 def _went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
@@ -568,3 +622,208 @@ def _numel(sizes) -> int:
 def _p2p_time(tr: P2PTransfer) -> int:
     ts = [p.t_arrive_ns for p in (tr.send, tr.recv) if p is not None and p.t_arrive_ns is not None]
     return min(ts) if ts else 0
+
+
+# --- how the ranks ended: interruptions, jobs still running, dead ranks, no evidence ----------------------
+
+# Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
+# torchrun): a rank waiting since less than this before the first signal waits because of it.
+INTERRUPT_GRACE_NS = 2 * 10**9
+# Every rank of a job killed at once (kill -9 of the whole job, a node going down) stops writing within a
+# heartbeat or two; a rank whose log stops longer before the others' died first.
+DEATH_GAP_NS = 3 * 10**9
+DEFAULT_STALL_NS = 60 * 10**9  # the recorder's default --stall-after
+
+
+def _waiting_since(f: Finding) -> int | None:
+    """When the wait a finding describes began (its earliest arrival); None for rank-level findings."""
+    if f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) or (f.kind == NO_DUMP and f.seq is not None) or (
+            f.kind == P2P_MISMATCH and f.ranks_missing):
+        return f.t_ns
+    return None
+
+
+def _normal_skew(job: Job, uid: str) -> int:
+    """The largest arrival skew among the group's collectives that completed everywhere: how late a rank
+    normally comes."""
+    return max((c.arrival_skew_ns or 0 for c in job.collectives.get(uid, ()) if all(c.signatures)
+                and set(c.states).isdisjoint(NOT_DONE_STATES)), default=0)
+
+
+def _caused_by_interruption(job: Job, f: Finding, interrupted_at: int, notes: list[str]) -> bool:
+    """A wait that began shortly before (or after) the job was interrupted is the interruption's doing: the
+    rank that did not come had stopped issuing collectives because it got the signal first. A wait that
+    began long before is a hang the user then interrupted, and stays."""
+    since = _waiting_since(f)
+    if since is None or f.resolved:
+        return False
+    grace = max(INTERRUPT_GRACE_NS, 2 * _normal_skew(job, f.group_uid))
+    if since >= interrupted_at - grace:
+        notes.append(f"{f.op} #{f.seq} on {f.process_group} was left unfinished by the interruption "
+                     f"({ranks_text(f.ranks_joined)} issued it {_relative(since - interrupted_at)} the first "
+                     "signal): not a hang")
+        return True
+    notes.append(f"the job was interrupted {secs_text(interrupted_at - since)} after {ranks_text(f.ranks_joined)} "
+                 f"began waiting in {f.op} #{f.seq}: a hang the interruption ended")
+    return False
+
+
+def _relative(ns: int) -> str:
+    return f"{secs_text(-ns)} before" if ns < 0 else f"{secs_text(ns)} after"
+
+
+def _in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> bool:
+    """In a job that still runs, a collective some ranks wait in is normal until the stall threshold passes
+    (or the recorder logged a stall)."""
+    since = _waiting_since(f)
+    if since is None or f.resolved:
+        return False
+    if any(t >= since for t in _stall_times(job)):
+        return False
+    ref = now_ns if now_ns is not None else max((i.last_ns for i in job.ranks.values() if i.last_ns), default=None)
+    if ref is None:
+        return False
+    thresholds = [i.stall_after_ns for i in job.ranks.values() if i.stall_after_ns]
+    threshold = min(thresholds) if thresholds else DEFAULT_STALL_NS
+    if ref - since >= threshold:
+        return False
+    notes.append(f"the job is still running: {ranks_text(f.ranks_joined)} {'have' if len(f.ranks_joined) > 1 else 'has'} "
+                 f"been in {f.op} #{f.seq} on {f.process_group} for {secs_text(max(0, ref - since))}, less than the "
+                 f"stall threshold ({secs_text(threshold)})")
+    return True
+
+
+def _dead_ranks(job: Job, groups: Sequence[ProcessGroup], ends: Mapping[int, RankEnd], interrupted_at: int | None,
+                findings: list[Finding], notes: list[str]) -> list[Finding]:
+    """Ranks whose process ended before the job did become ``rank_died`` findings; the waits and failures of
+    the others that they explain are folded into them."""
+    dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
+    if interrupted_at is not None:  # ended after the signal: the interruption (or record's SIGKILL) did it
+        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at - INTERRUPT_GRACE_NS}
+    if not dead:
+        return findings
+    if len(dead) == len(ends) and all(e.how == DIED for e in dead.values()):
+        latest = max(e.t_ns or 0 for e in dead.values())
+        first = {r: e for r, e in dead.items()
+                 if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
+        if not first:
+            notes.append(f"no rank closed its log ({ranks_text(sorted(dead))} stop within "
+                         f"{secs_text(latest - min(e.t_ns or latest for e in dead.values()))} of each other): the whole "
+                         "job was killed at once (or its processes run on another host)")
+            return findings
+        dead = first
+    out = list(findings)
+    died: list[Finding] = []
+    for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):
+        explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
+                          and rank in f.culprit_ranks and f.seq is not None), None)
+        if explained is not None:
+            out.remove(explained)
+        died.append(_rank_died(job, groups, rank, end, ends, explained))
+    # Waits of the others on a dead rank that another finding names again are the same story.
+    dead_set = set(dead)
+    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
+    return out + died
+
+
+def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],
+               explained: Finding | None) -> Finding:
+    when = f" at {_clock_text(end.t_ns)}" if end.t_ns is not None else ""
+    step = _last_step(job, rank)
+    during = f" during step {step}" if step is not None else ""
+    if end.how == EXCEPTION:
+        how = f"raised an uncaught {end.detail}"
+    else:
+        how = (f"died ({end.detail}: killed, by SIGKILL or the OOM killer for instance, or crashed in C++); "
+               "its last record is")
+    detail = f"Rank {rank} {how}{when}{during}."
+    last = _last_completed(job, groups, rank)
+    evidence: dict[str, Any] = {"how": end.how, "ended": end.detail, "last_record_ns": end.t_ns, "step": step}
+    if last is not None:
+        detail += f" Its last completed collective was {last['op']} #{last['seq']} on {last['process_group']}."
+        evidence["last_collective"] = last
+    else:
+        detail += " No completed collective of it is recorded (DDP's are issued from C++: only a Flight " \
+                  "Recorder dump shows them, and a killed rank writes none)."
+    victims = {r: e for r, e in ends.items() if r != rank and e.how not in (DIED, EXCEPTION)}
+    failed = sorted(r for r, e in victims.items() if e.how == "peer_lost")
+    if explained is not None:
+        detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then "
+                   f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
+                   f"{explained.process_group}, which rank {rank} never joined.")
+    if failed:
+        detail += " " + " ".join(f"Rank {r} failed: {_short(ends[r].detail)}" for r in failed[:3])
+        evidence["failed"] = {str(r): ends[r].detail for r in failed}
+    action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
+              f"killer); the other ranks' failures follow from it.")
+    return Finding(
+        kind=RANK_DIED, process_group=explained.process_group if explained else "",
+        group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
+        op=explained.op if explained else None,
+        ranks_joined=explained.ranks_joined if explained else tuple(failed), ranks_missing=(rank,),
+        culprit_ranks=(rank,), detail=detail, action=action,
+        call_sites=explained.call_sites if explained else {}, stacks={rank: s} if (s := _stall_stack(job, rank)) else {},
+        evidence=evidence, t_ns=end.t_ns,
+    )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[:limit].rstrip() + "..."
+
+
+def _clock_text(t_ns: int) -> str:
+    """``14:15:03.123 UTC`` (rank 0's clock)."""
+    import time
+
+    return time.strftime("%H:%M:%S", time.gmtime(t_ns / 1e9)) + f".{t_ns // 1_000_000 % 1000:03d} UTC"
+
+
+def _last_step(job: Job, rank: int) -> int | None:
+    steps = getattr(job.logs.get(rank), "steps", None)
+    return steps[-1][0] if steps else None
+
+
+def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int) -> dict | None:
+    best = None
+    for g in groups:
+        for c in reversed(job.collectives.get(g.uid, ())):
+            if rank not in c.ranks or c.signatures[c.ranks.index(rank)] is None:
+                continue
+            if c.state_of(rank) in NOT_DONE_STATES:
+                continue
+            t = c.arrival_of(rank) or 0
+            if best is None or t > best[0]:
+                best = (t, {"process_group": g.label, "seq": c.seq, "op": c.op})
+            break
+    return best[1] if best else None
+
+
+def _any_matched(job: Job, groups: Sequence[ProcessGroup]) -> bool:
+    """At least one collective every rank of its group recorded (or a send its receiver matched): the
+    evidence an "ok" needs."""
+    return any(all(c.signatures) for g in groups for c in job.collectives.get(g.uid, ())) or any(
+        tr.matched for g in groups for tr in job.p2p.get(g.uid, ()))
+
+
+def _no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
+    fr_only = sorted(r for r, i in job.ranks.items() if i.fr_files)
+    gloo = bool(groups) and all(g.backend == "gloo" for g in groups) or any(
+        i.backend == "gloo" for i in job.ranks.values())
+    if not groups:
+        what = "No process group with a collective was found in the data"
+    else:
+        what = "No collective was recorded on all the ranks of its group"
+    cause = ""
+    if fr_only and gloo:
+        cause = (" The Flight Recorder dumps hold no gloo collective: torch 2.4 to 2.7 does not record gloo's "
+                 "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees them).")
+    elif fr_only:
+        cause = " The dumps hold no collective entry (a group that never got sequence numbers, or a job that " \
+                "dumped before its first collective)."
+    detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
+    return Finding(
+        kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
+        ranks_missing=(), culprit_ranks=(), detail=detail,
+        action="Check that the dumps are of the job you meant and that it issued collectives.",
+    )

@@ -1,7 +1,7 @@
 """``comm2perfetto diagnose DIR...``: which collective is stuck or desynced, and which rank is to blame.
 
-Exit status: 0 healthy, 1 a problem was found (stuck, desync, or ranks without data), 2 usage or input
-error. ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
+Exit status (``findings.STATUS_EXIT``): 0 ``ok``, ``interrupted`` or ``running`` (nothing wrong found), 1
+``stuck``, ``desync``, ``crashed`` or ``incomplete``, 2 usage or input error. ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
 
     {"status": "stuck", "world_size": 4, "ranks_with_data": [0, 1, 2, 3],
      "findings": [{"kind": "missing_ranks", "process_group": "default_pg", "seq": 4, "op": "all_reduce",
@@ -17,18 +17,18 @@ import argparse
 import gc
 import io
 import sys
+import time
 from typing import TextIO
 
 import orjson
 
-from comm2perfetto.analysis.findings import Diagnosis, Finding
+from comm2perfetto.analysis.findings import STATUS_EXIT, Diagnosis, Finding
 from comm2perfetto.analysis.hang import diagnose
 from comm2perfetto.cli import UserError
 from comm2perfetto.cli.progress import Progress
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 
-EXIT_OK, EXIT_PROBLEM = 0, 1
 MAX_SKIPPED_SHOWN = 5
 
 
@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read every Flight Recorder dump, comm2perfetto event log and stall stack under the given "
                     "folders (any file names, pickle or JSON, any Flight Recorder version, NCCL or gloo), "
                     "match the collectives across ranks and say, per process group, the first one that did not "
-                    "complete on every rank and why. Exit status: 0 healthy, 1 problem found, 2 input error.",
+                    "complete on every rank and why. Exit status: 0 ok, interrupted or still running with nothing "
+                    "wrong so far; 1 stuck, desync, crashed or incomplete; 2 input error.",
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
-    result = diagnose(job, pg=args.pg)
+    result = diagnose(job, pg=args.pg, now_ns=time.time_ns())
     if args.format == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
     else:
@@ -75,14 +76,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
         sys.stdout = None  # type: ignore[assignment]  # keep the interpreter's final flush quiet
-    return EXIT_OK if result.healthy else EXIT_PROBLEM
+    return STATUS_EXIT[result.status]
 
 
 _HEADLINE = {
     "ok": "OK: every collective matched on all ranks",
     "stuck": "STUCK",
     "desync": "DESYNC",
-    "incomplete": "INCOMPLETE: some ranks left no data",
+    "incomplete": "INCOMPLETE: the data cannot show the job healthy",
+    "crashed": "CRASHED",
+    "interrupted": "INTERRUPTED: no communication problem before the job was interrupted",
+    "running": "RUNNING: nothing wrong so far",
 }
 
 

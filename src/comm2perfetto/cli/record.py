@@ -7,16 +7,24 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from comm2perfetto import layout
 from comm2perfetto.cli import UserError
-from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig, parse_step_range
+from comm2perfetto.record.config import (
+    DEFAULT_FR_BUFFER,
+    DEFAULT_STALL_AFTER_S,
+    ENV_RUN_ID,
+    RecordConfig,
+    parse_step_range,
+)
 
 BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
 
@@ -68,9 +76,10 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         out_dir = check_out_dir(args.out or default_out_dir())
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    # A run id the user (or a multi-node launcher script) set is kept: every node's `record` then writes the same.
+    run_id = os.environ.get(ENV_RUN_ID) or time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
-                        modules=not args.no_modules, fr_buffer=args.fr_buffer,
-                        run_id=time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
+                        modules=not args.no_modules, fr_buffer=args.fr_buffer, run_id=run_id)
 
 
 def _existing_recording(out_dir: str) -> list[str]:
@@ -108,40 +117,87 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr, flush=True)
 
     started = time.time_ns()
-    status = _run_forwarding_signals(command, env)
-    _write_job_file(config, command, started, status)
-    _print_summary(config.out_dir, status, (time.time_ns() - started) / 1e9)
-    return status
+    ending = _run_forwarding_signals(command, env)
+    _write_job_file(config, command, started, ending)
+    _print_summary(config.out_dir, ending.status, (time.time_ns() - started) / 1e9)
+    return ending.status
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
-    """Run the job in its own session so that a terminal's Ctrl-C reaches it once, through us."""
+# After forwarding a signal, how long the job's processes get to end before the next, harder one.
+GRACE_S = 5.0
+
+
+@dataclass
+class JobEnding:
+    """How the job ended: its exit status and the signal record forwarded to it, if any (with when)."""
+
+    status: int
+    signal: str | None = None
+    signal_ns: int | None = None
+    killed_leftovers: bool = False
+
+
+def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> JobEnding:
+    """Run the job in its own session and process group; a signal to us goes to the whole group.
+
+    Signalling the group, not only the launcher, reaches every rank also when the launcher is a shell script
+    (``bash -c 'python a & python b & wait'``: a shell dies of SIGTERM and leaves its children running, and
+    its background children ignore SIGINT). Once a signal came, the group gets SIGTERM after ``GRACE_S``
+    and SIGKILL after twice that, and we wait until none of its processes is left.
+    """
     try:
         child = subprocess.Popen(command, env=env, start_new_session=True)
     except OSError as exc:
         raise UserError(f"cannot start {command[0]}: {exc.strerror}") from None
+    ending = JobEnding(status=0)
 
     def forward(signum: int, _frame: object) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        if ending.signal is None:
+            ending.signal, ending.signal_ns = signal.Signals(signum).name, time.time_ns()
+        _signal_group(child.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         returncode = child.wait()
+        if ending.signal is not None:
+            ending.killed_leftovers = _end_group(child.pid)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return returncode if returncode >= 0 else 128 - returncode
+    ending.status = returncode if returncode >= 0 else 128 - returncode
+    return ending
 
 
-def _write_job_file(config: RecordConfig, command: list[str], started: int, status: int) -> None:
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to the job's process group; False when none of its processes is left."""
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _end_group(pgid: int) -> bool:
+    """Wait for the rest of the group to end (SIGTERM, then SIGKILL to what is left); True if any was killed."""
+    for signum in (signal.SIGTERM, signal.SIGKILL, None):
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline:
+            if not _signal_group(pgid, 0):
+                return signum is not signal.SIGTERM
+            time.sleep(0.05)
+        if signum is not None:
+            _signal_group(pgid, signum)
+    return True
+
+
+def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding) -> None:
     job = {
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
-        "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": status,
+        "host": socket.gethostname(), "pid": os.getpid(),
+        "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
+        "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
     }
-    with open(os.path.join(config.out_dir, layout.JOB_FILE), "wb") as f:
+    with open(os.path.join(config.out_dir, layout.job_file(job["host"], job["pid"])), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 

@@ -74,6 +74,7 @@ def start(config: RecordConfig, pg: Any) -> None:
         "rank": rank, "world_size": world_size, "local_rank": _int_env("LOCAL_RANK"),
         "host": socket.gethostname(), "pid": os.getpid(), "torch": torch.__version__,
         "backend": str(dist.get_backend()), "comm2perfetto": __version__, "run_id": config.run_id,
+        "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "master": _master_endpoint(),
         "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "argv": sys.argv,
         "config": config.as_header(),
     })
@@ -129,6 +130,12 @@ def stop(reason: str, wait: bool = True) -> None:
     rec.log.close()
 
 
+def _master_endpoint() -> str | None:
+    """``MASTER_ADDR:MASTER_PORT``, what every rank of one job (on every node) was told to rendezvous at."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else None
+
+
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value and value.isdigit() else None
@@ -174,7 +181,7 @@ def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
     rec = _parts.get("recorder")
     if rec is not None:
         try:
-            rec.warn(f"uncaught {exc_type.__name__}: {exc}"[:500])
+            rec.log.write(["u", time.time_ns(), "exception", f"{exc_type.__name__}: {exc}"[:500]])
             rec.dump_flight_recorder("exception")
         except Exception:
             pass
@@ -186,7 +193,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if rec is not None:
         try:
-            rec.warn(f"received {signal.Signals(signum).name}")
+            rec.log.write(["u", time.time_ns(), "signal", signal.Signals(signum).name])
             if previous != signal.SIG_DFL:  # with the default action, the exit below dumps
                 rec.dump_flight_recorder("signal", wait=False)
         except Exception:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 GEN_KEY = "comm2perfetto/stall_gen"
 STALL_KEY = "comm2perfetto/stall/{}"
 MAX_STALL_DUMPS = 5
+HEARTBEAT_NS = 1_000_000_000  # an `h` record at most this often (docs/log-format.md)
 
 
 class Watchdog:
@@ -50,6 +51,7 @@ class Watchdog:
         self._fr_first_seen: dict[tuple[tuple[str, str], int], int] = {}
         self._fr_reported: set[tuple[tuple[str, str], int]] = set()
         self._seen_gen = 0
+        self._last_heartbeat_ns = 0
         self._dumps = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="comm2perfetto-watchdog", daemon=True)
@@ -74,12 +76,17 @@ class Watchdog:
 
     def tick(self) -> None:
         rec = self._recorder
+        now = time.time_ns()
+        if now - self._last_heartbeat_ns >= HEARTBEAT_NS:
+            # Tells a reader this rank was alive then: a log whose last heartbeat is old was not closed
+            # because its process died, not because it still runs.
+            self._last_heartbeat_ns = now
+            rec.log.write(["h", now])
         if rec.flight is not None:
             rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()
         if self._stall_ns is None:
             return
-        now = time.time_ns()
         stalled = False
         for record in rec.in_flight():
             cid, t_begin, op, gid, seq = record[1:6]  # the call's `b` record

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
 import sys
 import zlib
 from collections import defaultdict
@@ -63,7 +64,9 @@ class Sources:
     logs: dict[int, RankLog] = field(default_factory=dict)
     stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # stall stacks, oldest first
     kineto: dict[int | None, list[Path]] = field(default_factory=dict)
-    job_info: dict[str, Any] | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # every job file (one per `record`, per node)
+    unusable_ranks: set[int] = field(default_factory=set)  # ranks whose every dump was skipped
+    alive: dict[int, bool] = field(default_factory=dict)  # unclosed logs of this host: is the process alive?
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stack_table: StackTable = field(default_factory=StackTable)
@@ -72,6 +75,11 @@ class Sources:
     @property
     def ranks(self) -> set[int]:
         return set(self.fr) | set(self.logs) | set(self.stacks)
+
+    @property
+    def job_info(self) -> dict[str, Any] | None:
+        """The job file written last (each node's ``record`` writes one)."""
+        return max(self.jobs, key=lambda j: j.get("ended_ns") or 0) if self.jobs else None
 
 
 def classify(head: bytes, name: str) -> str | None:
@@ -110,12 +118,17 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
     """Walk the given folders (or files) recursively; classify every file by its first bytes."""
     found: list[FoundFile] = []
     skipped: list[Skipped] = []
+    seen: set[Path] = set()  # `diagnose run1 run1/` or a folder and a file in it: each file is read once
     for root in paths:
         root = Path(root)
         if not root.exists():
             raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
         candidates = [root] if root.is_file() else _walk(root)
         for path in candidates:
+            real = path.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
             try:
                 with open(path, "rb") as fh:
                     head = fh.read(HEAD_BYTES)
@@ -195,7 +208,7 @@ def load_sources(
             src.skipped.append(Skipped(str(f.path), "unreadable job.json"))
             continue
         if isinstance(info, dict):
-            src.job_info = dict(info, _path=str(f.path))
+            src.jobs.append(dict(info, _path=str(f.path)))
 
     kineto_worlds: dict[int, list[Path]] = defaultdict(list)
     for f in by_kind[KINETO]:
@@ -209,6 +222,8 @@ def load_sources(
 
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
     _check_fr_groups(src, problems)
+    _check_fr_times(src, problems)
+    src.alive = _probe_alive(src.logs)
 
     if problems:
         if not force:
@@ -234,9 +249,88 @@ def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:
     worlds = {log.header.get("world_size") for log in logs.values()}
     if len(worlds) > 1:
         problems.append(f"event logs disagree on world size ({sorted(map(str, worlds))})")
-    runs = {log.header.get("run_id") for log in logs.values() if log.header.get("run_id")}
-    if len(runs) > 1:
-        problems.append(f"event logs come from different runs ({', '.join(sorted(runs))})")
+    jobs = _same_job_components(logs)
+    if len(jobs) > 1:
+        runs = sorted({str(logs[min(ranks)].header.get("run_id")) for ranks in jobs})
+        problems.append(f"event logs come from different runs ({', '.join(runs)})")
+
+
+# Header fields every rank of one job shares, whichever node it ran on: the run id (the same on every node when
+# COMM2PERFETTO_RUN_ID was set), torchrun's run id (--rdzv-id), the rendezvous endpoint MASTER_ADDR:PORT.
+JOB_IDENTITY_FIELDS = ("run_id", "torchelastic_run_id", "master")
+
+
+def _same_job_components(logs: dict[int, RankLog]) -> list[set[int]]:
+    """Ranks grouped into jobs: two logs are of one job when they share any identity field's value.
+
+    One ``record`` per node writes a run id of its own, but the ranks of all nodes share torchrun's run id
+    and the rendezvous endpoint; two separate runs share none of them (torchrun makes a new run id each time).
+    """
+    parent = {rank: rank for rank in logs}
+
+    def root(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    owner: dict[tuple[str, str], int] = {}
+    for rank, log in sorted(logs.items()):
+        for key in JOB_IDENTITY_FIELDS:
+            value = log.header.get(key)
+            if not value or value == "none":
+                continue
+            other = owner.setdefault((key, str(value)), rank)
+            parent[root(rank)] = root(other)
+    groups: dict[int, set[int]] = defaultdict(set)
+    for rank in logs:
+        groups[root(rank)].add(rank)
+    return list(groups.values())
+
+
+# Two ranks of one job record at the same time; Flight Recorder dumps whose entries lie this far apart in time
+# are of different jobs.
+MIXED_GAP_NS = 300 * 10**9
+
+
+def _check_fr_times(src: Sources, problems: list[str]) -> None:
+    """Plain Flight Recorder dumps carry no job identity: ranks whose entries never overlap in time, minutes
+    apart, cannot be one job."""
+    spans = []
+    for rank, trace in src.fr.items():
+        times = [t for gt in trace.groups.values() for t in (gt.created_ns[:1] + gt.created_ns[-1:]) if t]
+        if times:
+            spans.append((min(times), max(times), rank))
+    spans.sort()
+    end, end_rank = None, None
+    for first, last, rank in spans:
+        if end is not None and first - end > MIXED_GAP_NS:
+            problems.append(f"the Flight Recorder entries of rank {end_rank} end {(first - end) / 60e9:.0f} min "
+                            f"before those of rank {rank} begin (dumps of different runs)")
+            return
+        if end is None or last > end:
+            end, end_rank = last, rank
+
+
+def _probe_alive(logs: dict[int, RankLog]) -> dict[int, bool]:
+    """For each log not closed that was written on this host: is its process still running?
+
+    (A log without its closing record is either a dead rank's or a live one's; on another host the reader
+    relies on the log's heartbeats.)"""
+    here = socket.gethostname()
+    out = {}
+    for rank, log in logs.items():
+        pid = log.header.get("pid")
+        if log.closed_cleanly or log.header.get("host") != here or not isinstance(pid, int) or pid <= 0:
+            continue
+        try:
+            os.kill(pid, 0)
+            out[rank] = True
+        except ProcessLookupError:
+            out[rank] = False
+        except PermissionError:  # alive, someone else's
+            out[rank] = True
+    return out
 
 
 def _kineto_rank(f: FoundFile) -> tuple[int | None, int | None]:
@@ -305,6 +399,8 @@ def _load_fr(
     for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
         if progress is not None:
             progress(done, len(per_rank))
+        if trace is None:
+            src.unusable_ranks.add(rank)  # its dumps were there: the rank belongs to the job, without data
         src.skipped.extend(skipped)
         if conflict:
             problems.append(conflict)

@@ -93,6 +93,16 @@ class Stall:
 
 
 @dataclass
+class Ending:
+    """How the process was being ended, as it wrote it (``u`` record): ``cause`` is ``signal`` (``detail``
+    ``SIGINT``...) or ``exception`` (``detail`` ``RuntimeError: Connection reset by peer``...)."""
+
+    t_ns: int
+    cause: str
+    detail: str
+
+
+@dataclass
 class RankLog:
     path: Path
     header: dict[str, Any]
@@ -108,6 +118,10 @@ class RankLog:
     profiler_traces: list[tuple[int, str]] = field(default_factory=list)
     warnings: list[tuple[int, str]] = field(default_factory=list)
     closed_reason: str | None = None
+    endings: list[Ending] = field(default_factory=list)
+    first_ns: int | None = None  # the first and last time any record carries: the log's horizon
+    last_ns: int | None = None
+    heartbeats: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -152,11 +166,18 @@ def read_event_log(path: str | Path) -> RankLog:
                                 f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto")
         raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
     log = RankLog(path=path, header=header)
+    if isinstance(header.get("wall_ns"), int):
+        log.first_ns = log.last_ns = header["wall_ns"]
     _Builder(log).feed(lines[1:])
     if log.closed_reason is None:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
+
+
+# Where each record kind carries its time (the others carry none).
+_TIME_FIELD = {"b": 2, "e": 2, "x": 2, "d": 2, "r": 2, "q": 2, "m": 1, "p": 2, "k": 1, "f": 1, "t": 1, "w": 1,
+               "z": 1, "u": 1, "h": 1}
 
 
 class _Builder:
@@ -183,6 +204,10 @@ class _Builder:
     def _apply(self, r: list) -> None:
         kind = r[0]
         log = self.log
+        t = r[_TIME_FIELD[kind]] if kind in _TIME_FIELD else None
+        if isinstance(t, int):
+            log.first_ns = t if log.first_ns is None else min(log.first_ns, t)
+            log.last_ns = t if log.last_ns is None else max(log.last_ns, t)
         if kind == "b":
             nvtx, module, pass_ = self.contexts.get(r[10], ((), None, None))
             shapes, dtypes, nbytes = self.arguments[r[12]]
@@ -233,6 +258,10 @@ class _Builder:
             log.warnings.append((r[1], r[2]))
         elif kind == "z":
             log.closed_reason = r[3]
+        elif kind == "u":
+            log.endings.append(Ending(t_ns=r[1], cause=str(r[2]), detail=str(r[3])))
+        elif kind == "h":
+            log.heartbeats += 1
         # Unknown kinds come from newer writers: ignored on purpose.
 
 
