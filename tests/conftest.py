@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pickle
 import signal
@@ -170,6 +171,11 @@ class JobResult:
         stalls = [s for s in self.log(rank).stalls if after_ns < s.t_ns < before_ns]
         assert stalls, f"rank {rank} logged no stall in the window; all its stalls: {self.log(rank).stalls}"
         return stalls[0]
+
+    def job_file(self) -> dict:
+        """The job file `record` wrote (``job.<host>.<pid>.json``, one per record process)."""
+        (path,) = self.out.glob("job.*.json")
+        return json.loads(path.read_text())
 
     def fr_dumps(self, rank: int) -> list[Path]:
         return sorted(self.out.glob(f"rank{rank}.fr.*.pkl"), key=lambda p: int(p.name.split(".")[2]))

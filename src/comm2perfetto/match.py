@@ -355,6 +355,8 @@ def _log_p2p_ops(call) -> list[tuple[str, int, tuple | None, tuple | None]]:
 
 
 def _best_state(fr_state: str, log_state: str) -> str:
+    if log_state == FAILED:  # the call raised; gloo's Flight Recorder counts a failed work as completed too
+        return FAILED
     if COMPLETED in (fr_state, log_state):
         return COMPLETED
     if log_state in (PENDING, FAILED):

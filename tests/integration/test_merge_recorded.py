@@ -263,5 +263,6 @@ def test_killed_rank(module_jobs, tmp_path):
     loops = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "slice"]
     assert [e.args["seq"] for e in loops] == [1, 2, 3]  # everything rank 1 did before it died
     (missing,) = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "instant"]
-    assert missing.name == "missing all_reduce (default_pg seq 4)"
+    assert missing.name == "died before all_reduce (default_pg seq 4)"
     assert missing.ts >= max(e.ts + e.dur for e in loops)
+    assert "findings (crashed): rank_died all_reduce (default_pg seq 4)" in proc.stdout

@@ -95,8 +95,10 @@ def test_bad_options_are_refused_before_the_job_starts(tmp_path, record, args, m
 def test_exit_status_of_the_job_is_passed_through(tmp_path, record):
     proc = record(["-o", "out"], job=[sys.executable, "-c", "import sys; sys.exit(3)"])
     assert proc.returncode == 3
-    job = json.loads((tmp_path / "out" / "job.json").read_text())
+    (path,) = (tmp_path / "out").glob("job.*.json")
+    job = json.loads(path.read_text())
     assert job["exit_status"] == 3
+    assert job["signal"] is None
     assert job["command"] == [sys.executable, "-c", "import sys; sys.exit(3)"]
     assert job["ended_ns"] >= job["started_ns"]
     assert "job exited with status 3" in proc.stderr
@@ -138,7 +140,8 @@ def test_sigterm_reaches_the_jobs_own_handler(record_job):
     assert (job.cwd / "got-sigterm").read_text() == str(int(signal.SIGTERM))
     assert not (job.cwd / "not-interrupted").exists()
     log = job.log(0)
-    assert [w for _t, w in log.warnings] == ["received SIGTERM"]
+    assert [(e.cause, e.detail) for e in log.endings] == [("signal", "SIGTERM")]
+    assert job.job_file()["signal"] == "SIGTERM"
     # Flight Recorder dumped when the signal came, before the job's handler ran; again at exit.
     assert [reason for _t, _name, reason in log.fr_dumps] == ["signal", "exit"]
     assert log.closed_reason == "exit"
@@ -148,10 +151,10 @@ def test_sigterm_reaches_the_jobs_own_handler(record_job):
 def test_job_killed_by_sigterm_dumps_flight_recorder(record_job):
     job = _record_then_sigterm(record_job, handler=False)
     assert job.returncode == 128 + signal.SIGTERM, job.explain()
-    assert json.loads((job.out / "job.json").read_text())["exit_status"] == 128 + signal.SIGTERM
+    assert job.job_file()["exit_status"] == 128 + signal.SIGTERM
     assert not (job.cwd / "not-interrupted").exists()
     log = job.log(0)
-    assert [w for _t, w in log.warnings] == ["received SIGTERM"]
+    assert [(e.cause, e.detail) for e in log.endings] == [("signal", "SIGTERM")]
     assert [reason for _t, _name, reason in log.fr_dumps] == ["signal"]
     assert log.closed_reason == "signal"
     (_t, name, _reason), = log.fr_dumps

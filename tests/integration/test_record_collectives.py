@@ -178,5 +178,4 @@ def test_flight_recorder_dumps_are_logged(plain_job):
         assert reasons == ["destroy", "exit"]
         names = [name for _t, name, _reason in log.fr_dumps]
         assert names == [p.name for p in plain_job.fr_dumps(rank)]
-    job_file = (plain_job.out / "job.json").read_text()
-    assert '"exit_status": 0' in job_file
+    assert plain_job.job_file()["exit_status"] == 0

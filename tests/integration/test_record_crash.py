@@ -72,7 +72,7 @@ def test_ranks_died_as_intended(crash_job):
     assert crash_job.returncode == 0, crash_job.explain()  # the launcher itself exits normally
     line = next(li for li in crash_job.stdout.splitlines() if li.startswith("EXIT CODES "))
     assert json.loads(line.removeprefix("EXIT CODES ")) == [-signal.SIGKILL, 3, -signal.SIGABRT]
-    assert json.loads((crash_job.out / "job.json").read_text())["exit_status"] == 0
+    assert crash_job.job_file()["exit_status"] == 0
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2], ids=["sigkill", "os._exit", "sigabrt"])

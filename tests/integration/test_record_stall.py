@@ -5,7 +5,6 @@ where it really is. The job then completes normally."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -108,5 +107,5 @@ def test_flight_recorder_dumped_at_the_stall(stall_job, rank):
     assert (stall_job.out / name).exists()
     entries = stall_job.fr_entries(rank)
     assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce", "gloo:all_reduce"]
-    job = json.loads((stall_job.out / "job.json").read_text())
+    job = stall_job.job_file()
     assert job["exit_status"] == 0

@@ -95,7 +95,11 @@ def _failed_call(job: Job, rank: int) -> tuple[int, str] | None:
 
 
 def interruption_ns(job: Job, ends: Mapping[int, RankEnd]) -> int | None:
-    """When the job was interrupted: the first SIGINT/SIGTERM a rank logged or `record` forwarded; None if never."""
+    """When the job was interrupted: when `record` got the SIGINT/SIGTERM it forwarded to the job, else the
+    first one a rank logged (from a scheduler, or from a launcher ending the survivors of a dead rank);
+    None if never."""
+    forwarded = [j["signal_ns"] for j in job.jobs if isinstance(j.get("signal_ns"), int)]
+    if forwarded:
+        return min(forwarded)
     times = [e.t_ns for e in ends.values() if e.how == SIGNALLED and e.t_ns is not None]
-    times += [j["signal_ns"] for j in job.jobs if isinstance(j.get("signal_ns"), int)]
     return min(times) if times else None

@@ -70,14 +70,16 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     notes = list(job.notes)
     ends = rank_ends(job, now_ns)
     interrupted_at = interruption_ns(job, ends)
+    dead = _died_first(job, ends, interrupted_at, notes)
     findings: list[Finding] = []
     for group in groups:
         f = _end_state(job, group)
         if f is not None:
             findings.append(f)
         findings.extend(_p2p_findings(job, group))
-    if interrupted_at is not None:
-        findings = [f for f in findings if not _caused_by_interruption(job, f, interrupted_at, notes)]
+    if interrupted_at is not None:  # what a dead rank caused is not the interruption's doing
+        findings = [f for f in findings if set(f.culprit_ranks) & set(dead)
+                    or not _caused_by_interruption(job, f, interrupted_at, notes)]
     running = [r for r, e in ends.items() if e.how == RUNNING]
     if running:
         findings = [f for f in findings if not _in_progress(job, f, now_ns, notes)]
@@ -87,8 +89,8 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
-    if not any(f.kind in DESYNC_KINDS for f in findings):
-        findings = _dead_ranks(job, groups, ends, interrupted_at, findings, notes)
+    if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
+        findings = _dead_ranks(job, groups, dead, ends, findings)
     absent = _absentranks_text(job, groups)
     if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
         findings.append(_no_dump_alone(job, absent))
@@ -693,16 +695,15 @@ def _in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> 
     return True
 
 
-def _dead_ranks(job: Job, groups: Sequence[ProcessGroup], ends: Mapping[int, RankEnd], interrupted_at: int | None,
-                findings: list[Finding], notes: list[str]) -> list[Finding]:
-    """Ranks whose process ended before the job did become ``rank_died`` findings; the waits and failures of
-    the others that they explain are folded into them."""
+def _died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
+                notes: list[str]) -> dict[int, RankEnd]:
+    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
+    not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
+    nor every rank of a job killed at once."""
     dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
-    if interrupted_at is not None:  # ended after the signal: the interruption (or record's SIGKILL) did it
-        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at - INTERRUPT_GRACE_NS}
-    if not dead:
-        return findings
-    if len(dead) == len(ends) and all(e.how == DIED for e in dead.values()):
+    if interrupted_at is not None:
+        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
+    if dead and len(dead) == len(ends) and all(e.how == DIED for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
@@ -710,8 +711,14 @@ def _dead_ranks(job: Job, groups: Sequence[ProcessGroup], ends: Mapping[int, Ran
             notes.append(f"no rank closed its log ({ranks_text(sorted(dead))} stop within "
                          f"{secs_text(latest - min(e.t_ns or latest for e in dead.values()))} of each other): the whole "
                          "job was killed at once (or its processes run on another host)")
-            return findings
-        dead = first
+        return first
+    return dead
+
+
+def _dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
+                ends: Mapping[int, RankEnd], findings: list[Finding]) -> list[Finding]:
+    """Each rank that died first becomes a ``rank_died`` finding; the waits of the others it explains (the
+    collective it never joined) are folded into it."""
     out = list(findings)
     died: list[Finding] = []
     for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):

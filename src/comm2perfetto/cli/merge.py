@@ -13,6 +13,7 @@ import gc
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from comm2perfetto.analysis.findings import Diagnosis, secs_text
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     finally:
         progress.finish()
-    diagnosis = diagnose(job)
+    diagnosis = diagnose(job, now_ns=time.time_ns())
     markers = plan_markers(job, diagnosis)
     selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
@@ -168,6 +169,13 @@ def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, no
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+_NO_FINDINGS = {
+    "ok": "every collective matched on all ranks",
+    "interrupted": "the job was interrupted; no communication problem before that",
+    "running": "the job is still running; nothing wrong so far",
+}
+
+
 def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineSummary, stats: WriteStats,
                    preview: Path | None) -> None:
     span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
@@ -190,7 +198,7 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
             for f in diagnosis.findings[:4]) + (" ..." if len(diagnosis.findings) > 4 else "")
             + "  (comm2perfetto diagnose for details)")
     else:
-        lines.append("  findings: none (every collective matched on all ranks)")
+        lines.append(f"  findings: none ({_NO_FINDINGS[diagnosis.status]})")
     for note in summary.notes[:5]:
         lines.append(f"  note: {note}")
     if job.skipped:

@@ -3,7 +3,8 @@
 - A collective a finding says did not complete is ``stalled`` on every rank that joined it and had not
   completed it: drawn from its arrival to the end of the trace, with the ranks it waits for.
 - Every rank that never joined it gets an instant ``missing <op> (<group> seq N)`` on its track for that
-  group, at its last activity (or at the stall, for a stall the job recovered from), with its stack.
+  group, at its last activity (or at the stall, for a stall the job recovered from), with its stack; a rank
+  whose process died before it, ``died before <op> (<group> seq N)``.
 - Op, size and dtype mismatches put an instant on each rank involved, with that rank's signature.
 
 Never imports torch.
@@ -13,7 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from comm2perfetto.analysis.findings import DESYNC_KINDS, MISSING_RANKS, STUCK_ALL_JOINED, Diagnosis, Finding
+from comm2perfetto.analysis.findings import (
+    DESYNC_KINDS,
+    MISSING_RANKS,
+    RANK_DIED,
+    STUCK_ALL_JOINED,
+    Diagnosis,
+    Finding,
+)
 from comm2perfetto.match import find_collective
 from comm2perfetto.model import COMPLETED, Job
 
@@ -62,7 +70,8 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
                                               f"{f.kind} {title}", {
                                                   "signature": sig.describe() if sig is not None else "?",
                                                   "culprit": rank in f.culprit_ranks, "detail": f.detail}))
-        if f.kind == MISSING_RANKS:
+        if f.kind in (MISSING_RANKS, RANK_DIED):
+            what = "missing" if f.kind == MISSING_RANKS else "died before"
             for rank in f.ranks_missing:
                 args: dict = {"detail": f.detail, "resolved": f.resolved}
                 if rank in f.stacks:
@@ -71,8 +80,8 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
                 if last:
                     args["last_collective"] = f"{last['op']} ({last['process_group']} seq {last['seq']})"
                 markers.marks.append(RankMark(rank, f.group_uid, f.t_ns if f.resolved else None,
-                                              f"missing {title}", args))
-        if f.resolved or c is None or f.kind not in (MISSING_RANKS, STUCK_ALL_JOINED, *DESYNC_KINDS):
+                                              f"{what} {title}", args))
+        if f.resolved or c is None or f.kind not in (MISSING_RANKS, RANK_DIED, STUCK_ALL_JOINED, *DESYNC_KINDS):
             continue
         waiting = {}
         not_done = [r for r, sig, st, end in zip(c.ranks, c.signatures, c.states, c.end_ns)

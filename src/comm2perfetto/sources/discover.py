@@ -288,28 +288,31 @@ def _same_job_components(logs: dict[int, RankLog]) -> list[set[int]]:
     return list(groups.values())
 
 
-# Two ranks of one job record at the same time; Flight Recorder dumps whose entries lie this far apart in time
-# are of different jobs.
-MIXED_GAP_NS = 300 * 10**9
+# The ranks of one job issue a collective at nearly the same moment (a rank that arrives late at one makes the
+# others wait, and they issue the next one together); dumps whose every shared collective lies this far apart
+# in time on two ranks are of different runs.
+MIXED_GAP_NS = 5 * 10**9
+MIXED_TAIL = 64  # the latest collectives of each rank compared (enough, and cheap at 1024 ranks)
 
 
 def _check_fr_times(src: Sources, problems: list[str]) -> None:
-    """Plain Flight Recorder dumps carry no job identity: ranks whose entries never overlap in time, minutes
-    apart, cannot be one job."""
-    spans = []
-    for rank, trace in src.fr.items():
-        times = [t for gt in trace.groups.values() for t in (gt.created_ns[:1] + gt.created_ns[-1:]) if t]
-        if times:
-            spans.append((min(times), max(times), rank))
-    spans.sort()
-    end, end_rank = None, None
-    for first, last, rank in spans:
-        if end is not None and first - end > MIXED_GAP_NS:
-            problems.append(f"the Flight Recorder entries of rank {end_rank} end {(first - end) / 60e9:.0f} min "
-                            f"before those of rank {rank} begin (dumps of different runs)")
-            return
-        if end is None or last > end:
-            end, end_rank = last, rank
+    """Plain Flight Recorder dumps carry no job identity. Two ranks of one job create the same collective
+    (group, seq) within its arrival skew at least some of the time; when every one of at least two shared
+    collectives was created more than ``MIXED_GAP_NS`` apart, the dumps are of different runs (a single
+    shared one may be a collective one rank hung in)."""
+    reference: dict[tuple[str, str], tuple[int, dict[int, int]]] = {}
+    for rank in sorted(src.fr):
+        for key, gt in src.fr[rank].groups.items():
+            times = {s: t for s, t in zip(gt.seqs[-MIXED_TAIL:], gt.created_ns[-MIXED_TAIL:]) if t}
+            if key not in reference:
+                reference[key] = (rank, times)
+                continue
+            ref_rank, ref = reference[key]
+            gaps = [abs(t - ref[s]) for s, t in times.items() if s in ref]
+            if len(gaps) >= 2 and min(gaps) > MIXED_GAP_NS:
+                problems.append(f"ranks {ref_rank} and {rank} issued the same collectives of group {key[0]} "
+                                f"{min(gaps) / 1e9:.0f} s apart or more (dumps of different runs)")
+                return
 
 
 def _probe_alive(logs: dict[int, RankLog]) -> dict[int, bool]:

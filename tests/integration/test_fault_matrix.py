@@ -1,0 +1,322 @@
+"""The fault matrix: real gloo jobs (plain collectives and DDP, 2 and 3 ranks) with injected faults, each
+checked for diagnose's exact status, finding kind and culprit.
+
+Faults: SIGKILL of each rank at several points (before its first collective, mid-job, after its last one),
+SIGINT/SIGTERM to ``comm2perfetto record`` while healthy and while hung (torchrun and a
+``bash -c 'python & python & wait'`` launcher), a job diagnosed while it still runs, and views of recordings a
+user brings: one node's folder alone, dumps holding no entries, dumps cut in half, two jobs mixed, the same
+path given twice, a two-node job recorded by one ``record`` per node. One recorded job serves several
+assertions where it honestly can (the running job is then interrupted; the hung job's rank 0 folder is the
+"one node" view). README's Reliability section reports these figures.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import JobResult, RunningJob, job_env, record_cmd, torchrun
+
+pytestmark = pytest.mark.integration
+
+# MODE plain: one all_reduce a step; ddp: a DDP step (its all_reduces are issued from C++).
+# KILL=r:s SIGKILLs rank r at step s (s == STEPS: after its last collective); HANG=r:s makes rank r sleep there.
+JOB = """
+import os, signal, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mode, steps, pause = os.environ["MODE"], int(os.environ["STEPS"]), float(os.environ.get("PAUSE", "0.01"))
+
+def fault(env):
+    r, s = (os.environ.get(env) or "-1:-1").split(":")
+    return int(s) if int(r) == rank else None
+
+kill_at, hang_at = fault("KILL"), fault("HANG")
+if mode == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+t = torch.ones(16)
+for step in range(steps + 1):
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if step == hang_at:
+        time.sleep(600)
+    if step == steps:
+        break
+    if mode == "ddp":
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    else:
+        dist.all_reduce(t)  # @loop
+    if step == 3:
+        Path(f"step3-rank{rank}").touch()
+    time.sleep(pause)
+dist.barrier()  # @end
+dist.destroy_process_group()
+"""
+
+LONG = "100000"  # steps of a job that runs until it is signalled
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bash_launcher(nproc: int) -> list[str]:
+    """What people write without torchrun: every rank in the background of one shell, then ``wait``."""
+    ranks = " ".join(f"RANK={r} LOCAL_RANK={r} {sys.executable} job.py &" for r in range(nproc))
+    return ["bash", "-c", f"export WORLD_SIZE={nproc} MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()}; "
+                          f"{ranks} wait"]
+
+
+def start(runner, *, mode: str, nproc: int = 2, steps: str = "8", launcher: str = "torchrun",
+          record_args: tuple[str, ...] = ("--stall-after", "30"), **env: str) -> RunningJob:
+    cwd = runner.folder()
+    runner.write(cwd, JOB)
+    job = torchrun(nproc) if launcher == "torchrun" else bash_launcher(nproc)
+    return runner.start_in(cwd, job, record_args=record_args, env=dict(MODE=mode, STEPS=steps, **env))
+
+
+def diagnose(*paths: Path | str, cwd: Path | None = None) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", *map(str, paths),
+                           "--format", "json"], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert proc.returncode != 2 or not proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout else {"error": proc.stderr}
+
+
+def verdict(doc: dict) -> tuple:
+    """(status, [(kind, seq, culprits)...]): what each case pins down exactly."""
+    return doc["status"], [(f["kind"], f["seq"], f["culprit_ranks"]) for f in doc["findings"]]
+
+
+def interrupt(running: RunningJob, signum: int) -> JobResult:
+    running.proc.send_signal(signum)  # to `comm2perfetto record`, as a terminal's Ctrl-C or a scheduler does
+    return running.finish(90)
+
+
+def no_process_left(job: JobResult) -> bool:
+    """None of the job's ranks outlived `record` (their pids are in the logs' headers)."""
+    for log in job.out.glob("rank*.events.jsonl"):
+        pid = json.loads(log.read_text().split("\n", 1)[0])["pid"]
+        try:
+            Path(f"/proc/{pid}").stat()
+            return False
+        except FileNotFoundError:
+            continue
+    return True
+
+
+# --- a rank SIGKILLed: crashed, rank_died, culprit that rank -------------------------------------------------
+
+KILLS = [
+    # (mode, ranks, launcher, KILL, expected findings): the others wait in, or fail at, the next collective
+    pytest.param("plain", 3, "bash", "0:0", [("rank_died", 1, [0])], id="plain-rank0-before-first-collective"),
+    pytest.param("plain", 3, "bash", "1:4", [("rank_died", 5, [1])], id="plain-rank1-mid-job"),
+    pytest.param("plain", 3, "bash", "2:8", [("rank_died", 9, [2])], id="plain-rank2-after-last-collective"),
+    pytest.param("ddp", 2, "torchrun", "1:25", [("rank_died", None, [1])], id="ddp-rank1-step25"),
+    pytest.param("ddp", 2, "torchrun", "0:3", [("rank_died", None, [0])], id="ddp-rank0-step3"),
+]
+
+
+@pytest.mark.parametrize("mode, nproc, launcher, kill, expected", KILLS)
+def test_killed_rank_is_the_culprit(record_job, mode, nproc, launcher, kill, expected):
+    steps = "30" if mode == "ddp" else "8"
+    job = start(record_job, mode=mode, nproc=nproc, steps=steps, launcher=launcher, KILL=kill).finish(90)
+    assert job.returncode != 0 or launcher == "bash", job.explain()  # bash's `wait` says 0 whatever happened
+    code, doc = diagnose(job.out)
+    assert (code, *verdict(doc)) == (1, "crashed", expected), doc
+    (died,) = doc["findings"]
+    victims = set(range(nproc)) - set(died["culprit_ranks"])
+    assert {int(r) for r in died["evidence"].get("failed", {})} <= victims
+    if mode == "ddp":
+        assert died["evidence"]["step"] == int(kill.split(":")[1])  # the step it died in
+
+
+# --- interrupted: healthy jobs stopped by a signal to `record` -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def running_then_interrupted(module_jobs):
+    """A healthy 2-rank job diagnosed while it runs, then stopped with SIGINT (Ctrl-C) to `record`."""
+    running = start(module_jobs, mode="plain", steps=LONG)
+    running.wait_for("step3-rank1")
+    time.sleep(1.0)
+    live = diagnose(running.out)
+    return live, interrupt(running, signal.SIGINT)
+
+
+def test_job_still_running_is_running(running_then_interrupted):
+    (code, doc), _job = running_then_interrupted
+    assert (code, *verdict(doc)) == (0, "running", []), doc
+
+
+def test_ctrl_c_of_a_healthy_job_is_interrupted(running_then_interrupted):
+    _live, job = running_then_interrupted
+    assert job.job_file()["signal"] == "SIGINT"
+    code, doc = diagnose(job.out)
+    assert (code, *verdict(doc)) == (0, "interrupted", []), doc
+    assert no_process_left(job)
+
+
+@pytest.mark.parametrize("mode, nproc, launcher, signum", [
+    pytest.param("ddp", 2, "torchrun", signal.SIGTERM, id="ddp-sigterm"),
+    pytest.param("plain", 3, "bash", signal.SIGTERM, id="bash-launcher-sigterm"),
+    pytest.param("plain", 2, "bash", signal.SIGINT, id="bash-launcher-sigint"),
+])
+def test_signal_to_record_of_a_healthy_job_is_interrupted(record_job, mode, nproc, launcher, signum):
+    running = start(record_job, mode=mode, nproc=nproc, steps=LONG, launcher=launcher)
+    running.wait_for(f"step3-rank{nproc - 1}")
+    job = interrupt(running, signum)
+    assert no_process_left(job), "a rank outlived record"  # the whole process group got it
+    assert job.job_file()["signal"] == signal.Signals(signum).name
+    code, doc = diagnose(job.out)
+    assert (code, *verdict(doc)) == (0, "interrupted", []), doc
+    # Nothing was written after record returned: the ranks were gone.
+    sizes = {p: p.stat().st_size for p in job.out.iterdir()}
+    time.sleep(1.0)
+    assert sizes == {p: p.stat().st_size for p in job.out.iterdir()}
+
+
+# --- a real hang: stuck while it runs, still stuck after Ctrl-C; node 0's folder alone ------------------------
+
+
+def _stalled(out: Path) -> bool:
+    from comm2perfetto.sources.event_log import read_event_log
+
+    log = out / "rank0.events.jsonl"
+    return log.exists() and bool(read_event_log(log).stalls)
+
+
+@pytest.fixture(scope="module")
+def hung_then_interrupted(module_jobs):
+    """Rank 1 goes away before all_reduce #5; once the recorder saw the stall, diagnose it live, then SIGINT."""
+    running = start(module_jobs, mode="plain", steps="8", record_args=("--stall-after", "2"), HANG="1:4")
+    running.wait_until(lambda: _stalled(running.out), "the stall")
+    time.sleep(1.0)
+    live = diagnose(running.out)
+    return live, interrupt(running, signal.SIGINT)
+
+
+def test_hang_diagnosed_while_running_is_stuck(hung_then_interrupted):
+    (code, doc), _job = hung_then_interrupted
+    assert (code, *verdict(doc)) == (1, "stuck", [("missing_ranks", 5, [1])]), doc
+
+
+def test_hang_then_ctrl_c_is_still_the_hang(hung_then_interrupted):
+    _live, job = hung_then_interrupted
+    code, doc = diagnose(job.out)
+    assert (code, *verdict(doc)) == (1, "stuck", [("missing_ranks", 5, [1])]), doc
+    assert doc["findings"][0]["ranks_joined"] == [0]
+
+
+def test_one_node_folder_alone_names_the_absent_rank(hung_then_interrupted, tmp_path):
+    """What node 0 holds of a job whose rank 1 ran on another node: rank 0's files only."""
+    _live, job = hung_then_interrupted
+    node0 = tmp_path / "node0"
+    node0.mkdir()
+    for p in job.out.glob("rank0.*"):
+        shutil.copy(p, node0)
+    code, doc = diagnose(node0)
+    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", 5, [1])]), doc
+
+
+# --- what users bring: partial, empty, truncated, mixed, repeated -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy3(module_jobs):
+    """A healthy 3-rank job that ends by itself."""
+    job = start(module_jobs, mode="plain", nproc=3, steps="6").finish(90)
+    assert job.returncode == 0, job.explain()
+    return job
+
+
+def test_healthy_job_is_ok_and_the_same_path_twice_is_read_once(healthy3):
+    assert verdict(diagnose(healthy3.out)[1]) == ("ok", [])
+    code, doc = diagnose(healthy3.out, str(healthy3.out) + "/")
+    assert (code, *verdict(doc)) == (0, "ok", []), doc
+
+
+def _plain_dumps(job: JobResult, dest: Path, ranks, edit=None) -> Path:
+    """Only the job's Flight Recorder dumps (what a job run without the recorder leaves), optionally edited."""
+    dest.mkdir(parents=True)
+    for rank in ranks:
+        for p in job.fr_dumps(rank):
+            data = p.read_bytes()
+            (dest / p.name).write_bytes(edit(data) if edit else data)
+    return dest
+
+
+def _no_entries(data: bytes) -> bytes:
+    doc = pickle.loads(data)  # our own job's dump
+    doc["entries"] = []  # what torch 2.4-2.7 write for gloo
+    return pickle.dumps(doc)
+
+
+def test_dumps_without_entries_are_incomplete(healthy3, tmp_path):
+    code, doc = diagnose(_plain_dumps(healthy3, tmp_path / "empty", range(3), _no_entries))
+    assert (code, *verdict(doc)) == (1, "incomplete", [("no_collectives", None, [])]), doc
+
+
+def test_dumps_cut_in_half_are_incomplete(healthy3, tmp_path):
+    folder = _plain_dumps(healthy3, tmp_path / "cut", range(3))
+    for rank in (1, 2):
+        for p in folder.glob(f"rank{rank}.fr.*.pkl"):
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    code, doc = diagnose(folder)
+    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", None, [1, 2])]), doc
+
+
+def test_two_jobs_are_refused(healthy3, hung_then_interrupted, tmp_path):
+    _live, other = hung_then_interrupted
+    code, doc = diagnose(healthy3.out, other.out)
+    assert code == 2 and "more than one job" in doc["error"], doc
+    # Plain dumps only: rank 0 of one job, rank 1 of the other.
+    mixed = tmp_path / "mixed"
+    _plain_dumps(healthy3, mixed / "a", [0])
+    _plain_dumps(other, mixed / "b", [1])
+    code, doc = diagnose(mixed)
+    assert code == 2 and "different runs" in doc["error"], doc
+
+
+# --- one record per node ------------------------------------------------------------------------------------
+
+
+def test_one_record_per_node_is_one_job(tmp_path):
+    """Two `record`s, one per "node" (folder), each running one rank of a 2-rank job: read together."""
+    (tmp_path / "job.py").write_text(JOB)
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = job_env(MODE="plain", STEPS="6", RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(record_cmd(tmp_path / f"node{rank}", [sys.executable, "job.py"]),
+                                      cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+    for p in procs:
+        _out, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+    code, doc = diagnose(tmp_path / "node0", tmp_path / "node1")
+    assert (code, *verdict(doc)) == (0, "ok", []), doc
+    assert doc["ranks_with_data"] == [0, 1]
+    together = tmp_path / "together"  # both folders copied into one: nothing overwritten
+    for rank in (0, 1):
+        shutil.copytree(tmp_path / f"node{rank}", together, dirs_exist_ok=True)
+    assert len(list(together.glob("job.*.json"))) == 2
+    assert verdict(diagnose(together)[1]) == ("ok", [])
