@@ -327,8 +327,16 @@ class EventLog:
               stacks_file: str | None = None) -> None:
         self.lines.append(["k", t_ns, reason, trigger_rank, cid, stacks_file])
 
-    def close(self, t_ns: int) -> None:
-        self.lines.append(["z", t_ns, 2, "exit"])
+    def close(self, t_ns: int, reason: str = "exit") -> None:
+        self.lines.append(["z", t_ns, 2, reason])
+
+    def ending(self, t_ns: int, cause: str, detail: str) -> None:
+        """A ``u`` record: a signal (``SIGINT``) or an uncaught exception (``ValueError: bad``) ends the process."""
+        self.lines.append(["u", t_ns, cause, detail])
+
+    def heartbeats(self, until_ns: int, every_ns: int = 10**9) -> None:
+        """``h`` records from the start to ``until_ns``."""
+        self.lines.extend(["h", t] for t in range(T0_NS, until_ns + 1, every_ns))
 
     def write(self, folder: Path, crashed: bool = False) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

@@ -814,20 +814,16 @@ def _any_matched(job: Job, groups: Sequence[ProcessGroup]) -> bool:
 
 
 def _no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
-    fr_only = sorted(r for r, i in job.ranks.items() if i.fr_files)
-    gloo = bool(groups) and all(g.backend == "gloo" for g in groups) or any(
-        i.backend == "gloo" for i in job.ranks.values())
-    if not groups:
-        what = "No process group with a collective was found in the data"
-    else:
-        what = "No collective was recorded on all the ranks of its group"
+    what = "No collective was recorded on all the ranks of its group" if groups else \
+        "No process group with a collective was found in the data"
     cause = ""
-    if fr_only and gloo:
-        cause = (" The Flight Recorder dumps hold no gloo collective: torch 2.4 to 2.7 does not record gloo's "
-                 "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees them).")
-    elif fr_only:
-        cause = " The dumps hold no collective entry (a group that never got sequence numbers, or a job that " \
-                "dumped before its first collective)."
+    if any(i.fr_files for i in job.ranks.values()):
+        backends = {i.backend for i in job.ranks.values()} | {g.backend for g in groups}
+        gloo = "gloo" in backends and "nccl" not in backends
+        cause = (" The Flight Recorder dumps hold no collective entry: torch 2.4 to 2.7 does not record gloo's "
+                 "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees "
+                 "them)" + ("." if gloo else "; or the groups never got sequence numbers, or the dumps were "
+                                             "taken before the first collective."))
     detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
     return Finding(
         kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),

@@ -1,0 +1,236 @@
+"""The rules that make a verdict follow from evidence: dead ranks, interruptions, jobs still running, partial
+data, no collectives, job identity. Built logs and dumps; the fault matrix (integration) runs real jobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factories import T0_NS, EventLog, FrJob, steady_job
+
+from comm2perfetto.analysis.ending import DIED, EXCEPTION, PEER_LOST, RUNNING, SIGNALLED, rank_ends
+from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.match import load_job
+from comm2perfetto.sources.discover import MixedJobsError
+
+S = 10**9
+RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:39090: Connection reset by peer"
+
+
+def _logs(world: int = 2, steps: int = 5, gap_ns: int = S // 10) -> list[EventLog]:
+    """Every rank all-reduced ``steps`` times, one every ``gap_ns``, with heartbeats meanwhile."""
+    logs = []
+    for r in range(world):
+        log = EventLog(rank=r, world=world)
+        log.group(0, "0", "default_pg", list(range(world)))
+        for i in range(steps):
+            log.step(i, T0_NS + i * gap_ns)
+            log.call("all_reduce", T0_NS + i * gap_ns + r * 1000, seq=i + 1, shapes=[[4]], dtypes=["Float"])
+        logs.append(log)
+    return logs
+
+
+def _verdict(tmp_path, logs, *, crashed=(), now_ns=None, jobs=()):
+    for log in logs:
+        log.write(tmp_path, crashed=log.rank in crashed)
+    for i, j in enumerate(jobs):
+        (tmp_path / f"job.node01.{i}.json").write_text(json.dumps({"format": "comm2perfetto-job", **j}))
+    job = load_job([tmp_path])
+    d = diagnose(job, now_ns=now_ns)
+    return d, [(f.kind, f.seq, f.culprit_ranks) for f in d.findings], job
+
+
+def test_healthy_logs_are_ok(tmp_path):
+    logs = _logs()
+    for log in logs:
+        log.close(T0_NS + S)
+    d, found, _ = _verdict(tmp_path, logs)
+    assert (d.status, found, d.healthy) == ("ok", [], True)
+
+
+def test_a_killed_rank_is_crashed_and_its_peers_failures_follow(tmp_path):
+    logs = _logs()
+    logs[1].heartbeats(T0_NS + S // 2)  # then SIGKILL: its log stops, unclosed
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=6, shapes=[[4]], dtypes=["Float"], error=RESET)  # it waited, then failed
+    logs[0].ending(t + 1000, "exception", RESET)
+    logs[0].close(t + 2000)
+    d, found, job = _verdict(tmp_path, logs, crashed={1}, jobs=[{"host": "node01", "ended_ns": t + S,
+                                                                "exit_status": 1}])
+    assert {r: e.how for r, e in rank_ends(job).items()} == {0: PEER_LOST, 1: DIED}
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    (f,) = d.findings
+    assert f.ranks_joined == (0,) and f.evidence["step"] == 4
+    assert f.evidence["last_collective"] == {"process_group": "default_pg", "seq": 5, "op": "all_reduce"}
+    assert "Rank 1 died" in f.detail and "Connection reset by peer" in f.detail
+    assert not d.healthy
+
+
+def test_an_uncaught_exception_of_a_rank_is_its_death(tmp_path):
+    logs = _logs()
+    t = T0_NS + S
+    logs[1].ending(t, "exception", "ValueError: bad batch")
+    logs[1].close(t + 10)
+    logs[0].call("all_reduce", t - S // 2, seq=6, shapes=[[4]], dtypes=["Float"], error=RESET, dur_ns=S // 2 + 100)
+    logs[0].ending(t + 200, "exception", RESET)
+    logs[0].close(t + 300)
+    d, found, job = _verdict(tmp_path, logs)
+    assert rank_ends(job)[1].how == EXCEPTION
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    assert "uncaught ValueError: bad batch" in d.findings[0].detail
+
+
+def _interrupted(logs, t_sig, waiting_since):
+    """Rank 1 got SIGINT at ``t_sig`` between collectives; rank 0 had been waiting in #6 since ``waiting_since``
+    and got it 0.5 s later."""
+    logs[1].ending(t_sig, "signal", "SIGINT")
+    logs[1].close(t_sig + 1000, "signal")
+    logs[0].call("all_reduce", waiting_since, seq=6, shapes=[[4]], dtypes=["Float"],
+                 error="KeyboardInterrupt: ", dur_ns=t_sig + S // 2 - waiting_since)
+    logs[0].ending(t_sig + S // 2, "signal", "SIGINT")
+    logs[0].close(t_sig + S // 2 + 1000, "signal")
+
+
+def test_ctrl_c_of_a_healthy_job_is_interrupted_not_a_hang(tmp_path):
+    logs = _logs()
+    t_sig = T0_NS + S
+    _interrupted(logs, t_sig, waiting_since=t_sig + 1000)  # rank 1 stopped because it got the signal first
+    d, found, job = _verdict(tmp_path, logs, jobs=[{"host": "node01", "ended_ns": t_sig + S, "exit_status": 130,
+                                                     "signal": "SIGINT", "signal_ns": t_sig}])
+    assert {e.how for e in rank_ends(job).values()} == {SIGNALLED}
+    assert (d.status, found, d.healthy) == ("interrupted", [], True)
+    assert any("left unfinished by the interruption" in n for n in d.notes)
+
+
+def test_a_hang_the_user_then_interrupts_is_still_the_hang(tmp_path):
+    logs = _logs()
+    t_sig = T0_NS + 20 * S
+    _interrupted(logs, t_sig, waiting_since=T0_NS + S)  # rank 0 waited 19 s for rank 1 before Ctrl-C
+    d, found, _ = _verdict(tmp_path, logs)
+    assert (d.status, found) == ("stuck", [("missing_ranks", 6, (1,))])
+    assert any("a hang the interruption ended" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("pending_s, stall_record, expected", [
+    (1, False, ("running", [])),  # a collective in progress
+    (120, False, ("stuck", [("missing_ranks", 6, (1,))])),  # past the default 60 s stall threshold
+    (5, True, ("stuck", [("missing_ranks", 6, (1,))])),  # the recorder saw a stall
+])
+def test_a_job_still_running(tmp_path, pending_s, stall_record, expected):
+    logs = _logs()
+    now = T0_NS + 200 * S
+    since = now - pending_s * S
+    logs[0].call("all_reduce", since, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+    if stall_record:
+        logs[0].stall(since + S)
+    for log in logs:
+        log.heartbeats(now - S // 2)
+    d, found, job = _verdict(tmp_path, logs, crashed={0, 1}, now_ns=now)  # unclosed: still being written
+    assert {e.how for e in rank_ends(job, now).values()} == {RUNNING}
+    assert (d.status, found) == expected
+
+
+def test_a_log_whose_heartbeats_stopped_long_ago_is_a_dead_rank(tmp_path):
+    logs = _logs()
+    logs[0].heartbeats(T0_NS + 100 * S)
+    logs[1].heartbeats(T0_NS + 10 * S)
+    _d, _found, job = _verdict(tmp_path, logs, crashed={0, 1})
+    ends = rank_ends(job, now_ns=T0_NS + 100 * S)
+    assert (ends[0].how, ends[1].how) == (RUNNING, DIED)
+
+
+def test_a_whole_job_killed_at_once_names_no_dead_culprit(tmp_path):
+    logs = _logs()
+    logs[0].call("all_reduce", T0_NS + S, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+    for log in logs:
+        log.heartbeats(T0_NS + 5 * S)
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1}, jobs=[{"host": "node01", "ended_ns": T0_NS + 6 * S}])
+    assert (d.status, found) == ("stuck", [("missing_ranks", 6, (1,))])
+    assert any("the whole job was killed at once" in n for n in d.notes)
+
+
+def test_stall_seen_by_one_rank_while_the_other_left_no_data_names_the_pending_collective(tmp_path):
+    """Node 0's folder alone: rank 0 waits in #6 and logged the stall; rank 1's files are elsewhere."""
+    (log, _other) = _logs()
+    log.call("all_reduce", T0_NS + S, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+    log.stall(T0_NS + 3 * S)
+    log.heartbeats(T0_NS + 5 * S)
+    d, found, _ = _verdict(tmp_path, [log], crashed={0})
+    assert (d.status, found) == ("incomplete", [("no_dump", 6, (1,))])
+
+
+def test_dumps_without_collectives_are_incomplete(tmp_path):
+    FrJob(world=2, backend="gloo").write(tmp_path)  # every rank's dump holds no entry
+    d = diagnose(load_job([tmp_path]))
+    assert (d.status, [f.kind for f in d.findings]) == ("incomplete", ["no_collectives"])
+    assert "torch 2.4 to 2.7" in d.findings[0].detail and not d.healthy
+
+
+def test_logs_without_sequence_numbers_are_incomplete(tmp_path):
+    logs = [EventLog(rank=r, world=2) for r in (0, 1)]
+    for log in logs:
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_reduce", T0_NS, seq=None, shapes=[[4]], dtypes=["Float"])
+        log.close(T0_NS + S)
+    d, found, _ = _verdict(tmp_path, logs)
+    assert (d.status, found) == ("incomplete", [("no_collectives", None, ())])
+
+
+def test_unreadable_dumps_count_as_ranks_without_data(tmp_path):
+    job = steady_job(world=4, steps=4)
+    job.write(tmp_path)
+    for r in (1, 2, 3):
+        p = tmp_path / f"nccl_trace_rank_{r}"
+        p.write_bytes(p.read_bytes()[:40])
+    d = diagnose(load_job([tmp_path]))
+    assert (d.status, [(f.kind, f.culprit_ranks) for f in d.findings]) == ("incomplete", [("no_dump", (1, 2, 3))])
+
+
+def test_the_same_path_twice_is_read_once(tmp_path):
+    logs = _logs()
+    for log in logs:
+        log.close(T0_NS + S)
+        log.write(tmp_path)
+    job = load_job([tmp_path, str(tmp_path) + "/", tmp_path / "rank0.events.jsonl"])
+    assert diagnose(job).status == "ok"
+
+
+def _node_logs(tmp_path, headers):
+    for rank, extra in enumerate(headers):
+        (log,) = [x for x in _logs() if x.rank == rank]
+        log.lines[0].update(extra)
+        log.close(T0_NS + S)
+        log.write(tmp_path / f"node{rank}")
+    return [tmp_path / "node0", tmp_path / "node1"]
+
+
+def test_one_record_per_node_is_one_job(tmp_path):
+    """Each node's `record` made its own run id; torchrun's run id and the rendezvous endpoint are shared."""
+    paths = _node_logs(tmp_path, [{"run_id": "a-1", "torchelastic_run_id": "job7", "master": "n0:29500"},
+                                  {"run_id": "b-2", "torchelastic_run_id": "job7", "master": "n0:29500"}])
+    assert diagnose(load_job(paths)).status == "ok"
+
+
+def test_logs_of_two_runs_are_refused(tmp_path):
+    paths = _node_logs(tmp_path, [{"run_id": "a-1", "torchelastic_run_id": "x", "master": "n0:1"},
+                                  {"run_id": "b-2", "torchelastic_run_id": "y", "master": "n0:2"}])
+    with pytest.raises(MixedJobsError, match="different runs"):
+        load_job(paths)
+
+
+def test_plain_dumps_of_two_runs_are_refused(tmp_path):
+    first, second = steady_job(world=2, steps=6), steady_job(world=2, steps=6)
+    first.write(tmp_path / "a")
+    second.write(tmp_path / "b")
+    (tmp_path / "b" / "nccl_trace_rank_0").unlink()
+    (tmp_path / "a" / "nccl_trace_rank_1").unlink()
+    # The same run: accepted.
+    load_job([tmp_path / "a", tmp_path / "b"])
+    # Rank 1 from a run 10 minutes later: every shared collective lies minutes apart.
+    later = steady_job(world=2, steps=6)
+    for entry in later.entries[1]:
+        entry["time_created_ns"] += 600 * S
+    later.write(tmp_path / "c")
+    (tmp_path / "c" / "nccl_trace_rank_0").unlink()
+    with pytest.raises(MixedJobsError, match="different runs"):
+        load_job([tmp_path / "a", tmp_path / "c"])
