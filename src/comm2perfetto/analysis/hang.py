@@ -759,7 +759,11 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
                    f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
                    f"{explained.process_group}, which rank {rank} never joined.")
     if failed:
-        detail += " " + " ".join(f"Rank {r} failed: {_short(ends[r].detail)}" for r in failed[:3])
+        for r in failed[:3]:
+            was_in = _last_completed(job, groups, r, issued=True) if explained is None else None
+            inside = f" in {was_in['op']} #{was_in['seq']} on {was_in['process_group']} (its last collective)" \
+                if was_in else ""
+            detail += f" Rank {r} failed{inside}: {_short(ends[r].detail)}"
         evidence["failed"] = {str(r): ends[r].detail for r in failed}
     action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
               f"killer); the other ranks' failures follow from it.")
@@ -791,13 +795,14 @@ def _last_step(job: Job, rank: int) -> int | None:
     return steps[-1][0] if steps else None
 
 
-def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int) -> dict | None:
+def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int, issued: bool = False) -> dict | None:
+    """The rank's latest completed collective (``issued``: its latest one, done or not) over the groups."""
     best = None
     for g in groups:
         for c in reversed(job.collectives.get(g.uid, ())):
             if rank not in c.ranks or c.signatures[c.ranks.index(rank)] is None:
                 continue
-            if c.state_of(rank) in NOT_DONE_STATES:
+            if not issued and c.state_of(rank) in NOT_DONE_STATES:
                 continue
             t = c.arrival_of(rank) or 0
             if best is None or t > best[0]:
