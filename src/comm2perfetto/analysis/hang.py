@@ -9,6 +9,11 @@ For each process group, the first collective not completed by all its ranks, cla
 
 plus ``p2p_mismatch`` for a send without its recv (or the reverse, or different sizes).
 
+Then how the ranks ended (``analysis.ending``) is weighed in (``analysis.verdict``): ``rank_died`` for a rank
+whose process ended first (status ``crashed``), waits the job's interruption caused dropped (``interrupted``),
+waits still within the stall threshold in a live job dropped (``running``), and ``no_collectives`` when nothing
+could be checked (``incomplete``).
+
 Two moments are examined. The end of the data (where dumps were taken: a hang or desync still there) first;
 if that is healthy, the moments the recorder detected a stall (``k`` records): a rank that had not issued a
 collective the others were waiting in at that moment is named even if it came back later (``resolved``).
@@ -25,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from comm2perfetto.analysis.compare import compare
-from comm2perfetto.analysis.ending import DIED, EXCEPTION, RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
+from comm2perfetto.analysis.ending import RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
 from comm2perfetto.analysis.findings import (
     DESYNC_KINDS,
     DTYPE_MISMATCH,
@@ -33,7 +38,6 @@ from comm2perfetto.analysis.findings import (
     NO_DUMP,
     OP_MISMATCH,
     ORDER,
-    NO_COLLECTIVES,
     P2P_MISMATCH,
     RANK_DIED,
     SIZE_MISMATCH,
@@ -42,6 +46,15 @@ from comm2perfetto.analysis.findings import (
     Finding,
     ranks_text,
     secs_text,
+)
+from comm2perfetto.analysis.stalls import stall_stack, stall_times
+from comm2perfetto.analysis.verdict import (
+    any_matched,
+    caused_by_interruption,
+    dead_ranks,
+    died_first,
+    in_progress,
+    no_collectives,
 )
 from comm2perfetto.model import (
     COMPLETED,
@@ -57,7 +70,6 @@ from comm2perfetto.model import (
     call_site,
 )
 
-MAX_STACK_FRAMES = 12
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
 
@@ -70,7 +82,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     notes = list(job.notes)
     ends = rank_ends(job, now_ns)
     interrupted_at = interruption_ns(job, ends)
-    dead = _died_first(job, ends, interrupted_at, notes)
+    dead = died_first(job, ends, interrupted_at, notes)
     findings: list[Finding] = []
     for group in groups:
         f = _end_state(job, group)
@@ -79,10 +91,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         findings.extend(_p2p_findings(job, group))
     if interrupted_at is not None:  # what a dead rank caused is not the interruption's doing
         findings = [f for f in findings if set(f.culprit_ranks) & set(dead)
-                    or not _caused_by_interruption(job, f, interrupted_at, notes)]
+                    or not caused_by_interruption(job, f, interrupted_at, notes)]
     running = [r for r, e in ends.items() if e.how == RUNNING]
     if running:
-        findings = [f for f in findings if not _in_progress(job, f, now_ns, notes)]
+        findings = [f for f in findings if not in_progress(job, f, now_ns, notes)]
     if not any(f.kind != NO_DUMP for f in findings):
         for group in groups:
             f = _stall_state(job, group)
@@ -90,12 +102,12 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = _dead_ranks(job, groups, dead, ends, findings)
+        findings = dead_ranks(job, groups, dead, ends, findings)
     absent = _absentranks_text(job, groups)
     if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
         findings.append(_no_dump_alone(job, absent))
-    if not findings and not _any_matched(job, groups):
-        findings.append(_no_collectives(job, groups))
+    if not findings and not any_matched(job, groups):
+        findings.append(no_collectives(job, groups))
     findings.sort(key=lambda f: (ORDER[f.kind], f.resolved, f.t_ns if f.t_ns is not None else 0))
     for j in job.jobs:
         status = j.get("exit_status")
@@ -224,7 +236,7 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         doing.append(what)
         if last is not None:
             evidence["last_collective"][str(r)] = last
-        st = _stall_stack(job, r)
+        st = stall_stack(job, r)
         if st:
             stacks[r] = st
     if len(missing) > MAX_EXPLAINED:
@@ -318,28 +330,6 @@ def _pending_call(job: Job, rank: int, at_ns: int | None) -> str | None:
             return f"{call.op}{site}"
         return None
     return None
-
-
-def _stall_stack(job: Job, rank: int) -> tuple[str, ...]:
-    """The rank's main Python stack from its latest stall-stacks file, innermost first."""
-    doc = job.stall_stacks.get(rank)
-    if not doc:
-        return ()
-    threads = doc.get("threads") or []
-    pending_tids = {p.get("tid") for p in doc.get("pending") or [] if isinstance(p, dict)}
-    main = next((t for t in threads if t.get("tid") in pending_tids), None) \
-        or next((t for t in threads if t.get("name") == "MainThread"), None) \
-        or (threads[0] if threads else None)
-    if main is None:
-        return ()
-    out = []
-    for fr in main.get("frames") or []:
-        file, line, func = str(fr.get("file", "?")), fr.get("line", 0), str(fr.get("func", ""))
-        short = file.rsplit("/", 1)[-1]
-        out.append(f"{short}:{line} {func}".rstrip())
-        if len(out) >= MAX_STACK_FRAMES:
-            break
-    return tuple(out)
 
 
 def _sites(job: Job, c: Collective, ranks: Sequence[int], limit: int = 4) -> dict[int, str]:
@@ -448,7 +438,7 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     return Finding(
         kind=STUCK_ALL_JOINED, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
         ranks_joined=tuple(ranks), ranks_missing=(), culprit_ranks=(slowest,), detail=detail, action=action,
-        call_sites=sites, stacks={slowest: s} if (s := _stall_stack(job, slowest)) else {},
+        call_sites=sites, stacks={slowest: s} if (s := stall_stack(job, slowest)) else {},
         evidence={"states": states, "last_arrival_rank": c.last_arrival_rank}, resolved=resolved,
         t_ns=at_ns if at_ns is not None else first,
     )
@@ -497,14 +487,6 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
 # --- stalls the recorder saw (the job may have gone on) --------------------------------------------------
 
 
-def _stall_times(job: Job) -> list[int]:
-    out = []
-    for rank, log in job.logs.items():
-        off = job.clock.offset_ns.get(rank, 0)
-        out.extend(st.t_ns + off for st in getattr(log, "stalls", ()))
-    return sorted(out)
-
-
 def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
     """At the first stall the recorder saw: who was waiting in which collective, and who had not come.
 
@@ -513,7 +495,7 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
     collective without any end time (gloo's Flight Recorder entries never get one) is no evidence of a hang
     by itself: the ones after it were issued, so it is taken as done.
     """
-    times = _stall_times(job)
+    times = stall_times(job)
     if not times:
         return None
     t = times[0]
@@ -612,7 +594,7 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
         kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=None, op=op.kind,
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
         culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
-        stacks={r: s for r in culprits if (s := _stall_stack(job, r))},
+        stacks={r: s for r in culprits if (s := stall_stack(job, r))},
         evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
     )]
 
@@ -624,214 +606,3 @@ def _numel(sizes) -> int:
 def _p2p_time(tr: P2PTransfer) -> int:
     ts = [p.t_arrive_ns for p in (tr.send, tr.recv) if p is not None and p.t_arrive_ns is not None]
     return min(ts) if ts else 0
-
-
-# --- how the ranks ended: interruptions, jobs still running, dead ranks, no evidence ----------------------
-
-# Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
-# torchrun): a rank waiting since less than this before the first signal waits because of it.
-INTERRUPT_GRACE_NS = 2 * 10**9
-# Every rank of a job killed at once (kill -9 of the whole job, a node going down) stops writing within a
-# heartbeat or two; a rank whose log stops longer before the others' died first.
-DEATH_GAP_NS = 3 * 10**9
-DEFAULT_STALL_NS = 60 * 10**9  # the recorder's default --stall-after
-
-
-def _waiting_since(f: Finding) -> int | None:
-    """When the wait a finding describes began (its earliest arrival); None for rank-level findings."""
-    if f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) or (f.kind == NO_DUMP and f.seq is not None) or (
-            f.kind == P2P_MISMATCH and f.ranks_missing):
-        return f.t_ns
-    return None
-
-
-def _normal_skew(job: Job, uid: str) -> int:
-    """The largest arrival skew among the group's collectives that completed everywhere: how late a rank
-    normally comes."""
-    return max((c.arrival_skew_ns or 0 for c in job.collectives.get(uid, ()) if all(c.signatures)
-                and set(c.states).isdisjoint(NOT_DONE_STATES)), default=0)
-
-
-def _caused_by_interruption(job: Job, f: Finding, interrupted_at: int, notes: list[str]) -> bool:
-    """A wait that began shortly before (or after) the job was interrupted is the interruption's doing: the
-    rank that did not come had stopped issuing collectives because it got the signal first. A wait that
-    began long before is a hang the user then interrupted, and stays."""
-    since = _waiting_since(f)
-    if since is None or f.resolved:
-        return False
-    grace = max(INTERRUPT_GRACE_NS, 2 * _normal_skew(job, f.group_uid))
-    if since >= interrupted_at - grace:
-        notes.append(f"{f.op} #{f.seq} on {f.process_group} was left unfinished by the interruption "
-                     f"({ranks_text(f.ranks_joined)} issued it {_relative(since - interrupted_at)} the first "
-                     "signal): not a hang")
-        return True
-    notes.append(f"the job was interrupted {secs_text(interrupted_at - since)} after {ranks_text(f.ranks_joined)} "
-                 f"began waiting in {f.op} #{f.seq}: a hang the interruption ended")
-    return False
-
-
-def _relative(ns: int) -> str:
-    return f"{secs_text(-ns)} before" if ns < 0 else f"{secs_text(ns)} after"
-
-
-def _in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> bool:
-    """In a job that still runs, a collective some ranks wait in is normal until the stall threshold passes
-    (or the recorder logged a stall)."""
-    since = _waiting_since(f)
-    if since is None or f.resolved:
-        return False
-    if any(t >= since for t in _stall_times(job)):
-        return False
-    ref = now_ns if now_ns is not None else max((i.last_ns for i in job.ranks.values() if i.last_ns), default=None)
-    if ref is None:
-        return False
-    thresholds = [i.stall_after_ns for i in job.ranks.values() if i.stall_after_ns]
-    threshold = min(thresholds) if thresholds else DEFAULT_STALL_NS
-    if ref - since >= threshold:
-        return False
-    notes.append(f"the job is still running: {ranks_text(f.ranks_joined)} {'have' if len(f.ranks_joined) > 1 else 'has'} "
-                 f"been in {f.op} #{f.seq} on {f.process_group} for {secs_text(max(0, ref - since))}, less than the "
-                 f"stall threshold ({secs_text(threshold)})")
-    return True
-
-
-def _died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
-                notes: list[str]) -> dict[int, RankEnd]:
-    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
-    not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
-    nor every rank of a job killed at once."""
-    dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
-    if interrupted_at is not None:
-        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
-    if dead and len(dead) == len(ends) and all(e.how == DIED for e in dead.values()):
-        latest = max(e.t_ns or 0 for e in dead.values())
-        first = {r: e for r, e in dead.items()
-                 if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
-        if not first:
-            notes.append(f"no rank closed its log ({ranks_text(sorted(dead))} stop within "
-                         f"{secs_text(latest - min(e.t_ns or latest for e in dead.values()))} of each other): the whole "
-                         "job was killed at once (or its processes run on another host)")
-        return first
-    return dead
-
-
-def _dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
-                ends: Mapping[int, RankEnd], findings: list[Finding]) -> list[Finding]:
-    """Each rank that died first becomes a ``rank_died`` finding; the waits of the others it explains (the
-    collective it never joined) are folded into it."""
-    out = list(findings)
-    died: list[Finding] = []
-    for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):
-        explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
-                          and rank in f.culprit_ranks and f.seq is not None), None)
-        if explained is not None:
-            out.remove(explained)
-        died.append(_rank_died(job, groups, rank, end, ends, explained))
-    # Waits of the others on a dead rank that another finding names again are the same story.
-    dead_set = set(dead)
-    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
-    return out + died
-
-
-def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],
-               explained: Finding | None) -> Finding:
-    when = f" at {_clock_text(end.t_ns)}" if end.t_ns is not None else ""
-    step = _last_step(job, rank)
-    during = f" during step {step}" if step is not None else ""
-    if end.how == EXCEPTION:
-        how = f"raised an uncaught {end.detail}"
-    else:
-        how = (f"died ({end.detail}: killed, by SIGKILL or the OOM killer for instance, or crashed in C++); "
-               "its last record is")
-    detail = f"Rank {rank} {how}{when}{during}."
-    last = _last_completed(job, groups, rank)
-    evidence: dict[str, Any] = {"how": end.how, "ended": end.detail, "last_record_ns": end.t_ns, "step": step}
-    if last is not None:
-        detail += f" Its last completed collective was {last['op']} #{last['seq']} on {last['process_group']}."
-        evidence["last_collective"] = last
-    else:
-        detail += " No completed collective of it is recorded (DDP's are issued from C++: only a Flight " \
-                  "Recorder dump shows them, and a killed rank writes none)."
-    victims = {r: e for r, e in ends.items() if r != rank and e.how not in (DIED, EXCEPTION)}
-    failed = sorted(r for r, e in victims.items() if e.how == "peer_lost")
-    if explained is not None:
-        detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then "
-                   f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
-                   f"{explained.process_group}, which rank {rank} never joined.")
-    if failed:
-        for r in failed[:3]:
-            was_in = _last_completed(job, groups, r, issued=True) if explained is None else None
-            inside = f" in {was_in['op']} #{was_in['seq']} on {was_in['process_group']} (its last collective)" \
-                if was_in else ""
-            detail += f" Rank {r} failed{inside}: {_short(ends[r].detail)}"
-        evidence["failed"] = {str(r): ends[r].detail for r in failed}
-    action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
-              f"killer); the other ranks' failures follow from it.")
-    return Finding(
-        kind=RANK_DIED, process_group=explained.process_group if explained else "",
-        group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
-        op=explained.op if explained else None,
-        ranks_joined=explained.ranks_joined if explained else tuple(failed), ranks_missing=(rank,),
-        culprit_ranks=(rank,), detail=detail, action=action,
-        call_sites=explained.call_sites if explained else {}, stacks={rank: s} if (s := _stall_stack(job, rank)) else {},
-        evidence=evidence, t_ns=end.t_ns,
-    )
-
-
-def _short(text: str, limit: int = 200) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else text
-    return line if len(line) <= limit else line[:limit].rstrip() + "..."
-
-
-def _clock_text(t_ns: int) -> str:
-    """``14:15:03.123 UTC`` (rank 0's clock)."""
-    import time
-
-    return time.strftime("%H:%M:%S", time.gmtime(t_ns / 1e9)) + f".{t_ns // 1_000_000 % 1000:03d} UTC"
-
-
-def _last_step(job: Job, rank: int) -> int | None:
-    steps = getattr(job.logs.get(rank), "steps", None)
-    return steps[-1][0] if steps else None
-
-
-def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int, issued: bool = False) -> dict | None:
-    """The rank's latest completed collective (``issued``: its latest one, done or not) over the groups."""
-    best = None
-    for g in groups:
-        for c in reversed(job.collectives.get(g.uid, ())):
-            if rank not in c.ranks or c.signatures[c.ranks.index(rank)] is None:
-                continue
-            if not issued and c.state_of(rank) in NOT_DONE_STATES:
-                continue
-            t = c.arrival_of(rank) or 0
-            if best is None or t > best[0]:
-                best = (t, {"process_group": g.label, "seq": c.seq, "op": c.op})
-            break
-    return best[1] if best else None
-
-
-def _any_matched(job: Job, groups: Sequence[ProcessGroup]) -> bool:
-    """At least one collective every rank of its group recorded (or a send its receiver matched): the
-    evidence an "ok" needs."""
-    return any(all(c.signatures) for g in groups for c in job.collectives.get(g.uid, ())) or any(
-        tr.matched for g in groups for tr in job.p2p.get(g.uid, ()))
-
-
-def _no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
-    what = "No collective was recorded on all the ranks of its group" if groups else \
-        "No process group with a collective was found in the data"
-    cause = ""
-    if any(i.fr_files for i in job.ranks.values()):
-        backends = {i.backend for i in job.ranks.values()} | {g.backend for g in groups}
-        gloo = "gloo" in backends and "nccl" not in backends
-        cause = (" The Flight Recorder dumps hold no collective entry: torch 2.4 to 2.7 does not record gloo's "
-                 "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees "
-                 "them)" + ("." if gloo else "; or the groups never got sequence numbers, or the dumps were "
-                                             "taken before the first collective."))
-    detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
-    return Finding(
-        kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
-        ranks_missing=(), culprit_ranks=(), detail=detail,
-        action="Check that the dumps are of the job you meant and that it issued collectives.",
-    )
