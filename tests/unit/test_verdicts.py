@@ -80,6 +80,20 @@ def test_an_uncaught_exception_of_a_rank_is_its_death(tmp_path):
     assert "uncaught ValueError: bad batch" in d.findings[0].detail
 
 
+def test_a_rank_gone_silently_is_found_from_its_peers_timeouts(tmp_path):
+    """Rank 1's node went down: no heartbeats were written (an old recorder), its log is unclosed, and rank 0's
+    all-reduce timed out. The unclosed log is the peer that went; a timeout is a victim's error."""
+    logs = _logs()
+    t = T0_NS + 30 * S
+    timeout = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv"
+    logs[0].call("all_reduce", T0_NS + S, seq=6, shapes=[[4]], dtypes=["Float"], error=timeout, dur_ns=29 * S)
+    logs[0].ending(t, "exception", timeout)
+    logs[0].close(t + 100)
+    d, found, job = _verdict(tmp_path, logs, crashed={1})
+    assert {r: e.how for r, e in rank_ends(job).items()} == {0: PEER_LOST, 1: "unknown"}
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+
+
 def _interrupted(logs, t_sig, waiting_since):
     """Rank 1 got SIGINT at ``t_sig`` between collectives; rank 0 had been waiting in #6 since ``waiting_since``
     and got it 0.5 s later."""

@@ -19,15 +19,16 @@ from comm2perfetto.model import Job
 RUNNING = "running"  # the process still runs (or wrote a heartbeat moments ago)
 EXITED = "exited"  # closed its log normally
 SIGNALLED = "signal"  # a SIGINT/SIGTERM (or the KeyboardInterrupt it raises) ended it
-PEER_LOST = "peer_lost"  # failed because a peer's connection broke (a victim, not a culprit)
+PEER_LOST = "peer_lost"  # failed because a peer's connection broke or its wait timed out (a victim)
 EXCEPTION = "exception"  # an uncaught exception of its own ended it
 DIED = "died"  # its log stops without being closed and the process is gone: killed (SIGKILL, OOM) or crashed
 UNKNOWN = "unknown"  # no log, or an unclosed log whose process cannot be checked
 
 # A log with heartbeats whose last record is older than this (on the reader's clock) belongs to a dead process.
 STALE_NS = 10 * 10**9
+# Errors of a rank that waited on a peer that went away: its connection broke, or its wait timed out.
 _CONNECTION_ERRORS = ("connection reset", "connection closed", "closed by peer", "broken pipe",
-                      "connection refused", "socket closed", "econnreset", "epipe")
+                      "connection refused", "socket closed", "econnreset", "epipe", "timed out", "timeout")
 
 
 @dataclass(frozen=True, slots=True)

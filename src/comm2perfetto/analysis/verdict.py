@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.analysis.ending import DIED, EXCEPTION, RankEnd
+from comm2perfetto.analysis.ending import DIED, EXCEPTION, PEER_LOST, UNKNOWN, RankEnd
 from comm2perfetto.analysis.findings import (
     MISSING_RANKS,
     NO_COLLECTIVES,
@@ -98,9 +98,12 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
     not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
     nor every rank of a job killed at once."""
     dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
+    if not dead and any(e.how == PEER_LOST for e in ends.values()):
+        # Some rank lost its peer: an unclosed log whose process could not be checked is the peer that went.
+        dead = {r: e for r, e in ends.items() if e.how == UNKNOWN}
     if interrupted_at is not None:
         dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
-    if dead and len(dead) == len(ends) and all(e.how == DIED for e in dead.values()):
+    if dead and len(dead) == len(ends) and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
@@ -147,10 +150,10 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         detail += f" Its last completed collective was {last['op']} #{last['seq']} on {last['process_group']}."
         evidence["last_collective"] = last
     else:
-        detail += " No completed collective of it is recorded (DDP's are issued from C++: only a Flight " \
-                  "Recorder dump shows them, and a killed rank writes none)."
+        detail += " No completed collective of it is recorded (those issued from C++, as DDP's, are only in " \
+                  "Flight Recorder dumps, which a killed rank does not write)."
     victims = {r: e for r, e in ends.items() if r != rank and e.how not in (DIED, EXCEPTION)}
-    failed = sorted(r for r, e in victims.items() if e.how == "peer_lost")
+    failed = sorted(r for r, e in victims.items() if e.how == PEER_LOST)
     if explained is not None:
         detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then "
                    f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
