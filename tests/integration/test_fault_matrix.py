@@ -126,8 +126,8 @@ def no_process_left(job: JobResult) -> bool:
 
 KILLS = [
     # (mode, ranks, launcher, KILL, expected findings): the others wait in, or fail at, the next collective
-    pytest.param("plain", 3, "bash", "0:0", [("rank_died", 1, [0])], id="plain-rank0-before-first-collective"),
-    pytest.param("plain", 3, "bash", "1:4", [("rank_died", 5, [1])], id="plain-rank1-mid-job"),
+    pytest.param("plain", 2, "bash", "0:0", [("rank_died", 1, [0])], id="plain-rank0-before-first-collective"),
+    pytest.param("plain", 2, "bash", "1:4", [("rank_died", 5, [1])], id="plain-rank1-mid-job"),
     pytest.param("plain", 3, "bash", "2:8", [("rank_died", 9, [2])], id="plain-rank2-after-last-collective"),
     pytest.param("ddp", 2, "torchrun", "1:25", [("rank_died", None, [1])], id="ddp-rank1-step25"),
     pytest.param("ddp", 2, "torchrun", "0:3", [("rank_died", None, [0])], id="ddp-rank0-step3"),
