@@ -59,8 +59,13 @@ class Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 2.0) -> None:
+        """Stop, and let a tick in progress finish: a daemon thread still inside a torch call (a store
+        request) when the interpreter finalises is unwound through C++ frames, and the process aborts
+        ("terminate called without an active exception", seen once at a rank's exit)."""
         self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(wait_s)
 
     def _run(self) -> None:
         from comm2perfetto.record import state
