@@ -17,7 +17,7 @@ from comm2perfetto.cli.record import add_output_dir
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 PROFILE_STEPS = "5-8"
 # What the example's processes would print that says nothing about the demo: torch's warning when NumPy is
-# not installed (the readers' install has none; the job does not need it), Kineto's USDT probe lines around
+# not installed (the record extra brings none; the example does not need it), Kineto's USDT probe lines around
 # each profiled window, and torchrun's banner about OMP_NUM_THREADS (it sets 1 anyway; so do we).
 QUIET_JOB_ENV = {"PYTHONWARNINGS": "ignore:Failed to initialize NumPy", "KINETO_LOG_LEVEL": "6",
                  "OMP_NUM_THREADS": "1"}
@@ -60,10 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if taken and not args.overwrite:
         raise UserError(f"{taken[0]} exists{f' (and {len(taken) - 1} more)' if len(taken) > 1 else ''}; "
                         "choose a new folder with -o or pass --overwrite")
-    for name, value in QUIET_JOB_ENV.items():
-        os.environ.setdefault(name, value)
+    quiet = [f"{name}={value}" for name, value in QUIET_JOB_ENV.items() if name not in os.environ]
     status = cli_main(["record", "-o", out, "--profile-steps", PROFILE_STEPS, *(["--overwrite"] * args.overwrite),
-                       "--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
+                       "--", "env", *quiet, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
                        "--standalone", str(EXAMPLE), "--steps", str(args.steps)])
     if status != 0:
         if status != 2:  # record printed why already

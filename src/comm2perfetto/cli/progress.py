@@ -45,7 +45,7 @@ class Progress:
         self._every_s = 0.5 if self._tty else 10.0
         self._last = 0.0
         self._drawn = False
-        self._then = Phase(then, self._stream) if then else None
+        self._then = Phase(then, self._stream, quiet_s) if then else None
 
     def __call__(self, done: int, total: int) -> None:
         self._draw(done, total)
