@@ -316,3 +316,20 @@ def test_window_after_the_job_is_refused(tmp_path, capsys):
     assert code == 2 and "nothing falls in this window" in err and not target.exists()
     code, out, _ = _merge(capsys, str(tmp_path / "run1"), "-o", str(target), "--window", "0:1ns")
     assert code == 0 and "collectives: 3 (1 in the window)" in out
+
+
+def test_thread_tracks_are_named_by_the_threads_name_where_the_log_has_it(tmp_path, capsys):
+    folder = tmp_path / "d"
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        if rank == 1:
+            log.lines.append(["n", 1396872, "MainThread"])
+        log.call("all_reduce", T0_NS + STEP_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+        log.close(T0_NS + 4 * STEP_NS)
+        log.write(folder)
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(folder), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    names = {p: [t.name for t in trace.tracks_of(p) if t.name.startswith("python calls")] for p in ("rank 0", "rank 1")}
+    assert names == {"rank 0": ["python calls (thread 1396872)"], "rank 1": ["python calls (MainThread)"]}

@@ -107,6 +107,7 @@ class RankLog:
     fr_dumps: list[tuple[int, str, str]] = field(default_factory=list)
     profiler_traces: list[tuple[int, str]] = field(default_factory=list)
     warnings: list[tuple[int, str]] = field(default_factory=list)
+    thread_names: dict[int, str] = field(default_factory=dict)  # tid -> threading name, where written
     closed_reason: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -231,6 +232,10 @@ class _Builder:
             log.profiler_traces.append((r[1], r[2]))
         elif kind == "w":
             log.warnings.append((r[1], r[2]))
+        elif kind == "n":
+            if not isinstance(r[1], int) or not isinstance(r[2], str):
+                raise ValueError("thread name record")
+            log.thread_names[r[1]] = r[2]
         elif kind == "z":
             log.closed_reason = r[3]
         # Unknown kinds come from newer writers: ignored on purpose.
