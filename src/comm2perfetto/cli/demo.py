@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
                         "choose a new folder with -o or pass --overwrite")
     quiet = [f"{name}={value}" for name, value in QUIET_JOB_ENV.items() if name not in os.environ]
     status = cli_main(["record", "-o", out, "--profile-steps", PROFILE_STEPS, *(["--overwrite"] * args.overwrite),
-                       "--", "env", *quiet, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
-                       "--standalone", str(EXAMPLE), "--steps", str(args.steps)])
+                       "--", "env", *quiet, sys.executable, "-m", "torch.distributed.run",
+                       "--nproc-per-node", str(args.nproc), "--standalone", str(EXAMPLE), "--steps", str(args.steps)])
     if status != 0:
         if status != 2:  # record printed why already
             print(f"comm2perfetto demo: the example job failed (status {status})", file=sys.stderr)

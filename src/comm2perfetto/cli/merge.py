@@ -163,7 +163,7 @@ def _parse_time(part: str, whole: str) -> int:
 def _job_span(job: Job) -> tuple[int | None, int | None]:
     """The earliest timed event (the origin of --window and the trace's wall-clock anchor) and the latest."""
     firsts = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
-    lasts = firsts + [t for c in job.iter_collectives() for t in c.end_ns if t is not None]
+    lasts = [t for c in job.iter_collectives() for t in c.end_ns if t is not None]
     for rank, log in job.logs.items():
         off = job.clock.offset_ns.get(rank, 0)
         firsts += [call.t_call_ns + off for call in log.calls[:1]]
@@ -172,7 +172,7 @@ def _job_span(job: Job) -> tuple[int | None, int | None]:
         lasts += [(call.t_return_ns or call.t_call_ns) + off for call in log.calls[-1:]]
         lasts += [r.t_end_ns + off for r in log.ranges if r.t_end_ns is not None]
         lasts += [t + off for _, t, _ in log.steps[-1:]]
-    return (min(firsts) if firsts else None), (max(lasts + firsts) if firsts else None)
+    return (min(firsts) if firsts else None), (max(firsts + lasts) if firsts else None)
 
 
 def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> None:

@@ -618,8 +618,8 @@ class _RankWriter:
             self._seen(begin, end)
             self.compute.append((begin, end))
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
-            self.families.append((_thread_name("ranges", tid, log.thread_names), "NVTX and comm2perfetto.range() ranges",
-                                  items))
+            self.families.append((_thread_name("ranges", tid, log.thread_names),
+                                  "NVTX and comm2perfetto.range() ranges", items))
 
     def _recorder_events(self, log) -> None:
         items: list[Item] = []
