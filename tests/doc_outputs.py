@@ -8,9 +8,9 @@ Every fenced block without a language (an output) in those files is preceded by 
 - ``<!-- not checked: REASON -->``: the block is not compared (a job's own racy prints, a C++ abort text).
 
 A line ``...`` in a shown output stands for lines left out there. Outputs are compared after normalising
-what differs between runs and machines: measured times, sizes, ratios and percentages, the folder the
-commands ran in, recording folder dates, slice counts, and spacing (so table columns and line wrapping may
-shift).
+what differs between runs and machines: measured times, sizes, ratios and percentages, a lone 0 (a measured
+zero has no unit), the folder the commands ran in, recording folder dates, slice counts, and spacing (so
+table columns and line wrapping may shift).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ _QUANTITY = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:ns|us|ms|s|KB|MB|GB|B
 _DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
 _SLICES = re.compile(r"\d[\d,]* (slices|instants)")
 _RUN_DATE = re.compile(r"comm2perfetto-\d{8}-\d{6}")
+_ZERO = re.compile(r"(?<!\S)0(?!\S)")  # a measured 0 prints without a unit (a rank label 0 goes with it)
 
 
 def normalise(text: str, cwd: str) -> str:
@@ -96,6 +97,7 @@ def normalise(text: str, cwd: str) -> str:
     text = _SLICES.sub(r"<n> \1", text)
     text = _QUANTITY.sub("<q>", text)
     text = _DECIMAL.sub("<n>", text)
+    text = _ZERO.sub("<q>", text)
     return " ".join(text.split())
 
 

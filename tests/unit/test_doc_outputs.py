@@ -71,3 +71,11 @@ c
     assert [(s.command, s.expected) for s in blocks[1].steps] == [
         ("comm2perfetto record -o hang -- torchrun job.py", None), ("comm2perfetto diagnose hang", ["OK"])]
     assert blocks[3].line == 22
+
+
+def test_a_measured_zero_has_no_unit():
+    shown = ["   0  38.0ms   30.0ms  30.3ms      23.9ms   6.41ms  1.65ms          1.01    78.9%"]
+    assert mismatch(shown, "   0  14.2ms   4.76ms  9.32ms      1.29ms        0  1.43ms          1.96    13.8%",
+                    CWD) is None
+    assert mismatch(shown, "   1  14.2ms   4.76ms  9.32ms      1.29ms        0  1.43ms          1.96    13.8%",
+                    CWD) is not None
