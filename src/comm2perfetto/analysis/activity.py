@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from operator import itemgetter
 from pathlib import Path
 
 from comm2perfetto.analysis.intervals import Measured, Span, difference, envelope, intersection, union
@@ -30,6 +31,7 @@ from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto_spans
 
 GPU = "gpu"
 CPU = "cpu"
+_END = itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,9 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoInt
         cpu_compute += trace.cpu_compute
         cpu_comm += trace.comm
         steps.extend(trace.steps)
-        spans = [s for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) for s in part]
-        if spans:
-            windows.append((min(b for b, _ in spans), max(e for _, e in spans)))
+        parts = [part for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) if part]
+        if parts:  # tuple comparison and itemgetter: C speed on a trace's hundred thousand spans
+            windows.append((min(min(part)[0] for part in parts), max(max(part, key=_END)[1] for part in parts)))
     windows.sort()
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
@@ -186,7 +188,7 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
         comm_u = union(comm_u + fr)
         sources.append("Flight Recorder")
     compute_u = _shift(compute_u, offset)
-    profiled_only = profile.cpu_compute and not (log is not None and log.ranges)
+    profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, offset, envelope(compute_u, comm_u)),
                         compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
