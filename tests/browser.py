@@ -38,6 +38,8 @@ def ensure_chromium() -> str:
             if done.returncode != 0:
                 raise RuntimeError(f"cannot install chromium ({' '.join(cmd)}: {done.stderr.strip()[-500:]}); "
                                    "install it with: apt-get install -y chromium")
+        if not os.path.exists(CHROMIUM):
+            raise RuntimeError(f"apt-get installed chromium, but not as {CHROMIUM}")
     return CHROMIUM
 
 

@@ -16,7 +16,7 @@ from conftest import communicate, job_env, record_cmd
 
 from comm2perfetto.export.report_plot import rank_tooltip
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first run may install chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 
