@@ -47,6 +47,17 @@ def test_problem_exits_1_and_json_follows_the_contract(tmp_path, capsys):
     assert isinstance(f["stacks"], dict)
 
 
+def test_output_file_gets_the_verdict_and_stderr_one_line(tmp_path, capsys):
+    _missing_rank_job(tmp_path / "d")
+    code, out, err = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "verdict.json"))
+    assert code == 1 and out == "" and err == f"comm2perfetto diagnose: stuck; wrote {tmp_path / 'verdict.json'}\n"
+    assert json.loads((tmp_path / "verdict.json").read_text())["status"] == "stuck"
+    code, _, _ = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "verdict.txt"))
+    assert (tmp_path / "verdict.txt").read_text().startswith("STUCK: 1 finding")
+    code, _, err = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "nope" / "v.json"))
+    assert code == 2 and "does not exist" in err
+
+
 def test_text_puts_the_verdict_first(tmp_path, capsys):
     _missing_rank_job(tmp_path)
     code, out, _ = _run(capsys, str(tmp_path))

@@ -59,3 +59,48 @@ def test_terminal_rewrites_one_line(monkeypatch):
     text = out.getvalue()
     assert text.count("\r") == 3 and text.endswith("comm2perfetto: reading: 4/4 (100%)\n")
     assert "\n" not in text[:-1]
+
+
+def test_a_pipe_gets_nothing(monkeypatch):
+    import os
+
+    clock = FakeClock()
+    monkeypatch.setattr(progress_mod.time, "monotonic", clock)
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as pipe:
+        p = Progress("reading", pipe)
+        for done in range(1, 101):
+            clock.now += 0.5
+            p(done, 100)
+        p.finish()
+    with os.fdopen(read) as r:
+        assert r.read() == ""
+
+
+def test_a_phase_shows_its_elapsed_time_on_a_terminal_only():
+    import time
+
+    from comm2perfetto.cli.progress import Phase
+
+    out = Terminal()
+    with Phase("matching", out, quiet_s=0.05, every_s=0.05):
+        time.sleep(0.5)
+    text = out.getvalue()
+    assert text.startswith("\rcomm2perfetto: matching... 0 s") and text.endswith("\n")
+    log = io.StringIO()
+    with Phase("matching", log, quiet_s=0.0, every_s=0.01):
+        time.sleep(0.1)
+    assert log.getvalue() == ""
+
+
+def test_counted_work_hands_over_to_the_phase_after_it():
+    import time
+
+    out = Terminal()
+    p = Progress("reading", out, quiet_s=0.0, then="matching")
+    p(1, 2)
+    p(2, 2)
+    time.sleep(0.3)
+    p.finish()
+    text = out.getvalue()
+    assert "reading: 2/2 (100%)\n" in text and "comm2perfetto: matching... " in text and text.endswith("\n")

@@ -287,3 +287,49 @@ def test_p2p_and_collective_flows_never_share_an_id(tmp_path, capsys):
     )
     seqs = {fid: {e.args.get("seq") for e in trace.flows[fid]} for fid in linked if linked[fid][0][1] == "all_reduce"}
     assert sorted(s for v in seqs.values() for s in v) == [1, 2, 3]  # each flow joins one collective's slices
+
+
+def test_output_defaults_to_the_folder_name(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path / "run1")
+    code, out, _ = _merge(capsys, str(tmp_path / "run1") + "/")
+    assert code == 0 and f"wrote {tmp_path / 'run1.pftrace'} " in out
+    check_trace(tmp_path / "run1.pftrace")
+
+
+def test_several_inputs_need_a_name(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path / "a")
+    code, _, err = _merge(capsys, str(tmp_path / "a" / "nccl_trace_rank_0"), str(tmp_path / "a" / "nccl_trace_rank_1"))
+    assert code == 2 and "name the trace with -o" in err and err.count("\n") == 1
+
+
+def test_output_that_is_a_folder(tmp_path, capsys):
+    steady_job(world=2, steps=1).write(tmp_path / "run1")
+    (tmp_path / "audit1").mkdir()
+    code, _, err = _merge(capsys, str(tmp_path / "run1"), "-o", str(tmp_path / "audit1"))
+    assert code == 2 and "that is a folder" in err and "audit1/job.pftrace" in err and "unknown" not in err
+
+
+def test_window_after_the_job_is_refused(tmp_path, capsys):
+    steady_job(world=2, steps=3).write(tmp_path / "run1")
+    target = tmp_path / "j.pftrace"
+    code, _, err = _merge(capsys, str(tmp_path / "run1"), "-o", str(target), "--window", "100:200")
+    assert code == 2 and "nothing falls in this window" in err and not target.exists()
+    code, out, _ = _merge(capsys, str(tmp_path / "run1"), "-o", str(target), "--window", "0:1ns")
+    assert code == 0 and "collectives: 3 (1 in the window)" in out
+
+
+def test_thread_tracks_are_named_by_the_threads_name_where_the_log_has_it(tmp_path, capsys):
+    folder = tmp_path / "d"
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        if rank == 1:
+            log.lines.append(["n", 1396872, "MainThread"])
+        log.call("all_reduce", T0_NS + STEP_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+        log.close(T0_NS + 4 * STEP_NS)
+        log.write(folder)
+    target = tmp_path / "job.pftrace"
+    assert _merge(capsys, str(folder), "-o", str(target))[0] == 0
+    trace = check_trace(target)
+    names = {p: [t.name for t in trace.tracks_of(p) if t.name.startswith("python calls")] for p in ("rank 0", "rank 1")}
+    assert names == {"rank 0": ["python calls (thread 1396872)"], "rank 1": ["python calls (MainThread)"]}

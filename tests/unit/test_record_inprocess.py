@@ -136,3 +136,24 @@ def test_enable_refuses_an_unusable_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a folder; choose another output folder"):
         comm2perfetto.enable(str(tmp_path / "file"))
+
+
+def test_threads_are_named_in_the_log(tmp_path, fr_env):
+    import threading
+
+    _init_one_rank()
+    try:
+        out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+        try:
+            dist.all_reduce(torch.ones(4))
+            worker = threading.Thread(target=lambda: dist.all_reduce(torch.ones(2)), name="loss-reducer")
+            worker.start()
+            worker.join()
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    log = read_event_log(os.path.join(out, "rank0.events.jsonl"))
+    by_op = {c.shapes[0][0]: c.tid for c in log.calls}
+    assert log.thread_names[by_op[4]] == threading.main_thread().name
+    assert log.thread_names[by_op[2]] == "loss-reducer"

@@ -12,12 +12,12 @@ import pytest
 from factories import T0_NS, EventLog, FrJob
 from kineto_fixtures import KinetoDoc
 
-from comm2perfetto.analysis.activity import GPU, RankActivity, kineto_intervals, rank_activity
+from comm2perfetto.analysis.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
 from comm2perfetto.analysis.bandwidth import bus_factor, collective_table, message_bytes, percentile
 from comm2perfetto.analysis.intervals import Measured, clip, difference, envelope, intersection, length, union
 from comm2perfetto.analysis.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.analysis.overlap import breakdown, job_breakdown
-from comm2perfetto.analysis.report import build_report
+from comm2perfetto.analysis.report import _profiled_note, build_report, steps_text
 from comm2perfetto.analysis.stragglers import lateness_map, straggler_table
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
@@ -366,3 +366,25 @@ def test_span_reader_reads_the_cpu_side_when_a_guess_of_kernels_was_wrong(tmp_pa
     assert spans.cpu_read and spans.gpu == {"compute": [], "comm": [], "memory": []}
     assert spans == read_kineto_spans(path, cpu=True)
     assert len(spans.cpu_compute) == 1 and len(spans.comm) == 1 and len(spans.steps) == 1
+
+
+# --- which steps the figures cover ---------------------------------------------------------------------------
+
+
+def _profiled_only(steps, windows):
+    return RankActivity(0, CPU, ("profiler CPU ops",), [(0, 1)], [], [], tuple(steps),
+                        compute_windows=tuple(windows))
+
+
+def test_report_says_which_steps_its_figures_cover_when_compute_is_profiled_only():
+    # Steps 1-6 of 10 ns each; the profiler ran over steps 3-4.
+    steps = [(n, n * 10, n * 10 + 10) for n in range(1, 7)]
+    activities = {0: _profiled_only(steps, [(30, 50)])}
+    assert _profiled_note(activities, None) == [
+        "compute is known only in the profiled steps 3-4: these figures cover steps 1-6, and the 4 unprofiled "
+        "ones count no compute; --steps 3-4 reports those alone"]
+    assert _profiled_note(activities, (3, 4)) == [
+        "compute is known only in the profiled steps 3-4: these figures cover steps 3-4, all profiled"]
+    # Compute from ranges too (compute_windows None): known everywhere, nothing to say.
+    assert _profiled_note({0: RankActivity(0, CPU, (), [], [], [], tuple(steps))}, None) == []
+    assert steps_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"

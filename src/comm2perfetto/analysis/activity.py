@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from operator import itemgetter
 from pathlib import Path
 
 from comm2perfetto.analysis.intervals import Measured, Span, difference, envelope, intersection, union
@@ -30,6 +31,7 @@ from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto_spans
 
 GPU = "gpu"
 CPU = "cpu"
+_END = itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class KinetoIntervals:
     gpu_overlapped: list[Span] | None = None
     gpu_busy: list[Span] | None = None
     steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    windows: tuple[Span, ...] = ()  # each trace's first to last event: where the profiler was running
     events: int = 0
     notes: tuple[str, ...] = ()
 
@@ -63,6 +66,15 @@ class RankActivity:
     steps: tuple[tuple[int, int, int], ...]  # (step, begin, end)
     overlapped: list[Span] | None = None  # compute ∩ comm and compute ∪ comm ∪ memory, when known already
     busy: list[Span] | None = None
+    # Where the profiler ran, when it is the only source of compute (no recorder ranges): outside these
+    # windows the rank's compute is unknown, not zero.
+    compute_windows: tuple[Span, ...] | None = None
+
+    def profiled_steps(self) -> list[int] | None:
+        """The steps whose middle falls in a profiled window, when compute is known only there."""
+        if self.compute_windows is None:
+            return None
+        return [n for n, b, e in self.steps if any(wb <= (b + e) // 2 < we for wb, we in self.compute_windows)]
 
     @property
     def span(self) -> Span | None:
@@ -85,6 +97,7 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoInt
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
     steps: list[tuple[int, int, int]] = []
+    windows: list[Span] = []
     notes: list[str] = []
     events = 0
     for path in paths:
@@ -99,13 +112,18 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoInt
         cpu_compute += trace.cpu_compute
         cpu_comm += trace.comm
         steps.extend(trace.steps)
+        parts = [part for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) if part]
+        if parts:  # tuple comparison and itemgetter: C speed on a trace's hundred thousand spans
+            windows.append((min(min(part)[0] for part in parts), max(max(part, key=_END)[1] for part in parts)))
+    windows.sort()
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
         return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
-                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)), events=events,
-                               notes=tuple(notes))
+                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
+                               windows=tuple(windows), events=events, notes=tuple(notes))
     return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), events=events, notes=tuple(notes))
+                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows), events=events,
+                           notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
@@ -142,7 +160,8 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
         compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
         return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
                             _steps(log, profile, offset, envelope(compute, comm)),
-                            _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset))
+                            _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
+                            tuple(_shift(list(profile.windows), offset)))
     sources: list[str] = []
     compute: list[Span] = []
     comm: list[Span] = []
@@ -169,8 +188,10 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
         comm_u = union(comm_u + fr)
         sources.append("Flight Recorder")
     compute_u = _shift(compute_u, offset)
+    profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
-                        _steps(log, profile, offset, envelope(compute_u, comm_u)))
+                        _steps(log, profile, offset, envelope(compute_u, comm_u)),
+                        compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
 
 
 def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:

@@ -45,7 +45,7 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
     """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down). ``steps``: only
     calls recorded in steps A..B; ``keep``: only those C++-issued collectives."""
     rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)
-    for rank, log in job.logs.items():
+    for rank, log in sorted(job.logs.items()):
         for call in log.calls:
             if steps is not None and not steps[0] <= call.step <= steps[1]:
                 continue
@@ -56,7 +56,8 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
                 key = (rank, call.cid)
             path = aggregate_path(call.module, depth) if call.module else OUTSIDE
             row = rows[(path, call.pass_, call.op)]
-            row.instances[key] = max(row.instances.get(key, 0), call.nbytes or 0)
+            # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
+            row.instances.setdefault(key, call.nbytes or 0)
             row.ranks.add(rank)
     for uid, cols in job.collectives.items():
         for c in cols:

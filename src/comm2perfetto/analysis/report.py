@@ -55,7 +55,8 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
         "modules": module_table(job, depth, steps, keep) if job is not None else [],
         "lateness_map": lateness_map(job, keep) if job is not None else {"ranks": [], "collectives": [],
                                                                          "lateness_s": []},
-        "notes": notes + _basis_notes(activities) + _untimed_note(collectives, bases),
+        "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
+        + _untimed_note(collectives, bases),
     }
     return doc
 
@@ -99,6 +100,37 @@ def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:
         notes.append("no compute intervals: record with --profile-steps, or wrap compute in comm2perfetto.range() "
                      "or NVTX ranges, to see overlap")
     return notes
+
+
+def _profiled_note(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[str]:
+    """Which steps the figures cover, when compute is known only where the profiler ran (the demo's
+    ``--profile-steps 5-8`` of a 40-step job): elsewhere it reads as 0, which is unknown, not idle."""
+    known = [p for p in (a.profiled_steps() for a in activities.values()) if p is not None]
+    if not known:
+        return []
+    profiled = set().union(*known)
+    selected = sorted({n for a in activities.values() for n, _, _ in a.steps
+                       if steps is None or steps[0] <= n <= steps[1]})
+    if not selected:
+        return []
+    head = f"compute is known only in the profiled steps {steps_text(sorted(profiled)) or '(none)'}"
+    outside = [n for n in selected if n not in profiled]
+    if not outside:
+        return [f"{head}: these figures cover steps {steps_text(selected)}, all profiled"]
+    hint = f"; --steps {steps_text(sorted(profiled))} reports those alone" if profiled else ""
+    return [f"{head}: these figures cover steps {steps_text(selected)}, and the {len(outside)} unprofiled ones "
+            f"count no compute{hint}"]
+
+
+def steps_text(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3,7': sorted step numbers as runs."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def _untimed_note(collectives: list[dict], bases: set[str]) -> list[str]:

@@ -2,13 +2,15 @@
 
 Each subcommand lives in its own module here and exposes ``add_parser(subparsers)``, which registers the
 subcommand and sets ``func`` to a ``run(args) -> int`` function. Exit codes: 0 success, 1 a problem was found
-in the job (diagnose) or the recorded job failed (record), 2 usage or input error.
+in the job (diagnose), record's the job's own, 2 usage or input error; each subcommand's --help lists its own
+(``exit_status``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -25,6 +27,32 @@ class UserError(Exception):
 
 COMMANDS = ("record", "merge", "diagnose", "report", "demo")
 
+EXAMPLES = """\
+examples:
+  comm2perfetto demo                    record, merge, report and diagnose a small 2-rank job on CPU
+  comm2perfetto record -o run1 -- torchrun --nproc-per-node 4 train.py
+  comm2perfetto diagnose run1           which collective is stuck or desynced, and which rank is to blame
+  comm2perfetto merge run1              one Perfetto trace of every rank: run1.pftrace
+  comm2perfetto report run1 --plot run1.html
+
+Each command's --help lists its options and exit statuses (2 is always a usage or input error)."""
+
+
+def exit_status(*codes: str) -> str:
+    """The epilog every subcommand's --help ends with: its own exit statuses, then the shared ones.
+    ``exit_status("0  trace written")``."""
+    return "\n".join(["exit status:", *(f"  {c}" for c in codes),
+                      f"  {USAGE_ERROR}  usage or input error (one line on stderr)"])
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Reflows a paragraph as argparse does but keeps indented lines as written (examples, exit statuses)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text
+        return "\n".join(line if line.startswith(" ") or not line else fill(line, width, indent)
+                         for line in text.splitlines())
+
 
 def check_writable(path: Path) -> None:
     """Fail before the (long) loading when the output cannot be written."""
@@ -39,12 +67,20 @@ def check_writable(path: Path) -> None:
         raise UserError(f"cannot write {path}: permission denied")
 
 
+def require_torch(command: str) -> None:
+    """record and demo run PyTorch jobs; the readers never import torch, so it is an extra, not a dependency."""
+    if importlib.util.find_spec("torch") is None:
+        raise UserError(f"torch is not installed in this Python ({sys.executable}), and {command} runs a PyTorch "
+                        "job: pip install 'comm2perfetto[record]' (or your own torch build)")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with ``only`` one subcommand: each subcommand's module imports what its
     ``run`` needs, and a command should not pay for the others' imports (a tenth of a second)."""
     parser = argparse.ArgumentParser(
-        prog="comm2perfetto",
-        description="Record, diagnose and visualise PyTorch distributed communication across every rank.",
+        prog="comm2perfetto", formatter_class=HelpFormatter, epilog=EXAMPLES,
+        description="Record, diagnose and visualise PyTorch distributed communication across every rank. "
+                    "Only record and demo need torch; diagnose, merge and report read a job's files anywhere.",
     )
     parser.add_argument("--version", action="version", version=f"comm2perfetto {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,6 +88,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name in COMMANDS:
         if only is None or name == only:
             importlib.import_module(f"comm2perfetto.cli.{name}").add_parser(sub)
+    for subparser in sub.choices.values():
+        subparser.formatter_class = HelpFormatter
     return parser
 
 

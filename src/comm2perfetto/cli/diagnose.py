@@ -18,14 +18,15 @@ import gc
 import io
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 import orjson
 
 from comm2perfetto.analysis.findings import STATUS_EXIT, Diagnosis, Finding
 from comm2perfetto.analysis.hang import diagnose
-from comm2perfetto.cli import UserError
-from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 
@@ -38,11 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read every Flight Recorder dump, comm2perfetto event log and stall stack under the given "
                     "folders (any file names, pickle or JSON, any Flight Recorder version, NCCL or gloo), "
                     "match the collectives across ranks and say, per process group, the first one that did not "
-                    "complete on every rank and why. Exit status: 0 ok, interrupted or still running with nothing "
-                    "wrong so far; 1 stuck, desync, crashed or incomplete; 2 input error.",
+                    "complete on every rank and why.",
+        epilog="example:\n  comm2perfetto diagnose run1 --format json -o verdict.json\n\n"
+               + exit_status("0  ok, interrupted or still running with nothing wrong so far",
+                             "1  a problem was found: stuck, desync, crashed or incomplete"),
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--format", choices=("text", "json"),
+                   help="output format (default: json when -o ends in .json, else text)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
@@ -53,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     # A loaded job is millions of objects that all live until the command ends and form no cycles: a cyclic
     # GC pass over them costs seconds at 1024 ranks and frees nothing. Off for this short-lived command.
     gc.disable()
-    progress = Progress("reading Flight Recorder dumps (ranks)")
+    fmt = args.format or ("json" if args.output and args.output.lower().endswith(".json") else "text")
+    if args.output:
+        check_writable(Path(args.output))
+    progress = Progress("reading Flight Recorder dumps (ranks)", then="matching collectives across ranks")
     try:
         # Stacks are read on demand: a report shows a handful.
         job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress)
@@ -64,13 +72,21 @@ def run(args: argparse.Namespace) -> int:
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
-    result = diagnose(job, pg=args.pg, now_ns=time.time_ns())
-    if args.format == "json":
+    with Phase("diagnosing"):
+        result = diagnose(job, pg=args.pg, now_ns=time.time_ns())
+    if fmt == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
     else:
         buf = io.StringIO()
         render_text(result, buf)
         text = buf.getvalue()
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:
+            raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        print(f"comm2perfetto diagnose: {result.status}; wrote {args.output}", file=sys.stderr)
+        return STATUS_EXIT[result.status]
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

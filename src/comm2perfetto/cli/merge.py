@@ -1,4 +1,4 @@
-"""``comm2perfetto merge DIR... -o job.pftrace``: every rank's dumps and logs in one Perfetto trace.
+"""``comm2perfetto merge DIR [-o job.pftrace]``: every rank's dumps and logs in one Perfetto trace.
 
 Reads what ``diagnose`` reads (Flight Recorder dumps, recorder logs, stall stacks) plus profiler traces,
 aligns the ranks' clocks, and writes one trace: a process per rank, a track per process group, compute
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from comm2perfetto.analysis.findings import Diagnosis, secs_text
 from comm2perfetto.analysis.hang import diagnose
-from comm2perfetto.cli import UserError, check_writable
+from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.diagnose import rank_span
-from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.export.formats import format_for, open_writer
 from comm2perfetto.export.markers import plan_markers
@@ -40,10 +40,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "profiler traces under the given folders into ONE trace: a process per rank, a track per "
                     "process group, compute tracks, each collective linked across ranks, and where the job "
                     "stalled. Open the result at https://ui.perfetto.dev.",
+        epilog="example:\n  comm2perfetto merge run1 --preview run1.png     writes run1.pftrace and run1.png\n\n"
+               + exit_status("0  trace written (also when the job had problems: the summary names them)"),
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
-    p.add_argument("-o", "--output", required=True, metavar="OUT",
-                   help="the trace to write: .pftrace (Perfetto protobuf) or .json / .json.gz (Chrome JSON)")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="the trace to write: .pftrace (Perfetto protobuf) or .json / .json.gz (Chrome JSON); "
+                        "default: DIR.pftrace, next to the (one) folder given")
     p.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0-7,12")
     p.add_argument("--window", metavar="START:END",
                    help="only events overlapping this time window, relative to the job's first event: "
@@ -61,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: millions of long-lived objects, no cycles to find
-    out = Path(args.output)
+    out = Path(args.output) if args.output else default_output(args.paths)
+    if out.is_dir():
+        raise UserError(f"-o {out}: that is a folder; name the trace file, e.g. -o {out / 'job.pftrace'}")
     try:
         format_for(out)
     except ValueError as exc:
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--ranks: {exc}") from None
     window_rel = _parse_window(args.window) if args.window else None
 
-    progress = Progress("reading dumps (ranks)")
+    progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align)
@@ -86,17 +91,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     finally:
         progress.finish()
-    diagnosis = diagnose(job, now_ns=time.time_ns())
-    markers = plan_markers(job, diagnosis)
-    selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
+    with Phase("diagnosing"):
+        diagnosis = diagnose(job, now_ns=time.time_ns())
+        markers = plan_markers(job, diagnosis)
+        selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
         raise UserError(f"--ranks {args.ranks}: none of these ranks is in the job "
                         f"(ranks with data: {rank_span(job.ranks)})")
-    start = _job_start(job)
+    start, end = _job_span(job)
     window = None
     if window_rel is not None:
-        if start is None:
+        if start is None or end is None:
             raise UserError("--window: the job has no timed events to measure the window from")
+        if window_rel[0] > end - start:
+            raise UserError(f"--window {args.window}: the job's events end {secs_text(end - start)} after its first "
+                            "one; nothing falls in this window")
         window = (start + window_rel[0], start + window_rel[1])
 
     temp = out.with_name(f".{out.name}.{os.getpid()}.partial")
@@ -118,8 +127,19 @@ def run(args: argparse.Namespace) -> int:
             temp.unlink()
     if preview is not None:
         _draw_preview(preview, summary, diagnosis, selection.note)
-    _print_summary(out, job, diagnosis, summary, stats, preview)
+    _print_summary(out, job, diagnosis, summary, stats, preview, window)
     return 0
+
+
+def default_output(paths: list[str]) -> Path:
+    """``run1/`` -> ``run1.pftrace`` next to it, as perf and nsys name their output without being asked."""
+    folder = Path(paths[0])
+    if len(paths) > 1 or not folder.is_dir():
+        raise UserError("name the trace with -o when merging files or several folders (one folder DIR "
+                        "defaults to DIR.pftrace)")
+    if folder.name in ("", ".", ".."):
+        folder = folder.resolve()
+    return folder.with_name(folder.name + ".pftrace")
 
 
 def _parse_window(text: str) -> tuple[int, int]:
@@ -141,15 +161,19 @@ def _parse_time(part: str, whole: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
 
 
-def _job_start(job: Job) -> int | None:
-    """The earliest timed event: the origin of --window and the trace's wall-clock anchor."""
-    times = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
+def _job_span(job: Job) -> tuple[int | None, int | None]:
+    """The earliest timed event (the origin of --window and the trace's wall-clock anchor) and the latest."""
+    firsts = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
+    lasts = [t for c in job.iter_collectives() for t in c.end_ns if t is not None]
     for rank, log in job.logs.items():
         off = job.clock.offset_ns.get(rank, 0)
-        times += [call.t_call_ns + off for call in log.calls[:1]]
-        times += [r.t_begin_ns + off for r in log.ranges[:1]]
-        times += [t + off for _, t, _ in log.steps[:1]]
-    return min(times) if times else None
+        firsts += [call.t_call_ns + off for call in log.calls[:1]]
+        firsts += [r.t_begin_ns + off for r in log.ranges[:1]]
+        firsts += [t + off for _, t, _ in log.steps[:1]]
+        lasts += [(call.t_return_ns or call.t_call_ns) + off for call in log.calls[-1:]]
+        lasts += [r.t_end_ns + off for r in log.ranges if r.t_end_ns is not None]
+        lasts += [t + off for _, t, _ in log.steps[-1:]]
+    return (min(firsts) if firsts else None), (max(firsts + lasts) if firsts else None)
 
 
 def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> None:
@@ -177,14 +201,14 @@ _NO_FINDINGS = {
 
 
 def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineSummary, stats: WriteStats,
-                   preview: Path | None) -> None:
+                   preview: Path | None, window: tuple[int, int] | None) -> None:
     span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
         summary.t_end_ns is not None else 0
     lines = [
         (f"wrote {out} ({_size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
          f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
-        (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}; collectives: {summary.collectives:,}; "
-         f"p2p transfers: {summary.p2p:,}; time span: {secs_text(span)}"),
+        (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}; collectives: {summary.collectives:,}"
+         f"{_in_window(job, window)}; p2p transfers: {summary.p2p:,}; time span: {secs_text(span)}"),
     ]
     clock = job.clock
     if clock.residual_skew_ns is not None:
@@ -207,6 +231,18 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
         lines.append(f"  preview: {preview}")
     lines.append(f"open it: https://ui.perfetto.dev -> Open trace file -> {out.name}")
     print("\n".join(lines))
+
+
+def _in_window(job: Job, window: tuple[int, int] | None) -> str:
+    """`` (12 in the window)``: how many of the job's collectives overlap --window."""
+    if window is None:
+        return ""
+    lo, hi = window
+    inside = 0
+    for c in job.iter_collectives():
+        times = [t for t in c.arrive_ns + c.end_ns if t is not None]
+        inside += bool(times) and min(times) <= hi and max(times) >= lo
+    return f" ({inside:,} in the window)"
 
 
 def _size(n: int) -> str:

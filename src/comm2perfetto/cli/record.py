@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.cli import UserError
+from comm2perfetto.cli import UserError, exit_status, require_torch
 from comm2perfetto.record.config import (
     DEFAULT_FR_BUFFER,
     DEFAULT_STALL_AFTER_S,
@@ -31,13 +31,14 @@ BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "record",
+        "record", usage="comm2perfetto record [options] -- COMMAND [ARGS...]",
         help="run a training job with communication recording in every rank",
         description="Run COMMAND (torchrun ..., python train.py, any launcher) with recording active in every "
                     "Python process that initialises torch.distributed. No change to the script is needed.",
-        epilog="example: comm2perfetto record -o run1 -- torchrun --nproc_per_node 4 train.py",
+        epilog="example:\n  comm2perfetto record -o run1 -- torchrun --nproc-per-node 4 train.py --my-args\n\n"
+               + exit_status("N  the job's own exit status (128+S when a signal S ended it)"),
     )
-    p.add_argument("-o", "--out", metavar="DIR", help="output folder (default: ./comm2perfetto-<date-time>)")
+    add_output_dir(p)
     p.add_argument("--stall-after", metavar="SECONDS", default=str(DEFAULT_STALL_AFTER_S),
                    help="a collective pending this long makes every rank dump its stacks and Flight Recorder "
                         f"('off' to disable; default {DEFAULT_STALL_AFTER_S:g})")
@@ -50,8 +51,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"Flight Recorder ring size to ask for (default {DEFAULT_FR_BUFFER})")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier recording in DIR")
     # dest is not "command": that is where the top-level parser keeps the subcommand's name (for messages).
-    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                   help="the job's launch command, after '--' (torchrun ..., python train.py ..., srun ...); "
+                        "SIGINT and SIGTERM are forwarded to it")
     p.set_defaults(func=run)
+
+
+def add_output_dir(p: argparse.ArgumentParser) -> None:
+    """``-o/--output DIR``, as merge and report name their output; ``--out``, the spelling of the first
+    releases, still works."""
+    p.add_argument("-o", "--output", dest="out", metavar="DIR",
+                   help="output folder (default: ./comm2perfetto-<date-time>)")
+    p.add_argument("--out", dest="out", help=argparse.SUPPRESS)
 
 
 def _config_from_args(args: argparse.Namespace) -> RecordConfig:
@@ -98,6 +109,7 @@ def child_environment(config: RecordConfig, base: dict[str, str] | None = None) 
 
 
 def run(args: argparse.Namespace) -> int:
+    require_torch("record")
     command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
     if not command:
         raise UserError("no command given: comm2perfetto record [options] -- COMMAND [ARGS...]")
@@ -202,7 +214,7 @@ def _write_job_file(config: RecordConfig, command: list[str], started: int, endi
 
 
 def _print_summary(out_dir: str, status: int, seconds: float) -> None:
-    from comm2perfetto.sources.summary import counts_text, summarize
+    from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
 
     summary = summarize(out_dir)
     err = sys.stderr
@@ -215,10 +227,9 @@ def _print_summary(out_dir: str, status: int, seconds: float) -> None:
     if summary.calls or summary.fr_entries:
         print(f"  torch.distributed calls (patch layer): {counts_text(summary.calls)}", file=err)
         print(f"  Flight Recorder entries (also C++-issued): {counts_text(summary.fr_entries)}", file=err)
-    print(f"  files: {summary.fr_files} Flight Recorder dumps, {summary.stack_files} stall stack dumps "
-          f"({summary.stalls} stall(s) detected), {summary.profiler_traces} profiler traces", file=err)
+    print(f"  files: {summary.fr_files} Flight Recorder dumps, {stacks_text(summary)}, "
+          f"{summary.profiler_traces} profiler traces", file=err)
     for problem in summary.unreadable:
         print(f"  unreadable: {problem}", file=err)
-    trace = os.path.normpath(out_dir) + ".pftrace"
-    print(f"comm2perfetto: next: comm2perfetto merge {out_dir} -o {trace}   (or: comm2perfetto diagnose {out_dir})",
-          file=err)
+    print(f"comm2perfetto: next: comm2perfetto merge {out_dir}   (writes {os.path.normpath(out_dir)}.pftrace; "
+          f"or: comm2perfetto diagnose {out_dir})", file=err)

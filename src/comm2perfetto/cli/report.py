@@ -18,8 +18,8 @@ import orjson
 
 from comm2perfetto.analysis.activity import read_profiles
 from comm2perfetto.analysis.report import build_report
-from comm2perfetto.cli import UserError, check_writable
-from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
@@ -38,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "communication, idle time; per collective type and process group: counts, bytes, "
                     "durations, algorithm and bus bandwidth; stragglers; collectives per nn.Module. Reads a "
                     "`comm2perfetto record` folder, Flight Recorder dumps, or torch.profiler traces alone.",
+        epilog="example:\n  comm2perfetto report run1 --steps 5-8 --plot run1.html\n\n"
+               + exit_status("0  report written"),
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
     p.add_argument("--format", choices=("text", "json", "csv"),
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
-    progress = Progress("reading dumps (ranks)")
+    progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
     try:
         src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress,
                            profiles_suffice=not args.no_profiler)
@@ -95,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                                  progress=progress, whole_us=args.hta_rounding)
     finally:
         progress.finish()
-    doc = build_report(job, profiles, steps=steps, depth=args.depth)
+    with Phase("analysing overlap, bandwidth and stragglers"):
+        doc = build_report(job, profiles, steps=steps, depth=args.depth)
     if None in src.kineto and not args.no_profiler:
         doc["notes"].append(f"{len(src.kineto[None])} profiler trace(s) left out: their rank is neither in "
                             f"distributedInfo nor in the file name (e.g. {src.kineto[None][0]})")

@@ -5,8 +5,8 @@ What goes where (processes top-down, tracks in this order inside each)::
     job                     findings (stalls, mismatches, missing ranks) · collectives in flight (counter)
     rank 0 (host, pid)      steps
                             <group>            one slice per collective or p2p op; more lanes if they overlap
-                            python calls (thread T)   every torch.distributed call, call -> return
-                            ranges (thread T)         NVTX and comm2perfetto.range() ranges
+                            python calls (THREAD)     every torch.distributed call, call -> return
+                            ranges (THREAD)           NVTX and comm2perfetto.range() ranges
                             cpu ops (thread T)        torch.profiler CPU ops of the training threads
                             GPU <stream>              kernels: compute, communication or memory
                             recorder                  stalls seen, Flight Recorder dumps, warnings, marks
@@ -589,7 +589,7 @@ class _RankWriter:
             by_thread[call.tid].append((begin, end, call.op, args, "python", None, NO_FLOWS))
             self._seen(begin, None if end is UNCLOSED else end)
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
-            self.families.append((_thread_name("python calls", tid),
+            self.families.append((_thread_name("python calls", tid, log.thread_names),
                                   "torch.distributed calls as the patch layer saw them: from call to return", items))
 
     def _stuck_in(self, call) -> bool:
@@ -618,8 +618,8 @@ class _RankWriter:
             self._seen(begin, end)
             self.compute.append((begin, end))
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
-            self.families.append((_thread_name("ranges", tid), "NVTX and comm2perfetto.range() ranges",
-                                  items))
+            self.families.append((_thread_name("ranges", tid, log.thread_names),
+                                  "NVTX and comm2perfetto.range() ranges", items))
 
     def _recorder_events(self, log) -> None:
         items: list[Item] = []
@@ -882,8 +882,15 @@ def _nbytes(sig: Signature) -> int | None:
     return tensor_bytes(sig.input_sizes, sig.input_dtypes)
 
 
-def _thread_name(what: str, tid: Any) -> str:
-    return f"{what} (thread {tid})"
+def _thread_name(what: str, tid: Any, names: dict[int, str]) -> str:
+    """``python calls (MainThread)`` where the recorder wrote the thread's name (the id too when another thread
+    of the rank has the same name), ``python calls (thread 139624980982656)`` where not."""
+    name = names.get(tid)
+    if name is None:
+        return f"{what} (thread {tid})"
+    if sum(1 for other in names.values() if other == name) > 1:
+        return f"{what} ({name}, thread {tid})"
+    return f"{what} ({name})"
 
 
 def _ordered_groups(job: Job) -> list[tuple[str, Any]]:

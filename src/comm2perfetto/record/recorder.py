@@ -225,6 +225,11 @@ class Recorder:
         self._write = log.write
         self._append = log.append
         log.write(["c", 0, [], None, None])
+        # Threads already known by then; later ones name themselves as they first touch state.threads.
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for tid in list(state.all_threads.keys()):
+            if tid in names:
+                log.write(["n", tid, names[tid]])
         self._graph_task_id = getattr(torch._C, "_current_graph_task_id", _no_graph_task)
         self._default_group: Any = None
         self._default_info: _GroupInfo | None = None
@@ -472,6 +477,13 @@ class Recorder:
                   f"in backward; later calls have no module")
 
     # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def name_thread(self, tid: int) -> None:
+        """The first time a thread is seen: its name, for the trace's thread tracks."""
+        try:
+            self._write(["n", tid, threading.current_thread().name])
+        except Exception as exc:
+            self.fault(exc)
 
     def warn(self, message: str) -> None:
         self._write(["w", _time_ns(), message])

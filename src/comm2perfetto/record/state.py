@@ -47,6 +47,8 @@ class _Threads(threading.local):
     def __init__(self) -> None:
         self.state = ThreadState()
         all_threads[self.state.tid] = self.state
+        if recorder is not None:  # once per thread, never on the hot path
+            recorder.name_thread(self.state.tid)
 
 
 # Every live thread's state (it goes with its thread): where the watchdog finds the calls running.

@@ -117,6 +117,7 @@ class RankLog:
     fr_dumps: list[tuple[int, str, str]] = field(default_factory=list)
     profiler_traces: list[tuple[int, str]] = field(default_factory=list)
     warnings: list[tuple[int, str]] = field(default_factory=list)
+    thread_names: dict[int, str] = field(default_factory=dict)  # tid -> threading name, where written
     closed_reason: str | None = None
     endings: list[Ending] = field(default_factory=list)
     first_ns: int | None = None  # the first and last time any record carries: the log's horizon
@@ -256,6 +257,10 @@ class _Builder:
             log.profiler_traces.append((r[1], r[2]))
         elif kind == "w":
             log.warnings.append((r[1], r[2]))
+        elif kind == "n":
+            if not isinstance(r[1], int) or not isinstance(r[2], str):
+                raise ValueError("thread name record")
+            log.thread_names[r[1]] = r[2]
         elif kind == "z":
             log.closed_reason = r[3]
         elif kind == "u":

@@ -29,7 +29,8 @@ class RecordingSummary:
     fr_files: int = 0
     stack_files: int = 0
     profiler_traces: int = 0
-    stalls: int = 0
+    stalls: int = 0  # stalls these ranks detected themselves
+    remote_stalls: int = 0  # stack dumps another rank (maybe on another node) asked these ranks for
     unreadable: list[str] = field(default_factory=list)
 
 
@@ -53,6 +54,7 @@ def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
             continue
         summary.calls.update(call.op for call in log.calls)
         summary.stalls += sum(1 for stall in log.stalls if stall.reason != "remote")
+        summary.remote_stalls += sum(1 for stall in log.stalls if stall.reason == "remote")
     seen: set[tuple[int | None, int, object]] = set()
     for path in fr:
         try:
@@ -68,6 +70,20 @@ def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
             seen.add(key)
             summary.fr_entries[split_profiling_name(str(entry.get("profiling_name", "")))[1]] += 1
     return summary
+
+
+def stacks_text(summary: RecordingSummary) -> str:
+    """``"2 stall stack dumps (1 stall detected by these ranks, 1 dump asked for by another rank)"``: a node
+    whose ranks only answered another node's stall has dumps but detected none itself."""
+    text = _plural(summary.stack_files, "stall stack dump")
+    if not summary.stack_files:
+        return text
+    return (f"{text} ({_plural(summary.stalls, 'stall')} detected by these ranks, "
+            f"{_plural(summary.remote_stalls, 'dump')} asked for by another rank)")
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def counts_text(counter: Counter) -> str:

@@ -1,0 +1,125 @@
+"""``report --plot x.html`` of a real recording, opened in headless Chromium (tests/browser.py): the page loads
+with no console error, shows both charts and every table, and hovering a bar lands on a tooltip that carries
+that rank's numbers from the same report's JSON."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from browser import Browser
+from conftest import communicate, job_env, record_cmd
+
+from comm2perfetto.export.report_plot import rank_tooltip
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first run may install chromium
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PAGE_FACTS = """(() => {
+  const text = (e) => e ? e.textContent.trim() : null;
+  const bars = document.querySelector('svg g.rank') ? document.querySelector('g.rank').ownerSVGElement : null;
+  const hits = [...document.querySelectorAll('rect.seg')].map((r) => {
+    const box = r.getBoundingClientRect();
+    window.scrollTo(0, box.top + window.scrollY - 100);
+    const b = r.getBoundingClientRect();
+    const hit = document.elementFromPoint(b.left + b.width / 2, b.top + b.height / 2);
+    const group = hit && hit.closest('g.rank');
+    return {own: text(r.closest('g.rank').querySelector(':scope > title')),
+            hovered: group ? text(group.querySelector(':scope > title')) : null, width: b.width};
+  });
+  return {
+    headings: [...document.querySelectorAll('h2')].map(text),
+    svgs: document.querySelectorAll('svg').length,
+    bars_height: bars ? bars.getBoundingClientRect().height : 0,
+    rank_titles: [...document.querySelectorAll('g.rank > title')].map(text),
+    cell_titles: [...document.querySelectorAll('rect.cell')].map((c) => text(c.querySelector('title'))),
+    tables: [...document.querySelectorAll('table')].map((t) => ({
+      header: [...t.querySelectorAll('th')].map(text), rows: t.querySelectorAll('tbody tr').length})),
+    hits,
+  };
+})()"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A 2-rank DDP run on gloo, steps 2-4 profiled, and its report as JSON and as the HTML page."""
+    tmp = tmp_path_factory.mktemp("html")
+    rec = tmp / "rec"
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "ddp_train.py"), "--steps", "4"]
+    proc = subprocess.Popen(record_cmd(rec, job, ["--profile-steps", "2-4"]), env=job_env(), cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = communicate(proc, 180)
+    assert proc.returncode == 0, err
+    page, doc = tmp / "report.html", tmp / "report.json"
+    done = subprocess.run([sys.executable, "-m", "comm2perfetto", "report", str(rec), "--steps", "2-4",
+                           "--plot", str(page), "-o", str(doc)], env=job_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return page, json.loads(doc.read_text())
+
+
+@pytest.fixture(scope="module")
+def page(report, tmp_path_factory):
+    """What Chromium shows of the page: its DOM facts, the errors it reported, and a screenshot."""
+    html, _ = report
+    shot = tmp_path_factory.mktemp("shot") / "report.png"
+    with Browser() as browser:
+        browser.open(html.as_uri())
+        facts = browser.evaluate(PAGE_FACTS)
+        browser.evaluate("window.scrollTo(0, 0)")
+        browser.screenshot(shot)
+        errors = list(browser.errors)
+    return facts, errors, shot
+
+
+def test_the_page_loads_without_a_console_error(page):
+    _, errors, _ = page
+    assert errors == []
+
+
+def test_both_charts_and_every_table_are_there(page, report):
+    facts, _, _ = page
+    _, doc = report
+    assert facts["headings"][:2] == ["Job (times: mean per rank)", "Time per rank"]
+    assert {"Lateness at each collective", "Collectives (by total time)", "Stragglers", "Collectives per module",
+            "Notes"} <= set(facts["headings"])
+    assert facts["svgs"] == 2 and facts["bars_height"] > 20
+    headers = [t["header"][0] for t in facts["tables"]]
+    assert headers == ["ranks", "op", "rank", "module"]
+    rows = {t["header"][0]: t["rows"] for t in facts["tables"]}
+    assert rows == {"ranks": 1, "op": len(doc["collectives"]), "rank": len(doc["stragglers"]),
+                    "module": len(doc["modules"])}
+
+
+def test_each_bar_hovers_onto_its_ranks_numbers(page, report):
+    facts, _, _ = page
+    _, doc = report
+    expected = [rank_tooltip(r, doc["ranks"][r]) for r in sorted(doc["ranks"], key=int)]
+    assert facts["rank_titles"] == expected
+    assert all(any(ch.isdigit() for ch in t.split("span", 1)[1]) for t in expected)
+    segments = [h for h in facts["hits"] if h["width"] >= 1]  # a sliver under a pixel wide is not hoverable
+    assert segments, "no bar segment drawn"
+    for hit in segments:
+        assert hit["hovered"] == hit["own"], hit
+
+
+def test_lateness_cells_carry_their_lateness(page, report):
+    facts, _, _ = page
+    _, doc = report
+    late = doc["lateness_map"]
+    assert late["ranks"] == [0, 1] and late["collectives"]
+    assert facts["cell_titles"] and all(t and any(ch.isdigit() for ch in t) for t in facts["cell_titles"])
+
+
+def test_the_screenshot_shows_a_page(page):
+    _, _, shot = page
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert 1200 <= width <= 1280 and height > 900  # the window's width (less a scroll bar), the whole page

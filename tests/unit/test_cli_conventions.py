@@ -1,0 +1,73 @@
+"""One convention across the subcommands: -o/--output, exit statuses in every --help, old spellings kept,
+and the commands that run torch saying so in one line when it is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from comm2perfetto.cli import COMMANDS, build_parser, main
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_top_level_help_has_examples(capsys):
+    text = _help(capsys)
+    assert "examples:\n  comm2perfetto demo" in text
+    for command in ("record -o run1 -- torchrun", "diagnose run1", "merge run1", "report run1"):
+        assert f"comm2perfetto {command}" in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_help_lists_exit_statuses_and_output(capsys, command):
+    text = _help(capsys, command)
+    assert "\nexit status:\n" in text and "  2  usage or input error" in text
+    assert "-o " in text and "--output" in text
+
+
+def test_record_explains_its_command_and_keeps_out(capsys):
+    text = _help(capsys, "record")
+    assert "usage: comm2perfetto record [options] -- COMMAND [ARGS...]" in text
+    assert "the job's launch command, after '--'" in text
+    for spelling in ("-o", "--output", "--out"):
+        assert build_parser("record").parse_args(["record", spelling, "d", "--", "x"]).out == "d"
+
+
+@pytest.mark.parametrize("spelling", ["--nproc-per-node", "--nproc_per_node", "--nproc"])
+def test_demo_takes_torchruns_spelling_and_the_old_one(spelling):
+    assert build_parser("demo").parse_args(["demo", spelling, "3"]).nproc == 3
+
+
+@pytest.mark.parametrize("argv", [["record", "--", "true"], ["demo"]])
+def test_commands_that_run_torch_say_when_it_is_missing(tmp_path, argv):
+    hide = "import sys; sys.modules['torch'] = None; from comm2perfetto.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", hide, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "torch is not installed" in proc.stderr
+    assert "pip install 'comm2perfetto[record]'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_demo_never_replaces_earlier_outputs_silently(tmp_path, capsys):
+    (tmp_path / "run.html").write_text("mine")
+    assert main(["demo", "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run.html exists" in err and "--overwrite" in err
+    assert (tmp_path / "run.html").read_text() == "mine" and not (tmp_path / "run").exists()
+
+
+def test_demo_never_replaces_an_earlier_recording_silently(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rank0.events.jsonl").write_text("")
+    assert main(["demo", "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a recording" in err and "--overwrite" in err
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["rank0.events.jsonl"]
