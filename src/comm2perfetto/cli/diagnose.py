@@ -25,6 +25,7 @@ from comm2perfetto.analysis.findings import Diagnosis, Finding
 from comm2perfetto.analysis.hang import diagnose
 from comm2perfetto.cli import UserError
 from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 
@@ -43,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
+    add_trace_rank_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading Flight Recorder dumps (ranks)")
     try:
         # Stacks are read on demand: a report shows a handful.
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress)
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
+                       trace_ranks=trace_ranks_option(args))
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:

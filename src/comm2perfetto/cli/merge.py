@@ -21,6 +21,7 @@ from comm2perfetto.cli import UserError, check_writable
 from comm2perfetto.cli.diagnose import rank_span
 from comm2perfetto.cli.progress import Progress
 from comm2perfetto.cli.ranges import parse_ranks
+from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.export.formats import format_for, open_writer
 from comm2perfetto.export.markers import plan_markers
 from comm2perfetto.export.sink import WriteStats
@@ -28,6 +29,7 @@ from comm2perfetto.export.timeline import TimelineSummary, select_ranks, write_t
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
+from comm2perfetto.sources.kineto_load import trace_span
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
 
@@ -53,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep every rank of a job above 256 ranks (default: ranks findings name plus a sample)")
     p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
+    add_trace_rank_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -80,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading dumps (ranks)")
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
-                       align=not args.no_align)
+                       align=not args.no_align, read_traces=not args.no_profiler,
+                       trace_ranks=trace_ranks_option(args))
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -143,6 +147,9 @@ def _parse_time(part: str, whole: str) -> int:
 def _job_start(job: Job) -> int | None:
     """The earliest timed event: the origin of --window and the trace's wall-clock anchor."""
     times = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
+    for rank, traces in job.traces.items():  # profiled steps may lie long before the first collective kept
+        off = job.clock.offset_ns.get(rank, 0)
+        times += [span[0] + off for span in map(trace_span, traces) if span is not None]
     for rank, log in job.logs.items():
         off = job.clock.offset_ns.get(rank, 0)
         times += [call.t_call_ns + off for call in log.calls[:1]]
