@@ -357,9 +357,10 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     skipping them halves the walk over the events. Whether to try that is guessed from the text (``"kernel"``
     in it: Kineto's category of kernels); a wrong guess costs a second walk, never a wrong answer.
 
-    ``hta_scope``: the GPU spans Holistic Trace Analysis's ``get_comm_comp_overlap`` looks at by default: kernels
-    whose launch lies inside a ``ProfilerStep#n`` other than the last one, classified with HTA's communication
-    kernels only (``classify_gpu(hta=True)``).
+    ``hta_scope``: the GPU spans Holistic Trace Analysis's ``get_comm_comp_overlap`` looks at by default
+    (``TraceAnalysis(include_last_profiler_step=False)``, ``Trace._filter_irrelevant_gpu_kernels``): with two
+    steps or more, only kernels whose launch (the CPU event of the same correlation id) began before the last
+    ``ProfilerStep#n`` began; classified with HTA's communication kernels only (``classify_gpu(hta=True)``).
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -662,6 +663,7 @@ class _SpanParser(_Parser):
         self.hta = hta_scope
         self._span = _span_whole_us if whole_us else _span
         self.launches: dict[int, int] = {}  # correlation id -> begin of the runtime call that launched it
+        self.last_step_begin = -1  # the latest begin of a ProfilerStep#n on the CPU
         self.kernels: list[tuple[Any, Span, list[Span]]] = []  # (correlation, span, its class's list)
         self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
         self.comm_spans: list[Span] = []
@@ -750,6 +752,8 @@ class _SpanParser(_Parser):
                     comm.append(span)
                 elif step is not None:
                     thread.has_steps = True
+                    if span[0] > self.last_step_begin:
+                        self.last_step_begin = span[0]
                     begin, end = step_spans.get(step, span)
                     step_spans[step] = (min(begin, span[0]), max(end, span[1]))
                 else:
@@ -769,12 +773,13 @@ class _SpanParser(_Parser):
         launched = launch_steps(steps, self.launches, ((c, b) for c, (b, _e), _ in self.kernels))
         gpu_steps = gpu_step_spans(steps, launched, (span for _, span, _ in self.kernels))
         gpu = self.gpu_spans
-        if self.hta:  # HTA's scope: kernels launched inside a step, the last step left out
-            last = steps[-1][0] if steps else None
+        if self.hta and len(steps) > 1:  # HTA's scope (with a single step HTA keeps every kernel)
             gpu = {klass: [] for klass in gpu}
             by_list = {id(spans): klass for klass, spans in self.gpu_spans.items()}
-            for (_, span, spans), n in zip(self.kernels, launched):
-                if n is not None and n != last:
+            cut, launches = self.last_step_begin, self.launches
+            for correlation, span, spans in self.kernels:
+                launch = launches.get(correlation)
+                if launch is not None and launch < cut:
                     gpu[by_list[id(spans)]].append(span)
         return KinetoSpans(path, gpu, cpu, self.comm_spans, steps, event_count, self.cpu_read, gpu_steps)
 
