@@ -23,7 +23,7 @@ class UserError(Exception):
     """An error the user can fix: printed as one line, exit status 2, never a traceback."""
 
 
-COMMANDS = ("record", "merge", "diagnose", "report", "demo")
+COMMANDS = ("record", "merge", "diagnose", "report", "open", "demo")
 
 
 def check_writable(path: Path) -> None:

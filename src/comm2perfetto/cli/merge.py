@@ -204,7 +204,7 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
         lines.append(f"  skipped {len(job.skipped)} file(s) (comm2perfetto diagnose lists them)")
     if preview is not None and preview.exists():
         lines.append(f"  preview: {preview}")
-    lines.append(f"open it: https://ui.perfetto.dev -> Open trace file -> {out.name}")
+    lines.append(f"open it: comm2perfetto open {out}   (or https://ui.perfetto.dev -> Open trace file)")
     print("\n".join(lines))
 
 
