@@ -358,9 +358,11 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     in it: Kineto's category of kernels); a wrong guess costs a second walk, never a wrong answer.
 
     ``hta_scope``: the GPU spans Holistic Trace Analysis's ``get_comm_comp_overlap`` looks at by default
-    (``TraceAnalysis(include_last_profiler_step=False)``, ``Trace._filter_irrelevant_gpu_kernels``): with two
-    steps or more, only kernels whose launch (the CPU event of the same correlation id) began before the last
-    ``ProfilerStep#n`` began; classified with HTA's communication kernels only (``classify_gpu(hta=True)``).
+    (``TraceAnalysis(include_last_profiler_step=False)``, ``Trace._filter_irrelevant_gpu_kernels`` in HTA 0.5.0):
+    with two steps or more, only kernels whose launch (the runtime call of the same correlation id) began
+    before the latest begin of a ``ProfilerStep#n`` event; HTA takes that latest begin over every event but
+    kernels, so the ``gpu_user_annotation`` copies Kineto projects onto streams count too. Classified with HTA's
+    communication kernels only (``classify_gpu(hta=True)``).
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -663,7 +665,7 @@ class _SpanParser(_Parser):
         self.hta = hta_scope
         self._span = _span_whole_us if whole_us else _span
         self.launches: dict[int, int] = {}  # correlation id -> begin of the runtime call that launched it
-        self.last_step_begin = -1  # the latest begin of a ProfilerStep#n on the CPU
+        self.last_step_begin = -1  # the latest begin of a ProfilerStep#n event (CPU, or projected on a stream)
         self.kernels: list[tuple[Any, Span, list[Span]]] = []  # (correlation, span, its class's list)
         self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
         self.comm_spans: list[Span] = []
@@ -762,6 +764,10 @@ class _SpanParser(_Parser):
                 span = _span(get("ts"), get("dur"), base)
                 if span is not None:
                     comm.append(span)
+            elif step is not None and role == _GPU_ANNOTATION:  # ProfilerStep#n projected onto a stream
+                span = _span(get("ts"), get("dur"), base)
+                if span is not None and span[0] > self.last_step_begin:
+                    self.last_step_begin = span[0]
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
         cpu: list[Span] = []
