@@ -10,9 +10,9 @@ files:
 - HTA:   ``TraceAnalysis(trace_dir=DIR)``: Holistic Trace Analysis loading the same traces (what every HTA
          analysis starts with; it aligns nothing and writes nothing).
 
-Printed: wall time, CPU time (the process and its workers) and peak RSS of each, the ratios, the merge's
-output size and the clock offsets it found against the generator's (ranks 8 and up sit on a node whose clock
-runs ``NODE_CLOCK_SKEW_NS`` ahead)::
+Printed: wall time and CPU time (the process and its workers; on a shared machine compare those) and peak RSS
+of each, the ratios, the merge's output size, and how far the clock offsets merge found are from the
+generator's (node k's clock runs k x ``NODE_CLOCK_SKEW_NS`` ahead, 8 ranks a node)::
 
     pip install 'comm2perfetto[bench]'              # HolisticTraceAnalysis
     python benchmarks/bench_merge_traces.py                     # 8 and 64 ranks, 5 steps
@@ -60,37 +60,37 @@ def main(argv: list[str] | None = None) -> int:
     compile_package()
     env = dict(os.environ)
     root = args.keep or Path(tempfile.mkdtemp(prefix="c2p-bench-traces-"))
-    print(f"{'ranks':>5} {'MiB':>6} {'floor':>7} {'merge':>7} {'HTA load':>9} {'merge/floor':>11} "
-          f"{'HTA/merge':>9} {'merge MiB':>9} {'HTA MiB':>8} {'output':>8}  offsets found (node 1 true -137.2 us)")
+    print(f"{'ranks':>5} {'MiB':>5} {'floor':>12} {'merge':>12} {'HTA load':>13} {'merge/floor':>11} "
+          f"{'HTA/merge':>9} {'merge MiB':>9} {'HTA MiB':>8} {'output':>8}  clock offsets vs true (wall, CPU s)")
     try:
         for world in args.ranks:
             folder = root / f"r{world}"
             stats = synth.write_job(folder, world, steps=args.steps, layers=args.layers)
-            floor_s, floor_mib, *_ = measure([sys.executable, "-c", _FLOOR, str(folder)], env)
+            floor_s, floor_mib, _, _, floor_cpu = measure([sys.executable, "-c", _FLOOR, str(folder)], env)
             out = root / f"r{world}.pftrace"
             merge_s, merge_mib, status, text, merge_cpu = measure(
                 [sys.executable, "-m", "comm2perfetto.cli", "merge", str(folder), "-o", str(out)], env)
             if status != 0:
                 raise SystemExit(f"merge exited {status}:\n{text[-2000:]}")
             hta = "-"
-            hta_s = hta_mib = None
+            hta_s = hta_mib = hta_cpu = None
             if not args.no_hta:
-                hta_s, hta_mib, status, text, _ = measure([sys.executable, "-c", _HTA_LOAD, str(folder)], env,
-                                                          merge_stderr=True)
+                hta_s, hta_mib, status, text, hta_cpu = measure([sys.executable, "-c", _HTA_LOAD, str(folder)],
+                                                                env, merge_stderr=True)
                 if status != 0:
                     raise SystemExit(f"HTA exited {status}:\n{text[-2000:]}")
-                hta = f"{hta_s:.2f} s"
+                hta = f"{hta_s:.1f}/{hta_cpu:.1f}"
             _, _, _, text, _ = measure([sys.executable, "-c", _OFFSETS, str(folder)], env)
             offsets, residual = eval(text.strip().splitlines()[-1])  # our own repr of ints  # noqa: S307
-            node1 = [offsets[r] for r in offsets if r >= synth.GPUS_PER_NODE]
-            found = (f"node 1: {min(node1) / 1000:.1f} to {max(node1) / 1000:.1f} us" if node1 else "one node") + \
-                f", residual {residual / 1000:.1f} us" if residual is not None else ""
+            # t_rank0 = t_local + offset, and rank r's clock runs (r // 8) * skew ahead of rank 0's
+            errors = [abs(off + (r // synth.GPUS_PER_NODE) * synth.NODE_CLOCK_SKEW_NS) for r, off in offsets.items()]
+            found = f"max error {max(errors) / 1000:.1f} us, residual {(residual or 0) / 1000:.1f} us"
             size_mib = stats.bytes / 2**20
-            print(f"{world:>5} {size_mib:>6.0f} {floor_s:>6.2f}s {merge_s:>6.2f}s {hta:>9} "
-                  f"{merge_s / floor_s:>10.2f}x {(f'{hta_s / merge_s:.2f}x' if hta_s else '-'):>9} "
+            print(f"{world:>5} {size_mib:>5.0f} {floor_s:>5.1f}/{floor_cpu:>5.1f} {merge_s:>5.1f}/{merge_cpu:>5.1f} "
+                  f"{hta:>13} {merge_cpu / floor_cpu:>10.2f}x "
+                  f"{(f'{hta_cpu / merge_cpu:.2f}x' if hta_cpu else '-'):>9} "
                   f"{merge_mib:>9.0f} {(f'{hta_mib:.0f}' if hta_mib else '-'):>8} "
                   f"{out.stat().st_size / 2**20:>6.1f}Mi  {found}")
-            print(f"      (merge CPU {merge_cpu:.2f} s; floor peak {floor_mib:.0f} MiB)")
             sys.stdout.flush()
             if not args.keep:
                 shutil.rmtree(folder)

@@ -112,6 +112,11 @@ def test_traces_alone_merge_and_diagnose(tmp_path, capsys):
     assert {e.name for e in steps} == {f"step {n}" for n in range(5, 11)}
     code, out, _err = _run(capsys, "diagnose", str(tmp_path / "t"))
     assert code == 0 and out.startswith("OK")
+    code, out, _err = _run(capsys, "report", str(tmp_path / "t"), "--format", "json")
+    (row,) = orjson.loads(out)["collectives"]
+    assert (row["op"], row["count"], row["timed"]) == ("all_reduce", 6, 6)
+    (straggler, *_) = orjson.loads(out)["stragglers"]
+    assert straggler["rank"] == 1  # write_trace_job's late rank
 
 
 def test_trace_collectives_join_flight_recorder_entries_by_seq(tmp_path):
@@ -162,6 +167,8 @@ def test_a_trace_from_another_year_is_not_this_jobs(tmp_path, capsys):
         load_sources([tmp_path])
     code, _out, err = _run(capsys, "merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"))
     assert code == 2 and "more than one job" in err
+    code, _out, err = _run(capsys, "report", str(tmp_path))  # report reads the traces its own way: same check
+    assert code == 2 and "days away from the Flight Recorder dumps" in err
     assert len(load_sources([tmp_path], force=True).traces) == 2
 
 

@@ -49,6 +49,7 @@ class KinetoIntervals:
     gpu_busy: list[Span] | None = None
     steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
     gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
     events: int = 0
     notes: tuple[str, ...] = ()
 
@@ -81,19 +82,21 @@ class RankActivity:
         return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
 
 
-def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False) -> KinetoIntervals:
+def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False,
+                     collectives: bool = False) -> KinetoIntervals:
     """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
-    ``hta_scope``: as HTA reads them (``read_kineto_spans``)."""
+    ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
     gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
     steps: list[tuple[int, int, int]] = []
     gpu_steps: list[tuple[int, int, int]] = []
+    traces: list = []
     notes: list[str] = []
     events = 0
     for path in paths:
         try:
-            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope)
+            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
         except KinetoFormatError as exc:
             notes.append(f"skipped {path}: {exc}")
             continue
@@ -104,22 +107,27 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
         cpu_comm += trace.comm
         steps.extend(trace.steps)
         gpu_steps.extend(trace.gpu_steps)
+        if trace.collectives is not None:
+            traces.append(trace.collectives)
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
         return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
                                gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
-                               gpu_steps=tuple(sorted(gpu_steps)), events=events, notes=tuple(notes))
+                               gpu_steps=tuple(sorted(gpu_steps)), traces=tuple(traces), events=events,
+                               notes=tuple(notes))
     return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), events=events, notes=tuple(notes))
+                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), traces=tuple(traces), events=events,
+                           notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
                   progress: Callable[[int, int], None] | None = None,
-                  whole_us: bool = False, hta_scope: bool = False) -> dict[int, KinetoIntervals]:
+                  whole_us: bool = False, hta_scope: bool = False,
+                  collectives: bool = False) -> dict[int, KinetoIntervals]:
     """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
     ranks = sorted(kineto_files)
     tasks = [kineto_files[r] for r in ranks]
-    read = partial(kineto_intervals, whole_us=whole_us, hta_scope=hta_scope)
+    read = partial(kineto_intervals, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
     if workers <= 1 or len(ranks) <= 1:
         return _gather(ranks, map(read, tasks), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -26,7 +26,7 @@ from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
 from comm2perfetto.export.report_text import render_text
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
-from comm2perfetto.sources.discover import SourceError, load_sources
+from comm2perfetto.sources.discover import SourceError, adopt_traces, load_sources
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
@@ -82,14 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     progress = Progress("reading dumps (ranks)")
     try:
-        # the traces' events are read below, as spans (faster); here only their collectives, for the tables
-        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress,
-                           read_traces=not args.no_profiler, trace_ranks=trace_ranks_option(args))
-        job = None
-        if src.fr or src.logs or src.traces:
-            from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
-
-            job = build_job(src, lazy_stacks=True)
+        # profiler traces are listed here and read below, as spans and communication events, in workers
+        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
+                           trace_ranks=trace_ranks_option(args))
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -99,9 +94,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
                                  progress=progress, whole_us=args.hta_rounding or args.hta_scope,
-                                 hta_scope=args.hta_scope)
+                                 hta_scope=args.hta_scope, collectives=True)
     finally:
         progress.finish()
+    try:
+        adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    job = None
+    if src.fr or src.logs or src.traces:
+        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
+
+        job = build_job(src, lazy_stacks=True)
     doc = build_report(job, profiles, steps=steps, depth=args.depth)
     if args.hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "

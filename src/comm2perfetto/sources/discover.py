@@ -209,14 +209,7 @@ def load_sources(
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
     _check_fr_groups(src, problems)
     check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
-
-    if problems:
-        if not force:
-            raise MixedJobsError(
-                "these files look like more than one job: " + "; ".join(problems[:3])
-                + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
-            )
-        src.notes.extend(f"--force: {p}" for p in problems)
+    _refuse_mixed(src, problems, force)
     if not src.fr and not src.logs and not src.kineto:
         where = ", ".join(str(p) for p in paths)
         detail = f" ({len(src.skipped)} file(s) skipped, e.g. {src.skipped[0].path}: {src.skipped[0].reason})" \
@@ -235,6 +228,25 @@ def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:
     runs = {log.header.get("run_id") for log in logs.values() if log.header.get("run_id")}
     if len(runs) > 1:
         problems.append(f"event logs come from different runs ({', '.join(sorted(runs))})")
+
+
+def _refuse_mixed(src: Sources, problems: list[str], force: bool) -> None:
+    if problems:
+        if not force:
+            raise MixedJobsError(
+                "these files look like more than one job: " + "; ".join(problems[:3])
+                + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
+            )
+        src.notes.extend(f"--force: {p}" for p in problems)
+
+
+def adopt_traces(src: Sources, traces: Mapping[int, list[KinetoTrace]], force: bool = False) -> None:
+    """Add traces read apart (``report`` reads them in worker processes) to sources loaded with
+    ``read_traces=False``, with the same mixed-job check as ``load_sources``."""
+    src.traces = {rank: list(ts) for rank, ts in traces.items() if ts}
+    problems: list[str] = []
+    check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
+    _refuse_mixed(src, problems, force)
 
 
 def _dumps_world(src: Sources) -> int | None:

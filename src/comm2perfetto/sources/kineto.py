@@ -49,7 +49,7 @@ import zlib
 from collections import Counter
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import ceil, floor
 from pathlib import Path
 from types import MappingProxyType
@@ -340,10 +340,11 @@ class KinetoSpans:
     event_count: int
     cpu_read: bool = True
     gpu_steps: tuple[tuple[int, int, int], ...] = ()  # see gpu_step_spans
+    collectives: KinetoTrace | None = None  # with collectives=True: the trace's comm events only (see below)
 
 
 def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: bool = False,
-                      cpu: bool = False, hta_scope: bool = False) -> KinetoSpans:
+                      cpu: bool = False, hta_scope: bool = False, collectives: bool = False) -> KinetoSpans:
     """Parse a Kineto trace into spans (see ``KinetoSpans``). Raises KinetoFormatError.
 
     ``whole_us``: round each event inward to whole microseconds first (begin up, end down), as HTA does by
@@ -363,6 +364,9 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     before the latest begin of a ``ProfilerStep#n`` event; HTA takes that latest begin over every event but
     kernels, so the ``gpu_user_annotation`` copies Kineto projects onto streams count too. Classified with HTA's
     communication kernels only (``classify_gpu(hta=True)``).
+
+    ``collectives``: also keep the trace's communication events, exactly timed, as a ``KinetoTrace`` holding
+    ``comm_events`` only (what ``sources.kineto_collectives`` needs), at the cost of one more quick walk.
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -370,7 +374,7 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     try:
         raw = _text(path, data)
         kernels_first = not cpu and b'"kernel"' in raw
-        doc, _info, base = _parse(path, raw)
+        doc, info, base = _parse(path, raw)
         del raw  # before the walk: the text is as large as the events' strings
         events = doc["traceEvents"]
         parser = _SpanParser(base, whole_us, hta_scope)
@@ -378,7 +382,16 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
         if kernels_first and not (parser.gpu_spans["compute"] or parser.gpu_spans["comm"]):
             parser = _SpanParser(base, whole_us, hta_scope)  # no kernels: the figures come from the CPU side
             parser.feed_all(events)
-        return parser.spans(path, len(events))
+        spans = parser.spans(path, len(events))
+        if not collectives:
+            return spans
+        comm = _Parser(base)
+        comm.feed_comm(events)
+        world = info.get("world_size")
+        light = KinetoTrace(path=path, rank=None, world_size=world if isinstance(world, int) else None,
+                            backend=None, base_time_ns=base, pg_config=None, comm_events=tuple(comm.comm),
+                            event_count=len(events))
+        return replace(spans, collectives=light)
     finally:
         if gc_was_on:
             gc.enable()
@@ -558,6 +571,26 @@ class _Parser:
     def _thread(self, pid: int, tid: int) -> _Thread:
         thread = self.threads[(pid, tid)] = _Thread(tid)
         return thread
+
+    def feed_comm(self, events: list[Any]) -> None:
+        """Take only the communication events (``comm``) of every raw event: names decided once each."""
+        names, name_of, base = self._names, self._name, self.base
+        for ev in events:
+            if ev.__class__ is not dict:
+                continue
+            get = ev.get
+            name = get("name")
+            if name.__class__ is not str or get("ph") != "X":
+                continue
+            info = names.get(name) or name_of(name)
+            if not info[1]:
+                continue
+            span = _span(get("ts"), get("dur"), base)
+            if span is None:
+                continue
+            args, category = get("args"), get("cat")
+            self._comm(ev, info[0], span[0], span[1] - span[0], category if category.__class__ is str else "",
+                       args if args.__class__ is dict else {})
 
     def _gpu_lane(self, device: int, stream: int) -> str:
         lane = self.gpu_lanes[(device, stream)] = f"gpu {device} stream {stream}"
