@@ -366,6 +366,8 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     no_group = 0
     not_joined: set[str] = set()
+    # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
+    recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
     for rank, cols in sorted(trace_cols.items()):
         by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
         for c in cols:
@@ -377,7 +379,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
         for uid, group_cols in by_uid.items():
             numbering, seqs = numbered(group_cols)
             existing = tracks.get((rank, uid))
-            if numbering != SEQ and existing is not None and existing.seqs:
+            if numbering != SEQ and uid in recorded:
                 not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
                 continue
             rows = {}
