@@ -313,3 +313,22 @@ def test_a_public_real_trace_alone_is_a_job(tmp_path, capsys):
     code, out, _err = _run(capsys, "merge", str(data), "-o", str(tmp_path / "job.json.gz"))
     assert code == 0 and "collectives: 21;" in out
     check_trace(tmp_path / "job.json.gz")
+
+
+def test_symmetric_memory_kernels_are_communication_on_a_public_b200_trace(capsys):
+    data = Path(__file__).parents[1] / "data" / "kineto" / "tracelens_b200_eager_trace.json.gz"
+    events = orjson.loads(gzip.decompress(data.read_bytes()))["traceEvents"]
+    multimem = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                      if e.get("cat") == "kernel" and "multimem_all_reduce_kernel" in e["name"])
+    assert len(multimem) > 50 and all(comm_family(e["name"]) == "symmetric memory" for e in events
+                                      if e.get("cat") == "kernel" and "multimem" in e["name"])
+    covered, end = 0.0, float("-inf")  # their union, in us
+    for b, e in multimem:
+        covered += max(0.0, e - max(b, end))
+        end = max(end, e)
+    code, out, _err = _run(capsys, "report", str(data), "--format", "json")
+    comm_s = orjson.loads(out)["ranks"]["0"]["comm_s"]
+    assert code == 0 and comm_s >= covered * 1e-6 * 0.999
+    # HTA's classes (no steps in this trace: HTA's scope keeps every kernel): only the one NCCL all-gather
+    code, out, _err = _run(capsys, "report", str(data), "--format", "json", "--hta-scope")
+    assert orjson.loads(out)["ranks"]["0"]["comm_s"] < covered * 1e-6 / 10
