@@ -48,6 +48,7 @@ import re
 import zlib
 from collections import Counter
 from bisect import bisect_right
+from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from math import ceil, floor
@@ -366,7 +367,7 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     communication kernels only (``classify_gpu(hta=True)``).
 
     ``collectives``: also keep the trace's communication events, exactly timed, as a ``KinetoTrace`` holding
-    ``comm_events`` only (what ``sources.kineto_collectives`` needs), at the cost of one more quick walk.
+    ``comm_events`` only (what ``sources.kineto_collectives`` needs): NCCL kernels and ``record_param_comms``.
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -378,15 +379,15 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
         del raw  # before the walk: the text is as large as the events' strings
         events = doc["traceEvents"]
         parser = _SpanParser(base, whole_us, hta_scope)
-        parser.feed_all(events, cpu=not kernels_first)
+        parser.feed_all(events, cpu=not kernels_first, collect=collectives)
         if kernels_first and not (parser.gpu_spans["compute"] or parser.gpu_spans["comm"]):
             parser = _SpanParser(base, whole_us, hta_scope)  # no kernels: the figures come from the CPU side
-            parser.feed_all(events)
+            parser.feed_all(events, collect=collectives)
         spans = parser.spans(path, len(events))
         if not collectives:
             return spans
-        comm = _Parser(base)
-        comm.feed_comm(events)
+        comm = _Parser(base)  # exact times, whatever rounding the spans had
+        comm.feed_comm(parser.comm_raw)
         world = info.get("world_size")
         light = KinetoTrace(path=path, rank=None, world_size=world if isinstance(world, int) else None,
                             backend=None, base_time_ns=base, pg_config=None, comm_events=tuple(comm.comm),
@@ -697,9 +698,10 @@ class _SpanParser(_Parser):
         super().__init__(base_ns)
         self.hta = hta_scope
         self._span = _span_whole_us if whole_us else _span
-        self.launches: dict[int, int] = {}  # correlation id -> begin of the runtime call that launched it
+        self.launch_events: list[dict[str, Any]] = []  # runtime/driver calls (launches), raw
+        self.comm_raw: list[dict[str, Any]] = []  # communication events, raw (feed_all's collect)
         self.last_step_begin = -1  # the latest begin of a ProfilerStep#n event (CPU, or projected on a stream)
-        self.kernels: list[tuple[Any, Span, list[Span]]] = []  # (correlation, span, its class's list)
+        self.kernels: list[tuple[dict[str, Any], Span, list[Span]]] = []  # (raw event, span, its class's list)
         self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
         self.comm_spans: list[Span] = []
         self.step_spans: dict[int, Span] = {}
@@ -722,15 +724,29 @@ class _SpanParser(_Parser):
                                                 wanted, step)
         return plan
 
-    def feed_all(self, events: list[Any], cpu: bool = True) -> None:
+    def _launches(self) -> dict[Any, int]:
+        """correlation id -> begin (ns) of the runtime call that launched it."""
+        out: dict[Any, int] = {}
+        base = self.base
+        for ev in self.launch_events:
+            args, ts = ev.get("args"), ev.get("ts")
+            if args.__class__ is dict and (ts.__class__ is float or ts.__class__ is int):
+                correlation = args.get("correlation")
+                if correlation is not None:
+                    out[correlation] = base + round(ts * 1000)  # to the ns or so: only compared with steps
+        return out
+
+    def feed_all(self, events: list[Any], cpu: bool = True, collect: bool = False) -> None:
         """Take every raw event. One loop in one frame, everything it touches in a local: the per-event work is
         a handful of dict reads, and a method call per event would add a fifth to it. ``cpu=False``: keep GPU
-        work and steps only."""
+        work and steps only. ``collect``: also keep the raw communication events (``comm_raw``). Kernels and
+        launches are kept as raw events too: which step launched what is worked out at the end, only for
+        traces that have steps."""
         self.cpu_read = cpu
         plans, plan_of = self._plans, self._plan
         threads, new_thread = self.threads, self._thread
         step_spans, base, _span = self.step_spans, self.base, self._span
-        launches, kernels = self.launches, self.kernels
+        launches, kernels, comm_raw = self.launch_events, self.kernels, self.comm_raw
         for ev in events:
             if ev.__class__ is not dict:
                 continue
@@ -751,23 +767,22 @@ class _SpanParser(_Parser):
                 if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
                     continue
                 gpu.append(span)
-                args = get("args")
-                kernels.append((args.get("correlation") if args.__class__ is dict else None, span, gpu))
-                if comm is not None and cpu:
-                    comm.append(span)
+                kernels.append((ev, span, gpu))
+                if comm is not None:
+                    if cpu:
+                        comm.append(span)
+                    if collect:
+                        comm_raw.append(ev)
             elif role == _LAUNCH:
-                args = get("args")
-                correlation = args.get("correlation") if args.__class__ is dict else None
-                if correlation is not None:
-                    ts = get("ts")
-                    if ts.__class__ is float or ts.__class__ is int:
-                        launches[correlation] = base + round(ts * 1000)
+                launches.append(ev)
                 if cpu:  # it is still a thread's event: the thread is not only a backend's worker
                     pid, tid = get("pid"), get("tid")
                     thread = threads.get((pid, tid)) if pid.__class__ is int and tid.__class__ is int else None
                     if thread is not None:
                         thread.only_backend = False
             elif role == _CPU:
+                if comm is not None and collect:
+                    comm_raw.append(ev)
                 if step is None and not cpu:
                     continue
                 pid, tid = get("pid"), get("tid")
@@ -809,17 +824,22 @@ class _SpanParser(_Parser):
                                   only_backend_annotations=thread.only_backend):
                 cpu.extend(thread.events)
         steps = tuple((n, b, e) for n, (b, e) in sorted(self.step_spans.items()))
-        launched = launch_steps(steps, self.launches, ((c, b) for c, (b, _e), _ in self.kernels))
-        gpu_steps = gpu_step_spans(steps, launched, (span for _, span, _ in self.kernels))
         gpu = self.gpu_spans
-        if self.hta and len(steps) > 1:  # HTA's scope (with a single step HTA keeps every kernel)
-            gpu = {klass: [] for klass in gpu}
-            by_list = {id(spans): klass for klass, spans in self.gpu_spans.items()}
-            cut, launches = self.last_step_begin, self.launches
-            for correlation, span, spans in self.kernels:
-                launch = launches.get(correlation)
-                if launch is not None and launch < cut:
-                    gpu[by_list[id(spans)]].append(span)
+        gpu_steps = steps
+        if steps:
+            launches = self._launches()
+            correlations = [ev["args"].get("correlation") if ev.get("args").__class__ is dict else None
+                            for ev, _, _ in self.kernels]
+            launched = launch_steps(steps, launches, zip(correlations, (b for _, (b, _e), _ in self.kernels)))
+            gpu_steps = gpu_step_spans(steps, launched, (span for _, span, _ in self.kernels))
+            if self.hta and len(steps) > 1:  # HTA's scope (with a single step HTA keeps every kernel)
+                gpu = {klass: [] for klass in gpu}
+                by_list = {id(spans): klass for klass, spans in self.gpu_spans.items()}
+                cut = self.last_step_begin
+                for correlation, (_, span, spans) in zip(correlations, self.kernels):
+                    launch = launches.get(correlation)
+                    if launch is not None and launch < cut:
+                        gpu[by_list[id(spans)]].append(span)
         return KinetoSpans(path, gpu, cpu, self.comm_spans, steps, event_count, self.cpu_read, gpu_steps)
 
 
@@ -835,13 +855,12 @@ def launch_steps(steps: Sequence[tuple[int, int, int]], launches: Mapping[Any, i
     >>> launch_steps([(5, 0, 100), (6, 100, 200)], {7: 90}, [(7, 150), (None, 120), (8, 500)])
     [5, 6, None]
     """
-    begins = [b for _, b, _ in steps]
-    out: list[int | None] = []
-    for correlation, begin in kernels:
-        t = launches.get(correlation, begin) if correlation is not None else begin
-        i = bisect_right(begins, t) - 1
-        out.append(steps[i][0] if i >= 0 and t < steps[i][2] else None)
-    return out
+    # a kernel per microsecond or so: one pass at C speed (map) for the times and the bisection
+    times = [launches.get(c, b) if c is not None else b for c, b in kernels]
+    slots = list(map(partial(bisect_right, [b for _, b, _ in steps]), times))
+    numbers = [None] + [n for n, _, _ in steps]
+    ends = [-1] + [e for _, _, e in steps]
+    return [numbers[i] if t < ends[i] else None for i, t in zip(slots, times)]
 
 
 def gpu_step_spans(steps: Sequence[tuple[int, int, int]], launched: Sequence[int | None],
@@ -857,8 +876,10 @@ def gpu_step_spans(steps: Sequence[tuple[int, int, int]], launched: Sequence[int
     last: dict[int, int] = {}
     for n, (begin, end) in zip(launched, kernels):
         if n is not None:
-            first[n] = min(first.get(n, begin), begin)
-            last[n] = max(last.get(n, end), end)
+            if begin < first.get(n, begin + 1):
+                first[n] = begin
+            if end > last.get(n, end - 1):
+                last[n] = end
     if not first:
         return tuple(steps)
     out: list[tuple[int, int, int]] = []
