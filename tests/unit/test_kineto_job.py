@@ -117,6 +117,7 @@ def test_traces_alone_merge_and_diagnose(tmp_path, capsys):
     assert (row["op"], row["count"], row["timed"]) == ("all_reduce", 6, 6)
     (straggler, *_) = orjson.loads(out)["stragglers"]
     assert straggler["rank"] == 1  # write_trace_job's late rank
+    assert orjson.loads(out)["modules"] == []  # a trace does not say which module, nor whether C++ issued it
 
 
 def test_trace_collectives_join_flight_recorder_entries_by_seq(tmp_path):
