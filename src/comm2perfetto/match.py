@@ -56,7 +56,7 @@ from comm2perfetto.model import (
 from comm2perfetto.sources.discover import Sources, load_sources
 from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
 from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
-from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered
+from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -368,6 +368,8 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
     recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
+    numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
+    places: dict[str, list] = defaultdict(list)  # uid -> every rank's order places (numbered by order_numbers)
     for rank, cols in sorted(trace_cols.items()):
         by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
         for c in cols:
@@ -377,17 +379,22 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
                 continue
             by_uid[uid].append(c)
         for uid, group_cols in by_uid.items():
-            numbering, seqs = numbered(group_cols)
-            existing = tracks.get((rank, uid))
-            if numbering != SEQ and uid in recorded:
-                not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
-                continue
-            rows = {}
-            for seq, c in zip(seqs, group_cols):
-                rows[seq] = c
-                if c.on_gpu:
-                    gpu_ends[rank][(uid, seq)] = c.t_end_ns
-            tracks[(rank, uid)] = _join_trace_rows(existing, rows)
+            numbering, keys = numbered(group_cols)
+            if numbering != SEQ:
+                if uid in recorded:
+                    not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
+                    continue
+                places[uid].extend(keys)
+            numbered_cols.append((rank, uid, numbering, keys, group_cols))
+    numbers = {uid: order_numbers(p) for uid, p in places.items()}
+    for rank, uid, numbering, keys, group_cols in numbered_cols:
+        seqs = keys if numbering == SEQ else [numbers[uid][k] for k in keys]
+        rows = {}
+        for seq, c in zip(seqs, group_cols):
+            rows[seq] = c
+            if c.on_gpu:
+                gpu_ends[rank][(uid, seq)] = c.t_end_ns
+        tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
     if no_group:
         notes.append(f"{no_group} communication kernel(s) of profiler traces name no process group (torch before "
                      "2.2 wrote none): drawn on their GPU streams, not matched across ranks")

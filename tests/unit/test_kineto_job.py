@@ -333,3 +333,22 @@ def test_symmetric_memory_kernels_are_communication_on_a_public_b200_trace(capsy
     # HTA's classes (no steps in this trace: HTA's scope keeps every kernel): only the one NCCL all-gather
     code, out, _err = _run(capsys, "report", str(data), "--format", "json", "--hta-scope")
     assert orjson.loads(out)["ranks"]["0"]["comm_s"] < covered * 1e-6 / 10
+
+
+def test_traces_without_seq_that_cover_different_steps_meet_in_the_steps_they_share(tmp_path):
+    """Rank 1's profiler started a step later: numbered by (step, place in the step), its collectives still
+    meet rank 0's of the same step (by bare order they would all be one off)."""
+    tj = write_trace_job(tmp_path, world=2, collectives=7, seq=False)
+    rank1 = tj.paths[1]
+    doc = orjson.loads(rank1.read_bytes())
+    first_step = [e for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#5"][0]
+    end = first_step["ts"] + first_step["dur"]
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (isinstance(e.get("ts"), float) and e["ts"] < end
+                                                               and e.get("ph") == "X")]
+    rank1.write_bytes(orjson.dumps(doc))
+    job = load_job([tmp_path])
+    cols = next(iter(job.collectives.values()))
+    assert [c.joined_ranks for c in cols] == [(0,)] + [(0, 1)] * 6
+    assert dict(job.clock.offset_ns) == {0: 0, 1: -tj.offsets_ns[1]}  # aligned on the six shared ends
+    for c, true_end in zip(cols[1:], tj.ends_ns[1:]):
+        assert set(c.end_ns) == {true_end}

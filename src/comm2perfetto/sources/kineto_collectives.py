@@ -22,19 +22,22 @@ How they are numbered (``numbering``), per process group:
 
 - ``seq``: the trace's ``Seq`` (torch's collective sequence number, as in Flight Recorder) on every
   collective of the group: matched across ranks, and to Flight Recorder entries, by (group, seq);
-- ``order``: older traces have no ``Seq``: the i-th collective of the group in the rank's trace is number i.
-  This matches ranks only when every rank's trace starts at the same collective (profilers started at the same
-  step by a ``schedule``, as usual) and is never joined to Flight Recorder entries.
+- ``order``: older traces have no ``Seq``: collectives are numbered by their place in the rank's trace. Where
+  every one was issued inside a ``ProfilerStep#n``, the place is (n, i-th of the group in step n), numbered in
+  that order over all ranks (``order_numbers``): ranks whose profilers covered different steps still meet in
+  the steps they share. Otherwise the i-th collective of the group in the rank's trace is number i, which
+  matches ranks only when every rank's trace starts at the same collective. Never joined to Flight Recorder
+  entries.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from comm2perfetto.sources.comm_kernels import ALL_COMM_KERNELS
-from comm2perfetto.sources.kineto import KinetoCommEvent, KinetoTrace
+from comm2perfetto.sources.kineto import KinetoCommEvent, KinetoTrace, launch_steps
 
 SEQ, ORDER = "seq", "order"
 
@@ -71,6 +74,7 @@ class TraceCollective:
     t_end_ns: int
     on_gpu: bool
     kernel: str | None
+    step: int | None = None  # the ProfilerStep#n it was issued in (its CPU op's begin, else its kernel's)
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:
@@ -100,7 +104,12 @@ def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
     """Every collective of one rank's traces, in issue order."""
     out: list[TraceCollective] = []
     for trace in traces:
-        out.extend(_collectives(trace.comm_events))
+        cols = _collectives(trace.comm_events)
+        if trace.steps:
+            steps = launch_steps(trace.steps, {}, ((None, c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns)
+                                                   for c in cols))
+            cols = [replace(c, step=n) for c, n in zip(cols, steps)]
+        out.extend(cols)
     out.sort(key=lambda c: (c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns, c.t_begin_ns))
     return out
 
@@ -160,9 +169,26 @@ def _collective(cpu: KinetoCommEvent | None, kernels: list[KinetoCommEvent]) -> 
     )
 
 
-def numbered(cols: Sequence[TraceCollective]) -> tuple[str, list[int]]:
+def numbered(cols: Sequence[TraceCollective]) -> tuple[str, list[int] | list[tuple[int, int]]]:
     """How one rank's collectives of one group are numbered (``SEQ`` or ``ORDER``, see the module's
-    docstring) and their numbers, in order. ``ORDER`` numbers from 1, as torch's sequence numbers do."""
+    docstring) and, in order, their ``Seq``, or their places for ``order_numbers``: (step, i-th in the step)
+    where every one has a step, else (0, i-th)."""
     if cols and all(c.seq is not None for c in cols):
         return SEQ, [c.seq for c in cols]  # type: ignore[misc]
-    return ORDER, list(range(1, len(cols) + 1))
+    if cols and all(c.step is not None for c in cols):
+        seen: dict[int, int] = {}
+        places = []
+        for c in cols:
+            i = seen[c.step] = seen.get(c.step, -1) + 1  # type: ignore[index]
+            places.append((c.step, i))
+        return ORDER, places  # type: ignore[return-value]
+    return ORDER, [(0, i) for i in range(len(cols))]
+
+
+def order_numbers(places: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """Every rank's places (see ``numbered``) of one group -> numbers from 1, in (step, i) order.
+
+    >>> order_numbers([(5, 0), (5, 1), (6, 0), (6, 0), (4, 0)])
+    {(4, 0): 1, (5, 0): 2, (5, 1): 3, (6, 0): 4}
+    """
+    return {place: n for n, place in enumerate(sorted(set(places)), 1)}
