@@ -53,7 +53,7 @@ from comm2perfetto.model import (
     RankInfo,
     Signature,
 )
-from comm2perfetto.sources.discover import Sources, load_sources
+from comm2perfetto.sources.discover import Sources, drop_traces, load_sources
 from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
 from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
 from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -103,7 +103,7 @@ def load_job(
                            workers=workers, progress=progress, read_traces=read_traces,
                            trace_ranks=trace_ranks)
         if not read_traces:
-            src.kineto.clear()
+            drop_traces(src)
         return build_job(src, lazy_stacks=not with_stacks, align=align)
     finally:
         if was_enabled:

@@ -199,6 +199,14 @@ def test_merge_writes_profiled_steps_long_before_the_first_fr_entry(tmp_path, ca
     assert any(e.name == "ncclDevKernel_AllReduce_Sum_f32_RING_LL" for e in trace.events)
 
 
+@pytest.mark.parametrize("command", ["merge", "report"])
+def test_no_profiler_on_traces_alone_is_a_one_line_error(tmp_path, capsys, command):
+    write_trace_job(tmp_path / "t", world=2, collectives=2)
+    extra = ["-o", str(tmp_path / "j.pftrace")] if command == "merge" else []
+    code, _out, err = _run(capsys, command, str(tmp_path / "t"), *extra, "--no-profiler")
+    assert code == 2 and "only profiler traces found" in err and len(err.strip().splitlines()) == 1
+
+
 def test_no_profiler_leaves_traces_out_of_the_job(tmp_path, capsys):
     steady_job(world=2, steps=3).write(tmp_path / "fr")
     write_trace_job(tmp_path / "traces", world=2, collectives=2, start_ns=T0_NS)

@@ -26,7 +26,7 @@ from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
 from comm2perfetto.export.report_text import render_text
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
-from comm2perfetto.sources.discover import SourceError, adopt_traces, load_sources
+from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         # profiler traces are listed here and read below, as spans and communication events, in workers
         src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
                            trace_ranks=trace_ranks_option(args))
+        if args.no_profiler:
+            drop_traces(src)
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:

@@ -249,6 +249,15 @@ def adopt_traces(src: Sources, traces: Mapping[int, list[KinetoTrace]], force: b
     _refuse_mixed(src, problems, force)
 
 
+def drop_traces(src: Sources) -> None:
+    """Leave the profiler traces out (``--no-profiler``); SourceError when nothing else is there."""
+    if src.kineto and not src.fr and not src.logs:
+        example = next(iter(src.kineto.values()))[0]
+        raise SourceError(f"only profiler traces found (e.g. {example}), and --no-profiler leaves them out")
+    src.kineto.clear()
+    src.traces.clear()
+
+
 def _dumps_world(src: Sources) -> int | None:
     """The world size the event logs or Flight Recorder's default group state, if any."""
     for log in src.logs.values():
