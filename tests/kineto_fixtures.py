@@ -185,3 +185,55 @@ def training_doc(**kwargs: Any) -> tuple[KinetoDoc, Scene]:
                  "ts": TS0, "dur": 1.0}),
     ]
     return doc, sc
+
+
+@dataclass
+class TraceJob:
+    """What ``write_trace_job`` put in its traces, to derive expectations from."""
+
+    paths: list[Path]
+    offsets_ns: dict[int, int]  # rank -> how far that rank's clock is ahead of the true clock
+    ends_ns: list[int]  # true end of each all-reduce (every rank's kernel ends then)
+    late_rank: int  # the rank that issues every all-reduce last
+
+
+def write_trace_job(folder: Path, world: int = 3, collectives: int = 6, seq: bool = True,
+                    offsets_ns: dict[int, int] | None = None, late_rank: int = 1, start_ns: int | None = None,
+                    name: str = "rank{rank}.pt.trace.json", steps: bool = True) -> TraceJob:
+    """One NCCL trace per rank: ``collectives`` all-reduces on the default group, one per ``ProfilerStep#n``
+    (n from 5), each a ``record_param_comms`` launching a kernel by ``cudaLaunchKernel``. Every rank's kernel
+    of a collective ends at the same true time (NCCL finishes together); rank ``late_rank`` issues each one
+    300 us after the others. Rank r's clock runs ``offsets_ns[r]`` ahead (default: r * 1.5 ms + 123 ns).
+    ``start_ns``: the true time of the first step (default: TS0 after ``BASE_NS``)."""
+    base_ns = BASE_NS if start_ns is None else start_ns - int(TS0) * 1000
+    folder.mkdir(parents=True, exist_ok=True)
+    offsets = offsets_ns if offsets_ns is not None else {r: r * 1_500_000 + 123 * bool(r) for r in range(world)}
+    paths: list[Path] = []
+    ends: list[int] = []
+    for rank in range(world):
+        doc = KinetoDoc(rank=rank, world_size=world, base_ns=base_ns)
+        main = doc.thread(doc.pid, "python")
+        off_us = offsets[rank] / 1000
+        for k in range(collectives):
+            t0 = k * 1000.0 + off_us  # this rank's clock, us after TS0
+            if steps:
+                doc.cpu(main, f"ProfilerStep#{k + 5}", t0, 900.0, cat="user_annotation")
+            doc.gpu(COMPUTE_STREAM, "sm90_xmma_gemm_bf16", t0 + 50.0, 200.0)
+            issue = t0 + 100.0 + (300.0 if rank == late_rank else 0.0)
+            comm = {"Collective name": "allreduce", "Process Group Name": "0", "Process Group Description":
+                    "default_pg", "Process Group Ranks": str(list(range(world))), "In msg nelems": 1024,
+                    "Out msg nelems": 1024, "dtype": "Float", "Group size": world}
+            if seq:
+                comm["Seq"] = k + 1
+            rpc = doc.cpu(main, "record_param_comms", issue, 20.0, extra=comm)
+            launch = doc.cpu(main, "cudaLaunchKernel", issue + 5.0, 5.0, cat="cuda_runtime",
+                             correlation=90_000 + k)
+            begin = issue + 10.0
+            end = t0 + 700.0  # the same true time on every rank
+            doc.gpu(NCCL_STREAM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", begin, end - begin,
+                    extra={**comm, "External id": rpc["args"]["External id"],
+                           "correlation": launch["args"]["correlation"]})
+            if rank == 0:
+                ends.append(doc.absolute_ns(us(TS0 + end)))
+        paths.append(doc.write(folder / name.format(rank=rank)))
+    return TraceJob(paths, offsets, ends, late_rank)

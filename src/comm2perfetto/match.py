@@ -15,7 +15,12 @@ How records meet:
   knows output sizes), the recorder's arrival (the Python call) and end (the return), FR's start.
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
+- Profiler traces (``sources.kineto_collectives``) add their collectives: by the trace's ``Seq`` where it has
+  one, joined to the FR entry or recorder call of the same (group, seq), which gets the kernel's GPU begin and
+  end; by order in the trace otherwise, only on ranks with no other record of that group. The kernels' ends
+  also refine the clock alignment (a collective's kernels end together on every rank).
 """
+
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import gc
 import gzip
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -48,9 +53,10 @@ from comm2perfetto.model import (
     RankInfo,
     Signature,
 )
-from comm2perfetto.sources.discover import Sources, load_sources
+from comm2perfetto.sources.discover import Sources, drop_traces, load_sources
 from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
 from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
+from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -79,12 +85,14 @@ class _Track:
 def load_job(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
+    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
     ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
     needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
-    ``align=False`` keeps every rank's own clock (no offsets applied).
+    ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
+    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``).
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
@@ -92,7 +100,10 @@ def load_job(
     gc.disable()
     try:
         src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
-                           workers=workers, progress=progress)
+                           workers=workers, progress=progress, read_traces=read_traces,
+                           trace_ranks=trace_ranks)
+        if not read_traces:
+            drop_traces(src)
         return build_job(src, lazy_stacks=not with_stacks, align=align)
     finally:
         if was_enabled:
@@ -103,7 +114,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
     """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock)."""
     world = _world_size(src)
     notes = list(src.notes)
-    groups, local = _resolve_groups(src, world, notes)
+    trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
+    groups, local = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], _Track] = {}
     p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
     log_seen: dict[str, set[int]] = defaultdict(set)
@@ -119,9 +131,14 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
     sites = _SiteInterner(src.stack_table)
     for rank, log in src.logs.items():
         _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites)
+    gpu_ends = _merge_traces(trace_cols, local, tracks, notes)
 
     if align:
-        clock = refine(measured_offsets(src.logs, src.ranks), _precise_ends(tracks))
+        ends = _precise_ends(tracks)
+        for rank, by_key in gpu_ends.items():  # a kernel's end beats a CPU return
+            ends.setdefault(rank, {}).update(by_key)
+        reference = 0 if 0 in ends or not ends else min(ends)
+        clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
@@ -145,6 +162,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         jobs=tuple(src.jobs),
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
+        traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
         resolver=LazyStacks(src) if lazy_stacks else None,
     )
 
@@ -159,12 +177,16 @@ def _world_size(src: Sources) -> int | None:
         cfg = trace.pg_config.get("0")
         if cfg is not None and cfg.ranks:
             return len(cfg.ranks)
+    for traces in src.traces.values():
+        for kt in traces:
+            if kt.world_size:
+                return kt.world_size
     ranks = src.ranks
     return max(ranks) + 1 if ranks else None
 
 
 def _resolve_groups(
-    src: Sources, world: int | None, notes: list[str]
+    src: Sources, world: int | None, notes: list[str], trace_cols: dict[int, list[TraceCollective]] | None = None,
 ) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str]]:
     """Every process group of the job, and which one each rank's local name means."""
     # (rank, name) -> (desc, ranks or None, source, backend)
@@ -188,6 +210,17 @@ def _resolve_groups(
                 local[(rank, name)] = (old[0] if _meaningful(old[0]) else g.desc, ranks, "log", g.backend)
             elif not _meaningful(old[0]) and _meaningful(g.desc):
                 local[(rank, name)] = (g.desc, old[1], old[2], old[3] or g.backend)
+    for rank, cols in (trace_cols or {}).items():  # profiler traces: "Process Group Name" / "... Ranks"
+        for c in cols:
+            if c.pg_name is None:
+                continue
+            ranks = c.pg_ranks if c.pg_ranks and rank in c.pg_ranks else None
+            old = local.get((rank, c.pg_name))
+            if old is None:
+                local[(rank, c.pg_name)] = (c.pg_desc or "", ranks, "profiler" if ranks else "", None)
+            elif old[1] is None and ranks:
+                local[(rank, c.pg_name)] = (old[0] if _meaningful(old[0]) else c.pg_desc or "", ranks, "profiler",
+                                            old[3])
     # Unresolved memberships: the default group is the world; others, the ranks that mention them.
     mentions: dict[str, set[int]] = defaultdict(set)
     for (rank, name), (_, ranks, _, _) in local.items():
@@ -325,6 +358,86 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
         out.seqs.append(key)
         if precise and values[4] is not None:
             out.log_ends[key] = values[4]
+    return out
+
+
+def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple[int, str], str],
+                  tracks: dict[tuple[int, str], _Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
+    """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
+    kernels' end times by (group uid, seq) per rank, for the clock alignment."""
+    gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    no_group = 0
+    not_joined: set[str] = set()
+    # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
+    recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
+    numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
+    places: dict[str, list] = defaultdict(list)  # uid -> every rank's order places (numbered by order_numbers)
+    for rank, cols in sorted(trace_cols.items()):
+        by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
+        for c in cols:
+            uid = local.get((rank, c.pg_name)) if c.pg_name is not None else None
+            if uid is None:
+                no_group += 1
+                continue
+            by_uid[uid].append(c)
+        for uid, group_cols in by_uid.items():
+            numbering, keys = numbered(group_cols)
+            if numbering != SEQ:
+                if uid in recorded:
+                    not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
+                    continue
+                places[uid].extend(keys)
+            numbered_cols.append((rank, uid, numbering, keys, group_cols))
+    numbers = {uid: order_numbers(p) for uid, p in places.items()}
+    for rank, uid, numbering, keys, group_cols in numbered_cols:
+        seqs = keys if numbering == SEQ else [numbers[uid][k] for k in keys]
+        rows = {}
+        for seq, c in zip(seqs, group_cols):
+            rows[seq] = c
+            if c.on_gpu:
+                gpu_ends[rank][(uid, seq)] = c.t_end_ns
+        tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
+    if no_group:
+        notes.append(f"{no_group} communication kernel(s) of profiler traces name no process group (torch before "
+                     "2.2 wrote none): drawn on their GPU streams, not matched across ranks")
+    if not_joined:
+        notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
+                     f"recorder records of group(s) {', '.join(sorted(not_joined))}")
+    return gpu_ends
+
+
+def _trace_signature(c: TraceCollective) -> Signature:
+    sizes = ((c.in_nelems,),) if c.in_nelems is not None else None
+    out = ((c.out_nelems,),) if c.out_nelems is not None else None
+    dtypes = (c.dtype,) if c.dtype else None
+    return Signature(c.op, sizes, dtypes, out, dtypes if out is not None else None, "kineto")
+
+
+def _join_trace_rows(track: _Track | None, rows: dict[int, TraceCollective]) -> _Track:
+    """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
+    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner)."""
+    if track is None:
+        track = _Track([], [], [], [], [], [], [], [], [], {})
+    index = {s: i for i, s in enumerate(track.seqs)}
+    out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends))
+    sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
+    log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
+    for key in sorted(set(index) | set(rows)):
+        i, c = index.get(key), rows.get(key)
+        if c is None:
+            values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
+                      track.stack_ids[i], sources[i], log_sigs[i])
+        elif i is None:
+            arrive = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
+            values = (_trace_signature(c), COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
+        else:
+            arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
+            values = (track.sigs[i], COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
+                      f"{sources[i]}+kineto", log_sigs[i])
+        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                  out.sources, out.log_sigs), values):
+            column.append(value)
+        out.seqs.append(key)
     return out
 
 

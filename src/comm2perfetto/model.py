@@ -80,7 +80,8 @@ class ProcessGroup:
     ``uid`` is unique in the job: c10d's group ``name`` alone is not (``split_group`` reuses names for
     disjoint groups), so the global ranks are part of it, e.g. ``"1[0,2]"``. ``ranks_source`` says where the
     membership came from: ``pg_config`` (Flight Recorder), ``log`` (the recorder's ``g`` record),
-    ``world`` (the default group is every rank) or ``inferred`` (the ranks whose dumps mention it).
+    ``world`` (the default group is every rank), ``profiler`` (a trace's ``Process Group Ranks``) or
+    ``inferred`` (the ranks whose dumps mention it).
     """
 
     uid: str
@@ -365,6 +366,8 @@ class Job:
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
+    # rank -> that rank's profiler traces, read (sources.kineto.KinetoTrace), for what draws their events
+    traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
     resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
 

@@ -131,7 +131,7 @@ def test_completed_collective_is_linked_across_ranks_by_a_flow(hang_trace):
 
 
 def test_findings_and_recorder_tracks(hang_trace):
-    proc, trace, _ = hang_trace
+    proc, trace, out = hang_trace
     (finding,) = trace.events_on("findings", process_name="job")
     assert finding.name == "missing_ranks all_reduce (default_pg seq 2)"
     assert finding.args["culprit_ranks"] in ("[1]", "1", [1])
@@ -142,7 +142,7 @@ def test_findings_and_recorder_tracks(hang_trace):
              for e in trace.events_on(t.name, process_name="rank 0")]
     assert [(e.name, e.args.get("state")) for e in calls] == [("all_reduce", None), ("all_reduce", "stalled")]
     assert "missing_ranks all_reduce (default_pg seq 2)" in proc.stdout
-    assert "open it: https://ui.perfetto.dev" in proc.stdout
+    assert f"open it: comm2perfetto open {out}" in proc.stdout
 
 
 def test_processes_are_ordered_job_then_ranks(hang_trace):

@@ -89,7 +89,7 @@ def test_a_dump_without_a_rank_in_its_name_is_skipped_with_advice(tmp_path):
 
 def test_a_folder_with_nothing_usable_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("nothing here")
-    with pytest.raises(SourceError, match="no Flight Recorder dump or comm2perfetto event log.*readme.txt"):
+    with pytest.raises(SourceError, match="no Flight Recorder dump, comm2perfetto event log or profiler trace.*readme.txt"):
         load_job([tmp_path])
 
 

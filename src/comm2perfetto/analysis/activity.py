@@ -2,9 +2,11 @@
 
 Two bases, chosen per rank:
 
-- ``gpu``: the rank has profiler (Kineto) traces with GPU work. Kernels on every stream, classified as HTA
-  classifies them (``sources.kineto.classify_gpu``): NCCL kernels are communication, Memcpy/Memset are memory,
-  everything else is compute. This is the basis on which ``overlap_pct`` equals HTA's comm/comp overlap.
+- ``gpu``: the rank has profiler (Kineto) traces with GPU work. Kernels on every stream, classified by
+  ``sources.kineto.classify_gpu``: the communication kernels of ``sources/comm_kernels.py``'s table (NCCL, RCCL,
+  symmetric memory, NVSHMEM ...) are communication, Memcpy/Memset are memory, everything else is compute.
+  Steps follow the GPU: a kernel belongs to the ``ProfilerStep#n`` whose CPU span launched it
+  (``sources.kineto.gpu_step_spans``).
 - ``cpu``: no GPU work known (gloo jobs, or no profiler). Compute is the recorded NVTX and
   ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
   recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the
@@ -48,7 +50,9 @@ class KinetoIntervals:
     gpu_overlapped: list[Span] | None = None
     gpu_busy: list[Span] | None = None
     steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
     windows: tuple[Span, ...] = ()  # each trace's first to last event: where the profiler was running
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
     events: int = 0
     notes: tuple[str, ...] = ()
 
@@ -90,19 +94,22 @@ class RankActivity:
         return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
 
 
-def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoIntervals:
-    """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us``: as
-    HTA reads them (``read_kineto_spans``)."""
+def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False,
+                     collectives: bool = False) -> KinetoIntervals:
+    """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
+    ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
     gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
     steps: list[tuple[int, int, int]] = []
+    gpu_steps: list[tuple[int, int, int]] = []
     windows: list[Span] = []
+    traces: list = []
     notes: list[str] = []
     events = 0
     for path in paths:
         try:
-            trace = read_kineto_spans(path, whole_us=whole_us)
+            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
         except KinetoFormatError as exc:
             notes.append(f"skipped {path}: {exc}")
             continue
@@ -112,6 +119,9 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoInt
         cpu_compute += trace.cpu_compute
         cpu_comm += trace.comm
         steps.extend(trace.steps)
+        gpu_steps.extend(trace.gpu_steps)
+        if trace.collectives is not None:
+            traces.append(trace.collectives)
         parts = [part for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) if part]
         if parts:  # tuple comparison and itemgetter: C speed on a trace's hundred thousand spans
             windows.append((min(min(part)[0] for part in parts), max(max(part, key=_END)[1] for part in parts)))
@@ -120,19 +130,22 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False) -> KinetoInt
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
         return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
                                gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
-                               windows=tuple(windows), events=events, notes=tuple(notes))
+                               gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
+                               events=events, notes=tuple(notes))
     return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows), events=events,
+                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
+                           traces=tuple(traces), events=events,
                            notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
                   progress: Callable[[int, int], None] | None = None,
-                  whole_us: bool = False) -> dict[int, KinetoIntervals]:
+                  whole_us: bool = False, hta_scope: bool = False,
+                  collectives: bool = False) -> dict[int, KinetoIntervals]:
     """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
     ranks = sorted(kineto_files)
     tasks = [kineto_files[r] for r in ranks]
-    read = partial(kineto_intervals, whole_us=whole_us)
+    read = partial(kineto_intervals, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
     if workers <= 1 or len(ranks) <= 1:
         return _gather(ranks, map(read, tasks), progress)
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -158,8 +171,10 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
     profile = profile or KinetoIntervals()
     if profile.gpu_compute or profile.gpu_comm:
         compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
+        steps = tuple((n, b + offset, e + offset) for n, b, e in profile.gpu_steps) \
+            or _steps(log, profile, offset, envelope(compute, comm))
         return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
-                            _steps(log, profile, offset, envelope(compute, comm)),
+                            steps,
                             _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
                             tuple(_shift(list(profile.windows), offset)))
     sources: list[str] = []

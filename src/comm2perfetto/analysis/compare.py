@@ -4,7 +4,8 @@ Follows torch's Flight Recorder analyzer (``torchfrtrace``) where its rules appl
 output sizes, then dtypes; an all-gather's output must be group size x its input, a reduce-scatter's input the
 reverse. Unlike it, sizes are allowed to differ where ranks legitimately differ: the all-to-all family, ``*_v``
 ops, object collectives, scatter inputs and gather outputs. A record from the recorder's event log (public
-function name, input shapes only) is compared with a Flight Recorder entry by op family and input sizes.
+function name, input shapes only) is compared with a Flight Recorder entry by op family and input sizes; one
+from a profiler trace (``kineto``: element counts, no shapes) with another source by op family and element count.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def compare(a: Signature, b: Signature, group_size: int) -> str | None:
         check_in = check_in and _sizes_must_match(b.op)[0] and family(a.op) == family(b.op)
         check_out = False  # the recorder does not know outputs
     if check_in and a.input_sizes is not None and b.input_sizes is not None and a.input_sizes != b.input_sizes:
-        return "size"
+        # a profiler trace knows element counts, not shapes: against another source, compare those
+        if same_source or "kineto" not in (a.source, b.source) or _numel(a.input_sizes) != _numel(b.input_sizes):
+            return "size"
     if check_out and a.output_sizes is not None and b.output_sizes is not None and \
             a.output_sizes != b.output_sizes:
         return "size"
@@ -101,6 +104,10 @@ def _dtypes_differ(da, db, sa, sb) -> bool:
     if not _nonempty(sa) or not _nonempty(sb):
         return False  # e.g. a gather's non-root ranks have no output: nothing to compare
     return set(da) != set(db)
+
+
+def _numel(sizes) -> int:
+    return sum(math.prod(x) for x in sizes)
 
 
 def _nonempty(sizes) -> bool:

@@ -64,6 +64,8 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
             if not c.joined_ranks or any(s is not None and "log" in s for s in c.sources) or (
                     keep is not None and not keep(c)):
                 continue
+            if all(s is None or s == "kineto" for s in c.sources):
+                continue  # known from profiler traces only: whether Python or C++ issued it is not known
             sig = first_signature(c)
             row = rows[(NOT_SEEN, None, family(sig.op))]
             row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0

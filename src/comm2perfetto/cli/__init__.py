@@ -25,7 +25,7 @@ class UserError(Exception):
     """An error the user can fix: printed as one line, exit status 2, never a traceback."""
 
 
-COMMANDS = ("record", "merge", "diagnose", "report", "demo")
+COMMANDS = ("record", "merge", "diagnose", "report", "open", "demo")
 
 EXAMPLES = """\
 examples:
@@ -33,6 +33,7 @@ examples:
   comm2perfetto record -o run1 -- torchrun --nproc-per-node 4 train.py
   comm2perfetto diagnose run1           which collective is stuck or desynced, and which rank is to blame
   comm2perfetto merge run1              one Perfetto trace of every rank: run1.pftrace
+  comm2perfetto open run1.pftrace       load it in ui.perfetto.dev, served from this machine
   comm2perfetto report run1 --plot run1.html
 
 Each command's --help lists its options and exit statuses (2 is always a usage or input error)."""

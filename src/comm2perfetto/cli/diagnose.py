@@ -27,6 +27,7 @@ from comm2perfetto.analysis.findings import STATUS_EXIT, Diagnosis, Finding
 from comm2perfetto.analysis.hang import diagnose
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.progress import Phase, Progress
+from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 
@@ -49,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="output format (default: json when -o ends in .json, else text)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
+    add_trace_rank_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading Flight Recorder dumps (ranks)", then="matching collectives across ranks")
     try:
         # Stacks are read on demand: a report shows a handful.
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress)
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
+                       trace_ranks=trace_ranks_option(args))
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:

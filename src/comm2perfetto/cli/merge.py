@@ -22,6 +22,7 @@ from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.diagnose import rank_span
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
+from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.export.formats import format_for, open_writer
 from comm2perfetto.export.markers import plan_markers
 from comm2perfetto.export.sink import WriteStats
@@ -29,6 +30,7 @@ from comm2perfetto.export.timeline import TimelineSummary, select_ranks, write_t
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
+from comm2perfetto.sources.kineto_load import trace_span
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
 
@@ -57,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep every rank of a job above 256 ranks (default: ranks findings name plus a sample)")
     p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
+    add_trace_rank_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
-                       align=not args.no_align)
+                       align=not args.no_align, read_traces=not args.no_profiler,
+                       trace_ranks=trace_ranks_option(args))
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:
@@ -165,6 +169,11 @@ def _job_span(job: Job) -> tuple[int | None, int | None]:
     """The earliest timed event (the origin of --window and the trace's wall-clock anchor) and the latest."""
     firsts = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
     lasts = [t for c in job.iter_collectives() for t in c.end_ns if t is not None]
+    for rank, traces in job.traces.items():  # profiled steps may lie long before the first collective kept
+        off = job.clock.offset_ns.get(rank, 0)
+        for span in filter(None, map(trace_span, traces)):
+            firsts.append(span[0] + off)
+            lasts.append(span[1] + off)
     for rank, log in job.logs.items():
         off = job.clock.offset_ns.get(rank, 0)
         firsts += [call.t_call_ns + off for call in log.calls[:1]]
@@ -229,7 +238,7 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
         lines.append(f"  skipped {len(job.skipped)} file(s) (comm2perfetto diagnose lists them)")
     if preview is not None and preview.exists():
         lines.append(f"  preview: {preview}")
-    lines.append(f"open it: https://ui.perfetto.dev -> Open trace file -> {out.name}")
+    lines.append(f"open it: comm2perfetto open {out}   (or https://ui.perfetto.dev -> Open trace file)")
     print("\n".join(lines))
 
 

@@ -21,11 +21,12 @@ from comm2perfetto.analysis.report import build_report
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
+from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
 from comm2perfetto.export.report_text import render_text
-from comm2perfetto.sources.discover import SourceError, load_sources
+from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
@@ -56,6 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="round profiler events inward to whole microseconds first, as HTA does by default, so "
                         "that overlap equals HTA's get_comm_comp_overlap (default: the nanoseconds Kineto "
                         "writes; HTA's rounding lowers overlap by about half a point)")
+    p.add_argument("--hta-scope", action="store_true",
+                   help="count what HTA's get_comm_comp_overlap counts by default, to compare with HTA: kernels "
+                        "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
+                        "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
+    add_trace_rank_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -76,33 +82,41 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
-    progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
+    progress = Progress("reading dumps (ranks)")
     try:
-        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress,
-                           profiles_suffice=not args.no_profiler)
-        job = None
-        if src.fr or src.logs:
-            from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
-
-            job = build_job(src, lazy_stacks=True)
+        # profiler traces are listed here and read below, as spans and communication events, in workers
+        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
+                           trace_ranks=trace_ranks_option(args))
+        if args.no_profiler:
+            drop_traces(src)
     except SourceError as exc:
         raise UserError(str(exc)) from None
     finally:
         progress.finish()
-    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()
-                                          if r is not None}
+    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()}
     progress = Progress("reading profiler traces (ranks)")
     try:
         profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
-                                 progress=progress, whole_us=args.hta_rounding)
+                                 progress=progress, whole_us=args.hta_rounding or args.hta_scope,
+                                 hta_scope=args.hta_scope, collectives=True)
     finally:
         progress.finish()
+    try:
+        adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    job = None
+    if src.fr or src.logs or src.traces:
+        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
+
+        with Phase("matching collectives across ranks"):
+            job = build_job(src, lazy_stacks=True)
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job, profiles, steps=steps, depth=args.depth)
-    if None in src.kineto and not args.no_profiler:
-        doc["notes"].append(f"{len(src.kineto[None])} profiler trace(s) left out: their rank is neither in "
-                            f"distributedInfo nor in the file name (e.g. {src.kineto[None][0]})")
-    if args.hta_rounding and profiles:
+    if args.hta_scope and profiles:
+        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
+                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
+    elif args.hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
     doc["notes"].extend(job.notes if job is not None else src.notes)
     doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)

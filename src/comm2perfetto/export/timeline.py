@@ -33,7 +33,6 @@ from comm2perfetto.export.markers import Markers, plan_markers
 from comm2perfetto.export.preview import PreviewRow
 from comm2perfetto.export.sink import NO_FLOWS, SharedArgs, TraceSink, arg_text
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site, tensor_bytes
-from comm2perfetto.sources.kineto import KinetoFormatError, read_kineto
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
 
@@ -532,6 +531,9 @@ class _RankWriter:
     # --- the recorder's own view -----------------------------------------------------------------------------
 
     def _steps(self, log) -> None:
+        if (log is None or not log.steps) and self.kineto:
+            self._profiler_steps()
+            return
         bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
         items: list[Item] = []
         for (step, t), nxt in zip(bounds, bounds[1:] + [None]):
@@ -543,6 +545,21 @@ class _RankWriter:
             items.append((t, end, f"step {step}", {"step": step}, "step", None, NO_FLOWS))
         self.families.append(("steps", "step boundaries: optimizer steps, profiler steps or comm2perfetto.step()",
                               items))
+
+    def _profiler_steps(self) -> None:
+        """The traces' ``ProfilerStep#n`` as the CPU ran them, and the same steps on the GPU: from the first
+        kernel launched in the step to the first of the next step's (``sources.kineto.gpu_step_spans``)."""
+        cpu: list[Item] = []
+        gpu: list[Item] = []
+        for trace in self.job.traces.get(self.rank, ()):
+            for items, steps in ((cpu, trace.steps), (gpu, trace.gpu_steps if trace.gpu_events else ())):
+                for n, begin, end in steps:
+                    begin, end = begin + self.offset, end + self.offset
+                    if end >= begin and self.inside(begin, end):
+                        items.append((begin, end, f"step {n}", {"step": n}, "step", None, NO_FLOWS))
+        self.families.append(("steps", "torch.profiler's ProfilerStep#n on the CPU", cpu))
+        self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the next "
+                              "step's first kernel", gpu))
 
     def _log_end(self, log) -> int | None:
         times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
@@ -651,18 +668,10 @@ class _RankWriter:
     # --- profiler traces -------------------------------------------------------------------------------------
 
     def _profiler(self) -> None:
-        info = self.job.ranks.get(self.rank)
-        if info is None or not info.kineto_files:
-            return
         cpu: dict[str, list[Item]] = {}  # by lane, in the reader's order (threads, then GPU streams)
         gpu: dict[str, list[Item]] = {}
         names: dict[str, str] = {}
-        for path in info.kineto_files:
-            try:
-                trace = read_kineto(path)
-            except KinetoFormatError as exc:
-                self.notes.append(str(exc))
-                continue
+        for trace in self.job.traces.get(self.rank, ()):
             names.update(trace.lane_names)
             for ev in trace.cpu_ops:
                 self._kineto_item(ev, cpu.setdefault(ev.lane, []), compute=True)

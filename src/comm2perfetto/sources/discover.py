@@ -21,7 +21,7 @@ import socket
 import sys
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log
 from comm2perfetto.sources.flight_recorder import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr_ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable
-from comm2perfetto.sources.kineto import gunzip_head, sniff_kineto
+from comm2perfetto.sources.kineto import KinetoTrace, gunzip_head, sniff_kineto
+from comm2perfetto.sources.kineto_load import check_against_job, load_traces
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
 HEAD_BYTES = 8192
@@ -63,7 +64,8 @@ class Sources:
     fr: dict[int, FrRankTrace] = field(default_factory=dict)
     logs: dict[int, RankLog] = field(default_factory=dict)
     stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # stall stacks, oldest first
-    kineto: dict[int | None, list[Path]] = field(default_factory=dict)
+    kineto: dict[int, list[Path]] = field(default_factory=dict)  # profiler traces by rank
+    traces: dict[int, list[KinetoTrace]] = field(default_factory=dict)  # the same, read (see load_sources)
     jobs: list[dict[str, Any]] = field(default_factory=list)  # every job file (one per `record`, per node)
     unusable_ranks: set[int] = field(default_factory=set)  # ranks whose every dump was skipped
     alive: dict[int, bool] = field(default_factory=dict)  # unclosed logs of this host: is the process alive?
@@ -74,7 +76,7 @@ class Sources:
 
     @property
     def ranks(self) -> set[int]:
-        return set(self.fr) | set(self.logs) | set(self.stacks)
+        return set(self.fr) | set(self.logs) | set(self.stacks) | set(self.kineto)
 
     @property
     def job_info(self) -> dict[str, Any] | None:
@@ -156,12 +158,14 @@ def _walk(root: Path) -> list[Path]:
 
 def load_sources(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None, profiles_suffice: bool = False,
+    workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
+    trace_ranks: Mapping[str, int] | None = None,
 ) -> Sources:
     """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
 
-    ``profiles_suffice``: profiler traces alone are usable input (``report`` works from them; ``merge`` and
-    ``diagnose`` need Flight Recorder dumps or event logs).
+    Profiler traces are a source like the others (traces alone are a job): ranked (``trace_ranks``, from
+    ``--trace-rank``, first; see ``sources.kineto_load``) and, with ``read_traces``, read whole into
+    ``traces``; without it only ``kineto`` lists them (``report`` reads them its own faster way).
 
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
     ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
@@ -210,36 +214,23 @@ def load_sources(
         if isinstance(info, dict):
             src.jobs.append(dict(info, _path=str(f.path)))
 
-    kineto_worlds: dict[int, list[Path]] = defaultdict(list)
-    for f in by_kind[KINETO]:
-        rank, world = _kineto_rank(f)
-        src.kineto.setdefault(rank, []).append(f.path)
-        if world is not None:
-            kineto_worlds[world].append(f.path)
-    if len(kineto_worlds) > 1:
-        examples = ", ".join(f"{paths[0]} (world size {w})" for w, paths in sorted(kineto_worlds.items()))
-        problems.append(f"profiler traces disagree on world size: {examples}")
+    src.kineto, src.traces, trace_skipped, trace_problems = load_traces(by_kind[KINETO], trace_ranks or {},
+                                                                          read_traces)
+    src.skipped.extend(trace_skipped)
+    problems.extend(trace_problems)
 
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
-
-    if problems:
-        if not force:
-            raise MixedJobsError(
-                "these files look like more than one job: " + "; ".join(problems[:3])
-                + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
-            )
-        src.notes.extend(f"--force: {p}" for p in problems)
-    if not src.fr and not src.logs and not (profiles_suffice and src.kineto):
+    check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
+    _refuse_mixed(src, problems, force)
+    if not src.fr and not src.logs and not src.kineto:
         where = ", ".join(str(p) for p in paths)
         detail = f" ({len(src.skipped)} file(s) skipped, e.g. {src.skipped[0].path}: {src.skipped[0].reason})" \
             if src.skipped else ""
-        wanted = "Flight Recorder dump, comm2perfetto event log or profiler trace" if profiles_suffice \
-            else "Flight Recorder dump or comm2perfetto event log"
         raise SourceError(
-            f"no {wanted} found in {where}{detail}; "
+            f"no Flight Recorder dump, comm2perfetto event log or profiler trace found in {where}{detail}; "
             "give the folder `comm2perfetto record` wrote, or the folder of TORCH_FR_DUMP_TEMP_FILE dumps"
         )
     return src
@@ -336,32 +327,55 @@ def _probe_alive(logs: dict[int, RankLog]) -> dict[int, bool]:
     return out
 
 
-def _kineto_rank(f: FoundFile) -> tuple[int | None, int | None]:
-    """(rank, world size) from ``distributedInfo`` near the top of the trace; the rank from the name otherwise.
-
-    ``"distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 8, ...}`` -> (3, 8)
-    """
-    try:
-        with open(f.path, "rb") as fh:
-            head = fh.read(1 << 16)
-    except OSError:
-        return None, None
-    if f.gzipped:
-        head = gunzip_head(head, 1 << 16)
-    start = head.find(b'"distributedInfo"')
-    if start >= 0:
-        rank, world = _int_after(head, b'"rank":', start), _int_after(head, b'"world_size":', start)
-        if rank is not None:
-            return rank, world
-    return rank_from_name(f.path.name), None
+def _refuse_mixed(src: Sources, problems: list[str], force: bool) -> None:
+    if problems:
+        if not force:
+            raise MixedJobsError(
+                "these files look like more than one job: " + "; ".join(problems[:3])
+                + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
+            )
+        src.notes.extend(f"--force: {p}" for p in problems)
 
 
-def _int_after(head: bytes, key: bytes, start: int) -> int | None:
-    i = head.find(key, start)
-    if i < 0:
-        return None
-    digits = head[i + len(key):i + len(key) + 13].split(b",")[0].strip(b" }\n")
-    return int(digits) if digits.isdigit() else None
+def adopt_traces(src: Sources, traces: Mapping[int, list[KinetoTrace]], force: bool = False) -> None:
+    """Add traces read apart (``report`` reads them in worker processes) to sources loaded with
+    ``read_traces=False``, with the same mixed-job check as ``load_sources``."""
+    src.traces = {rank: list(ts) for rank, ts in traces.items() if ts}
+    problems: list[str] = []
+    check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
+    _refuse_mixed(src, problems, force)
+
+
+def drop_traces(src: Sources) -> None:
+    """Leave the profiler traces out (``--no-profiler``); SourceError when nothing else is there."""
+    if src.kineto and not src.fr and not src.logs:
+        example = next(iter(src.kineto.values()))[0]
+        raise SourceError(f"only profiler traces found (e.g. {example}), and --no-profiler leaves them out")
+    src.kineto.clear()
+    src.traces.clear()
+
+
+def _dumps_world(src: Sources) -> int | None:
+    """The world size the event logs or Flight Recorder's default group state, if any."""
+    for log in src.logs.values():
+        return log.world_size
+    for trace in src.fr.values():
+        cfg = trace.pg_config.get("0")
+        if cfg is not None and cfg.ranks:
+            return len(cfg.ranks)
+    return None
+
+
+def _dumps_times(src: Sources) -> list[int]:
+    """A few times from the dumps and logs (each rank's first and last), to compare traces' times with."""
+    times: list[int] = []
+    for trace in src.fr.values():
+        for gt in trace.groups.values():
+            known = [t for t in (gt.created_ns[:1] + gt.created_ns[-1:]) if t]
+            times.extend(known)
+    for log in src.logs.values():
+        times.extend(c.t_call_ns for c in log.calls[:1] + log.calls[-1:])
+    return times
 
 
 PARALLEL_MIN_RANKS = 32  # below this, starting workers costs more than it saves

@@ -47,8 +47,10 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from bisect import bisect_right
+from functools import partial
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from math import ceil, floor
 from pathlib import Path
 from types import MappingProxyType
@@ -56,15 +58,14 @@ from typing import Any
 
 import orjson
 
-_COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|ncclDevKernel|ncclKernel",
-                        re.IGNORECASE)
+from comm2perfetto.sources.comm_kernels import ALL_COMM_KERNELS, HTA_COMM_KERNELS
 
-# GPU kernel families, as Holistic Trace Analysis classifies kernels (get_kernel_type, hta/utils/utils.py):
-# comm = NCCL's kernels (names starting "nccl"; also ncclKernel_* / ncclDevKernel_* anywhere in a name, as
-# older NCCL, RCCL and newer NCCL spell them, "void ncclKernel_..." included) and gloo's annotations
-# ("gloo:", never on a GPU stream in practice); memory = Memcpy*/Memset* activities; all else on a stream is
-# compute.
-_GPU_COMM_KERNEL = re.compile(r"^nccl|ncclDevKernel|ncclKernel|gloo:")
+_COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|"
+                        + ALL_COMM_KERNELS.pattern, re.IGNORECASE)
+
+# GPU kernel classes: comm = the kernels of sources/comm_kernels.py's table (NCCL, RCCL, symmetric memory,
+# NVSHMEM, oneCCL ...; with hta=True only the rows Holistic Trace Analysis counts), memory = Memcpy*/Memset*
+# activities, all else on a stream is compute.
 _GPU_MEMORY_NAME = re.compile(r"Memcpy|Memset")
 
 # Kineto categories ("cat"), normalised: current names as libkineto's ActivityType.cpp spells them, plus the
@@ -104,7 +105,12 @@ class KinetoFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class KinetoCommEvent:
-    """A communication event on any thread or stream (see ``_COMM_NAME``)."""
+    """A communication event on any thread or stream (see ``_COMM_NAME``), with what its args say about the
+    collective (recent torch writes them on ``record_param_comms`` and on the NCCL kernel; older traces have
+    none): ``"Collective name": "allreduce"``, ``"Seq": 5``, ``"Process Group Name": "0"``,
+    ``"Process Group Description": "default_pg"``, ``"Process Group Ranks": "[0, 1]"``, ``"In msg nelems"``,
+    ``"Out msg nelems"``, ``"dtype": "Float"``. ``external_id`` (Kineto's ``External id``) ties a kernel to the
+    CPU op that launched it."""
 
     name: str
     t_begin_ns: int
@@ -115,6 +121,20 @@ class KinetoCommEvent:
     collective: str | None
     seq: int | None
     pg_name: str | None
+    pg_desc: str | None = None
+    pg_ranks: str | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    dtype: str | None = None
+    external_id: int | None = None
+
+    @property
+    def t_end_ns(self) -> int:
+        return self.t_begin_ns + self.duration_ns
+
+    @property
+    def on_gpu(self) -> bool:
+        return normalise_kind(self.category) in GPU_WORK_KINDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +186,7 @@ class KinetoTrace:
     gpu_events: tuple[KinetoEvent, ...] = ()
     gpu_annotations: tuple[KinetoEvent, ...] = ()
     steps: tuple[tuple[int, int, int], ...] = ()
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the steps on the GPU's time: see gpu_step_spans
     pid: int | None = None  # the profiled process (the pid of most CPU events)
     lane_names: Mapping[str, str] = field(default_factory=dict)  # lane -> label, e.g. "thread 5370 (python)"
     skipped_threads: tuple[str, ...] = ()  # CPU lanes left out of cpu_ops: see is_training_thread
@@ -193,8 +214,8 @@ def normalise_kind(category: str) -> str:
     return _KIND_ALIASES.get(kind, kind)
 
 
-def classify_gpu(name: str, category: str) -> str:
-    """``"comm"``, ``"memory"`` or ``"compute"`` for a GPU event, as HTA classifies kernels.
+def classify_gpu(name: str, category: str, hta: bool = False) -> str:
+    """``"comm"``, ``"memory"`` or ``"compute"`` for a GPU event (``hta``: HTA's communication kernels only).
 
     >>> classify_gpu("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel")
     'comm'
@@ -205,7 +226,7 @@ def classify_gpu(name: str, category: str) -> str:
     """
     if normalise_kind(category) in ("gpu_memcpy", "gpu_memset"):
         return "memory"
-    if _GPU_COMM_KERNEL.search(name):
+    if (HTA_COMM_KERNELS if hta else ALL_COMM_KERNELS).search(name):
         return "comm"
     if _GPU_MEMORY_NAME.search(name):
         return "memory"
@@ -319,10 +340,12 @@ class KinetoSpans:
     steps: tuple[tuple[int, int, int], ...]
     event_count: int
     cpu_read: bool = True
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # see gpu_step_spans
+    collectives: KinetoTrace | None = None  # with collectives=True: the trace's comm events only (see below)
 
 
 def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: bool = False,
-                      cpu: bool = False) -> KinetoSpans:
+                      cpu: bool = False, hta_scope: bool = False, collectives: bool = False) -> KinetoSpans:
     """Parse a Kineto trace into spans (see ``KinetoSpans``). Raises KinetoFormatError.
 
     ``whole_us``: round each event inward to whole microseconds first (begin up, end down), as HTA does by
@@ -335,6 +358,16 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     communication kernels, or with ``cpu=True``: the CPU ops of a GPU trace would be read for nothing, and
     skipping them halves the walk over the events. Whether to try that is guessed from the text (``"kernel"``
     in it: Kineto's category of kernels); a wrong guess costs a second walk, never a wrong answer.
+
+    ``hta_scope``: the GPU spans Holistic Trace Analysis's ``get_comm_comp_overlap`` looks at by default
+    (``TraceAnalysis(include_last_profiler_step=False)``, ``Trace._filter_irrelevant_gpu_kernels`` in HTA 0.5.0):
+    with two steps or more, only kernels whose launch (the runtime call of the same correlation id) began
+    before the latest begin of a ``ProfilerStep#n`` event; HTA takes that latest begin over every event but
+    kernels, so the ``gpu_user_annotation`` copies Kineto projects onto streams count too. Classified with HTA's
+    communication kernels only (``classify_gpu(hta=True)``).
+
+    ``collectives``: also keep the trace's communication events, exactly timed, as a ``KinetoTrace`` holding
+    ``comm_events`` only (what ``sources.kineto_collectives`` needs): NCCL kernels and ``record_param_comms``.
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -342,15 +375,24 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     try:
         raw = _text(path, data)
         kernels_first = not cpu and b'"kernel"' in raw
-        doc, _info, base = _parse(path, raw)
+        doc, info, base = _parse(path, raw)
         del raw  # before the walk: the text is as large as the events' strings
         events = doc["traceEvents"]
-        parser = _SpanParser(base, whole_us)
-        parser.feed_all(events, cpu=not kernels_first)
+        parser = _SpanParser(base, whole_us, hta_scope)
+        parser.feed_all(events, cpu=not kernels_first, collect=collectives)
         if kernels_first and not (parser.gpu_spans["compute"] or parser.gpu_spans["comm"]):
-            parser = _SpanParser(base, whole_us)  # no kernels after all: the figures come from the CPU side
-            parser.feed_all(events)
-        return parser.spans(path, len(events))
+            parser = _SpanParser(base, whole_us, hta_scope)  # no kernels: the figures come from the CPU side
+            parser.feed_all(events, collect=collectives)
+        spans = parser.spans(path, len(events))
+        if not collectives:
+            return spans
+        comm = _Parser(base)  # exact times, whatever rounding the spans had
+        comm.feed_comm(parser.comm_raw)
+        world = info.get("world_size")
+        light = KinetoTrace(path=path, rank=None, world_size=world if isinstance(world, int) else None,
+                            backend=None, base_time_ns=base, pg_config=None, comm_events=tuple(comm.comm),
+                            event_count=len(events))
+        return replace(spans, collectives=light)
     finally:
         if gc_was_on:
             gc.enable()
@@ -407,8 +449,9 @@ class _Thread:
         self.has_steps = False
 
 
-# What a category means to the parser: skipped, a CPU event, GPU work, or a GPU annotation.
-_SKIP, _CPU, _GPU, _GPU_ANNOTATION = range(4)
+# What a category means to the parser: skipped, a CPU event, GPU work, or a GPU annotation (_LAUNCH: a
+# runtime/driver call, to the span parser).
+_SKIP, _CPU, _GPU, _GPU_ANNOTATION, _LAUNCH = range(5)
 
 
 class _Parser:
@@ -530,6 +573,26 @@ class _Parser:
         thread = self.threads[(pid, tid)] = _Thread(tid)
         return thread
 
+    def feed_comm(self, events: list[Any]) -> None:
+        """Take only the communication events (``comm``) of every raw event: names decided once each."""
+        names, name_of, base = self._names, self._name, self.base
+        for ev in events:
+            if ev.__class__ is not dict:
+                continue
+            get = ev.get
+            name = get("name")
+            if name.__class__ is not str or get("ph") != "X":
+                continue
+            info = names.get(name) or name_of(name)
+            if not info[1]:
+                continue
+            span = _span(get("ts"), get("dur"), base)
+            if span is None:
+                continue
+            args, category = get("args"), get("cat")
+            self._comm(ev, info[0], span[0], span[1] - span[0], category if category.__class__ is str else "",
+                       args if args.__class__ is dict else {})
+
     def _gpu_lane(self, device: int, stream: int) -> str:
         lane = self.gpu_lanes[(device, stream)] = f"gpu {device} stream {stream}"
         return lane
@@ -540,11 +603,20 @@ class _Parser:
 
     def _comm(self, ev: dict[str, Any], name: str, begin: int, dur: int, category: str,
               args: dict[str, Any]) -> None:
-        collective, pg_name = args.get("Collective name"), args.get("Process Group Name")
+        get = args.get
+        collective, pg_name, desc, ranks, dtype = (get("Collective name"), get("Process Group Name"),
+                                                   get("Process Group Description"), get("Process Group Ranks"),
+                                                   get("dtype"))
         self.comm.append(KinetoCommEvent(
             name=name, t_begin_ns=begin, duration_ns=dur, pid=ev.get("pid"), tid=ev.get("tid"),
-            category=self._intern(category), collective=collective if isinstance(collective, str) else None,
-            seq=_int_or_none(args.get("Seq")), pg_name=str(pg_name) if pg_name is not None else None,
+            category=self._intern(category),
+            collective=self._intern(collective) if isinstance(collective, str) else None,
+            seq=_int_or_none(get("Seq")), pg_name=self._intern(str(pg_name)) if pg_name is not None else None,
+            pg_desc=self._intern(desc) if isinstance(desc, str) else None,
+            pg_ranks=self._intern(ranks) if isinstance(ranks, str) else None,
+            in_nelems=_int_or_none(get("In msg nelems")), out_nelems=_int_or_none(get("Out msg nelems")),
+            dtype=self._intern(dtype) if isinstance(dtype, str) else None,
+            external_id=_int_or_none(get("External id")),
         ))
 
     def _args(self, args: dict[str, Any]) -> Mapping[str, ArgValue]:
@@ -594,9 +666,14 @@ class _Parser:
         pids: Counter[int] = Counter()
         for (pid, _tid), thread in self.threads.items():
             pids[pid] += len(thread.events)
+        steps = self._steps(cpu_ops)
+        launches = {ev.correlation: ev.t_begin_ns for ev in cpu_ops
+                    if ev.correlation is not None and ev.kind.endswith(_CPU_KIND_SUFFIXES)}
+        launched = launch_steps(steps, launches, ((ev.correlation, ev.t_begin_ns) for ev in self.gpu))
         return KinetoTrace(
             comm_events=tuple(self.comm), cpu_ops=tuple(cpu_ops), gpu_events=tuple(self.gpu),
-            gpu_annotations=tuple(self.gpu_ann), steps=self._steps(cpu_ops),
+            gpu_annotations=tuple(self.gpu_ann), steps=steps,
+            gpu_steps=gpu_step_spans(steps, launched, ((ev.t_begin_ns, ev.t_end_ns) for ev in self.gpu)),
             pid=pids.most_common(1)[0][0] if pids else None, lane_names=lane_names,
             skipped_threads=tuple(skipped), **fields,
         )
@@ -617,9 +694,14 @@ class _Parser:
 class _SpanParser(_Parser):
     """``_Parser``'s decisions (categories, names, threads, kernel classes) keeping only begin/end pairs."""
 
-    def __init__(self, base_ns: int, whole_us: bool = False) -> None:
+    def __init__(self, base_ns: int, whole_us: bool = False, hta_scope: bool = False) -> None:
         super().__init__(base_ns)
+        self.hta = hta_scope
         self._span = _span_whole_us if whole_us else _span
+        self.launch_events: list[dict[str, Any]] = []  # runtime/driver calls (launches), raw
+        self.comm_raw: list[dict[str, Any]] = []  # communication events, raw (feed_all's collect)
+        self.last_step_begin = -1  # the latest begin of a ProfilerStep#n event (CPU, or projected on a stream)
+        self.kernels: list[tuple[dict[str, Any], Span, list[Span]]] = []  # (raw event, span, its class's list)
         self.gpu_spans: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
         self.comm_spans: list[Span] = []
         self.step_spans: dict[int, Span] = {}
@@ -630,23 +712,41 @@ class _SpanParser(_Parser):
 
     def _plan(self, name: str, category: str) -> tuple[int, list[Span] | None, list[Span] | None, bool, bool,
                                                        int | None]:
-        """(role, GPU class list or None, comm list or None, is a backend annotation, CPU span wanted, step)."""
+        """(role, GPU class list or None, comm list or None, is a backend annotation, CPU span wanted, step).
+        A runtime call (a launch) is not wanted as a span: its role is _LAUNCH."""
         _name, is_comm, is_backend, step = self._name(name)
         kind, role = self._kind(category)
-        gpu = self.gpu_spans[self._klass(name, category)] if role == _GPU else None
+        gpu = self.gpu_spans[classify_gpu(name, category, self.hta)] if role == _GPU else None
         wanted = step is not None or is_comm or kind in _COMPUTE_KINDS  # runtime calls are neither
+        if role == _CPU and kind.endswith(_CPU_KIND_SUFFIXES):
+            role = _LAUNCH
         plan = self._plans[(name, category)] = (role, gpu, self.comm_spans if is_comm else None, is_backend,
                                                 wanted, step)
         return plan
 
-    def feed_all(self, events: list[Any], cpu: bool = True) -> None:
+    def _launches(self) -> dict[Any, int]:
+        """correlation id -> begin (ns) of the runtime call that launched it."""
+        out: dict[Any, int] = {}
+        base = self.base
+        for ev in self.launch_events:
+            args, ts = ev.get("args"), ev.get("ts")
+            if args.__class__ is dict and (ts.__class__ is float or ts.__class__ is int):
+                correlation = args.get("correlation")
+                if correlation is not None:
+                    out[correlation] = base + round(ts * 1000)  # to the ns or so: only compared with steps
+        return out
+
+    def feed_all(self, events: list[Any], cpu: bool = True, collect: bool = False) -> None:
         """Take every raw event. One loop in one frame, everything it touches in a local: the per-event work is
         a handful of dict reads, and a method call per event would add a fifth to it. ``cpu=False``: keep GPU
-        work and steps only."""
+        work and steps only. ``collect``: also keep the raw communication events (``comm_raw``). Kernels and
+        launches are kept as raw events too: which step launched what is worked out at the end, only for
+        traces that have steps."""
         self.cpu_read = cpu
         plans, plan_of = self._plans, self._plan
         threads, new_thread = self.threads, self._thread
         step_spans, base, _span = self.step_spans, self.base, self._span
+        launches, kernels, comm_raw = self.launch_events, self.kernels, self.comm_raw
         for ev in events:
             if ev.__class__ is not dict:
                 continue
@@ -667,9 +767,22 @@ class _SpanParser(_Parser):
                 if span is None or not _on_stream(ev):  # as read_kineto (and HTA): GPU work is on a device's stream
                     continue
                 gpu.append(span)
-                if comm is not None and cpu:
-                    comm.append(span)
+                kernels.append((ev, span, gpu))
+                if comm is not None:
+                    if cpu:
+                        comm.append(span)
+                    if collect:
+                        comm_raw.append(ev)
+            elif role == _LAUNCH:
+                launches.append(ev)
+                if cpu:  # it is still a thread's event: the thread is not only a backend's worker
+                    pid, tid = get("pid"), get("tid")
+                    thread = threads.get((pid, tid)) if pid.__class__ is int and tid.__class__ is int else None
+                    if thread is not None:
+                        thread.only_backend = False
             elif role == _CPU:
+                if comm is not None and collect:
+                    comm_raw.append(ev)
                 if step is None and not cpu:
                     continue
                 pid, tid = get("pid"), get("tid")
@@ -689,6 +802,8 @@ class _SpanParser(_Parser):
                     comm.append(span)
                 elif step is not None:
                     thread.has_steps = True
+                    if span[0] > self.last_step_begin:
+                        self.last_step_begin = span[0]
                     begin, end = step_spans.get(step, span)
                     step_spans[step] = (min(begin, span[0]), max(end, span[1]))
                 else:
@@ -697,6 +812,10 @@ class _SpanParser(_Parser):
                 span = _span(get("ts"), get("dur"), base)
                 if span is not None:
                     comm.append(span)
+            elif step is not None and role == _GPU_ANNOTATION:  # ProfilerStep#n projected onto a stream
+                span = _span(get("ts"), get("dur"), base)
+                if span is not None and span[0] > self.last_step_begin:
+                    self.last_step_begin = span[0]
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
         cpu: list[Span] = []
@@ -705,10 +824,73 @@ class _SpanParser(_Parser):
                                   only_backend_annotations=thread.only_backend):
                 cpu.extend(thread.events)
         steps = tuple((n, b, e) for n, (b, e) in sorted(self.step_spans.items()))
-        return KinetoSpans(path, self.gpu_spans, cpu, self.comm_spans, steps, event_count, self.cpu_read)
+        gpu = self.gpu_spans
+        gpu_steps = steps
+        if steps:
+            launches = self._launches()
+            correlations = [ev["args"].get("correlation") if ev.get("args").__class__ is dict else None
+                            for ev, _, _ in self.kernels]
+            launched = launch_steps(steps, launches, zip(correlations, (b for _, (b, _e), _ in self.kernels)))
+            gpu_steps = gpu_step_spans(steps, launched, (span for _, span, _ in self.kernels))
+            if self.hta and len(steps) > 1:  # HTA's scope (with a single step HTA keeps every kernel)
+                gpu = {klass: [] for klass in gpu}
+                by_list = {id(spans): klass for klass, spans in self.gpu_spans.items()}
+                cut = self.last_step_begin
+                for correlation, (_, span, spans) in zip(correlations, self.kernels):
+                    launch = launches.get(correlation)
+                    if launch is not None and launch < cut:
+                        gpu[by_list[id(spans)]].append(span)
+        return KinetoSpans(path, gpu, cpu, self.comm_spans, steps, event_count, self.cpu_read, gpu_steps)
 
 
 _COMPUTE_KINDS = frozenset({"cpu_op", "user_annotation"})  # not python_function (wraps everything), not runtime
+
+
+def launch_steps(steps: Sequence[tuple[int, int, int]], launches: Mapping[Any, int],
+                 kernels: Iterable[tuple[Any, int]]) -> list[int | None]:
+    """The step each GPU kernel belongs to: the ``ProfilerStep#n`` whose CPU span holds the runtime call that
+    launched it (matched by correlation id), or, without a known launch, the step its own begin falls in.
+    ``kernels``: (correlation, begin) pairs; None for a kernel launched outside every step.
+
+    >>> launch_steps([(5, 0, 100), (6, 100, 200)], {7: 90}, [(7, 150), (None, 120), (8, 500)])
+    [5, 6, None]
+    """
+    # a kernel per microsecond or so: one pass at C speed (map) for the times and the bisection
+    times = [launches.get(c, b) if c is not None else b for c, b in kernels]
+    slots = list(map(partial(bisect_right, [b for _, b, _ in steps]), times))
+    numbers = [None] + [n for n, _, _ in steps]
+    ends = [-1] + [e for _, _, e in steps]
+    return [numbers[i] if t < ends[i] else None for i, t in zip(slots, times)]
+
+
+def gpu_step_spans(steps: Sequence[tuple[int, int, int]], launched: Sequence[int | None],
+                   kernels: Iterable[Span]) -> tuple[tuple[int, int, int], ...]:
+    """Steps on the GPU's time: step n runs from the first begin of the kernels launched in it to the first
+    begin of the next step's (the last one: to its kernels' last end). A step that launched nothing keeps
+    its CPU span. Consecutive and disjoint, so that a range of steps is one window holding what they ran.
+
+    >>> gpu_step_spans([(5, 0, 100), (6, 100, 200)], [5, 5, 6], [(40, 150), (150, 170), (180, 260)])
+    ((5, 40, 180), (6, 180, 260))
+    """
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for n, (begin, end) in zip(launched, kernels):
+        if n is not None:
+            if begin < first.get(n, begin + 1):
+                first[n] = begin
+            if end > last.get(n, end - 1):
+                last[n] = end
+    if not first:
+        return tuple(steps)
+    out: list[tuple[int, int, int]] = []
+    for k, (n, cpu_begin, cpu_end) in enumerate(steps):
+        begin = first.get(n, cpu_begin)
+        if out:
+            begin = max(begin, out[-1][1])
+        following = [first.get(m, b) for m, b, _ in steps[k + 1:k + 2]]
+        end = max(following[0], begin) if following else max(last.get(n, cpu_end), cpu_end, begin)
+        out.append((n, begin, end))
+    return tuple(out)
 
 
 def _on_stream(ev: dict[str, Any]) -> bool:

@@ -1,0 +1,22 @@
+"""``--trace-rank FILE=RANK``: the rank of a profiler trace that says neither in ``distributedInfo`` nor in its
+file name (shared by merge, diagnose and report)."""
+
+from __future__ import annotations
+
+import argparse
+
+from comm2perfetto.cli import UserError
+from comm2perfetto.sources.kineto_load import parse_trace_ranks
+
+
+def add_trace_rank_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-rank", action="append", metavar="FILE=RANK",
+                   help="the rank of a profiler trace whose rank is neither in its distributedInfo nor in its "
+                        "file name (rank3, rank-3, rank_3); repeat for several traces")
+
+
+def trace_ranks_option(args: argparse.Namespace) -> dict[str, int]:
+    try:
+        return parse_trace_ranks(args.trace_rank)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None

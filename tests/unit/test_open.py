@@ -1,0 +1,50 @@
+"""``comm2perfetto open``: the trace is served once, to the Perfetto UI's origin, on the loopback interface."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from comm2perfetto.cli import UserError, main
+from comm2perfetto.cli.open import UI, deep_link, make_server, run, serve_until_fetched
+
+
+def test_the_trace_is_served_once_with_the_ui_origin(tmp_path):
+    trace = tmp_path / "job 1.pftrace"
+    trace.write_bytes(b"\x0a\x02hi" * 1000)
+    server = make_server(trace, 0)
+    port = server.server_address[1]
+    thread = threading.Thread(target=serve_until_fetched, args=(server,))
+    thread.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:  # nothing else is served
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/etc/passwd", timeout=30)
+        assert err.value.code == 404
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/job%201.pftrace", timeout=30) as response:
+            assert response.read() == trace.read_bytes()
+            assert response.headers["Access-Control-Allow-Origin"] == UI
+    finally:
+        thread.join(timeout=30)
+        server.server_close()
+    assert not thread.is_alive() and server.server_address[0] == "127.0.0.1"
+
+
+def test_deep_link_names_the_file_on_the_uis_port():
+    assert deep_link("job.pftrace") == "https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/job.pftrace"
+
+
+def test_a_missing_trace_and_a_busy_port_are_one_line_errors(tmp_path, capsys):
+    assert main(["open", str(tmp_path / "nope.pftrace"), "--no-browser"]) == 2
+    assert "no such trace file" in capsys.readouterr().err
+    trace = tmp_path / "job.pftrace"
+    trace.write_bytes(b"x")
+    busy = make_server(trace, 0)
+    try:
+        with pytest.raises(UserError, match="another program"):
+            run(argparse.Namespace(trace=str(trace), port=busy.server_address[1], no_browser=True))
+    finally:
+        busy.server_close()
