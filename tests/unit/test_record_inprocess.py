@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.cuda.nvtx as torch_nvtx
 import torch.distributed as dist
 
 import comm2perfetto
+from comm2perfetto.record import session
 from comm2perfetto.sources.event_log import read_event_log
 
 
@@ -136,3 +138,16 @@ def test_enable_refuses_an_unusable_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a folder; choose another output folder"):
         comm2perfetto.enable(str(tmp_path / "file"))
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """A shell's background job starts with SIGINT ignored: the recorder must not make it catch SIGINT (it
+    would write an ending for a signal the job goes on ignoring)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        session._install_exit_handlers()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is session._on_signal
+    finally:
+        session.remove_exit_handlers()
+        signal.signal(signal.SIGINT, before)
