@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch.cuda.nvtx as torch_nvtx
 import torch.distributed as dist
 
 import comm2perfetto
+from comm2perfetto.record import session
 from comm2perfetto.sources.event_log import read_event_log
 
 
@@ -157,3 +159,16 @@ def test_threads_are_named_in_the_log(tmp_path, fr_env):
     by_op = {c.shapes[0][0]: c.tid for c in log.calls}
     assert log.thread_names[by_op[4]] == threading.main_thread().name
     assert log.thread_names[by_op[2]] == "loss-reducer"
+
+
+def test_a_signal_the_process_ignores_stays_ignored():
+    """A shell's background job starts with SIGINT ignored: the recorder must not make it catch SIGINT (it
+    would write an ending for a signal the job goes on ignoring)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        session._install_exit_handlers()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is session._on_signal
+    finally:
+        session.remove_exit_handlers()
+        signal.signal(signal.SIGINT, before)

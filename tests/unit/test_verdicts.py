@@ -248,3 +248,18 @@ def test_plain_dumps_of_two_runs_are_refused(tmp_path):
     (tmp_path / "c" / "nccl_trace_rank_0").unlink()
     with pytest.raises(MixedJobsError, match="different runs"):
         load_job([tmp_path / "a", tmp_path / "c"])
+
+
+def test_a_stall_that_shows_nothing_does_not_hide_a_later_one(tmp_path):
+    """A first stall (a slow start the job got over) shows no missing rank; the next one shows rank 1 away."""
+    logs = _logs()
+    logs[0].stall(T0_NS + S // 20)  # while both ranks were in #1, which completed
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=6, shapes=[[4]], dtypes=["Float"], dur_ns=4 * S)
+    logs[0].stall(t + 2 * S)
+    logs[1].call("all_reduce", t + 4 * S, seq=6, shapes=[[4]], dtypes=["Float"])
+    for log in logs:
+        log.close(t + 5 * S)
+    d, found, _ = _verdict(tmp_path, logs)
+    assert (d.status, found) == ("stuck", [("missing_ranks", 6, (1,))])
+    assert d.findings[0].resolved

@@ -488,18 +488,23 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
 
 
 def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
-    """At the first stall the recorder saw: who was waiting in which collective, and who had not come.
+    """At the first stall the recorder saw that shows one: who was waiting in which collective, and who had
+    not come (a stall another group's wait raised, or a slow start the job got over, may show nothing here).
 
     First the earliest collective that some ranks had joined by then and others had not: those others are
     missing. Else the earliest one everybody had joined whose end is known to come after the stall. A
     collective without any end time (gloo's Flight Recorder entries never get one) is no evidence of a hang
     by itself: the ones after it were issued, so it is taken as done.
     """
-    times = stall_times(job)
-    if not times:
-        return None
-    t = times[0]
     cols = job.collectives.get(group.uid, ())
+    for t in stall_times(job):
+        f = _stalled_at(job, group, cols, t)
+        if f is not None:
+            return f
+    return None
+
+
+def _stalled_at(job: Job, group: ProcessGroup, cols: Sequence[Collective], t: int) -> Finding | None:
     # A rank without data, or whose data ends before the stall, says nothing about it: "not seen" is not
     # "not issued" (its horizon; a ring buffer that wrapped is handled by the coverage).
     known = [_seen_at(job, r, group, t) for r in group.ranks]
@@ -512,8 +517,8 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
     for i, c in enumerate(cols):
         if not all(a is not None and a <= t for a in c.arrive_ns):
             continue
-        known = [e for e in c.end_ns if e is not None]
-        if known and (len(known) < len(c.end_ns) or max(known) > t):
+        ends = [e for e in c.end_ns if e is not None]
+        if ends and (len(ends) < len(c.end_ns) or max(ends) > t):
             return _stuck(job, c, group, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
     return None
 

@@ -114,6 +114,11 @@ class FlightRecorderDumps:
         if self.warmed.is_set() or self._issued() == 0:
             return
         try:
+            # torch._dynamo first: inductor's import imports it, and DDP's constructor imports it on the main
+            # thread (then inductor.utils). Each thread holding one module's import lock while waiting for the
+            # other's ends in a half-initialised module and an ImportError in the job (seen under load);
+            # taken in the main thread's order, the two imports wait for each other instead.
+            import torch._dynamo  # noqa: F401
             if self._generic is not None:
                 self._generic()
         finally:

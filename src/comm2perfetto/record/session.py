@@ -152,8 +152,8 @@ def _install_exit_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
-            if previous is _on_signal:
-                continue
+            if previous is _on_signal or previous == signal.SIG_IGN:
+                continue  # a process that ignores the signal (a shell's background job: SIGINT) goes on ignoring it
             _previous_handlers[signum] = previous
             signal.signal(signum, _on_signal)
     if not _fork_handler_registered:
