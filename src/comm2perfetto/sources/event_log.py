@@ -9,16 +9,24 @@ Raw input, one JSON document per line::
     ["e",7,1795313447406980001,5]
 
 A log cut short by a dead process ends in NUL padding and maybe one torn line: both are tolerated and
-reported in ``RankLog.problems``.
+reported in ``RankLog.problems``. Every record is checked against ``_FIELDS`` (types, ranges) before it
+becomes model data; bad records are skipped and counted, one note per file.
 """
 
 from __future__ import annotations
 
+import io
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from comm2perfetto.sources.limits import (
+    MAX_WORLD_SIZE, TooLargeError, MAX_TIME_NS, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, time_ok, world_ok,
+)
 
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
@@ -132,15 +140,18 @@ def read_event_log(path: str | Path) -> RankLog:
     """Parse one rank's event log. Raises EventLogError when the file is not one."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path)
     except OSError as exc:
         raise EventLogError(f"{path}: cannot read ({exc.strerror})") from exc
+    except (TooLargeError, EOFError, zlib.error) as exc:
+        raise EventLogError(f"{path}: {exc}") from exc
     data = data.rstrip(b"\0")
-    lines = data.split(b"\n")
-    if not lines or not lines[0].strip():
+    lines = io.BytesIO(data)  # one line at a time: a file of garbage lines costs no list of millions
+    first = lines.readline()
+    if not first.strip():
         raise EventLogError(f"{path}: empty file, not a comm2perfetto event log")
     try:
-        header = orjson.loads(lines[0])
+        header = orjson.loads(first)
     except orjson.JSONDecodeError as exc:
         raise EventLogError(f"{path}: first line is not JSON, not a comm2perfetto event log") from exc
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
@@ -151,12 +162,105 @@ def read_event_log(path: str | Path) -> RankLog:
             raise EventLogError(f"{path}: event log version {version} is newer than this reader "
                                 f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto")
         raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
+    world, rank = header.get("world_size"), header.get("rank")
+    if not world_ok(world):
+        raise EventLogError(f"{path}: header's world_size {_shown(world)} is not a number of ranks "
+                            f"from 1 to {MAX_WORLD_SIZE:,}")
+    if not rank_ok(rank, world):
+        raise EventLogError(f"{path}: header's rank {_shown(rank)} is not a rank of its {world}-rank job")
     log = RankLog(path=path, header=header)
-    _Builder(log).feed(lines[1:])
+    _Builder(log).feed(lines)
     if log.closed_reason is None:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _opt_int(v: Any) -> bool:
+    return v is None or is_int(v)
+
+
+def _opt_str(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _any(v: Any) -> bool:
+    return True
+
+
+def _peer(v: Any) -> bool:  # a global rank, or [op, peer] pairs for batch_isend_irecv
+    return v is None or rank_ok(v) or (isinstance(v, list) and all(isinstance(p, list) for p in v))
+
+
+def _sizes(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(s, list) and all(map(count_ok, s)) for s in v)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _ranks(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_WORLD_SIZE and all(rank_ok(r) for r in v)
+
+
+def _opt_count(v: Any) -> bool:
+    return v is None or count_ok(v)
+
+
+def _offset(v: Any) -> bool:  # a clock offset or round trip in ns: either sign, within an int64
+    return v is None or (is_int(v) and -MAX_TIME_NS <= v <= MAX_TIME_NS)
+
+
+# The leading fields of each record kind (docs/log-format.md) and the check each must pass; extra trailing
+# fields (from newer writers) are allowed.
+_FIELDS: dict[str, tuple] = {
+    "b": (count_ok, time_ok, _str, count_ok, _opt_count, _peer, _any, is_int, _opt_int, is_int, count_ok, is_int),
+    "e": (count_ok, time_ok, _opt_int),
+    "d": (count_ok, time_ok),
+    "x": (count_ok, time_ok, _opt_str),
+    "s": (is_int, _str),
+    "a": (is_int, _sizes, _strs, _opt_count),
+    "c": (is_int, _strs, _opt_str, _opt_str),
+    "g": (is_int, _str, _str, _ranks, _opt_str),
+    "r": (count_ok, time_ok, _str, is_int, _str),
+    "q": (count_ok, time_ok),
+    "m": (time_ok, _str, is_int, _str),
+    "p": (count_ok, time_ok, _str),
+    "o": (_offset, _offset),
+    "k": (time_ok, _str, _opt_int, _opt_int, _opt_str),
+    "f": (time_ok, _str, _str),
+    "t": (time_ok, _str),
+    "w": (opt_time_ok, _str),
+    "z": (opt_time_ok, opt_time_ok, _str),
+}
+
+
+def _check(r: Any) -> None:
+    """Raise ValueError naming the first field of record ``r`` that is not what its kind allows."""
+    if not isinstance(r, list) or not r or not isinstance(r[0], str):
+        raise ValueError("not a record")
+    checks = _FIELDS.get(r[0])
+    if checks is None:
+        return
+    if len(r) <= len(checks):
+        raise ValueError(f"{r[0]!r} record with {len(r) - 1} fields")
+    for i, (check, value) in enumerate(zip(checks, r[1:]), 1):
+        if not check(value):
+            raise ValueError(f"{r[0]!r} record field {i} is {_shown(value)}")
 
 
 class _Builder:
@@ -168,17 +272,34 @@ class _Builder:
         self.calls: dict[int, Call] = {}
         self.ranges: dict[int, Range] = {}
 
-    def feed(self, lines: list[bytes]) -> None:
-        last = len(lines) - 1
-        for index, line in enumerate(lines):
+    def feed(self, lines: Iterable[bytes]) -> None:
+        """Apply every line after the header; bad ones are counted into one note (a garbage file has
+        millions), except a bad last line: the torn record of a rank that died while writing it."""
+        bad, first, last_bad, index = 0, "", None, 0
+        for index, line in enumerate(lines, 2):
             if not line.strip():
                 continue
+            last_bad = None
             try:
+                if line[:1] != b"[":  # most garbage: no JSON parse, no exception object
+                    raise ValueError("not a record")
                 record = orjson.loads(line)
+                _check(record)
                 self._apply(record)
             except (orjson.JSONDecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
-                where = "torn last record" if index == last else f"bad record on line {index + 2}"
-                self.log.problems.append(f"{self.log.path.name}: {where} skipped ({type(exc).__name__})")
+                bad += 1
+                last_bad = type(exc).__name__
+                if bad == 1:
+                    detail = (type(exc).__name__ if isinstance(exc, orjson.JSONDecodeError)
+                              else f"refers to undeclared id {exc}" if isinstance(exc, KeyError) else str(exc))
+                    first = f"first at line {index}: {detail}"
+        torn = last_bad is not None and not line.endswith(b"\n") if index else False
+        if torn:
+            bad -= 1
+            self.log.problems.append(f"{self.log.path.name}: torn last record skipped ({last_bad})")
+        if bad:
+            self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
+                                     f"({first})")
 
     def _apply(self, r: list) -> None:
         kind = r[0]
@@ -210,6 +331,8 @@ class _Builder:
         elif kind == "c":
             self.contexts[r[1]] = (tuple(r[2]), r[3], r[4])
         elif kind == "g":
+            if any(x >= log.world_size for x in r[4]):
+                raise ValueError(f"group {r[2]!r} lists ranks outside the {log.world_size}-rank job")
             log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5])
         elif kind == "r":
             rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5])
@@ -237,12 +360,44 @@ class _Builder:
 
 
 def read_stacks(path: str | Path) -> dict[str, Any]:
-    """Read a ``rank<R>.stacks.<n>.json`` file written at a stall."""
+    """Read a ``rank<R>.stacks.<n>.json`` file written at a stall, keeping only well-formed parts::
+
+        {"format": "comm2perfetto-stacks", "version": 1, "rank": 0, "t_ns": 1795616243676433540,
+         "reason": "pending", "trigger_rank": 0,
+         "pending": [{"cid": 8, "op": "all_reduce", "gid": 1, "seq": 4, "since_ns": 1795616241666952270}],
+         "threads": [{"tid": 1399, "name": "MainThread",
+                      "frames": [{"file": ".../distributed_c10d.py", "line": 3252, "func": "all_reduce"}]}]}
+
+    Raises EventLogError when the file is not one or its rank is not a rank; malformed threads, frames and
+    pending entries are dropped, a bad time becomes None.
+    """
     path = Path(path)
     try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
+        doc = orjson.loads(read_bounded(path))
+    except (OSError, orjson.JSONDecodeError, TooLargeError, EOFError, zlib.error) as exc:
         raise EventLogError(f"{path}: not a readable stacks file ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("format") != "comm2perfetto-stacks":
         raise EventLogError(f"{path}: not a comm2perfetto stacks file")
-    return doc
+    rank = doc.get("rank")
+    if not rank_ok(rank):
+        raise EventLogError(f"{path}: stacks file's rank {_shown(rank)} is not a rank")
+    trigger = doc.get("trigger_rank")
+    return {
+        "format": doc["format"], "rank": rank, "t_ns": doc.get("t_ns") if time_ok(doc.get("t_ns")) else None,
+        "reason": doc.get("reason") if isinstance(doc.get("reason"), str) else None,
+        "trigger_rank": trigger if rank_ok(trigger) else None,
+        "pending": [{k: v for k, v in p.items() if isinstance(v, (int, str)) or v is None}
+                    for p in _dicts(doc.get("pending"))],
+        "threads": [_thread(t) for t in _dicts(doc.get("threads"))],
+    }
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def _thread(t: dict[str, Any]) -> dict[str, Any]:
+    frames = [{"file": f["file"], "line": f["line"], "func": f["func"]} for f in _dicts(t.get("frames"))
+              if isinstance(f.get("file"), str) and count_ok(f.get("line")) and isinstance(f.get("func"), str)]
+    return {"tid": t.get("tid") if is_int(t.get("tid")) else None,
+            "name": t.get("name") if isinstance(t.get("name"), str) else "", "frames": frames}

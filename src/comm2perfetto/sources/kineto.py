@@ -42,7 +42,6 @@ Kineto trace at all raises ``KinetoFormatError``.
 from __future__ import annotations
 
 import gc
-import gzip
 import math
 import re
 import zlib
@@ -55,6 +54,8 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
+
+from comm2perfetto.sources.limits import MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
 
 _COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|ncclDevKernel|ncclKernel",
                         re.IGNORECASE)
@@ -274,9 +275,12 @@ def _read(path: Path, data: bytes | None) -> KinetoTrace:
 def _text(path: Path, data: bytes | None) -> bytes:
     """The file's JSON text (``data``, when given, instead of reading it), gunzipped."""
     try:
-        raw = path.read_bytes() if data is None else data
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        if data is None:
+            return read_bounded(path, MAX_TRACE_BYTES)
+        return gunzip_bounded(data, MAX_TRACE_BYTES) if data[:2] == b"\x1f\x8b" else data
+    except TooLargeError as exc:
+        raise KinetoFormatError(f"{path}: {exc}") from exc
+    except (OSError, EOFError, zlib.error) as exc:
         raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
 
 
