@@ -168,7 +168,7 @@ def read_event_log(path: str | Path) -> RankLog:
                             f"from 1 to {MAX_WORLD_SIZE:,}")
     if not rank_ok(rank, world):
         raise EventLogError(f"{path}: header's rank {_shown(rank)} is not a rank of its {world}-rank job")
-    log = RankLog(path=path, header=header)
+    log = RankLog(path=path, header=_checked_header(header))
     _Builder(log).feed(lines)
     if log.closed_reason is None:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
@@ -247,6 +247,19 @@ _FIELDS: dict[str, tuple] = {
     "w": (opt_time_ok, _str),
     "z": (opt_time_ok, opt_time_ok, _str),
 }
+
+
+_HEADER_FIELDS = {
+    "host": _str, "backend": _str, "run_id": _str, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
+    "local_rank": count_ok, "wall_ns": time_ok, "mono_ns": time_ok, "argv": _strs,
+    "config": lambda v: isinstance(v, dict),
+}
+
+
+def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
+    """The header without the known fields whose value has the wrong type (rank, world size and version
+    were checked by the caller); unknown fields from newer writers are kept."""
+    return {k: v for k, v in header.items() if _HEADER_FIELDS.get(k, _any)(v)}
 
 
 def _check(r: Any) -> None:
