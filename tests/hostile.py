@@ -67,7 +67,7 @@ def run_cli(argv: list[str], *, fresh: bool = False, memory: int = MEMORY_LIMIT,
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
         if fresh:
-            env = dict(os.environ, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+            env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or str(SRC))  # a given one wins
             proc = subprocess.Popen([sys.executable, "-m", "comm2perfetto", *argv], stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=lambda: _limit_memory(memory))
             pid = proc.pid
