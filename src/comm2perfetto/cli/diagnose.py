@@ -1,7 +1,8 @@
 """``comm2perfetto diagnose DIR...``: which collective is stuck or desynced, and which rank is to blame.
 
 Exit status: 0 healthy, 1 a problem was found (stuck, desync, or ranks without data), 2 usage or input
-error. ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
+error, 3 internal error (see ``cli.main``). ``--format json`` prints the contract other tools read (see
+docs/diagnose.md)::
 
     {"status": "stuck", "world_size": 4, "ranks_with_data": [0, 1, 2, 3],
      "findings": [{"kind": "missing_ranks", "process_group": "default_pg", "seq": 4, "op": "all_reduce",
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Read every Flight Recorder dump, comm2perfetto event log and stall stack under the given "
                     "folders (any file names, pickle or JSON, any Flight Recorder version, NCCL or gloo), "
                     "match the collectives across ranks and say, per process group, the first one that did not "
-                    "complete on every rank and why. Exit status: 0 healthy, 1 problem found, 2 input error.",
+                    "complete on every rank and why. Exit status: 0 healthy, 1 problem found, 2 input error, "
+                    "3 internal error (a bug).",
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from comm2perfetto.sources.limits import (
-    MAX_WORLD_SIZE, TooLargeError, MAX_TIME_NS, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, time_ok, world_ok,
+    MAX_WORLD_SIZE, TooLargeError, MAX_TIME_NS, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown, time_ok, world_ok,
 )
 
 FORMAT_NAME = "comm2perfetto-events"
@@ -164,21 +164,16 @@ def read_event_log(path: str | Path) -> RankLog:
         raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
     world, rank = header.get("world_size"), header.get("rank")
     if not world_ok(world):
-        raise EventLogError(f"{path}: header's world_size {_shown(world)} is not a number of ranks "
+        raise EventLogError(f"{path}: header's world_size {shown(world)} is not a number of ranks "
                             f"from 1 to {MAX_WORLD_SIZE:,}")
     if not rank_ok(rank, world):
-        raise EventLogError(f"{path}: header's rank {_shown(rank)} is not a rank of its {world}-rank job")
+        raise EventLogError(f"{path}: header's rank {shown(rank)} is not a rank of its {world}-rank job")
     log = RankLog(path=path, header=_checked_header(header))
     _Builder(log).feed(lines)
     if log.closed_reason is None:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _opt_int(v: Any) -> bool:
@@ -273,7 +268,7 @@ def _check(r: Any) -> None:
         raise ValueError(f"{r[0]!r} record with {len(r) - 1} fields")
     for i, (check, value) in enumerate(zip(checks, r[1:]), 1):
         if not check(value):
-            raise ValueError(f"{r[0]!r} record field {i} is {_shown(value)}")
+            raise ValueError(f"{r[0]!r} record field {i} is {shown(value)}")
 
 
 class _Builder:
@@ -393,7 +388,7 @@ def read_stacks(path: str | Path) -> dict[str, Any]:
         raise EventLogError(f"{path}: not a comm2perfetto stacks file")
     rank = doc.get("rank")
     if not rank_ok(rank):
-        raise EventLogError(f"{path}: stacks file's rank {_shown(rank)} is not a rank")
+        raise EventLogError(f"{path}: stacks file's rank {shown(rank)} is not a rank")
     trigger = doc.get("trigger_rank")
     return {
         "format": doc["format"], "rank": rank, "t_ns": doc.get("t_ns") if time_ok(doc.get("t_ns")) else None,

@@ -37,7 +37,7 @@ import orjson
 
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable, stack_id
-from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded
+from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
 P2P_OPS = frozenset({"send", "recv"})
@@ -158,7 +158,7 @@ def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgC
             out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
         elif name:
             if cfg.get("ranks") not in (None, "", "[]") and ranks is None:
-                problems.append(f"{path.name}: group {name!r} lists its ranks as something other than up to "
+                problems.append(f"{path.name}: group {shown(name)} lists its ranks as something other than up to "
                                 f"{MAX_WORLD_SIZE:,} distinct ranks; its members are not taken from it")
             out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=None)
     return out

@@ -20,7 +20,7 @@ from typing import Any
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
 from comm2perfetto.sources.flight_recorder import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable, stack_id
-from comm2perfetto.sources.limits import MAX_TIME_NS, count_ok, opt_time_ok
+from comm2perfetto.sources.limits import MAX_TIME_NS, count_ok, opt_time_ok, shown
 
 
 @dataclass(slots=True)
@@ -234,7 +234,7 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
             continue
         bad += 1
         if bad == 1:
-            first = f"record {_short(row[12])}: {problem}"
+            first = f"record {shown(row[12])}: {problem}"
     return kept, kept_rows, (bad, first)
 
 
@@ -271,27 +271,22 @@ def _pg_ok(pg: Any) -> bool:
 def _row_problem(row: tuple) -> str | None:
     name, pg, seq, is_p2p, state, t_st, t_co, created = row[:8]
     if type(name) is not str:
-        return f"profiling_name is {_short(name)}"
+        return f"profiling_name is {shown(name)}"
     if not _pg_ok(pg):
-        return f"process_group is {_short(pg)}"
+        return f"process_group is {shown(pg)}"
     if not count_ok(seq):
-        return f"collective_seq_id is {_short(seq)}"
+        return f"collective_seq_id is {shown(seq)}"
     if type(is_p2p) not in (bool, int):
-        return f"is_p2p is {_short(is_p2p)}"
+        return f"is_p2p is {shown(is_p2p)}"
     if not (state is None or type(state) is str):
-        return f"state is {_short(state)}"
+        return f"state is {shown(state)}"
     for label, t in (("time_discovered_started_ns", t_st), ("time_discovered_completed_ns", t_co),
                      ("time_created_ns", created)):
         if not opt_time_ok(t):
-            return f"{label} is {_short(t)}"
+            return f"{label} is {shown(t)}"
     if not count_ok(row[12]):
-        return f"record_id is {_short(row[12])}"
+        return f"record_id is {shown(row[12])}"
     return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 30 else text[:27] + "..."
 
 
 class _StateLookup(dict):

@@ -107,3 +107,9 @@ def opt_time_ok(value: Any) -> bool:
 def count_ok(value: Any) -> bool:
     """A sequence number, id or size: an int in [0, 2**63)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
+
+
+def shown(value: Any, width: int = 40) -> str:
+    """A value read from a file, as a note may quote it: its repr, cut to ``width`` characters."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {value.bit_length()}-bit number"
+    return text if len(text) <= width else text[:width - 3] + "..."
