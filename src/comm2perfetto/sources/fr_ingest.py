@@ -11,7 +11,7 @@ C) and only a rank whose columns fail is checked entry by entry: bad entries are
 from __future__ import annotations
 
 import re
-
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -147,11 +147,11 @@ def build_rank_trace(
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
     groups: dict[tuple[str, str], GroupTrack] = {}
-    entries, rows, rejected = _checked(entries)
+    entries, cols, rejected = _checked(entries)
     if rejected:
         notes.append(f"{_files_text(dumps)}: {rejected[0]:,} malformed Flight Recorder entries skipped "
                      f"(first: {rejected[1]})")
-    backend = _ingest(entries, rows, groups, stacks, signatures, with_stacks)
+    backend = _ingest(entries, cols, groups, stacks, signatures, with_stacks)
     completed_upto = _apply_pg_status(groups, status, backend)
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
@@ -212,19 +212,15 @@ def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
     return [v if count_ok(v) else default for v in (e.get(key, default) for e in entries)]
 
 
-_NONE = type(None)
-_TIME_TYPES = {int, _NONE}
-_TIME_COLUMNS = (5, 6, 7)  # started, completed, created (in the row layout of _MODERN_KEYS)
-
-
 def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple], tuple[int, str] | None]:
-    """The entries (and their rows, see ``_rows``) whose fields the analysis relies on have the right type
-    and range, and (count, first problem) of those that do not. Whole columns are checked in C; only a rank
-    whose columns fail is checked entry by entry.
+    """The entries whose fields the analysis relies on have the right type and range, their columns (one
+    tuple per key of ``_MODERN_KEYS``, what ``_ingest`` works on), and (count, first problem) of those that
+    do not. Whole columns are checked in C; only a rank whose columns fail is checked entry by entry.
     """
     rows = _rows(entries)
-    if not rows or _columns_ok(list(zip(*rows))):
-        return entries, rows, None
+    cols = list(zip(*rows))
+    if not rows or _columns_ok(cols):
+        return entries, cols, None
     kept, kept_rows, bad, first = [], [], 0, ""
     for e, row in zip(entries, rows):
         problem = _row_problem(row)
@@ -235,33 +231,33 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
         bad += 1
         if bad == 1:
             first = f"record {shown(row[12])}: {problem}"
-    return kept, kept_rows, (bad, first)
+    return kept, list(zip(*kept_rows)), (bad, first)
 
 
 def _columns_ok(cols: list[tuple]) -> bool:
-    names, pgs, seqs, p2ps, states, _, _, _, _, _, _, _, rids = cols
-    if set(map(type, names)) != {str} or set(map(type, seqs)) != {int} or set(map(type, rids)) != {int}:
+    """Every entry's fields have the type and range ``_row_problem`` asks for, checked a column at a time in C
+    (a few hundred microseconds for a 2000-entry ring, against about two milliseconds of unpickling it)."""
+    names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
+    if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
         return False
-    if not set(map(type, p2ps)) <= {bool, int} or not set(map(type, states)) <= {str, _NONE}:
+    try:  # few distinct values: checking them is free next to building the sets
+        return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
+                and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs)))))
+    except TypeError:  # an unhashable value
         return False
-    if min(seqs) < 0 or max(seqs) > MAX_TIME_NS or min(rids) < 0 or max(rids) > MAX_TIME_NS:
-        return False
-    for i in _TIME_COLUMNS:
-        col = cols[i]
-        types = set(map(type, col))
-        if not types <= _TIME_TYPES:
-            return False
-        if _NONE in types:
-            col = [t for t in col if t is not None]
-        if col and (min(col) < 0 or max(col) > MAX_TIME_NS):
-            return False
-    if not set(map(type, pgs)) <= {tuple, list}:
-        return False
+
+
+def _counts(col: tuple) -> bool:
+    """Every value (None aside) is an int in [0, 2**64): one C pass, as array's unsigned 64-bit conversion
+    refuses any other type (bools aside: they are ints) and any other range."""
+    nones = col.count(None)
+    if nones == len(col):
+        return True
     try:
-        distinct = set(map(tuple, pgs))
-    except TypeError:  # an unhashable part
+        array("Q", [x for x in col if x is not None] if nones else col)
+    except (TypeError, OverflowError):
         return False
-    return all(map(_pg_ok, distinct))
+    return True
 
 
 def _pg_ok(pg: Any) -> bool:
@@ -269,15 +265,13 @@ def _pg_ok(pg: Any) -> bool:
 
 
 def _row_problem(row: tuple) -> str | None:
-    name, pg, seq, is_p2p, state, t_st, t_co, created = row[:8]
+    name, pg, seq, _, state, t_st, t_co, created = row[:8]
     if type(name) is not str:
         return f"profiling_name is {shown(name)}"
     if not _pg_ok(pg):
         return f"process_group is {shown(pg)}"
     if not count_ok(seq):
         return f"collective_seq_id is {shown(seq)}"
-    if type(is_p2p) not in (bool, int):
-        return f"is_p2p is {shown(is_p2p)}"
     if not (state is None or type(state) is str):
         return f"state is {shown(state)}"
     for label, t in (("time_discovered_started_ns", t_st), ("time_discovered_completed_ns", t_co),
@@ -298,7 +292,7 @@ _STATE_LOOKUP = _StateLookup(_STATE_NAMES)
 
 
 def _ingest(
-    entries: list[dict[str, Any]], rows: list[tuple], groups: dict[tuple[str, str], GroupTrack],
+    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], GroupTrack],
     stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> str:
     """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
@@ -307,10 +301,9 @@ def _ingest(
     (``zip(*rows)``, ``map``, slices: loops in C) and only falls back to per-entry Python where the data
     needs it (several groups, p2p ops, coalesced groups, signatures that differ from the first rank's).
     """
-    if not rows:
+    if not cols:
         return ""
-    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = zip(*rows)
-    del rows
+    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = cols
     if list in set(map(type, pgs)):  # JSON
         pgs = tuple(map(tuple, pgs))
     parts = {name: split_profiling_name(name) for name in set(names)}

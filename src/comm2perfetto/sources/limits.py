@@ -23,8 +23,9 @@ MAX_FILE_BYTES = 1 << 29
 # The largest profiler trace read (after gzip): Kineto JSON of many profiled GPU steps reaches a gigabyte.
 MAX_TRACE_BYTES = 1 << 31
 # Times are integer nanoseconds of CLOCK_REALTIME (or, in some fields, CLOCK_MONOTONIC): never negative and
-# within an int64, which is what every clock the files come from writes.
-MAX_TIME_NS = (1 << 63) - 1
+# within a uint64, which Perfetto's timestamps are (and an array('Q') checks in C). Ids and sequence numbers
+# have the same range.
+MAX_TIME_NS = (1 << 64) - 1
 _INFLATE_CHUNK = 1 << 24
 
 
@@ -96,7 +97,7 @@ def world_ok(value: Any) -> bool:
 
 
 def time_ok(value: Any) -> bool:
-    """A time in ns: an int in [0, 2**63)."""
+    """A time in ns: an int in [0, 2**64)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
 
 
@@ -105,7 +106,7 @@ def opt_time_ok(value: Any) -> bool:
 
 
 def count_ok(value: Any) -> bool:
-    """A sequence number, id or size: an int in [0, 2**63)."""
+    """A sequence number, id or size: an int in [0, 2**64)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
 
 
