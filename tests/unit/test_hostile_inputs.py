@@ -205,3 +205,16 @@ def test_read_bounded_refuses_a_file_larger_than_the_limit(tmp_path):
     assert read_bounded(path, 101) == b"x" * 101
     with pytest.raises(TooLargeError):
         read_bounded(path, 100)
+
+
+def test_a_dump_named_for_the_largest_rank_accepted_costs_time_for_the_data_not_the_world(rec):
+    """Dumps alone (no header states the world): rank 131071's dump makes a 131,072-rank world of which 131,067
+    ranks left nothing. The trace shows the ranks with data first and a sample, not 131,072 tracks."""
+    for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json")]:
+        path.unlink()
+    shutil.copy(rec / "rank0.fr.2.pkl", rec / f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl")
+    runs = _run_all(rec)
+    assert f"showing 256 of {MAX_WORLD_SIZE} ranks" in runs["merge"].out
+    assert "(world size 131072, data from ranks 0, 1, 2, 3, 131071)" in runs["diagnose"].out
+    assert "culprit: 4-131070" in runs["diagnose"].out
+    assert all(run.secs < 60 for run in runs.values())  # bounded, not a benchmark: about a second each

@@ -25,7 +25,8 @@ from typing import Any
 import orjson
 
 from comm2perfetto.sources.limits import (
-    MAX_WORLD_SIZE, TooLargeError, MAX_TIME_NS, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown, time_ok, world_ok,
+    MAX_TIME_NS, MAX_WORLD_SIZE, TooLargeError, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown,
+    time_ok, world_ok,
 )
 
 FORMAT_NAME = "comm2perfetto-events"
@@ -159,9 +160,9 @@ def read_event_log(path: str | Path) -> RankLog:
     version = header.get("version")
     if version not in SUPPORTED_VERSIONS:
         if isinstance(version, int) and version > max(SUPPORTED_VERSIONS):
-            raise EventLogError(f"{path}: event log version {version} is newer than this reader "
+            raise EventLogError(f"{path}: event log version {shown(version)} is newer than this reader "
                                 f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto")
-        raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
+        raise EventLogError(f"{path}: unsupported event log version {shown(version)} (supports {SUPPORTED_VERSIONS})")
     world, rank = header.get("world_size"), header.get("rank")
     if not world_ok(world):
         raise EventLogError(f"{path}: header's world_size {shown(world)} is not a number of ranks "
@@ -245,7 +246,7 @@ _FIELDS: dict[str, tuple] = {
 
 
 _HEADER_FIELDS = {
-    "host": _str, "backend": _str, "run_id": _str, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
+    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
     "local_rank": count_ok, "wall_ns": time_ok, "mono_ns": time_ok, "argv": _strs,
     "config": lambda v: isinstance(v, dict),
 }

@@ -55,7 +55,7 @@ from typing import Any
 
 import orjson
 
-from comm2perfetto.sources.limits import MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
+from comm2perfetto.sources.limits import MAX_TIME_NS, MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
 
 _COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|ncclDevKernel|ncclKernel",
                         re.IGNORECASE)
@@ -298,7 +298,8 @@ def _parse(path: Path, text: bytes) -> tuple[dict[str, Any], dict[str, Any], int
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    return doc, info, _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    base = _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    return doc, info, base if 0 <= base <= MAX_TIME_NS else 0
 
 
 Span = tuple[int, int]
@@ -382,10 +383,12 @@ def us_to_ns(value: Any) -> int | None:
         if not math.isfinite(value):
             return None
         whole = math.floor(value)  # an int
-        return whole * 1000 + round((value - whole) * 1000)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value * 1000
-    return None
+        ns = whole * 1000 + round((value - whole) * 1000)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ns = value * 1000
+    else:
+        return None
+    return ns if -MAX_TIME_NS <= ns <= MAX_TIME_NS else None  # 1e100 is a number, not a time
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -738,7 +741,7 @@ def _span(ts: Any, dur: Any, base: int) -> Span | None:
         duration = whole * 1000 + round((dur - whole) * 1000)
     except (TypeError, ValueError, OverflowError):
         return None
-    return (begin, begin + duration) if duration >= 0 else None
+    return (begin, begin + duration) if 0 <= duration and 0 <= begin and begin + duration <= MAX_TIME_NS else None
 
 
 def _span_whole_us(ts: Any, dur: Any, base: int) -> Span | None:
@@ -748,7 +751,8 @@ def _span_whole_us(ts: Any, dur: Any, base: int) -> Span | None:
         begin, end = ceil(ts), floor(ts + dur)
     except (TypeError, ValueError, OverflowError):
         return None
-    return (base + begin * 1000, base + end * 1000) if end >= begin and dur >= 0 else None
+    span = (base + begin * 1000, base + end * 1000)
+    return span if end >= begin and dur >= 0 and 0 <= span[0] and span[1] <= MAX_TIME_NS else None
 
 
 def _stream_from_tid(tid: Any) -> int | None:

@@ -5,10 +5,10 @@ Run from the repository root (see README.md in this folder)::
     comm2perfetto record -o tests/data/recording/subgroups --overwrite --stall-after 2 --profile-steps 2-2 -- \
         python -m torch.distributed.run --standalone --nproc_per_node 4 tests/data/recording/record_subgroups.py
 
-Ranks 0, 1 form group ``pair_a``, ranks 2, 3 group ``pair_b``. After a barrier (start-up skew), each of 3 steps all-reduces on the default group
-and on the rank's pair, then steps an optimizer. Then rank 1 sleeps 4 s before the last all-reduce on
-``pair_a`` while rank 0 waits in it: a stall (stack files from ranks 0 and 1; ranks 2 and 3 have finished) that
-resolves, on ``pair_a`` only.
+Ranks 0, 1 form group ``pair_a``, ranks 2, 3 group ``pair_b``. After a barrier (start-up skew), each of 3
+steps all-reduces on the default group and on the rank's pair, then steps an optimizer. Then rank 1 sleeps 4 s
+before the last all-reduce on ``pair_a`` while rank 0 waits in it: a stall (stack files from ranks 0 and 1;
+ranks 2 and 3 have finished) that resolves, on ``pair_a`` only.
 """
 
 from __future__ import annotations
