@@ -361,7 +361,8 @@ def _load_rank(
         return None, None, skipped, {}
     try:
         trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, keep_entries, with_stacks)
-    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+        # RecursionError: a pickle can hold a list that contains itself, which comparing never finishes
         skipped.extend(Skipped(str(d.path), f"malformed Flight Recorder entries ({type(exc).__name__})")
                        for d in dumps)
         return None, None, skipped, {}

@@ -310,6 +310,12 @@ class _Builder:
             self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
                                      f"({first})")
 
+    def _ended(self, begin: int, r: list, table: dict | None = None) -> Any:
+        """The call (or range) record ``r`` ends, unless it ends before it began."""
+        if r[2] < begin:
+            raise ValueError(f"{r[0]!r} record ends {begin - r[2]:,} ns before its begin")
+        return (self.calls if table is None else table)[r[1]]
+
     def _apply(self, r: list) -> None:
         kind = r[0]
         log = self.log
@@ -324,13 +330,13 @@ class _Builder:
             self.calls[call.cid] = call
             log.calls.append(call)
         elif kind == "e":
-            call = self.calls[r[1]]
+            call = self._ended(self.calls[r[1]].t_call_ns, r)
             call.t_return_ns = r[2]
             call.seq_last = r[3]
         elif kind == "d":
-            self.calls[r[1]].t_done_ns = r[2]
+            self._ended(self.calls[r[1]].t_call_ns, r).t_done_ns = r[2]
         elif kind == "x":
-            call = self.calls[r[1]]
+            call = self._ended(self.calls[r[1]].t_call_ns, r)
             call.t_return_ns = r[2]
             call.error = r[3]
         elif kind == "s":
@@ -348,7 +354,7 @@ class _Builder:
             self.ranges[rng.rid] = rng
             log.ranges.append(rng)
         elif kind == "q":
-            self.ranges[r[1]].t_end_ns = r[2]
+            self._ended(self.ranges[r[1]].t_begin_ns, r, self.ranges).t_end_ns = r[2]
         elif kind == "m":
             log.marks.append((r[1], r[2], r[3], r[4]))
         elif kind == "p":

@@ -112,5 +112,10 @@ def count_ok(value: Any) -> bool:
 
 def shown(value: Any, width: int = 40) -> str:
     """A value read from a file, as a note may quote it: its repr, cut to ``width`` characters."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"a {value.bit_length()}-bit number"
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"a {value.bit_length()}-bit number"  # repr of a huge int is slow, past 4300 digits refused
+    try:
+        text = repr(value)
+    except RecursionError:  # a list nested thousands deep
+        return "a deeply nested value"
     return text if len(text) <= width else text[:width - 3] + "..."
