@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from comm2perfetto.sources.limits import (
-    MAX_TIME_NS, MAX_WORLD_SIZE, TooLargeError, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown,
+    MAX_JOB_NS, MAX_OFFSET_NS, MAX_WORLD_SIZE, MIN_TIME_NS, TooLargeError, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown,
     time_ok, world_ok,
 )
 
@@ -217,8 +217,8 @@ def _opt_count(v: Any) -> bool:
     return v is None or count_ok(v)
 
 
-def _offset(v: Any) -> bool:  # a clock offset or round trip in ns: either sign, within an int64
-    return v is None or (is_int(v) and -MAX_TIME_NS <= v <= MAX_TIME_NS)
+def _offset(v: Any) -> bool:  # a clock offset or round trip in ns: either sign, at most a day
+    return v is None or (is_int(v) and -MAX_OFFSET_NS <= v <= MAX_OFFSET_NS)
 
 
 # The leading fields of each record kind (docs/log-format.md) and the check each must pass; extra trailing
@@ -258,6 +258,11 @@ def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in header.items() if _HEADER_FIELDS.get(k, _any)(v)}
 
 
+# Where each kind keeps its time (checked against the header's wall_ns when the header has one).
+_TIME_AT = {"b": 2, "e": 2, "d": 2, "x": 2, "r": 2, "q": 2, "p": 2, "m": 1, "k": 1, "f": 1, "t": 1, "w": 1,
+            "z": 1}
+
+
 def _check(r: Any) -> None:
     """Raise ValueError naming the first field of record ``r`` that is not what its kind allows."""
     if not isinstance(r, list) or not r or not isinstance(r[0], str):
@@ -275,6 +280,8 @@ def _check(r: Any) -> None:
 class _Builder:
     def __init__(self, log: RankLog) -> None:
         self.log = log
+        wall = log.header.get("wall_ns")  # when the rank started recording: every record comes after it
+        self.window = (max(wall - MAX_OFFSET_NS, MIN_TIME_NS), wall + MAX_JOB_NS) if wall is not None else None
         self.strings: dict[int, str] = {}
         self.contexts: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {0: ((), None, None)}
         self.arguments: dict[int, tuple[list, list, int | None]] = {}
@@ -294,6 +301,8 @@ class _Builder:
                     raise ValueError("not a record")
                 record = orjson.loads(line)
                 _check(record)
+                if self.window is not None:
+                    self._in_window(record)
                 self._apply(record)
             except (orjson.JSONDecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
                 bad += 1
@@ -309,6 +318,11 @@ class _Builder:
         if bad:
             self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
                                      f"({first})")
+
+    def _in_window(self, r: list) -> None:
+        at = _TIME_AT.get(r[0])
+        if at is not None and r[at] is not None and not self.window[0] <= r[at] <= self.window[1]:
+            raise ValueError(f"{r[0]!r} record's time {shown(r[at])} is not within a year of the header's wall_ns")
 
     def _ended(self, begin: int, r: list, table: dict | None = None) -> Any:
         """The call (or range) record ``r`` ends, unless it ends before it began."""

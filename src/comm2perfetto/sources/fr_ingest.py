@@ -20,7 +20,7 @@ from typing import Any
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
 from comm2perfetto.sources.flight_recorder import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable, stack_id
-from comm2perfetto.sources.limits import MAX_TIME_NS, count_ok, opt_time_ok, shown
+from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
 
 
 @dataclass(slots=True)
@@ -240,6 +240,8 @@ def _columns_ok(cols: list[tuple]) -> bool:
     names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
     if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
         return False
+    if created.count(None) != len(created) and min(x for x in created if x is not None) < MIN_TIME_NS:
+        return False
     try:  # few distinct values: checking them is free next to building the sets
         return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
                 and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs)))))
@@ -278,6 +280,8 @@ def _row_problem(row: tuple) -> str | None:
                      ("time_created_ns", created)):
         if not opt_time_ok(t):
             return f"{label} is {shown(t)}"
+    if created is not None and created < MIN_TIME_NS:
+        return f"time_created_ns is {shown(created)}, before any job"
     if not count_ok(row[12]):
         return f"record_id is {shown(row[12])}"
     return None

@@ -26,6 +26,11 @@ MAX_TRACE_BYTES = 1 << 31
 # within a uint64, which Perfetto's timestamps are (and an array('Q') checks in C). Ids and sequence numbers
 # have the same range.
 MAX_TIME_NS = (1 << 64) - 1
+# A time of a job's event is at least a day after the epoch (clock offsets between ranks, at most a day too,
+# never take it below zero) and, in an event log, within a year of the rank's start (its header's wall_ns).
+MIN_TIME_NS = 86_400 * 10**9
+MAX_OFFSET_NS = 86_400 * 10**9
+MAX_JOB_NS = 366 * 86_400 * 10**9
 _INFLATE_CHUNK = 1 << 24
 
 
