@@ -4,8 +4,9 @@ Raw entries (see ``flight_recorder.py`` for the format) become, per process grou
 few lists (``GroupTrack``) plus the group's point-to-point ops; the entry dicts are dropped right after. The
 work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
 Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
-the first rank's, old formats. Entries are checked the same way (the type set and the range of each column, in
-C) and only a rank whose columns fail is checked entry by entry: bad entries are skipped and counted.
+the first rank's, old formats. Entries are checked the same way (one C pass per column: an array('Q')
+conversion, or the few distinct values) and only a rank whose columns fail is checked entry by entry: bad
+entries are skipped and counted.
 """
 
 from __future__ import annotations
