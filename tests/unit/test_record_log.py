@@ -123,7 +123,7 @@ def test_reader_reports_a_bad_record_in_the_middle(tmp_path):
     lines = _lines([HEADER, *RECORDS[:3]]) + b'["b", "not enough fields"]\n' + _lines(RECORDS[3:])
     path.write_bytes(lines + _lines([["z", 1, 2, "exit"]]))
     log = read_event_log(path)
-    assert log.problems == ["rank3.events.jsonl: bad record on line 5 skipped (IndexError)"]
+    assert log.problems == ["rank3.events.jsonl: 1 bad line skipped (first at line 5: 'b' record with 1 fields)"]
     assert [c.op for c in log.calls] == ["all_reduce"] and log.closed_reason == "exit"
 
 

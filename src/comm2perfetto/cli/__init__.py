@@ -2,8 +2,9 @@
 
 Each subcommand lives in its own module here and exposes ``add_parser(subparsers)``, which registers the
 subcommand and sets ``func`` to a ``run(args) -> int`` function. Exit codes: 0 success, 1 a problem was found
-in the job (diagnose), record's the job's own, 2 usage or input error; each subcommand's --help lists its own
-(``exit_status``).
+in the job (diagnose), record's the job's own, 2 usage or input error, 3 an internal error (a bug of
+comm2perfetto, never a verdict about the job): one line asking to report it, the traceback only with
+``COMM2PERFETTO_TRACEBACK=1``. Each subcommand's --help lists its own (``exit_status``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from comm2perfetto import __version__
 
 USAGE_ERROR = 2
+INTERNAL_ERROR = 3
 
 
 class UserError(Exception):
@@ -43,7 +45,8 @@ def exit_status(*codes: str) -> str:
     """The epilog every subcommand's --help ends with: its own exit statuses, then the shared ones.
     ``exit_status("0  trace written")``."""
     return "\n".join(["exit status:", *(f"  {c}" for c in codes),
-                      f"  {USAGE_ERROR}  usage or input error (one line on stderr)"])
+                      f"  {USAGE_ERROR}  usage or input error (one line on stderr)",
+                      f"  {INTERNAL_ERROR}  internal error: a bug of comm2perfetto (one line asking to report it)"])
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -105,6 +108,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except KeyboardInterrupt:
         return 130
+    except MemoryError:
+        print(f"comm2perfetto {args.command}: internal error: ran out of memory; the inputs should have been "
+              "refused before that: please report this bug with the command you ran", file=sys.stderr)
+        return INTERNAL_ERROR
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, a distinct status, never "problem found"
+        if os.environ.get("COMM2PERFETTO_TRACEBACK") == "1":
+            import traceback
+
+            traceback.print_exc()
+        where = _innermost_frame(exc)
+        print(f"comm2perfetto {args.command}: internal error ({type(exc).__name__}: {str(exc)[:200]} at {where}); "
+              "this is a bug: please report it with this line and the command you ran "
+              "(COMM2PERFETTO_TRACEBACK=1 prints the traceback)", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+def _innermost_frame(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "?"
+    return f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """``comm2perfetto diagnose DIR...``: which collective is stuck or desynced, and which rank is to blame.
 
 Exit status (``findings.STATUS_EXIT``): 0 ``ok``, ``interrupted`` or ``running`` (nothing wrong found), 1
-``stuck``, ``desync``, ``crashed`` or ``incomplete``, 2 usage or input error. ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
+``stuck``, ``desync``, ``crashed`` or ``incomplete``, 2 usage or input error, 3 internal error (see
+``cli.main``). ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
 
     {"status": "stuck", "world_size": 4, "ranks_with_data": [0, 1, 2, 3],
      "findings": [{"kind": "missing_ranks", "process_group": "default_pg", "seq": 4, "op": "all_reduce",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import glob
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -112,12 +114,16 @@ def run(args: argparse.Namespace) -> int:
                             "one; nothing falls in this window")
         window = (start + window_rel[0], start + window_rel[1])
 
+    _remove_stale_partials(out)
     temp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     try:
         sink = open_writer(out, write_to=temp, realtime_anchor_ns=start)
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     progress = Progress("writing the trace (ranks)")
+    # SIGTERM/SIGHUP (a job scheduler's kill, a closed terminal) end the write like Ctrl-C, so the finally
+    # below removes the partial file; one left by a SIGKILL is removed by the next merge to the same name.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
                                  preview=preview is not None, progress=progress)
@@ -126,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         progress.finish()
         if temp.exists():
             temp.unlink()
@@ -144,6 +152,37 @@ def default_output(paths: list[str]) -> Path:
     if folder.name in ("", ".", ".."):
         folder = folder.resolve()
     return folder.with_name(folder.name + ".pftrace")
+
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+_PARTIAL = re.compile(r"\.(\d+)\.partial$")
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Remove ``.NAME.PID.partial`` files next to ``out`` whose merge process is gone (killed with SIGKILL,
+    or by the OOM killer: nothing runs in the process then)."""
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*.partial"):
+        m = _PARTIAL.search(path.name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            pass  # another merge removed it, or the folder is not ours to clean
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's process, or not a pid: leave the file alone
+    return True
 
 
 def _parse_window(text: str) -> tuple[int, int]:

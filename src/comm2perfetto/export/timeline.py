@@ -57,6 +57,9 @@ def select_ranks(job: Job, markers: Markers, requested: set[int] | None = None, 
     if all_ranks or total <= limit:
         return Selection(tuple(sorted(have)), total)
     keep = markers.implicated_ranks & have
+    if len(keep) > limit:  # a finding naming thousands (ranks that left no data): those with data come first
+        named = sorted(keep, key=lambda r: (r not in job.ranks, r))
+        keep = set(named[:max(limit, len(job.ranks))])
     others = sorted(have - keep)
     room = max(limit - len(keep), 0)
     if room:

@@ -10,16 +10,16 @@ Files are told apart by their first bytes, never by their names (which vary: ``n
     {"schemaVersion": 1, "traceEvents": [...]       JSON or gzip  -> Kineto trace
     job.json                                                        -> the recorder's job summary
 
-Unreadable, truncated or unknown files are skipped and listed; nothing usable at all is an error.
+Unreadable, truncated or unknown files are skipped and listed; nothing usable at all is an error. Only
+regular files are opened, none is read beyond ``limits.MAX_FILE_BYTES`` (after gzip), and a rank outside the
+job's world (from a file name, a header or a stacks file) is not taken as a rank: see ``limits.py``.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import socket
 import sys
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +35,7 @@ from comm2perfetto.sources.fr_ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto import KinetoTrace, gunzip_head, sniff_kineto
 from comm2perfetto.sources.kineto_load import check_against_job, load_traces
+from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
 HEAD_BYTES = 8192
@@ -127,6 +128,10 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
             raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
         candidates = [root] if root.is_file() else _walk(root)
         for path in candidates:
+            problem = regular_file_problem(path)
+            if problem is not None:
+                skipped.append(Skipped(str(path), problem))
+                continue
             real = path.resolve()
             if real in seen:
                 continue
@@ -196,10 +201,10 @@ def load_sources(
     for f in by_kind[STACKS]:
         try:
             doc = read_stacks(f.path)
-            rank = int(doc["rank"])
-        except (EventLogError, KeyError, TypeError, ValueError) as exc:
-            src.skipped.append(Skipped(str(f.path), f"unreadable stall stacks ({type(exc).__name__})"))
+        except EventLogError as exc:
+            src.skipped.append(Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: ")))
             continue
+        rank = doc["rank"]
         doc = dict(doc, _path=str(f.path))
         src.stacks.setdefault(rank, []).append(doc)
     for docs in src.stacks.values():
@@ -207,12 +212,12 @@ def load_sources(
 
     for f in by_kind[JOB]:
         try:
-            info = orjson.loads(f.path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            info = orjson.loads(read_bounded(f.path, MAX_FILE_BYTES >> 10))
+        except (OSError, EOFError, ValueError):  # JSONDecodeError and TooLargeError are ValueErrors
             src.skipped.append(Skipped(str(f.path), "unreadable job.json"))
             continue
         if isinstance(info, dict):
-            src.jobs.append(dict(info, _path=str(f.path)))
+            src.jobs.append(dict(_plain_fields(info), _path=str(f.path)))
 
     src.kineto, src.traces, trace_skipped, trace_problems = load_traces(by_kind[KINETO], trace_ranks or {},
                                                                           read_traces)
@@ -220,6 +225,7 @@ def load_sources(
     problems.extend(trace_problems)
 
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
+    _drop_outside_world(src)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
@@ -234,6 +240,15 @@ def load_sources(
             "give the folder `comm2perfetto record` wrote, or the folder of TORCH_FR_DUMP_TEMP_FILE dumps"
         )
     return src
+
+
+def _plain_fields(info: dict[str, Any]) -> dict[str, Any]:
+    """job.json's fields that are strings, lists of strings, or numbers an int64 holds (what the recorder
+    writes: ``{"format": "comm2perfetto-job", "command": [...], "started_ns": ..., "exit_status": 0}``)."""
+    def plain(v: Any) -> bool:
+        return (isinstance(v, str) or v is None or (isinstance(v, int) and abs(v) < 1 << 63)
+                or (isinstance(v, list) and all(isinstance(x, str) for x in v)))
+    return {k: v for k, v in info.items() if plain(v)}
 
 
 def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:
@@ -399,6 +414,10 @@ def _load_fr(
                 str(f.path), "Flight Recorder dumps do not store their rank and this name has no rank number; "
                 "rename it to end in the rank (e.g. nccl_trace_rank_3)"))
             continue
+        if rank >= MAX_WORLD_SIZE:
+            src.skipped.append(Skipped(str(f.path), f"rank {rank} (from the file name) is beyond the largest "
+                                                    f"world size accepted ({MAX_WORLD_SIZE:,})"))
+            continue
         per_rank[rank].append(f)
     n = _worker_count(len(per_rank), workers) if not keep_entries else 1
     results = None
@@ -422,6 +441,7 @@ def _load_fr(
         if conflict:
             problems.append(conflict)
         if trace is not None:
+            src.notes.extend(trace.notes)
             if n > 1:
                 _adopt(trace, used_stacks, src)
             src.fr[rank] = trace
@@ -447,17 +467,15 @@ def _load_rank(
     dumps: list[FrDump] = []
     for f in files:
         try:
-            data = f.path.read_bytes()
-            if f.gzipped:
-                data = gzip.decompress(data)
-            dumps.append(read_fr_dump(f.path, data))
-        except (OSError, EOFError, zlib.error, gzip.BadGzipFile, FrFormatError) as exc:
+            dumps.append(read_fr_dump(f.path))
+        except FrFormatError as exc:
             skipped.append(Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: ")))
     if not dumps:
         return None, None, skipped, {}
     try:
         trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, keep_entries, with_stacks)
-    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+        # RecursionError: a pickle can hold a list that contains itself, which comparing never finishes
         skipped.extend(Skipped(str(d.path), f"malformed Flight Recorder entries ({type(exc).__name__})")
                        for d in dumps)
         return None, None, skipped, {}
@@ -516,6 +534,28 @@ def _adopt(trace: FrRankTrace, used_stacks: dict[int, Any], src: Sources) -> Non
         if track.p2p:
             track.p2p = [row[:3] + (intern(row[3]),) + row[4:7] + (sid_of.get(row[7]),) + row[8:]
                          for row in track.p2p]
+
+
+def _drop_outside_world(src: Sources) -> None:
+    """Skip dumps, stall stacks and profiler traces of ranks outside the world the job's own files state
+    (event log headers, else the dumps' default group): "rank 99" of a 2-rank job is no rank of it."""
+    worlds = {log.world_size for log in src.logs.values()}
+    if len(worlds) != 1:
+        worlds = {len(t.pg_config["0"].ranks) for t in src.fr.values()
+                  if "0" in t.pg_config and t.pg_config["0"].ranks}
+    if len(worlds) != 1:
+        return  # unknown, or files that disagree: the mixed-jobs check says so
+    (world,) = worlds
+    def outside(what: str, rank: int) -> str:
+        return f"{what} rank {rank}, outside the job's {world} ranks (the world size its other files state)"
+
+    for rank in [r for r in src.fr if r >= world]:
+        src.skipped.extend(Skipped(path, outside("Flight Recorder dump of (by its name)", rank))
+                           for path in src.fr.pop(rank).files)
+    for rank in [r for r in src.stacks if r >= world]:
+        src.skipped.extend(Skipped(d["_path"], outside("stall stacks of", rank)) for d in src.stacks.pop(rank))
+    for rank in [r for r in src.kineto if r is not None and r >= world]:
+        src.skipped.extend(Skipped(str(p), outside("profiler trace of", rank)) for p in src.kineto.pop(rank))
 
 
 def _check_fr_groups(src: Sources, problems: list[str]) -> None:

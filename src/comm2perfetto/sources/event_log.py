@@ -9,16 +9,25 @@ Raw input, one JSON document per line::
     ["e",7,1795313447406980001,5]
 
 A log cut short by a dead process ends in NUL padding and maybe one torn line: both are tolerated and
-reported in ``RankLog.problems``.
+reported in ``RankLog.problems``. Every record is checked against ``_FIELDS`` (types, ranges) before it
+becomes model data; bad records are skipped and counted, one note per file.
 """
 
 from __future__ import annotations
 
+import io
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from comm2perfetto.sources.limits import (
+    MAX_JOB_NS, MAX_OFFSET_NS, MAX_WORLD_SIZE, MIN_TIME_NS, TooLargeError, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown,
+    time_ok, world_ok,
+)
 
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
@@ -147,15 +156,18 @@ def read_event_log(path: str | Path) -> RankLog:
     """Parse one rank's event log. Raises EventLogError when the file is not one."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path)
     except OSError as exc:
         raise EventLogError(f"{path}: cannot read ({exc.strerror})") from exc
+    except (TooLargeError, EOFError, zlib.error) as exc:
+        raise EventLogError(f"{path}: {exc}") from exc
     data = data.rstrip(b"\0")
-    lines = data.split(b"\n")
-    if not lines or not lines[0].strip():
+    lines = io.BytesIO(data)  # one line at a time: a file of garbage lines costs no list of millions
+    first = lines.readline()
+    if not first.strip():
         raise EventLogError(f"{path}: empty file, not a comm2perfetto event log")
     try:
-        header = orjson.loads(lines[0])
+        header = orjson.loads(first)
     except orjson.JSONDecodeError as exc:
         raise EventLogError(f"{path}: first line is not JSON, not a comm2perfetto event log") from exc
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
@@ -163,49 +175,186 @@ def read_event_log(path: str | Path) -> RankLog:
     version = header.get("version")
     if version not in SUPPORTED_VERSIONS:
         if isinstance(version, int) and version > max(SUPPORTED_VERSIONS):
-            raise EventLogError(f"{path}: event log version {version} is newer than this reader "
+            raise EventLogError(f"{path}: event log version {shown(version)} is newer than this reader "
                                 f"(supports {SUPPORTED_VERSIONS}); upgrade comm2perfetto")
-        raise EventLogError(f"{path}: unsupported event log version {version!r} (supports {SUPPORTED_VERSIONS})")
-    log = RankLog(path=path, header=header)
-    if isinstance(header.get("wall_ns"), int):
-        log.first_ns = log.last_ns = header["wall_ns"]
-    _Builder(log).feed(lines[1:])
+        raise EventLogError(f"{path}: unsupported event log version {shown(version)} (supports {SUPPORTED_VERSIONS})")
+    world, rank = header.get("world_size"), header.get("rank")
+    if not world_ok(world):
+        raise EventLogError(f"{path}: header's world_size {shown(world)} is not a number of ranks "
+                            f"from 1 to {MAX_WORLD_SIZE:,}")
+    if not rank_ok(rank, world):
+        raise EventLogError(f"{path}: header's rank {shown(rank)} is not a rank of its {world}-rank job")
+    log = RankLog(path=path, header=_checked_header(header))
+    if isinstance(log.header.get("wall_ns"), int):
+        log.first_ns = log.last_ns = log.header["wall_ns"]
+    _Builder(log).feed(lines)
     if log.closed_reason is None:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
 
 
-# Where each record kind carries its time (the others carry none).
-_TIME_FIELD = {"b": 2, "e": 2, "x": 2, "d": 2, "r": 2, "q": 2, "m": 1, "p": 2, "k": 1, "f": 1, "t": 1, "w": 1,
-               "z": 1, "u": 1, "h": 1}
+def _opt_int(v: Any) -> bool:
+    return v is None or is_int(v)
+
+
+def _opt_str(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _any(v: Any) -> bool:
+    return True
+
+
+def _peer(v: Any) -> bool:  # a global rank, or [op, peer] pairs for batch_isend_irecv
+    return v is None or rank_ok(v) or (isinstance(v, list) and all(isinstance(p, list) for p in v))
+
+
+def _sizes(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(s, list) and all(map(count_ok, s)) for s in v)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _ranks(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_WORLD_SIZE and all(rank_ok(r) for r in v)
+
+
+def _opt_count(v: Any) -> bool:
+    return v is None or count_ok(v)
+
+
+def _offset(v: Any) -> bool:  # a clock offset or round trip in ns: either sign, at most a day
+    return v is None or (is_int(v) and -MAX_OFFSET_NS <= v <= MAX_OFFSET_NS)
+
+
+# The leading fields of each record kind (docs/log-format.md) and the check each must pass; extra trailing
+# fields (from newer writers) are allowed.
+_FIELDS: dict[str, tuple] = {
+    "b": (count_ok, time_ok, _str, count_ok, _opt_count, _peer, _any, is_int, _opt_int, is_int, count_ok, is_int),
+    "e": (count_ok, time_ok, _opt_int),
+    "d": (count_ok, time_ok),
+    "x": (count_ok, time_ok, _opt_str),
+    "s": (is_int, _str),
+    "a": (is_int, _sizes, _strs, _opt_count),
+    "c": (is_int, _strs, _opt_str, _opt_str),
+    "g": (is_int, _str, _str, _ranks, _opt_str),
+    "r": (count_ok, time_ok, _str, is_int, _str),
+    "q": (count_ok, time_ok),
+    "m": (time_ok, _str, is_int, _str),
+    "p": (count_ok, time_ok, _str),
+    "o": (_offset, _offset),
+    "k": (time_ok, _str, _opt_int, _opt_int, _opt_str),
+    "f": (time_ok, _str, _str),
+    "t": (time_ok, _str),
+    "w": (opt_time_ok, _str),
+    "z": (opt_time_ok, opt_time_ok, _str),
+    "n": (is_int, _str),
+    "u": (time_ok, _str, _str),
+    "h": (time_ok,),
+}
+
+
+_HEADER_FIELDS = {
+    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
+    "local_rank": count_ok, "wall_ns": time_ok, "mono_ns": time_ok, "argv": _strs,
+    "config": lambda v: isinstance(v, dict),
+}
+
+
+def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
+    """The header without the known fields whose value has the wrong type (rank, world size and version
+    were checked by the caller); unknown fields from newer writers are kept."""
+    return {k: v for k, v in header.items() if _HEADER_FIELDS.get(k, _any)(v)}
+
+
+# Where each kind keeps its time (checked against the header's wall_ns when the header has one).
+_TIME_AT = {"b": 2, "e": 2, "d": 2, "x": 2, "r": 2, "q": 2, "p": 2, "m": 1, "k": 1, "f": 1, "t": 1, "w": 1,
+            "z": 1, "u": 1, "h": 1}
+
+
+def _check(r: Any) -> None:
+    """Raise ValueError naming the first field of record ``r`` that is not what its kind allows."""
+    if not isinstance(r, list) or not r or not isinstance(r[0], str):
+        raise ValueError("not a record")
+    checks = _FIELDS.get(r[0])
+    if checks is None:
+        return
+    if len(r) <= len(checks):
+        raise ValueError(f"{r[0]!r} record with {len(r) - 1} fields")
+    for i, (check, value) in enumerate(zip(checks, r[1:]), 1):
+        if not check(value):
+            raise ValueError(f"{r[0]!r} record field {i} is {shown(value)}")
 
 
 class _Builder:
     def __init__(self, log: RankLog) -> None:
         self.log = log
+        wall = log.header.get("wall_ns")  # when the rank started recording: every record comes after it
+        self.window = (max(wall - MAX_OFFSET_NS, MIN_TIME_NS), wall + MAX_JOB_NS) if wall is not None else None
         self.strings: dict[int, str] = {}
         self.contexts: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {0: ((), None, None)}
         self.arguments: dict[int, tuple[list, list, int | None]] = {}
         self.calls: dict[int, Call] = {}
         self.ranges: dict[int, Range] = {}
 
-    def feed(self, lines: list[bytes]) -> None:
-        last = len(lines) - 1
-        for index, line in enumerate(lines):
+    def feed(self, lines: Iterable[bytes]) -> None:
+        """Apply every line after the header; bad ones are counted into one note (a garbage file has
+        millions), except a bad last line: the torn record of a rank that died while writing it."""
+        bad, first, last_bad, index = 0, "", None, 0
+        for index, line in enumerate(lines, 2):
             if not line.strip():
                 continue
+            last_bad = None
             try:
+                if line[:1] != b"[":  # most garbage: no JSON parse, no exception object
+                    raise ValueError("not a record")
                 record = orjson.loads(line)
+                _check(record)
+                if self.window is not None:
+                    self._in_window(record)
                 self._apply(record)
             except (orjson.JSONDecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
-                where = "torn last record" if index == last else f"bad record on line {index + 2}"
-                self.log.problems.append(f"{self.log.path.name}: {where} skipped ({type(exc).__name__})")
+                bad += 1
+                last_bad = type(exc).__name__
+                if bad == 1:
+                    detail = (type(exc).__name__ if isinstance(exc, orjson.JSONDecodeError)
+                              else f"refers to undeclared id {exc}" if isinstance(exc, KeyError) else str(exc))
+                    first = f"first at line {index}: {detail}"
+        torn = last_bad is not None and not line.endswith(b"\n") if index else False
+        if torn:
+            bad -= 1
+            self.log.problems.append(f"{self.log.path.name}: torn last record skipped ({last_bad})")
+        if bad:
+            self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
+                                     f"({first})")
+
+    def _in_window(self, r: list) -> None:
+        at = _TIME_AT.get(r[0])
+        if at is not None and r[at] is not None and not self.window[0] <= r[at] <= self.window[1]:
+            raise ValueError(f"{r[0]!r} record's time {shown(r[at])} is not within a year of the header's wall_ns")
+
+    def _ended(self, begin: int, r: list, table: dict | None = None) -> Any:
+        """The call (or range) record ``r`` ends, unless it ends before it began."""
+        if r[2] < begin:
+            raise ValueError(f"{r[0]!r} record ends {begin - r[2]:,} ns before its begin")
+        return (self.calls if table is None else table)[r[1]]
 
     def _apply(self, r: list) -> None:
         kind = r[0]
         log = self.log
-        t = r[_TIME_FIELD[kind]] if kind in _TIME_FIELD else None
+        at = _TIME_AT.get(kind)
+        t = r[at] if at is not None else None
         if isinstance(t, int):
             log.first_ns = t if log.first_ns is None else min(log.first_ns, t)
             log.last_ns = t if log.last_ns is None else max(log.last_ns, t)
@@ -220,13 +369,13 @@ class _Builder:
             self.calls[call.cid] = call
             log.calls.append(call)
         elif kind == "e":
-            call = self.calls[r[1]]
+            call = self._ended(self.calls[r[1]].t_call_ns, r)
             call.t_return_ns = r[2]
             call.seq_last = r[3]
         elif kind == "d":
-            self.calls[r[1]].t_done_ns = r[2]
+            self._ended(self.calls[r[1]].t_call_ns, r).t_done_ns = r[2]
         elif kind == "x":
-            call = self.calls[r[1]]
+            call = self._ended(self.calls[r[1]].t_call_ns, r)
             call.t_return_ns = r[2]
             call.error = r[3]
         elif kind == "s":
@@ -236,13 +385,15 @@ class _Builder:
         elif kind == "c":
             self.contexts[r[1]] = (tuple(r[2]), r[3], r[4])
         elif kind == "g":
+            if any(x >= log.world_size for x in r[4]):
+                raise ValueError(f"group {r[2]!r} lists ranks outside the {log.world_size}-rank job")
             log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5])
         elif kind == "r":
             rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5])
             self.ranges[rng.rid] = rng
             log.ranges.append(rng)
         elif kind == "q":
-            self.ranges[r[1]].t_end_ns = r[2]
+            self._ended(self.ranges[r[1]].t_begin_ns, r, self.ranges).t_end_ns = r[2]
         elif kind == "m":
             log.marks.append((r[1], r[2], r[3], r[4]))
         elif kind == "p":
@@ -258,25 +409,55 @@ class _Builder:
         elif kind == "w":
             log.warnings.append((r[1], r[2]))
         elif kind == "n":
-            if not isinstance(r[1], int) or not isinstance(r[2], str):
-                raise ValueError("thread name record")
             log.thread_names[r[1]] = r[2]
         elif kind == "z":
             log.closed_reason = r[3]
         elif kind == "u":
-            log.endings.append(Ending(t_ns=r[1], cause=str(r[2]), detail=str(r[3])))
+            log.endings.append(Ending(t_ns=r[1], cause=r[2], detail=r[3]))
         elif kind == "h":
             log.heartbeats += 1
         # Unknown kinds come from newer writers: ignored on purpose.
 
 
 def read_stacks(path: str | Path) -> dict[str, Any]:
-    """Read a ``rank<R>.stacks.<n>.json`` file written at a stall."""
+    """Read a ``rank<R>.stacks.<n>.json`` file written at a stall, keeping only well-formed parts::
+
+        {"format": "comm2perfetto-stacks", "version": 1, "rank": 0, "t_ns": 1795616243676433540,
+         "reason": "pending", "trigger_rank": 0,
+         "pending": [{"cid": 8, "op": "all_reduce", "gid": 1, "seq": 4, "since_ns": 1795616241666952270}],
+         "threads": [{"tid": 1399, "name": "MainThread",
+                      "frames": [{"file": ".../distributed_c10d.py", "line": 3252, "func": "all_reduce"}]}]}
+
+    Raises EventLogError when the file is not one or its rank is not a rank; malformed threads, frames and
+    pending entries are dropped, a bad time becomes None.
+    """
     path = Path(path)
     try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
+        doc = orjson.loads(read_bounded(path))
+    except (OSError, orjson.JSONDecodeError, TooLargeError, EOFError, zlib.error) as exc:
         raise EventLogError(f"{path}: not a readable stacks file ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("format") != "comm2perfetto-stacks":
         raise EventLogError(f"{path}: not a comm2perfetto stacks file")
-    return doc
+    rank = doc.get("rank")
+    if not rank_ok(rank):
+        raise EventLogError(f"{path}: stacks file's rank {shown(rank)} is not a rank")
+    trigger = doc.get("trigger_rank")
+    return {
+        "format": doc["format"], "rank": rank, "t_ns": doc.get("t_ns") if time_ok(doc.get("t_ns")) else None,
+        "reason": doc.get("reason") if isinstance(doc.get("reason"), str) else None,
+        "trigger_rank": trigger if rank_ok(trigger) else None,
+        "pending": [{k: v for k, v in p.items() if isinstance(v, (int, str)) or v is None}
+                    for p in _dicts(doc.get("pending"))],
+        "threads": [_thread(t) for t in _dicts(doc.get("threads"))],
+    }
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def _thread(t: dict[str, Any]) -> dict[str, Any]:
+    frames = [{"file": f["file"], "line": f["line"], "func": f["func"]} for f in _dicts(t.get("frames"))
+              if isinstance(f.get("file"), str) and count_ok(f.get("line")) and isinstance(f.get("func"), str)]
+    return {"tid": t.get("tid") if is_int(t.get("tid")) else None,
+            "name": t.get("name") if isinstance(t.get("name"), str) else "", "frames": frames}

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import orjson
 
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
 from comm2perfetto.sources.fr_tables import SignatureTable, StackTable, stack_id
+from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
 P2P_OPS = frozenset({"send", "recv"})
@@ -67,6 +69,7 @@ class FrDump:
     pg_config: dict[str, PgConfig]
     pg_status: dict[int, tuple[int, int, int]]  # pg_id -> (last enqueued, started, completed)
     entries: list[dict[str, Any]]
+    problems: list[str] = field(default_factory=list)  # what was dropped while reading, one line per kind
 
 
 def is_fr_json(doc: Any) -> bool:
@@ -75,13 +78,16 @@ def is_fr_json(doc: Any) -> bool:
 
 
 def read_fr_dump(path: str | Path, data: bytes | None = None) -> FrDump:
-    """Parse one dump from its bytes (read from ``path`` when not given). Raises FrFormatError."""
+    """Parse one dump from its bytes (read from ``path``, gunzipped, within ``limits.MAX_FILE_BYTES``, when
+    not given). Raises FrFormatError."""
     path = Path(path)
     if data is None:
         try:
-            data = path.read_bytes()
+            data = read_bounded(path)
         except OSError as exc:
             raise FrFormatError(f"{path}: cannot read ({exc.strerror})") from exc
+        except (TooLargeError, EOFError, zlib.error) as exc:
+            raise FrFormatError(f"{path}: {exc}") from exc
     if looks_like_pickle(data[:2]):
         try:
             doc = safe_loads(data)
@@ -104,57 +110,97 @@ def parse_fr_document(path: Path, doc: Any, fmt: str) -> FrDump:
     if isinstance(doc, list):  # the earliest dumps: a bare list of entries
         entries, version, top = doc, "", {}
     elif isinstance(doc, dict) and ("entries" in doc or "version" in doc):
-        entries, version, top = doc.get("entries") or [], str(doc.get("version", "")), doc
+        entries, version, top = doc.get("entries") or [], _label(doc.get("version", "")), doc
     else:
         raise FrFormatError(f"{path}: not a Flight Recorder dump (no 'entries' or 'version' at the top)")
-    # Checking the ends only: a bad record in the middle is caught while the entries are read.
-    if not isinstance(entries, list) or (entries and not (isinstance(entries[0], dict)
-                                                          and isinstance(entries[-1], dict))):
+    if not isinstance(entries, list):
         raise FrFormatError(f"{path}: not a Flight Recorder dump ('entries' is not a list of records)")
+    problems = []
+    if entries and set(map(type, entries)) != {dict}:  # one C pass; the rare bad dump pays for the filter
+        kept = [e for e in entries if type(e) is dict]
+        if not kept:
+            raise FrFormatError(f"{path}: not a Flight Recorder dump ('entries' is not a list of records)")
+        problems.append(f"{path.name}: {len(entries) - len(kept):,} Flight Recorder entries that are not "
+                        "records skipped")
+        entries = kept
     if entries and "profiling_name" not in entries[0]:
         raise FrFormatError(f"{path}: not a Flight Recorder dump (entries have no 'profiling_name')")
+    pg_config = _parse_pg_config(top.get("pg_config"), path, problems)
     return FrDump(
         path=path, fmt=fmt, version=version,
-        comm_lib_version=str(top.get("comm_lib_version") or top.get("nccl_version") or ""),
-        pg_config=_parse_pg_config(top.get("pg_config")), pg_status=_parse_pg_status(top.get("pg_status")),
-        entries=entries,
+        comm_lib_version=_label(top.get("comm_lib_version") or top.get("nccl_version") or ""),
+        pg_config=pg_config, pg_status=_parse_pg_status(top.get("pg_status")), entries=entries,
+        problems=problems,
     )
 
 
-def _parse_pg_config(raw: Any) -> dict[str, PgConfig]:
+def _label(value: Any) -> str:
+    """A name or version as text: strings as they are, small ints spelled out, anything else empty."""
+    if isinstance(value, str):
+        return value
+    return str(value) if type(value) is int and abs(value) < 1 << 63 else ""
+
+
+def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgConfig]:
     out: dict[str, PgConfig] = {}
     if not isinstance(raw, dict):
         return out
     for key, cfg in raw.items():
         if not isinstance(cfg, dict):
             continue
-        name = str(cfg.get("name", key))
+        name = _label(cfg.get("name", key))
         ranks: Any = cfg.get("ranks")
         if isinstance(ranks, str):  # FR writes the list as a string, "[0, 1]"
             ranks = _rank_list(ranks)
-        if isinstance(ranks, (list, tuple)) and ranks and all(isinstance(r, int) for r in ranks):
-            out[name] = PgConfig(name=name, desc=str(cfg.get("desc", "")), ranks=tuple(ranks))
+        elif isinstance(ranks, (list, tuple)):
+            ranks = _checked_ranks(ranks)
+        if isinstance(ranks, tuple) and ranks:
+            out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
         elif name:
-            out[name] = PgConfig(name=name, desc=str(cfg.get("desc", "")), ranks=None)
+            if cfg.get("ranks") not in (None, "", "[]") and ranks is None:
+                problems.append(f"{path.name}: group {shown(name)} lists its ranks as something other than up to "
+                                f"{MAX_WORLD_SIZE:,} distinct ranks; its members are not taken from it")
+            out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=None)
     return out
 
 
-_RANK_LISTS: dict[str, Any] = {}
+_RANK_LISTS: dict[str, tuple[int, ...] | None] = {}
+_MAX_RANK_TEXT = MAX_WORLD_SIZE * 9  # "131071, " per rank at most: a longer text lists too many to accept
 
 
-def _rank_list(text: str) -> Any:
-    """Parse "[0, 1, 2]" (every rank's dump repeats the same strings: cached)."""
+def _rank_list(text: str) -> tuple[int, ...] | None:
+    """Parse "[0, 1, 2]" into checked ranks, None when it is not a list of distinct ranks (every rank's dump
+    repeats the same strings: cached)."""
     if text in _RANK_LISTS:
         return _RANK_LISTS[text]
-    try:
-        value = orjson.loads(text)  # the usual "[0, 1]" is JSON; data only, never code
-    except orjson.JSONDecodeError:
+    value: Any = None
+    if len(text) <= _MAX_RANK_TEXT:
         try:
-            value = ast.literal_eval(text)  # e.g. "(0, 1)"; literal_eval evaluates data only
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            value = None
+            value = orjson.loads(text)  # the usual "[0, 1]" is JSON; data only, never code
+        except orjson.JSONDecodeError:
+            try:
+                value = ast.literal_eval(text)  # e.g. "(0, 1)"; literal_eval evaluates data only
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                value = None
+    ranks = _checked_ranks(value) if isinstance(value, (list, tuple)) else None
     if len(_RANK_LISTS) < 4096:
-        _RANK_LISTS[text] = value
+        _RANK_LISTS[text] = ranks
+    return ranks
+
+
+def _checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
+    if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
+        return None
+    ranks = tuple(value)
+    return ranks if len(set(ranks)) == len(ranks) else None
+
+
+def _status_value(st: dict[str, Any], key: str) -> int:
+    value = st.get(key, -1)
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:  # JSON writes strings
+        value = int(value)
+    if not is_int(value) or not -1 <= value < 1 << 63:
+        raise ValueError(key)
     return value
 
 
@@ -164,11 +210,13 @@ def _parse_pg_status(raw: Any) -> dict[int, tuple[int, int, int]]:
         return out
     for key, st in raw.items():
         try:
-            out[int(key)] = (
-                int(st.get("last_enqueued_collective", -1)), int(st.get("last_started_collective", -1)),
-                int(st.get("last_completed_collective", -1)),
-            )
-        except (TypeError, ValueError, AttributeError):
+            pg_id = int(key) if isinstance(key, (int, str)) and str(key).isdigit() and len(str(key)) < 20 else -1
+            if pg_id < 0 or not isinstance(st, dict):
+                continue
+            out[pg_id] = (_status_value(st, "last_enqueued_collective"),
+                          _status_value(st, "last_started_collective"),
+                          _status_value(st, "last_completed_collective"))
+        except ValueError:
             continue
     return out
 
@@ -185,7 +233,8 @@ def rank_from_name(name: str) -> int | None:
     """The global rank a dump file's name gives: ``rank5.fr.2.pkl``, ``nccl_trace_rank_5``,
     ``comm_lib_trace_rank_5``, ``rank5.pkl``, ``nccl_trace_rank_container-node02_5`` all give 5.
 
-    FR dumps do not hold their rank, so the name is the only source (torch's writer appends it).
+    FR dumps do not hold their rank, so the name is the only source (torch's writer appends it); the caller
+    checks the number against the world size.
     """
     m = _RECORDER_NAME.search(name)
     if m:
@@ -228,10 +277,12 @@ def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int) -
     for d in reversed(dumps):  # the latest snapshot first
         for e in d.entries:
             frames = e.get("frames")
-            if not frames or e.get("is_p2p"):
+            if not frames or not isinstance(frames, list) or e.get("is_p2p"):
                 continue
-            pg = e.get("process_group") or (str(e.get("pg_id", 0)), "")
-            if str(pg[0]) == pg_name and e.get("collective_seq_id", e.get("seq_id")) == seq:
+            pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
+            if not isinstance(pg, (tuple, list)) or not pg or pg[0] != pg_name:
+                continue
+            if e.get("collective_seq_id", e.get("seq_id")) == seq:
                 # the first entry of a coalesced group holds the user's call
                 return stacks.stacks[stack_id(frames, {}, stacks)]
     return ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from comm2perfetto.model import Frame, Signature, Stack
+from comm2perfetto.sources.limits import count_ok
 
 
 class StackTable:
@@ -97,19 +98,23 @@ def _contiguous(seqs: tuple) -> bool:
 
 
 def _sizes(raw: Any) -> tuple[tuple[int, ...], ...] | None:
-    if raw is None:
+    """``[[4, 8], [2]]`` -> ((4, 8), (2,)); None (unknown) unless every size is a list of counts."""
+    if not isinstance(raw, (list, tuple)):
         return None
-    try:
-        return tuple(tuple(s) for s in raw)
-    except TypeError:
-        return None
+    out = []
+    for s in raw:
+        if not isinstance(s, (list, tuple)) or not all(map(count_ok, s)):
+            return None
+        out.append(tuple(s))
+    return tuple(out)
 
 
 def _names(raw: Any) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
+    """``["Float"]`` -> ("Float",); None (unknown) unless every dtype is a string."""
     if isinstance(raw, str):  # some writers (and torch's own tests) store one dtype as a bare string
         return (raw,)
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(x, str) for x in raw):
+        return None
     return tuple(raw)
 
 
@@ -118,10 +123,11 @@ def stack_id(frames: list[dict[str, Any]], frame_cache: dict[int, Frame], stacks
     for f in frames:
         fr = frame_cache.get(id(f))
         if fr is None:
-            try:
-                fr = stacks.frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "")))
-            except (AttributeError, TypeError, ValueError):
+            if not isinstance(f, dict):
                 continue
+            file, line, func = f.get("filename"), f.get("line", 0) or 0, f.get("name")
+            fr = stacks.frame(file if isinstance(file, str) else "?", line if count_ok(line) else 0,
+                              func if isinstance(func, str) else "")
             frame_cache[id(f)] = fr
         out.append(fr)
     return stacks.intern(tuple(out))

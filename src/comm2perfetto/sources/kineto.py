@@ -42,7 +42,6 @@ Kineto trace at all raises ``KinetoFormatError``.
 from __future__ import annotations
 
 import gc
-import gzip
 import math
 import re
 import zlib
@@ -59,6 +58,7 @@ from typing import Any
 import orjson
 
 from comm2perfetto.sources.comm_kernels import ALL_COMM_KERNELS, HTA_COMM_KERNELS
+from comm2perfetto.sources.limits import MAX_TIME_NS, MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
 
 _COMM_NAME = re.compile(r"^(nccl|gloo|c10d::|_?c10d_functional::|record_param_comms)|"
                         + ALL_COMM_KERNELS.pattern, re.IGNORECASE)
@@ -295,9 +295,12 @@ def _read(path: Path, data: bytes | None) -> KinetoTrace:
 def _text(path: Path, data: bytes | None) -> bytes:
     """The file's JSON text (``data``, when given, instead of reading it), gunzipped."""
     try:
-        raw = path.read_bytes() if data is None else data
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        if data is None:
+            return read_bounded(path, MAX_TRACE_BYTES)
+        return gunzip_bounded(data, MAX_TRACE_BYTES) if data[:2] == b"\x1f\x8b" else data
+    except TooLargeError as exc:
+        raise KinetoFormatError(f"{path}: {exc}") from exc
+    except (OSError, EOFError, zlib.error) as exc:
         raise KinetoFormatError(f"{path}: not a readable Kineto trace ({type(exc).__name__})") from exc
 
 
@@ -315,7 +318,8 @@ def _parse(path: Path, text: bytes) -> tuple[dict[str, Any], dict[str, Any], int
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise KinetoFormatError(f"{path}: not a Kineto trace (no traceEvents)")
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    return doc, info, _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    base = _int_or_none(doc.get("baseTimeNanoseconds")) or 0
+    return doc, info, base if 0 <= base <= MAX_TIME_NS else 0
 
 
 Span = tuple[int, int]
@@ -420,10 +424,12 @@ def us_to_ns(value: Any) -> int | None:
         if not math.isfinite(value):
             return None
         whole = math.floor(value)  # an int
-        return whole * 1000 + round((value - whole) * 1000)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value * 1000
-    return None
+        ns = whole * 1000 + round((value - whole) * 1000)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ns = value * 1000
+    else:
+        return None
+    return ns if -MAX_TIME_NS <= ns <= MAX_TIME_NS else None  # 1e100 is a number, not a time
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -916,7 +922,7 @@ def _span(ts: Any, dur: Any, base: int) -> Span | None:
         duration = whole * 1000 + round((dur - whole) * 1000)
     except (TypeError, ValueError, OverflowError):
         return None
-    return (begin, begin + duration) if duration >= 0 else None
+    return (begin, begin + duration) if 0 <= duration and 0 <= begin and begin + duration <= MAX_TIME_NS else None
 
 
 def _span_whole_us(ts: Any, dur: Any, base: int) -> Span | None:
@@ -926,7 +932,8 @@ def _span_whole_us(ts: Any, dur: Any, base: int) -> Span | None:
         begin, end = ceil(ts), floor(ts + dur)
     except (TypeError, ValueError, OverflowError):
         return None
-    return (base + begin * 1000, base + end * 1000) if end >= begin and dur >= 0 else None
+    span = (base + begin * 1000, base + end * 1000)
+    return span if end >= begin and dur >= 0 and 0 <= span[0] and span[1] <= MAX_TIME_NS else None
 
 
 def _stream_from_tid(tid: Any) -> int | None:

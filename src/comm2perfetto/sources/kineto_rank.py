@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from comm2perfetto.sources.limits import MAX_TRACE_BYTES, MAX_WORLD_SIZE
 
 _KEY = b'"distributedInfo"'
 _CHUNK = 1 << 20
@@ -33,7 +37,8 @@ def rank_from_trace_name(name: str) -> int | None:
     [3, 12, 0, None, None, 0]
     """
     match = _RANK_IN_NAME.search(name)
-    return int(match.group(1)) if match else None
+    rank = int(match.group(1)) if match else None
+    return rank if rank is not None and rank < MAX_WORLD_SIZE else None
 
 
 def distributed_info(path: Path, gzipped: bool) -> tuple[int | None, int | None]:
@@ -48,7 +53,9 @@ def distributed_info(path: Path, gzipped: bool) -> tuple[int | None, int | None]
         match = _INT_FIELD[key].search(info)
         values.append(int(match.group(1)) if match else None)
     rank, world = values
-    return (rank if rank is not None and rank >= 0 else None), world
+    if world is not None and not 0 < world <= MAX_WORLD_SIZE:
+        world = None
+    return (rank if rank is not None and 0 <= rank < (world or MAX_WORLD_SIZE) else None), world
 
 
 def _find_after_key(path: Path, gzipped: bool) -> bytes | None:
@@ -58,22 +65,14 @@ def _find_after_key(path: Path, gzipped: bool) -> bytes | None:
     except OSError:
         return None
     with fh:
-        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
         tail = b""
         found: bytes | None = None
-        while True:
-            try:
-                raw = fh.read(_CHUNK)
-                text = inflate.decompress(raw) if inflate is not None else raw
-            except (OSError, zlib.error):
-                return found
+        for text in _text_chunks(fh, gzipped):
             if found is not None:
                 found += text
-                if len(found) >= _AFTER or not raw:
+                if len(found) >= _AFTER:
                     return found[:_AFTER]
                 continue
-            if not raw:
-                return None
             data = tail + text
             i = data.find(_KEY)
             if i >= 0:
@@ -82,6 +81,36 @@ def _find_after_key(path: Path, gzipped: bool) -> bytes | None:
                     return found[:_AFTER]
                 continue
             tail = data[-len(_KEY):]
+        return found
+
+
+def _text_chunks(fh: BinaryIO, gzipped: bool) -> Iterator[bytes]:
+    """The file's text in chunks of at most ``_CHUNK`` bytes, inflated in bounded steps, and no more than
+    ``MAX_TRACE_BYTES`` in all (a gzip bomb is scanned that far, never held)."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+    total = 0
+    while total < MAX_TRACE_BYTES:
+        try:
+            raw = fh.read(_CHUNK)
+            if inflate is None:
+                if not raw:
+                    return
+                total += len(raw)
+                yield raw
+                continue
+            data = raw
+            while True:
+                text = inflate.decompress(data, _CHUNK)
+                total += len(text)
+                if text:
+                    yield text
+                data = inflate.unconsumed_tail
+                if not data or total >= MAX_TRACE_BYTES:
+                    break
+        except (OSError, zlib.error):
+            return
+        if not raw:
+            return
 
 
 def _object_end(window: bytes) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from comm2perfetto import layout
 from comm2perfetto.sources.event_log import EventLogError, read_event_log
+from comm2perfetto.sources.limits import count_ok
 from comm2perfetto.sources.flight_recorder import (
     FrFormatError,
     rank_from_name,
@@ -65,10 +66,13 @@ def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
         rank = rank_from_name(os.path.basename(path))
         for entry in dump.entries:
             key = (rank, entry.get("pg_id", 0), entry.get("record_id"))
+            if not all(x is None or count_ok(x) for x in key[1:]):
+                continue  # not an entry diagnose would count either
             if key in seen:
                 continue  # the same entry in an earlier snapshot of the ring
             seen.add(key)
-            summary.fr_entries[split_profiling_name(str(entry.get("profiling_name", "")))[1]] += 1
+            name = entry.get("profiling_name")
+            summary.fr_entries[split_profiling_name(name if isinstance(name, str) else "")[1]] += 1
     return summary
 
 
