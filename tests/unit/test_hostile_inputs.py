@@ -175,9 +175,21 @@ def test_a_partial_file_of_a_killed_merge_is_removed_by_the_next_one(rec):
     assert not stale.exists() and mine.exists()
 
 
+def test_a_rank_outside_the_world_the_profiler_traces_state_is_skipped(rec):
+    """With only dumps and profiler traces, the traces' distributedInfo states the world: a dump named for rank
+    131071 of this 4-rank job is skipped and named, not drawn as a 131,072-rank job."""
+    for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json")]:
+        path.unlink()
+    shutil.copy(rec / "rank0.fr.2.pkl", rec / f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl")
+    run = run_cli(["diagnose", str(rec)])
+    assert "data from ranks 0-3)" in run.out, run.explain()
+    assert f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl: Flight Recorder dump of (by its name) rank {MAX_WORLD_SIZE - 1}, " \
+        "outside the job's 4 ranks" in run.out
+
+
 def test_an_input_error_is_one_line_and_status_2_in_a_fresh_interpreter(rec):
     (rec / "rank0.events.jsonl").write_bytes(b"")  # an input error: exit 2 in one line, not 3
-    for path in rec.glob("*.pkl"):
+    for path in [*rec.glob("*.pkl"), *rec.glob("*.kineto.*")]:  # profiler traces alone would be a job
         path.unlink()
     for path in rec.glob("rank[123].events.jsonl"):
         path.unlink()
@@ -208,9 +220,10 @@ def test_read_bounded_refuses_a_file_larger_than_the_limit(tmp_path):
 
 
 def test_a_dump_named_for_the_largest_rank_accepted_costs_time_for_the_data_not_the_world(rec):
-    """Dumps alone (no header states the world): rank 131071's dump makes a 131,072-rank world of which 131,067
-    ranks left nothing. The trace shows the ranks with data first and a sample, not 131,072 tracks."""
-    for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json")]:
+    """Dumps alone (no header or profiler trace states the world): rank 131071's dump makes a 131,072-rank world
+    of which 131,067 ranks left nothing. The trace shows the ranks with data first and a sample, not 131,072
+    tracks."""
+    for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json"), *rec.glob("*.kineto.*")]:
         path.unlink()
     shutil.copy(rec / "rank0.fr.2.pkl", rec / f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl")
     runs = _run_all(rec)

@@ -219,13 +219,13 @@ def load_sources(
         if isinstance(info, dict):
             src.jobs.append(dict(_plain_fields(info), _path=str(f.path)))
 
-    src.kineto, src.traces, trace_skipped, trace_problems = load_traces(by_kind[KINETO], trace_ranks or {},
-                                                                          read_traces)
+    src.kineto, src.traces, trace_skipped, trace_problems, trace_world = load_traces(
+        by_kind[KINETO], trace_ranks or {}, read_traces)
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
     _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
-    _drop_outside_world(src)
+    _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
@@ -536,13 +536,16 @@ def _adopt(trace: FrRankTrace, used_stacks: dict[int, Any], src: Sources) -> Non
                          for row in track.p2p]
 
 
-def _drop_outside_world(src: Sources) -> None:
+def _drop_outside_world(src: Sources, trace_world: int | None = None) -> None:
     """Skip dumps, stall stacks and profiler traces of ranks outside the world the job's own files state
-    (event log headers, else the dumps' default group): "rank 99" of a 2-rank job is no rank of it."""
+    (event log headers, else the dumps' default group, else the profiler traces' distributedInfo): "rank 99"
+    of a 2-rank job is no rank of it."""
     worlds = {log.world_size for log in src.logs.values()}
     if len(worlds) != 1:
         worlds = {len(t.pg_config["0"].ranks) for t in src.fr.values()
                   if "0" in t.pg_config and t.pg_config["0"].ranks}
+    if len(worlds) != 1 and trace_world is not None:
+        worlds = {trace_world}
     if len(worlds) != 1:
         return  # unknown, or files that disagree: the mixed-jobs check says so
     (world,) = worlds
@@ -554,8 +557,9 @@ def _drop_outside_world(src: Sources) -> None:
                            for path in src.fr.pop(rank).files)
     for rank in [r for r in src.stacks if r >= world]:
         src.skipped.extend(Skipped(d["_path"], outside("stall stacks of", rank)) for d in src.stacks.pop(rank))
-    for rank in [r for r in src.kineto if r is not None and r >= world]:
+    for rank in [r for r in src.kineto if r >= world]:
         src.skipped.extend(Skipped(str(p), outside("profiler trace of", rank)) for p in src.kineto.pop(rank))
+        src.traces.pop(rank, None)
 
 
 def _check_fr_groups(src: Sources, problems: list[str]) -> None:

@@ -51,10 +51,11 @@ def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int
 
 
 def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple[
-        dict[int, list[Path]], dict[int, list[KinetoTrace]], list[Skipped], list[str]]:
+        dict[int, list[Path]], dict[int, list[KinetoTrace]], list[Skipped], list[str], int | None]:
     """Rank every trace (``files``: discover's FoundFile of kind kineto) and, with ``read``, parse it.
 
-    Returns (paths by rank, traces by rank, skipped files, mixed-job problems: traces disagreeing on world size).
+    Returns (paths by rank, traces by rank, skipped files, mixed-job problems: traces disagreeing on world size,
+    the world size the traces' ``distributedInfo`` agree on or None).
     """
     paths: dict[int, list[Path]] = defaultdict(list)
     traces: dict[int, list[KinetoTrace]] = defaultdict(list)
@@ -80,7 +81,7 @@ def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple
     if len(worlds) > 1:
         examples = ", ".join(f"{p[0]} (world size {w})" for w, p in sorted(worlds.items()))
         problems.append(f"profiler traces disagree on world size: {examples}")
-    return dict(paths), dict(traces), skipped, problems
+    return dict(paths), dict(traces), skipped, problems, next(iter(worlds)) if len(worlds) == 1 else None
 
 
 def trace_span(trace: KinetoTrace) -> tuple[int, int] | None:
