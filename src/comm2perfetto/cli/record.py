@@ -40,6 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not track nn.Module paths (saves a few microseconds per module call)")
     p.add_argument("--fr-buffer", type=int, default=DEFAULT_FR_BUFFER, metavar="N",
                    help=f"Flight Recorder ring size to ask for (default {DEFAULT_FR_BUFFER})")
+    p.add_argument("--on-stall", metavar="CMD",
+                   help="at a stall, run this shell command with the live verdict's JSON on stdin (its path in "
+                        "$COMM2PERFETTO_VERDICT), e.g. 'curl -d @- https://hooks.example/...'; again when it resolves")
+    p.add_argument("--on-stall-timeout", metavar="SECONDS", type=float, default=30.0,
+                   help="kill the --on-stall command after this long (default 30)")
+    p.add_argument("--no-live-verdict", action="store_true",
+                   help="at a stall, only dump stacks; do not gather every rank's position for a verdict while the "
+                        "job hangs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier recording in DIR")
     # dest is not "command": that is where the top-level parser keeps the subcommand's name (for messages).
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
@@ -64,12 +72,16 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError(f"--profile-steps: {exc}") from None
     if args.fr_buffer < 1:
         raise UserError("--fr-buffer must be at least 1")
+    if args.on_stall_timeout <= 0:
+        raise UserError("--on-stall-timeout must be positive")
+    if args.on_stall and (args.no_live_verdict or stall is None):
+        raise UserError("--on-stall needs the live verdict: drop --no-live-verdict and --stall-after off")
     try:
         out_dir = check_out_dir(args.out or default_out_dir())
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
-                        modules=not args.no_modules, fr_buffer=args.fr_buffer,
+                        modules=not args.no_modules, fr_buffer=args.fr_buffer, live=not args.no_live_verdict,
                         run_id=time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
 
 
@@ -108,7 +120,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr, flush=True)
 
     started = time.time_ns()
-    status = _run_forwarding_signals(command, env)
+    watcher = None
+    if config.live and config.stall_after_s is not None:
+        from comm2perfetto.cli.live import StallWatcher
+
+        watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
+        watcher.start()
+    try:
+        status = _run_forwarding_signals(command, env)
+    finally:
+        if watcher is not None:
+            watcher.stop()
     _write_job_file(config, command, started, status)
     _print_summary(config.out_dir, status, (time.time_ns() - started) / 1e9)
     return status

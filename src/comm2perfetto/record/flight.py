@@ -181,17 +181,17 @@ class FlightRecorderDumps:
                     out[(kind, pg_id)] = completed + 1
         return out
 
-    def describe(self, kind: str, pg_id: str, seq: int) -> tuple[str, str]:
-        """(profiling name, group name) of one active entry, for the stall message; best effort."""
+    def active_entry(self, kind: str, pg_id: str, seq: int) -> tuple[str, str, str] | None:
+        """(profiling name, group name, group description) of one entry, or None; best effort."""
         dumper = self._generic_json if kind == "fr" else self._nccl_json
         try:
             for entry in orjson.loads(dumper(True, True)).get("entries", []):
                 if str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq:
-                    group = entry.get("process_group") or ["?", "?"]
-                    return entry.get("profiling_name", "?"), f"{group[1] or group[0]}"
+                    group = entry.get("process_group") or ["?", ""]
+                    return entry.get("profiling_name", "?"), str(group[0]), str(group[1] or "")
         except Exception:
             pass
-        return "collective", f"pg_id {pg_id}"
+        return None
 
     def at_step(self, _step: int) -> None:
         """``maybe_dump`` at a step boundary, at most once per ``_step_check_ns``. Right after an optimizer step

@@ -139,6 +139,8 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 if not call.collective:
                     info.p2p_consumed += raw_after - raw_seq
                 seq = raw_after - info.p2p_consumed
+            if not async_op:
+                info.returned = seq
             data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
             try:
                 rec._append(data)
@@ -176,13 +178,21 @@ class _GroupInfo:
     numbers: ``p2p_consumed`` counts those, so recorded sequence numbers are always Flight Recorder's.
     """
 
-    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed")
+    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed", "name", "desc", "ranks", "backend", "returned")
 
-    def __init__(self, gid: int, seq_counter: Any, group: Any) -> None:
+    def __init__(self, gid: int, seq_counter: Any, group: Any, name: str = "", desc: str = "",
+                 ranks: list[int] | None = None, backend: str = "") -> None:
         self.gid = gid
         self.seq_counter = seq_counter
         self.group = group  # keeps the id() key valid for the group's lifetime
         self.p2p_consumed = 0
+        self.name = name  # c10d's group name, Flight Recorder's process_group[0]
+        self.desc = desc
+        self.ranks = ranks or []
+        self.backend = backend
+        # The collective sequence number when the last synchronous call on this group returned (None: none
+        # yet). On a CPU backend that call had completed.
+        self.returned: int | None = None
 
 
 class Recorder:
@@ -397,11 +407,32 @@ class Recorder:
                 counter()
             except Exception:  # backends without a sequence counter
                 counter = None
-        info = _GroupInfo(gid, counter, group)
+        info = _GroupInfo(gid, counter, group, str(name), desc, list(ranks), backend)
         self._groups[id(group)] = info
         self._group_list.append(info)
         self._write(["g", gid, name, desc, ranks, backend])
         return info
+
+    @property
+    def internal_roots(self) -> tuple[str, ...]:
+        """Path prefixes of frames that are not user code: torch, comm2perfetto, decorator layers."""
+        return self._internal_roots
+
+    def groups(self) -> list[_GroupInfo]:
+        """The groups declared so far, in declaration order (``g`` records)."""
+        return list(self._group_list)
+
+    def completed_on_cpu(self, group_name: str, seq: int) -> bool:
+        """Whether the patch layer saw collective ``seq`` of this group complete: a synchronous call on gloo
+        returned at or after it. Gloo's Flight Recorder status can lag behind that (seen on 2.13: a rank idle
+        after a collective still showed it unfinished seconds later), and this evidence wins."""
+        for info in self._group_list:
+            if info.name == group_name and "gloo" in info.backend:
+                return info.returned is not None and seq <= info.returned
+        return False
+
+    def group_name(self, gid: int) -> str:
+        return self._group_list[gid].name if 0 <= gid < len(self._group_list) else str(gid)
 
     def _call_site(self, frame: Any) -> int | None:
         """Interned ``file:line function`` of the first frame outside torch and comm2perfetto, from the

@@ -99,7 +99,12 @@ def start(config: RecordConfig, pg: Any) -> None:
     profiler.install()
     if store is not None:
         clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
-    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir)
+    live = None
+    if store is not None and config.live and config.stall_after_s is not None:
+        from comm2perfetto.record.live import LiveVerdict
+
+        live = LiveVerdict(rec, store, config.out_dir, world_size, _int_env("LOCAL_RANK"))
+    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir, live=live)
     watchdog.start()
     _parts["watchdog"] = watchdog
     _install_exit_handlers()
