@@ -136,3 +136,29 @@ def test_enable_refuses_an_unusable_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a folder; choose another output folder"):
         comm2perfetto.enable(str(tmp_path / "file"))
+
+
+def test_recorder_ranges_go_to_a_domain_of_their_own(tmp_path, monkeypatch, fr_env):
+    """With an NVTX collector attached (Nsight Systems), each recorded call is wrapped in a ``c10d:<op>`` range
+    in the ``comm2perfetto`` domain, category ``collective``, so it can be filtered apart from the job's own
+    ranges; the range is closed in that domain also when the call raises."""
+    from comm2perfetto.record import nvtx as nvtx_ranges
+
+    emitted: list[tuple] = []
+    monkeypatch.setattr(nvtx_ranges, "collector_attached", lambda: True)
+    monkeypatch.setattr(nvtx_ranges, "_nvtx_push", lambda name, **kw: emitted.append(("push", name, kw)))
+    monkeypatch.setattr(nvtx_ranges, "_nvtx_pop", lambda **kw: emitted.append(("pop", kw)))
+    comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            dist.all_reduce(torch.ones(2))
+            with pytest.raises(Exception):
+                dist.broadcast(torch.ones(2), src=5)  # no rank 5 in a one-rank group
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    own = {"domain": "comm2perfetto", "category": "collective"}
+    assert emitted == [("push", "c10d:all_reduce", own), ("pop", {"domain": "comm2perfetto"}),
+                       ("push", "c10d:broadcast", own), ("pop", {"domain": "comm2perfetto"})]

@@ -267,13 +267,13 @@ class Recorder:
         if self._sync:
             self._torch.cuda.synchronize()
         if self._emit_nvtx:
-            nvtx_ranges.emit_push("c10d:" + call.name)
+            nvtx_ranges.emit_own_push(call.name)
 
     def _extras_after(self) -> None:
         if self._sync:
             self._torch.cuda.synchronize()
         if self._emit_nvtx:
-            nvtx_ranges.emit_pop()
+            nvtx_ranges.emit_own_pop()
 
     def _on_completion(self, record: list, futures: list[Any]) -> None:
         cid = record[1]
@@ -298,7 +298,7 @@ class Recorder:
     def _raised(self, cid: int, exc: BaseException) -> None:
         try:
             if self._emit_nvtx:
-                nvtx_ranges.emit_pop()
+                nvtx_ranges.emit_own_pop()
             self._write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
             self.pending.pop(cid, None)
         except Exception as inner:

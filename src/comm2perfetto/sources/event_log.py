@@ -81,6 +81,7 @@ class Range:
     source: str
     t_begin_ns: int
     t_end_ns: int | None = None
+    domain: str | None = None  # the NVTX domain, None for the default one
 
 
 @dataclass
@@ -212,7 +213,8 @@ class _Builder:
         elif kind == "g":
             log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5])
         elif kind == "r":
-            rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5])
+            rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5],
+                        domain=r[6] if len(r) > 6 and isinstance(r[6], str) else None)
             self.ranges[rng.rid] = rng
             log.ranges.append(rng)
         elif kind == "q":
