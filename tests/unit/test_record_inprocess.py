@@ -162,3 +162,44 @@ def test_recorder_ranges_go_to_a_domain_of_their_own(tmp_path, monkeypatch, fr_e
     own = {"domain": "comm2perfetto", "category": "collective"}
     assert emitted == [("push", "c10d:all_reduce", own), ("pop", {"domain": "comm2perfetto"}),
                        ("push", "c10d:broadcast", own), ("pop", {"domain": "comm2perfetto"})]
+
+
+class _EnqueuedWork:
+    """A work whose future is complete at once, as ProcessGroupNCCL's is right after the kernel is enqueued
+    (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, WorkNCCL::getFuture; Work.get_future's docstring)."""
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+@pytest.mark.parametrize("device, completion_logged", [("cpu", True), ("meta", False)])
+def test_async_gpu_work_is_not_logged_done_at_enqueue(tmp_path, monkeypatch, fr_env, device, completion_logged):
+    """An async call's `d` record comes from its future only for CPU work. For work on a device (meta stands
+    in for CUDA here) the future completing says "enqueued": no `d`, the call is not left pending in the
+    watchdog either, and its completion is Flight Recorder's to tell."""
+    c10d = dist.distributed_c10d
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        return _EnqueuedWork() if async_op else None
+
+    monkeypatch.setattr(c10d, "all_reduce", all_reduce)  # what the patch layer wraps on enable()
+    out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            from comm2perfetto.record import state
+
+            rec = state.recorder
+            c10d.all_reduce(torch.ones(2, device=device), async_op=True)
+            pending = dict(rec.pending)
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    (call,) = read_event_log(os.path.join(out, "rank0.events.jsonl")).calls
+    assert call.is_async and call.t_return_ns is not None
+    assert (call.t_done_ns is not None) == completion_logged
+    assert pending == {}  # CPU: completed; device: never tracked as pending
+    assert call.t_end_ns == (call.t_done_ns if completion_logged else None)

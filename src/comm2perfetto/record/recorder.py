@@ -148,7 +148,10 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec.log.write_bytes(data)
             # Async work stays pending until its future completes. A functional collective returns an
             # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
-            if result is not None and not call.functional and not rec._sync:
+            # Work on a GPU gets no `d` record: its future completes at enqueue (Work.get_future's docstring:
+            # "for GPU work, fut.done() returns true only whether the operation has been enqueued"), so only
+            # Flight Recorder's state tells when it is done.
+            if result is not None and not call.functional and not rec._sync and rec._cpu_work(call, args, kwargs):
                 futures = _futures_of(result if isinstance(result, list) else (result,))
                 if futures:
                     rec._on_completion(record, futures)
@@ -294,6 +297,12 @@ class Recorder:
 
         for future in futures:
             future.add_done_callback(done)
+
+    def _cpu_work(self, call: BoundSpec, args: tuple, kwargs: dict) -> bool:
+        """Whether the call's work runs on the CPU (gloo), where a work's future completes with the work.
+        Decided by its first tensor (a group can hold a CPU and a GPU backend); no tensor: CPU."""
+        tensor = _first_tensor(call, args, kwargs, self._tensor_type)
+        return tensor is None or tensor.device.type == "cpu"
 
     def _raised(self, cid: int, exc: BaseException) -> None:
         try:
@@ -551,6 +560,22 @@ def _numel(shape: Any) -> int:
     for dim in shape:
         total *= dim
     return total
+
+
+def _first_tensor(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Any:
+    """The first input tensor of a call (in a list, or a P2POp's), or None."""
+    n = len(args)
+    for pos, name in call.inputs:
+        value = args[pos] if pos < n else kwargs.get(name)
+        if value is None:
+            continue
+        if isinstance(value, tensor_type):
+            return value
+        for item in value:
+            item = item if isinstance(item, tensor_type) else getattr(item, "tensor", None)
+            if isinstance(item, tensor_type):
+                return item
+    return None
 
 
 def _futures_of(works: Any) -> list[Any]:

@@ -69,8 +69,11 @@ class Call:
 
     @property
     def t_end_ns(self) -> int | None:
-        """Completion when known, otherwise return (synchronous calls on CPU backends)."""
-        return self.t_done_ns if self.t_done_ns is not None else self.t_return_ns
+        """Completion when known; otherwise return for a synchronous call (completion on a CPU backend), and
+        None for an async call whose completion was not seen (GPU work: its future completes at enqueue)."""
+        if self.t_done_ns is not None:
+            return self.t_done_ns
+        return None if self.is_async else self.t_return_ns
 
 
 @dataclass
