@@ -31,7 +31,7 @@ import pytest
 
 def _recorder_leftovers() -> list[str]:
     """What comm2perfetto still has installed in this process (imports no torch)."""
-    from comm2perfetto.record import bootstrap, nvtx, patch, profiler, session, state
+    from comm2perfetto.record import bootstrap, capture, nvtx, patch, profiler, session, state
 
     left = []
     if patch.installed():
@@ -44,6 +44,8 @@ def _recorder_leftovers() -> list[str]:
         left.append("NVTX mirroring (nvtx.unmirror_all())")
     if profiler._originals:
         left.append("the torch.profiler wrappers")
+    if capture._patched:
+        left.append("the CUDA graph capture wrappers (capture.uninstall())")
     if session._parts:
         left.append(f"session parts {sorted(session._parts)}")
     if session._previous_excepthook is not None or sys.excepthook is session._on_uncaught:
@@ -55,7 +57,7 @@ def _recorder_leftovers() -> list[str]:
 
 def _clean_up_recorder() -> None:
     """Best effort, so that one leaky test does not make every later test fail too."""
-    from comm2perfetto.record import bootstrap, nvtx, patch, session, state
+    from comm2perfetto.record import bootstrap, capture, nvtx, patch, session, state
 
     try:
         session.stop("test-cleanup")
@@ -67,6 +69,7 @@ def _clean_up_recorder() -> None:
     state.recorder = None
     patch.uninstall()
     nvtx.unmirror_all()
+    capture.uninstall()
     bootstrap.remove_hooks()
 
 

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"('off' to disable; default {DEFAULT_STALL_AFTER_S:g})")
     p.add_argument("--profile-steps", metavar="A-B", help="record steps A to B with torch.profiler")
     p.add_argument("--sync", action="store_true",
-                   help="synchronise the device around each call (measures completion; changes timing)")
+                   help="synchronise the call's GPU around each call (measures completion; changes timing)")
     p.add_argument("--no-modules", action="store_true",
                    help="do not track nn.Module paths (saves a few microseconds per module call)")
     p.add_argument("--fr-buffer", type=int, default=DEFAULT_FR_BUFFER, metavar="N",

@@ -34,7 +34,8 @@ class RecordConfig:
     profile_steps: tuple[int, int] | None = None
     """Inclusive range of steps to record with torch.profiler, or None."""
     sync: bool = False
-    """Synchronise the device around each call so return time is completion time (changes what is measured)."""
+    """Synchronise the call's device around each call so return time is completion time (changes what is
+    measured); CPU tensors and calls during a CUDA graph capture are not synchronised."""
     modules: bool = True
     """Track the nn.Module path and pass of each call (global forward hooks: a few microseconds per module call;
     off by itself after a few steps without a call to attribute)."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
@@ -122,6 +123,9 @@ class FlightRecorderDumps:
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
         being written, possibly by the very thread the handler interrupted."""
+        if capture.active:  # a dump queries CUDA events: that would invalidate the capture
+            self._recorder.warn(f"Flight Recorder {reason} dump skipped: a CUDA graph capture was in progress")
+            return
         if not self._lock.acquire(blocking=wait):
             self._recorder.warn(f"Flight Recorder {reason} dump skipped: another dump was in progress")
             return

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from comm2perfetto.record import capture, state
 from comm2perfetto.record import nvtx as nvtx_ranges
-from comm2perfetto.record import state
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
@@ -113,8 +113,9 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec._append(data)
             except (ValueError, TypeError):  # the mapping is full (or closed)
                 rec.log.write_bytes(data)
-            if rec._extras:
-                rec._extras_before(call)
+            if capture.active:  # captured into a CUDA graph: issued at each replay, not now
+                rec._write(["v", cid])
+            synced = rec._extras_before(call, args, kwargs) if rec._extras else None
         except Exception as exc:
             rec.fault(exc)
             return original(*args, **kwargs)
@@ -133,7 +134,7 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
 
         try:
             if rec._extras:
-                rec._extras_after()
+                rec._extras_after(cid, synced)
             if not call.single and counter is not None:  # several collectives, or a p2p op
                 raw_after = counter()
                 if not call.collective:
@@ -265,16 +266,27 @@ class Recorder:
         self._default_group = pg
         self._default_info = None
 
-    def _extras_before(self, call: BoundSpec) -> None:
-        """Opt-in work around a call: device sync (--sync), NVTX emission when a collector is attached."""
-        if self._sync:
-            self._torch.cuda.synchronize()
+    def _extras_before(self, call: BoundSpec, args: tuple, kwargs: dict) -> Any:
+        """Opt-in work around a call: NVTX emission when a collector is attached, and with --sync a
+        synchronisation of the device the call's tensors are on (not the current device: a rank that passed
+        ``device_id`` to init_process_group without set_device would open a context on GPU 0). CPU tensors
+        (gloo: returning is completing) and calls during a CUDA graph capture (where a synchronisation is
+        illegal) are not synchronised. Returns the device synchronised, for ``_extras_after``."""
+        device = None
+        if self._sync and not capture.active:
+            tensor = _first_tensor(call, args, kwargs, self._tensor_type)
+            if tensor is not None and tensor.device.type == "cuda":
+                device = tensor.device
+                self._torch.cuda.synchronize(device)
         if self._emit_nvtx:
             nvtx_ranges.emit_own_push(call.name)
+        return device
 
-    def _extras_after(self) -> None:
-        if self._sync:
-            self._torch.cuda.synchronize()
+    def _extras_after(self, cid: int, synced: Any) -> None:
+        """After a synchronised call the work is done: a `d` record says when."""
+        if synced is not None:
+            self._torch.cuda.synchronize(synced)
+            self._write(["d", cid, _time_ns()])
         if self._emit_nvtx:
             nvtx_ranges.emit_own_pop()
 

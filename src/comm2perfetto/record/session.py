@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from comm2perfetto import layout
-from comm2perfetto.record import clock, state
+from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
 from comm2perfetto.record.flight import FlightRecorderDumps
 from comm2perfetto.record.log import EventLog
@@ -82,6 +82,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     rec.declare_group(pg)
     rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
     rec.steps.install()
+    capture.install(torch)
     rec.steps.listeners.append(rec.flight.at_step)
     if rec.modules is not None:
         rec.modules.install()
@@ -125,6 +126,7 @@ def stop(reason: str, wait: bool = True) -> None:
             profiler.uninstall()
         rec.dump_flight_recorder(reason, wait)
         rec.steps.uninstall()
+        capture.uninstall()
         if rec.modules is not None:
             rec.modules.uninstall()
     except Exception as exc:

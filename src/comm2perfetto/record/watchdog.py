@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
     from comm2perfetto.record.live import LiveVerdict
@@ -79,6 +80,8 @@ class Watchdog:
 
     def tick(self) -> None:
         rec = self._recorder
+        if capture.active:  # Flight Recorder's dumps and status query CUDA events: not during a capture
+            return
         if rec.flight is not None:
             rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()

@@ -66,6 +66,7 @@ class Call:
     seq_last: int | None = None
     error: str | None = None
     functional: bool = False
+    captured: bool = False  # captured into a CUDA graph: issued at each replay, which no source sees
 
     @property
     def t_end_ns(self) -> int | None:
@@ -203,6 +204,8 @@ class _Builder:
             call.seq_last = r[3]
         elif kind == "d":
             self.calls[r[1]].t_done_ns = r[2]
+        elif kind == "v":
+            self.calls[r[1]].captured = True
         elif kind == "x":
             call = self.calls[r[1]]
             call.t_return_ns = r[2]
