@@ -269,6 +269,14 @@ def module_jobs(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
 
 
 @pytest.fixture
+def fr_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """enable() writes Flight Recorder and NCCL settings into os.environ: put them back afterwards, and start
+    without this process's own."""
+    for key in [k for k in os.environ if k.startswith(("COMM2PERFETTO_", "TORCH_FR_", "TORCH_NCCL_"))]:
+        monkeypatch.delenv(key)
+
+
+@pytest.fixture
 def clean_env() -> dict[str, str]:
     """The environment for a subprocess, without this process's comm2perfetto/Flight Recorder settings."""
     return job_env()

@@ -19,13 +19,6 @@ from comm2perfetto.record import capture
 from comm2perfetto.sources.event_log import read_event_log
 
 
-@pytest.fixture
-def fr_env(monkeypatch):
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "COMM2PERFETTO_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-
-
 class _Graph:
     """Stands in for torch.cuda.CUDAGraph: capture_begin fails when asked to."""
 

@@ -35,14 +35,6 @@ class FakeNvtxLibrary:
         self.calls.append(("mark", message))
 
 
-@pytest.fixture
-def fr_env(monkeypatch):
-    """enable() writes Flight Recorder settings into os.environ: put them back afterwards."""
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "COMM2PERFETTO_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def _init_one_rank() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
@@ -109,12 +101,17 @@ def test_torch_cuda_nvtx_still_raises_without_cuda(tmp_path, fr_env):
     assert log.ranges == [] and log.calls[0].nvtx == ()
 
 
-def test_enable_after_init_and_user_steps(tmp_path, fr_env):
+def test_enable_after_init_and_user_steps(tmp_path, fr_env, capsys):
     _init_one_rank()
     try:
         dist.all_reduce(torch.ones(3))  # before enable: not recorded
         out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
         try:
+            from comm2perfetto.record import state
+
+            # The ring torch made at init_process_group (its default here): the dump schedule follows it.
+            assert state.recorder.flight._buffer_size == 2000
+            assert "Flight Recorder's ring holds 2000 entries" in capsys.readouterr().err
             dist.all_reduce(torch.ones(4))
             comm2perfetto.step()
             dist.broadcast(torch.ones(5), src=0)

@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="synchronise the call's GPU around each call (measures completion; changes timing)")
     p.add_argument("--no-modules", action="store_true",
                    help="do not track nn.Module paths (saves a few microseconds per module call)")
+    p.add_argument("--no-gpu-timing", action="store_true",
+                   help="do not time NCCL collectives with CUDA events (TORCH_NCCL_ENABLE_TIMING; on by default "
+                        "unless you set it)")
     p.add_argument("--fr-buffer", type=int, default=DEFAULT_FR_BUFFER, metavar="N",
                    help=f"Flight Recorder ring size to ask for (default {DEFAULT_FR_BUFFER})")
     p.add_argument("--on-stall", metavar="CMD",
@@ -82,6 +85,7 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError(str(exc)) from None
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
                         modules=not args.no_modules, fr_buffer=args.fr_buffer, live=not args.no_live_verdict,
+                        gpu_timing=not args.no_gpu_timing,
                         run_id=time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()))
 
 
@@ -96,7 +100,7 @@ def child_environment(config: RecordConfig, base: dict[str, str] | None = None) 
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", "")) if p)
-    warnings = flight.prepare_environment(env, config.fr_buffer, config.out_dir)
+    warnings = flight.prepare_environment(env, config.fr_buffer, config.out_dir, config.gpu_timing)
     return env, warnings
 
 

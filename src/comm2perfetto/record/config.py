@@ -17,6 +17,7 @@ ENV_MODULES = "COMM2PERFETTO_MODULES"
 ENV_FR_BUFFER = "COMM2PERFETTO_FR_BUFFER"
 ENV_RUN_ID = "COMM2PERFETTO_RUN_ID"
 ENV_LIVE = "COMM2PERFETTO_LIVE"
+ENV_GPU_TIMING = "COMM2PERFETTO_GPU_TIMING"
 ENV_FAULT = "COMM2PERFETTO_TEST_FAULT"  # tests only: raise inside the recorder to prove training survives
 
 DEFAULT_STALL_AFTER_S = 60.0
@@ -43,6 +44,9 @@ class RecordConfig:
     """Flight Recorder ring size to ask for when the user has not set a larger one."""
     run_id: str = field(default="")
     """Identifies the job; the same on every rank of one run."""
+    gpu_timing: bool = True
+    """Time NCCL collectives with CUDA events (``TORCH_NCCL_ENABLE_TIMING=1`` unless the user set it), so Flight
+    Recorder has each collective's GPU duration."""
     live: bool = True
     """At a stall, gather every rank's position through the job's store for the live verdict (record/live.py)."""
 
@@ -55,6 +59,7 @@ class RecordConfig:
             ENV_FR_BUFFER: str(self.fr_buffer),
             ENV_RUN_ID: self.run_id,
             ENV_LIVE: "1" if self.live else "0",
+            ENV_GPU_TIMING: "1" if self.gpu_timing else "0",
         }
         if self.profile_steps is not None:
             env[ENV_PROFILE_STEPS] = f"{self.profile_steps[0]}-{self.profile_steps[1]}"
@@ -77,6 +82,7 @@ class RecordConfig:
             fr_buffer=int(env.get(ENV_FR_BUFFER, DEFAULT_FR_BUFFER)),
             run_id=env.get(ENV_RUN_ID, ""),
             live=env.get(ENV_LIVE, "1") == "1",
+            gpu_timing=env.get(ENV_GPU_TIMING, "1") == "1",
         )
 
     def as_header(self) -> dict:
