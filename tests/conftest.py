@@ -32,7 +32,7 @@ import pytest
 
 def _recorder_leftovers() -> list[str]:
     """What comm2perfetto still has installed in this process (imports no torch)."""
-    from comm2perfetto.record import bootstrap, nvtx, patch, profiler, session, state
+    from comm2perfetto.record import bootstrap, capture, nvtx, patch, profiler, session, state
 
     left = []
     if patch.installed():
@@ -45,6 +45,8 @@ def _recorder_leftovers() -> list[str]:
         left.append("NVTX mirroring (nvtx.unmirror_all())")
     if profiler._originals:
         left.append("the torch.profiler wrappers")
+    if capture._patched:
+        left.append("the CUDA graph capture wrappers (capture.uninstall())")
     if session._parts:
         left.append(f"session parts {sorted(session._parts)}")
     if session._previous_excepthook is not None or sys.excepthook is session._on_uncaught:
@@ -56,7 +58,7 @@ def _recorder_leftovers() -> list[str]:
 
 def _clean_up_recorder() -> None:
     """Best effort, so that one leaky test does not make every later test fail too."""
-    from comm2perfetto.record import bootstrap, nvtx, patch, session, state
+    from comm2perfetto.record import bootstrap, capture, nvtx, patch, session, state
 
     try:
         session.stop("test-cleanup")
@@ -68,6 +70,7 @@ def _clean_up_recorder() -> None:
     state.recorder = None
     patch.uninstall()
     nvtx.unmirror_all()
+    capture.uninstall()
     bootstrap.remove_hooks()
 
 
@@ -269,6 +272,14 @@ def record_job(tmp_path: Path) -> JobRunner:
 def module_jobs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> JobRunner:
     """A JobRunner for module-scoped fixtures: one job whose output several tests read."""
     return JobRunner(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]))
+
+
+@pytest.fixture
+def fr_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """enable() writes Flight Recorder and NCCL settings into os.environ: put them back afterwards, and start
+    without this process's own."""
+    for key in [k for k in os.environ if k.startswith(("COMM2PERFETTO_", "TORCH_FR_", "TORCH_NCCL_"))]:
+        monkeypatch.delenv(key)
 
 
 @pytest.fixture

@@ -31,6 +31,19 @@ def kineto(rank: int, n: int) -> str:
     return f"rank{rank}.kineto.{n}.json.gz"
 
 
+LIVE_DIR = ".live"  # hidden: readers walking the folder skip it
+STALL_VERDICT_FILE = "stall-verdict.json"  # the latest live verdict, written by `comm2perfetto record`
+
+
+def live_snapshot(gen: int) -> str:
+    """Every rank's position at stall ``gen``, gathered through the store (record/live.py)."""
+    return f"{LIVE_DIR}/stall.{gen}.json"
+
+
+def live_resolved(gen: int) -> str:
+    return f"{LIVE_DIR}/stall.{gen}.resolved.json"
+
+
 EVENT_LOG_GLOB = "rank*.events.jsonl"
 FR_DUMP_GLOB = "rank*.fr*.pkl"
 STACKS_GLOB = "rank*.stacks.*.json"
@@ -38,4 +51,4 @@ KINETO_GLOB = "rank*.kineto.*.json.gz"
 # Everything a recording writes: what --overwrite replaces.
 JOB_GLOB = "job.*.json"
 RECORDING_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*", JOB_FILE,
-                   JOB_GLOB)
+                   JOB_GLOB, STALL_VERDICT_FILE, LIVE_DIR + "/stall.*.json")

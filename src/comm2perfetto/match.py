@@ -297,7 +297,7 @@ def _merge_log(
         if p2p_ops else set()
     for call in log.calls:
         g = log.groups.get(call.gid)
-        if g is None:
+        if g is None or call.captured:  # a CUDA graph capture issues nothing then; its replays are unseen
             continue
         uid = local.get((rank, str(g.name)))
         if uid is None:

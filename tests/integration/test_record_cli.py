@@ -84,6 +84,9 @@ def test_existing_recording_needs_overwrite(tmp_path, record):
     (["--stall-after", "soon"], "--stall-after"),
     (["--stall-after", "0"], "--stall-after"),
     (["--fr-buffer", "0"], "--fr-buffer"),
+    (["--on-stall", "true", "--no-live-verdict"], "--on-stall needs the live verdict"),
+    (["--on-stall", "true", "--stall-after", "off"], "--on-stall needs the live verdict"),
+    (["--on-stall-timeout", "0"], "--on-stall-timeout"),
 ])
 def test_bad_options_are_refused_before_the_job_starts(tmp_path, record, args, message):
     proc = record(["-o", "out", *args])

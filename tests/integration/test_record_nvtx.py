@@ -34,6 +34,11 @@ with nvtx.annotate("outer_nvtx"):
     nvtx.pop_range()
     nvtx_decorated()
 assert c2p_decorated() == "value"
+nvtx.push_range("default_a")
+nvtx.push_range("io", domain="data")
+nvtx.pop_range()  # NVTX pops per domain: this closes default_a, not io
+dist.all_reduce(torch.ones(5))  # @in_data_domain
+nvtx.pop_range(domain="data")
 nvtx.mark("a_mark")
 dist.all_reduce(torch.ones(4))  # @outside
 dist.destroy_process_group()
@@ -58,8 +63,9 @@ def test_ranges_are_recorded_and_nested(nvtx_job, rank):
     ranges = {r.name: r for r in log.ranges}
     assert [(r.name, r.source) for r in log.ranges] == [
         ("outer_nvtx", "nvtx"), ("pushed", "nvtx"), ("inner_c2p", "c2p"), ("decorated_nvtx", "nvtx"),
-        ("decorated_c2p", "c2p"),
+        ("decorated_c2p", "c2p"), ("default_a", "nvtx"), ("io", "nvtx"),
     ]
+    assert [r.name for r in log.ranges if r.domain == "data"] == ["io"]
     for r in log.ranges:
         assert r.t_end_ns is not None and r.t_end_ns >= r.t_begin_ns, r.name
         assert r.tid == log.calls[0].tid  # all on the main thread
@@ -70,7 +76,7 @@ def test_ranges_are_recorded_and_nested(nvtx_job, rank):
     assert ranges["outer_nvtx"].t_end_ns <= ranges["decorated_c2p"].t_begin_ns
     ((_t, name, tid, source),) = log.marks
     assert (name, tid, source) == ("a_mark", log.calls[0].tid, "nvtx")
-    assert ranges["decorated_c2p"].t_end_ns <= _t
+    assert ranges["default_a"].t_end_ns < ranges["io"].t_end_ns <= _t
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -81,10 +87,11 @@ def test_collectives_carry_their_enclosing_ranges(nvtx_job, rank):
         "@innermost": ("outer_nvtx", "pushed", "inner_c2p"),
         "@in_nvtx_decorator": ("outer_nvtx", "decorated_nvtx"),
         "@in_c2p_decorator": ("decorated_c2p",),
+        "@in_data_domain": ("io",),
         "@outside": (),
     }
     funcs = {"@innermost": "<module>", "@in_nvtx_decorator": "nvtx_decorated",
-             "@in_c2p_decorator": "c2p_decorated", "@outside": "<module>"}
+             "@in_c2p_decorator": "c2p_decorated", "@in_data_domain": "<module>", "@outside": "<module>"}
     assert len(log.calls) == len(expected)
     ranges = {r.name: r for r in log.ranges}
     for marker, names in expected.items():

@@ -28,7 +28,7 @@ def test_parse_step_range_errors(text, message):
 
 def test_config_round_trips_through_the_environment(tmp_path):
     config = RecordConfig(out_dir=str(tmp_path / "out"), stall_after_s=2.5, profile_steps=(3, 4), sync=True,
-                          modules=False, fr_buffer=123, run_id="run-7")
+                          modules=False, fr_buffer=123, run_id="run-7", live=False, gpu_timing=False)
     env = config.to_env()
     assert RecordConfig.from_env(env) == config
     off = RecordConfig(out_dir=str(tmp_path), stall_after_s=None)
@@ -50,4 +50,4 @@ def test_no_recording_without_an_output_folder():
 def test_header_carries_the_settings_but_not_paths(tmp_path):
     header = RecordConfig(out_dir=str(tmp_path), stall_after_s=5.0, profile_steps=(1, 2), run_id="x").as_header()
     assert header == {"stall_after_s": 5.0, "profile_steps": (1, 2), "sync": False, "modules": True,
-                      "fr_buffer": 20000}
+                      "fr_buffer": 20000, "gpu_timing": True, "live": True}

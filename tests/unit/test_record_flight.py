@@ -4,14 +4,50 @@ from __future__ import annotations
 
 import os
 
-from comm2perfetto.record.flight import prepare_environment
+import pytest
+
+from comm2perfetto.record.flight import prepare_environment, ring_in_effect
 
 
 def test_sets_the_buffer_and_dump_place_when_the_user_did_not(tmp_path):
     env: dict[str, str] = {}
     assert prepare_environment(env, 20000, str(tmp_path)) == []
     assert env == {"TORCH_FR_BUFFER_SIZE": "20000",
-                   "TORCH_FR_DUMP_TEMP_FILE": os.path.join(str(tmp_path), "torch_fr_rank_")}
+                   "TORCH_FR_DUMP_TEMP_FILE": os.path.join(str(tmp_path), "torch_fr_rank_"),
+                   # torch's own dump at an NCCL timeout (off by default before 2.6), into the folder
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                   # CUDA-event timing of NCCL collectives: Flight Recorder's duration_ms
+                   "TORCH_NCCL_ENABLE_TIMING": "1"}
+
+
+def test_keeps_the_users_nccl_settings_and_can_leave_timing_off(tmp_path):
+    env = {"TORCH_NCCL_ENABLE_TIMING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    prepare_environment(env, 20000, str(tmp_path))
+    assert (env["TORCH_NCCL_ENABLE_TIMING"], env["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("0", "0")
+    env = {}
+    prepare_environment(env, 20000, str(tmp_path), gpu_timing=False)
+    assert "TORCH_NCCL_ENABLE_TIMING" not in env
+
+
+@pytest.mark.parametrize("env, ring", [
+    ({"TORCH_FR_BUFFER_SIZE": "5000"}, 5000), ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "300"}, 300),
+    ({"TORCH_FR_BUFFER_SIZE": "many"}, 0), ({}, 2000),  # torch 2.13's own default
+])
+def test_after_the_first_group_the_ring_in_effect_is_said_and_left_alone(tmp_path, env, ring):
+    """Flight Recorder reads its size once, when its singleton is made at the first process group
+    (torch/csrc/distributed/c10d/FlightRecorder.hpp, ``FlightRecorder::get``): enable() after
+    init_process_group cannot change it, and must not claim to."""
+    before = dict(env)
+    warnings = prepare_environment(env, 20000, str(tmp_path), group_exists=True)
+    assert ring_in_effect(env) == ring
+    assert {k: env.get(k) for k in before} == before  # the buffer variables are untouched
+    (warning,) = warnings
+    assert f"Flight Recorder's ring holds {ring} entries" in warning and "raising" not in warning
+    assert ("Flight Recorder is off" in warning) == (ring == 0)
+
+
+def test_after_the_first_group_a_large_enough_ring_needs_no_warning(tmp_path):
+    assert prepare_environment({"TORCH_FR_BUFFER_SIZE": "50000"}, 20000, str(tmp_path), group_exists=True) == []
 
 
 def test_keeps_a_larger_user_buffer(tmp_path):

@@ -20,13 +20,6 @@ from comm2perfetto.record import patch
 from comm2perfetto.sources.event_log import read_event_log
 
 
-@pytest.fixture
-def fr_env(monkeypatch):
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "COMM2PERFETTO_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def test_install_and_uninstall_functional():
     names = [spec.name for spec in patch.FUNCTIONAL_OPS if hasattr(funcol, spec.name)]
     assert {"all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast",

@@ -37,14 +37,6 @@ class FakeNvtxLibrary:
         self.calls.append(("mark", message))
 
 
-@pytest.fixture
-def fr_env(monkeypatch):
-    """enable() writes Flight Recorder settings into os.environ: put them back afterwards."""
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "COMM2PERFETTO_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-
-
 def _init_one_rank() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
@@ -111,12 +103,17 @@ def test_torch_cuda_nvtx_still_raises_without_cuda(tmp_path, fr_env):
     assert log.ranges == [] and log.calls[0].nvtx == ()
 
 
-def test_enable_after_init_and_user_steps(tmp_path, fr_env):
+def test_enable_after_init_and_user_steps(tmp_path, fr_env, capsys):
     _init_one_rank()
     try:
         dist.all_reduce(torch.ones(3))  # before enable: not recorded
         out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
         try:
+            from comm2perfetto.record import state
+
+            # The ring torch made at init_process_group (its default here): the dump schedule follows it.
+            assert state.recorder.flight._buffer_size == 2000
+            assert "Flight Recorder's ring holds 2000 entries" in capsys.readouterr().err
             dist.all_reduce(torch.ones(4))
             comm2perfetto.step()
             dist.broadcast(torch.ones(5), src=0)
@@ -172,3 +169,70 @@ def test_a_signal_the_process_ignores_stays_ignored():
     finally:
         session.remove_exit_handlers()
         signal.signal(signal.SIGINT, before)
+
+
+def test_recorder_ranges_go_to_a_domain_of_their_own(tmp_path, monkeypatch, fr_env):
+    """With an NVTX collector attached (Nsight Systems), each recorded call is wrapped in a ``c10d:<op>`` range
+    in the ``comm2perfetto`` domain, category ``collective``, so it can be filtered apart from the job's own
+    ranges; the range is closed in that domain also when the call raises."""
+    from comm2perfetto.record import nvtx as nvtx_ranges
+
+    emitted: list[tuple] = []
+    monkeypatch.setattr(nvtx_ranges, "collector_attached", lambda: True)
+    monkeypatch.setattr(nvtx_ranges, "_nvtx_push", lambda name, **kw: emitted.append(("push", name, kw)))
+    monkeypatch.setattr(nvtx_ranges, "_nvtx_pop", lambda **kw: emitted.append(("pop", kw)))
+    comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            dist.all_reduce(torch.ones(2))
+            with pytest.raises(Exception):
+                dist.broadcast(torch.ones(2), src=5)  # no rank 5 in a one-rank group
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    own = {"domain": "comm2perfetto", "category": "collective"}
+    assert emitted == [("push", "c10d:all_reduce", own), ("pop", {"domain": "comm2perfetto"}),
+                       ("push", "c10d:broadcast", own), ("pop", {"domain": "comm2perfetto"})]
+
+
+class _EnqueuedWork:
+    """A work whose future is complete at once, as ProcessGroupNCCL's is right after the kernel is enqueued
+    (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, WorkNCCL::getFuture; Work.get_future's docstring)."""
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+@pytest.mark.parametrize("device, completion_logged", [("cpu", True), ("meta", False)])
+def test_async_gpu_work_is_not_logged_done_at_enqueue(tmp_path, monkeypatch, fr_env, device, completion_logged):
+    """An async call's `d` record comes from its future only for CPU work. For work on a device (meta stands
+    in for CUDA here) the future completing says "enqueued": no `d`, the call is not left pending in the
+    watchdog either, and its completion is Flight Recorder's to tell."""
+    c10d = dist.distributed_c10d
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        return _EnqueuedWork() if async_op else None
+
+    monkeypatch.setattr(c10d, "all_reduce", all_reduce)  # what the patch layer wraps on enable()
+    out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            from comm2perfetto.record import state
+
+            rec = state.recorder
+            c10d.all_reduce(torch.ones(2, device=device), async_op=True)
+            pending = dict(rec.pending)
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    (call,) = read_event_log(os.path.join(out, "rank0.events.jsonl")).calls
+    assert call.is_async and call.t_return_ns is not None
+    assert (call.t_done_ns is not None) == completion_logged
+    assert pending == {}  # CPU: completed; device: never tracked as pending
+    assert call.t_end_ns == (call.t_done_ns if completion_logged else None)

@@ -184,7 +184,7 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
     if log is not None:
         compute += [(r.t_begin_ns, r.t_end_ns) for r in log.ranges if r.t_end_ns is not None]
         for call in log.calls:
-            end = call.t_done_ns or call.t_return_ns
+            end = call.t_end_ns  # None for GPU work whose completion was not seen: Flight Recorder covers it
             if end is not None:
                 comm.append((call.t_call_ns, end))
             if not call.is_async and call.t_return_ns is not None:

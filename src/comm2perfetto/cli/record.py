@@ -44,11 +44,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"('off' to disable; default {DEFAULT_STALL_AFTER_S:g})")
     p.add_argument("--profile-steps", metavar="A-B", help="record steps A to B with torch.profiler")
     p.add_argument("--sync", action="store_true",
-                   help="synchronise the device around each call (measures completion; changes timing)")
+                   help="synchronise the call's GPU around each call (measures completion; changes timing)")
     p.add_argument("--no-modules", action="store_true",
                    help="do not track nn.Module paths (saves a few microseconds per module call)")
+    p.add_argument("--no-gpu-timing", action="store_true",
+                   help="do not time NCCL collectives with CUDA events (TORCH_NCCL_ENABLE_TIMING; on by default "
+                        "unless you set it)")
     p.add_argument("--fr-buffer", type=int, default=DEFAULT_FR_BUFFER, metavar="N",
                    help=f"Flight Recorder ring size to ask for (default {DEFAULT_FR_BUFFER})")
+    p.add_argument("--on-stall", metavar="CMD",
+                   help="at a stall, run this shell command with the live verdict's JSON on stdin (its path in "
+                        "$COMM2PERFETTO_VERDICT), e.g. 'curl -d @- https://hooks.example/...'; again when it resolves")
+    p.add_argument("--on-stall-timeout", metavar="SECONDS", type=float, default=30.0,
+                   help="kill the --on-stall command after this long (default 30)")
+    p.add_argument("--no-live-verdict", action="store_true",
+                   help="at a stall, only dump stacks; do not gather every rank's position for a verdict while the "
+                        "job hangs")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier recording in DIR")
     # dest is not "command": that is where the top-level parser keeps the subcommand's name (for messages).
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -83,6 +94,10 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError(f"--profile-steps: {exc}") from None
     if args.fr_buffer < 1:
         raise UserError("--fr-buffer must be at least 1")
+    if args.on_stall_timeout <= 0:
+        raise UserError("--on-stall-timeout must be positive")
+    if args.on_stall and (args.no_live_verdict or stall is None):
+        raise UserError("--on-stall needs the live verdict: drop --no-live-verdict and --stall-after off")
     try:
         out_dir = check_out_dir(args.out or default_out_dir())
     except ValueError as exc:
@@ -90,7 +105,8 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
     # A run id the user (or a multi-node launcher script) set is kept: every node's `record` then writes the same.
     run_id = os.environ.get(ENV_RUN_ID) or time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
-                        modules=not args.no_modules, fr_buffer=args.fr_buffer, run_id=run_id)
+                        modules=not args.no_modules, fr_buffer=args.fr_buffer, live=not args.no_live_verdict,
+                        gpu_timing=not args.no_gpu_timing, run_id=run_id)
 
 
 def _existing_recording(out_dir: str) -> list[str]:
@@ -104,7 +120,7 @@ def child_environment(config: RecordConfig, base: dict[str, str] | None = None) 
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", "")) if p)
-    warnings = flight.prepare_environment(env, config.fr_buffer, config.out_dir)
+    warnings = flight.prepare_environment(env, config.fr_buffer, config.out_dir, config.gpu_timing)
     return env, warnings
 
 
@@ -129,7 +145,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr, flush=True)
 
     started = time.time_ns()
-    ending = _run_forwarding_signals(command, env)
+    watcher = None
+    if config.live and config.stall_after_s is not None:
+        from comm2perfetto.cli.live import StallWatcher
+
+        watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
+        watcher.start()
+    try:
+        ending = _run_forwarding_signals(command, env)
+    finally:
+        if watcher is not None:
+            watcher.stop()
     _write_job_file(config, command, started, ending)
     _print_summary(config.out_dir, ending.status, (time.time_ns() - started) / 1e9)
     return ending.status

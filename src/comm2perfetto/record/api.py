@@ -43,11 +43,12 @@ def check_out_dir(path: str) -> str:
 
 def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_STALL_AFTER_S,
            profile_steps: tuple[int, int] | None = None, sync: bool = False, modules: bool = True,
-           fr_buffer: int = DEFAULT_FR_BUFFER) -> str:
+           fr_buffer: int = DEFAULT_FR_BUFFER, gpu_timing: bool = True) -> str:
     """Record this process's communication into ``out_dir`` (what ``comm2perfetto record`` does for you).
 
-    Call it before ``init_process_group`` to also get the largest Flight Recorder buffer; after it works
-    too, and recording starts at once. Returns the output folder.
+    Call it before ``init_process_group`` to also get the largest Flight Recorder buffer and NCCL's GPU timing
+    (both are read when the first process group is created); after it works too, recording starts at once,
+    and a warning says what Flight Recorder ring is in effect. Returns the output folder.
 
     >>> import comm2perfetto
     >>> comm2perfetto.enable("c2p-run", stall_after=30)   # doctest: +SKIP
@@ -55,15 +56,18 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
     from comm2perfetto.record import bootstrap, flight, session
 
     out_dir = check_out_dir(out_dir or default_out_dir())
-    config = RecordConfig(out_dir=out_dir, stall_after_s=stall_after, profile_steps=profile_steps,
-                          sync=sync, modules=modules, fr_buffer=fr_buffer,
-                          run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
-    for warning in flight.prepare_environment(os.environ, fr_buffer, out_dir):
+    dist = sys.modules.get("torch.distributed")
+    started = dist is not None and dist.is_available() and dist.is_initialized()
+    for warning in flight.prepare_environment(os.environ, fr_buffer, out_dir, gpu_timing, group_exists=started):
         print(f"comm2perfetto: {warning}", file=sys.stderr)
+    config = RecordConfig(out_dir=out_dir, stall_after_s=stall_after, profile_steps=profile_steps,
+                          sync=sync, modules=modules,
+                          # after init_process_group the ring has its size: the dump schedule follows it
+                          fr_buffer=flight.ring_in_effect(os.environ) if started else fr_buffer,
+                          gpu_timing=gpu_timing, run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
     session.configure(config)
     bootstrap.install_hooks()
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    if started:
         session.on_default_group(dist.distributed_c10d._get_default_group())
     return out_dir
 

@@ -16,6 +16,8 @@ ENV_SYNC = "COMM2PERFETTO_SYNC"
 ENV_MODULES = "COMM2PERFETTO_MODULES"
 ENV_FR_BUFFER = "COMM2PERFETTO_FR_BUFFER"
 ENV_RUN_ID = "COMM2PERFETTO_RUN_ID"
+ENV_LIVE = "COMM2PERFETTO_LIVE"
+ENV_GPU_TIMING = "COMM2PERFETTO_GPU_TIMING"
 ENV_FAULT = "COMM2PERFETTO_TEST_FAULT"  # tests only: raise inside the recorder to prove training survives
 
 DEFAULT_STALL_AFTER_S = 60.0
@@ -33,7 +35,8 @@ class RecordConfig:
     profile_steps: tuple[int, int] | None = None
     """Inclusive range of steps to record with torch.profiler, or None."""
     sync: bool = False
-    """Synchronise the device around each call so return time is completion time (changes what is measured)."""
+    """Synchronise the call's device around each call so return time is completion time (changes what is
+    measured); CPU tensors and calls during a CUDA graph capture are not synchronised."""
     modules: bool = True
     """Track the nn.Module path and pass of each call (global forward hooks: a few microseconds per module call;
     off by itself after a few steps without a call to attribute)."""
@@ -41,6 +44,11 @@ class RecordConfig:
     """Flight Recorder ring size to ask for when the user has not set a larger one."""
     run_id: str = field(default="")
     """Identifies the job; the same on every rank of one run."""
+    gpu_timing: bool = True
+    """Time NCCL collectives with CUDA events (``TORCH_NCCL_ENABLE_TIMING=1`` unless the user set it), so Flight
+    Recorder has each collective's GPU duration."""
+    live: bool = True
+    """At a stall, gather every rank's position through the job's store for the live verdict (record/live.py)."""
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -50,6 +58,8 @@ class RecordConfig:
             ENV_MODULES: "1" if self.modules else "0",
             ENV_FR_BUFFER: str(self.fr_buffer),
             ENV_RUN_ID: self.run_id,
+            ENV_LIVE: "1" if self.live else "0",
+            ENV_GPU_TIMING: "1" if self.gpu_timing else "0",
         }
         if self.profile_steps is not None:
             env[ENV_PROFILE_STEPS] = f"{self.profile_steps[0]}-{self.profile_steps[1]}"
@@ -71,6 +81,8 @@ class RecordConfig:
             modules=env.get(ENV_MODULES, "1") == "1",
             fr_buffer=int(env.get(ENV_FR_BUFFER, DEFAULT_FR_BUFFER)),
             run_id=env.get(ENV_RUN_ID, ""),
+            live=env.get(ENV_LIVE, "1") == "1",
+            gpu_timing=env.get(ENV_GPU_TIMING, "1") == "1",
         )
 
     def as_header(self) -> dict:

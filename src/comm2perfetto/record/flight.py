@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
@@ -31,36 +32,74 @@ BUFFER_ENV_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX_ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
-def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir: str) -> list[str]:
+TIMING_ENV_VAR = "TORCH_NCCL_ENABLE_TIMING"
+DUMP_ON_TIMEOUT_ENV_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+# Torch's ring size when no variable sets it: 2000 entries from torch 2.11 on, none (Flight Recorder off) before.
+TORCH_DEFAULT_RING = 2000
+
+
+def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir: str, gpu_timing: bool = True,
+                        group_exists: bool = False) -> list[str]:
     """Set FR's environment in ``env`` before any process group exists. Returns warnings for the user.
 
     The user's own buffer size is kept when it is at least ``wanted``; a smaller one is raised, with a
-    warning, because dumps every half ring rely on it. Torch's own timeout dumps are pointed at ``out_dir``
-    unless the user chose a place.
+    warning, because dumps every half ring rely on it. Torch's own timeout dumps are switched on
+    (``TORCH_NCCL_DUMP_ON_TIMEOUT``, off by default on older torch) and pointed at ``out_dir`` unless the user
+    chose otherwise. With ``gpu_timing``, NCCL collectives are timed with CUDA events
+    (``TORCH_NCCL_ENABLE_TIMING``: Flight Recorder then has each entry's ``duration_ms`` and start), unless the
+    user set that variable.
+
+    ``group_exists``: a process group was created already (``enable()`` after ``init_process_group``), so
+    Flight Recorder's ring has its size (read once, when its singleton is made at the first group): the buffer
+    variables are left alone and a warning says what ring is in effect (``ring_in_effect``).
     """
     warnings = []
-    user_value = next((env[k] for k in BUFFER_ENV_VARS if env.get(k)), None)
-    if user_value is not None:
-        try:
-            size = int(user_value)
-        except ValueError:
-            size = 0
-        if size < wanted:
-            warnings.append(
-                f"raising the Flight Recorder buffer from {user_value} to {wanted} entries "
-                f"(TORCH_FR_BUFFER_SIZE) so that no entry is dropped between dumps"
-            )
-        else:
-            wanted = size
-    # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones; older torch only knows those.
     legacy = _torch_older_than(2, 8)
-    for key in BUFFER_ENV_VARS:
-        if key == BUFFER_ENV_VARS[0] or legacy or key in env:
-            env[key] = str(wanted)
+    if group_exists:
+        ring = ring_in_effect(env)
+        if ring < wanted:
+            warnings.append(
+                f"recording started after init_process_group: Flight Recorder's ring holds {ring} entries, the "
+                f"size set when the first process group was created"
+                + (" (Flight Recorder is off: C++-issued collectives such as DDP's are not seen)" if ring == 0 else "")
+                + f"; call comm2perfetto.enable() before init_process_group for {wanted}")
+    else:
+        user_value = next((env[k] for k in BUFFER_ENV_VARS if env.get(k)), None)
+        if user_value is not None:
+            try:
+                size = int(user_value)
+            except ValueError:
+                size = 0
+            if size < wanted:
+                warnings.append(
+                    f"raising the Flight Recorder buffer from {user_value} to {wanted} entries "
+                    f"(TORCH_FR_BUFFER_SIZE) so that no entry is dropped between dumps"
+                )
+            else:
+                wanted = size
+        # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones; older torch only knows those.
+        for key in BUFFER_ENV_VARS:
+            if key == BUFFER_ENV_VARS[0] or legacy or key in env:
+                env[key] = str(wanted)
     if not any(env.get(k) for k in DUMP_PREFIX_ENV_VARS):
         prefix = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
         env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = prefix
+    env.setdefault(DUMP_ON_TIMEOUT_ENV_VAR, "1")
+    if gpu_timing:
+        env.setdefault(TIMING_ENV_VAR, "1")
     return warnings
+
+
+def ring_in_effect(env: dict[str, str] | os._Environ) -> int:
+    """The Flight Recorder ring size torch took from ``env`` (its default when no variable is set)."""
+    for key in BUFFER_ENV_VARS:
+        value = env.get(key)
+        if value:
+            try:
+                return max(int(value), 0)
+            except ValueError:
+                return 0
+    return 0 if _torch_older_than(2, 11) else TORCH_DEFAULT_RING
 
 
 def _torch_older_than(major: int, minor: int) -> bool:
@@ -127,6 +166,9 @@ class FlightRecorderDumps:
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
         being written, possibly by the very thread the handler interrupted."""
+        if capture.active:  # a dump queries CUDA events: that would invalidate the capture
+            self._recorder.warn(f"Flight Recorder {reason} dump skipped: a CUDA graph capture was in progress")
+            return
         if not self._lock.acquire(blocking=wait):
             self._recorder.warn(f"Flight Recorder {reason} dump skipped: another dump was in progress")
             return
@@ -186,17 +228,17 @@ class FlightRecorderDumps:
                     out[(kind, pg_id)] = completed + 1
         return out
 
-    def describe(self, kind: str, pg_id: str, seq: int) -> tuple[str, str]:
-        """(profiling name, group name) of one active entry, for the stall message; best effort."""
+    def active_entry(self, kind: str, pg_id: str, seq: int) -> tuple[str, str, str] | None:
+        """(profiling name, group name, group description) of one entry, or None; best effort."""
         dumper = self._generic_json if kind == "fr" else self._nccl_json
         try:
             for entry in orjson.loads(dumper(True, True)).get("entries", []):
                 if str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq:
-                    group = entry.get("process_group") or ["?", "?"]
-                    return entry.get("profiling_name", "?"), f"{group[1] or group[0]}"
+                    group = entry.get("process_group") or ["?", ""]
+                    return entry.get("profiling_name", "?"), str(group[0]), str(group[1] or "")
         except Exception:
             pass
-        return "collective", f"pg_id {pg_id}"
+        return None
 
     def at_step(self, _step: int) -> None:
         """``maybe_dump`` at a step boundary, at most once per ``_step_check_ns``. Right after an optimizer step
@@ -208,8 +250,8 @@ class FlightRecorderDumps:
             self.maybe_dump()
 
     def maybe_dump(self) -> None:
-        """Dump when about half a ring of entries accumulated since the last dump."""
-        if self._issued() - self._issued_at_last_dump >= self._buffer_size // 2:
+        """Dump when about half a ring of entries accumulated since the last dump (never with no ring)."""
+        if self._buffer_size > 0 and self._issued() - self._issued_at_last_dump >= self._buffer_size // 2:
             self.dump("periodic")
 
     def _issued(self) -> int:

@@ -26,9 +26,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _range_ids = itertools.count(1)
 
+DEFAULT_DOMAIN = "NVTX"
+# The recorder's own ranges (``c10d:all_reduce`` around each recorded call) go to a domain of their own, so an
+# Nsight Systems user can show or hide them apart from the job's ranges.
+OWN_DOMAIN = "comm2perfetto"
+OWN_CATEGORY = "collective"
 
-def begin(name: str, source: str) -> None:
-    """Record that ``name`` opened on this thread (no-op when not recording)."""
+
+def begin(name: str, source: str, domain: str | None = None) -> None:
+    """Record that ``name`` opened on this thread, in NVTX ``domain`` (no-op when not recording)."""
     rec = state.recorder
     if rec is None:
         return
@@ -36,28 +42,44 @@ def begin(name: str, source: str) -> None:
         rid = next(_range_ids)
         t = time.time_ns()
         thread = state.threads.state
+        domain = _domain_key(domain)
         thread.ids += (rid,)
         thread.names += (name,)
-        rec.log.write(["r", rid, t, name, thread.tid, source])
+        thread.domains += (domain,)
+        record = ["r", rid, t, name, thread.tid, source]
+        if domain is not None:
+            record.append(domain)
+        rec.log.write(record)
     except Exception as exc:  # never let recording break the caller
         rec.fault(exc)
 
 
-def end() -> None:
-    """Record that this thread's innermost recorded range closed."""
+def end(domain: str | None = None) -> None:
+    """Record that this thread's innermost recorded range of NVTX ``domain`` closed."""
     rec = state.recorder
     if rec is None:
         return
     thread = state.threads.state
-    ids = thread.ids
-    if not ids:
+    domains = thread.domains
+    domain = _domain_key(domain)
+    i = len(domains) - 1
+    while i >= 0 and domains[i] != domain:
+        i -= 1
+    if i < 0:
         return
     try:
-        thread.ids = ids[:-1]
-        thread.names = thread.names[:-1]
-        rec.log.write(["q", ids[-1], time.time_ns()])
+        rid = thread.ids[i]
+        thread.ids = thread.ids[:i] + thread.ids[i + 1:]
+        thread.names = thread.names[:i] + thread.names[i + 1:]
+        thread.domains = domains[:i] + domains[i + 1:]
+        rec.log.write(["q", rid, time.time_ns()])
     except Exception as exc:
         rec.fault(exc)
+
+
+def _domain_key(domain: str | None) -> str | None:
+    """NVTX's default domain is None or "NVTX" (the name ``nvtx.get_domain(None)`` gives it)."""
+    return None if domain in (None, "", DEFAULT_DOMAIN) else domain
 
 
 def mark(name: str, source: str) -> None:
@@ -102,13 +124,22 @@ def collector_attached() -> bool:
     return nvtx.get_domain(None) is not impl.dummy_domain
 
 
-def emit_push(name: str) -> None:
+def emit_push(name: str, domain: str | None = None, category: str | None = None) -> None:
     _load_nvtx()
-    _nvtx_push(name)  # type: ignore[misc]
+    _nvtx_push(name, domain=domain, category=category)  # type: ignore[misc]
 
 
-def emit_pop() -> None:
-    _nvtx_pop()  # type: ignore[misc]
+def emit_pop(domain: str | None = None) -> None:
+    _nvtx_pop(domain=domain)  # type: ignore[misc]
+
+
+def emit_own_push(call_name: str) -> None:
+    """The recorder's range around a recorded call, in its own domain."""
+    emit_push("c10d:" + call_name, OWN_DOMAIN, OWN_CATEGORY)
+
+
+def emit_own_pop() -> None:
+    emit_pop(OWN_DOMAIN)
 
 
 class range:  # noqa: N801  (reads like contextlib helpers: `with comm2perfetto.range("fwd"):`)
@@ -166,14 +197,15 @@ def mirror_nvtx_package(nvtx_module: Any) -> None:
     push_orig, pop_orig = impl.push_range, impl.pop_range
     mark_orig = impl.mark
 
-    def push_range(message: str | None = None, *args: Any, **kwargs: Any) -> Any:
-        result = push_orig(message, *args, **kwargs)
-        begin(message or "", "nvtx")
+    def push_range(message: str | None = None, color: Any = "blue", domain: str | None = None,
+                   *args: Any, **kwargs: Any) -> Any:
+        result = push_orig(message, color, domain, *args, **kwargs)
+        begin(message or "", "nvtx", domain)
         return result
 
-    def pop_range(*args: Any, **kwargs: Any) -> Any:
-        result = pop_orig(*args, **kwargs)
-        end()
+    def pop_range(domain: str | None = None) -> Any:
+        result = pop_orig(domain)
+        end(domain)
         return result
 
     def mark_(message: str | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -191,24 +223,25 @@ def mirror_nvtx_package(nvtx_module: Any) -> None:
 
     def __enter__(self: Any) -> Any:
         result = enter_orig(self)
-        begin(self.init_args[0] or "", "nvtx")
+        begin(self.init_args[0] or "", "nvtx", self.init_args[2])
         return result
 
     def __exit__(self: Any, *exc: Any) -> Any:
-        end()
+        end(self.init_args[2])
         return exit_orig(self, *exc)
 
     def __call__(self: Any, func: Callable[..., Any]) -> Any:
         inner = call_orig(self, func)
         name = self.init_args[0] or getattr(func, "__name__", "")
+        domain = self.init_args[2]
 
         @functools.wraps(func)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            begin(name, "nvtx")
+            begin(name, "nvtx", domain)
             try:
                 return inner(*args, **kwargs)
             finally:
-                end()
+                end(domain)
 
         return recorded
 

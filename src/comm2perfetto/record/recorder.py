@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from comm2perfetto.record import capture, state
 from comm2perfetto.record import nvtx as nvtx_ranges
-from comm2perfetto.record import state
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
@@ -113,8 +113,9 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec._append(data)
             except (ValueError, TypeError):  # the mapping is full (or closed)
                 rec.log.write_bytes(data)
-            if rec._extras:
-                rec._extras_before(call)
+            if capture.active:  # captured into a CUDA graph: issued at each replay, not now
+                rec._write(["v", cid])
+            synced = rec._extras_before(call, args, kwargs) if rec._extras else None
         except Exception as exc:
             rec.fault(exc)
             return original(*args, **kwargs)
@@ -133,12 +134,14 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
 
         try:
             if rec._extras:
-                rec._extras_after()
+                rec._extras_after(cid, synced)
             if not call.single and counter is not None:  # several collectives, or a p2p op
                 raw_after = counter()
                 if not call.collective:
                     info.p2p_consumed += raw_after - raw_seq
                 seq = raw_after - info.p2p_consumed
+            if not async_op:
+                info.returned = seq
             data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
             try:
                 rec._append(data)
@@ -146,7 +149,10 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec.log.write_bytes(data)
             # Async work stays pending until its future completes. A functional collective returns an
             # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
-            if result is not None and not call.functional and not rec._sync:
+            # Work on a GPU gets no `d` record: its future completes at enqueue (Work.get_future's docstring:
+            # "for GPU work, fut.done() returns true only whether the operation has been enqueued"), so only
+            # Flight Recorder's state tells when it is done.
+            if result is not None and not call.functional and not rec._sync and rec._cpu_work(call, args, kwargs):
                 futures = _futures_of(result if isinstance(result, list) else (result,))
                 if futures:
                     rec._on_completion(record, futures)
@@ -176,13 +182,21 @@ class _GroupInfo:
     numbers: ``p2p_consumed`` counts those, so recorded sequence numbers are always Flight Recorder's.
     """
 
-    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed")
+    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed", "name", "desc", "ranks", "backend", "returned")
 
-    def __init__(self, gid: int, seq_counter: Any, group: Any) -> None:
+    def __init__(self, gid: int, seq_counter: Any, group: Any, name: str = "", desc: str = "",
+                 ranks: list[int] | None = None, backend: str = "") -> None:
         self.gid = gid
         self.seq_counter = seq_counter
         self.group = group  # keeps the id() key valid for the group's lifetime
         self.p2p_consumed = 0
+        self.name = name  # c10d's group name, Flight Recorder's process_group[0]
+        self.desc = desc
+        self.ranks = ranks or []
+        self.backend = backend
+        # The collective sequence number when the last synchronous call on this group returned (None: none
+        # yet). On a CPU backend that call had completed.
+        self.returned: int | None = None
 
 
 class Recorder:
@@ -257,18 +271,29 @@ class Recorder:
         self._default_group = pg
         self._default_info = None
 
-    def _extras_before(self, call: BoundSpec) -> None:
-        """Opt-in work around a call: device sync (--sync), NVTX emission when a collector is attached."""
-        if self._sync:
-            self._torch.cuda.synchronize()
+    def _extras_before(self, call: BoundSpec, args: tuple, kwargs: dict) -> Any:
+        """Opt-in work around a call: NVTX emission when a collector is attached, and with --sync a
+        synchronisation of the device the call's tensors are on (not the current device: a rank that passed
+        ``device_id`` to init_process_group without set_device would open a context on GPU 0). CPU tensors
+        (gloo: returning is completing) and calls during a CUDA graph capture (where a synchronisation is
+        illegal) are not synchronised. Returns the device synchronised, for ``_extras_after``."""
+        device = None
+        if self._sync and not capture.active:
+            tensor = _first_tensor(call, args, kwargs, self._tensor_type)
+            if tensor is not None and tensor.device.type == "cuda":
+                device = tensor.device
+                self._torch.cuda.synchronize(device)
         if self._emit_nvtx:
-            nvtx_ranges.emit_push("c10d:" + call.name)
+            nvtx_ranges.emit_own_push(call.name)
+        return device
 
-    def _extras_after(self) -> None:
-        if self._sync:
-            self._torch.cuda.synchronize()
+    def _extras_after(self, cid: int, synced: Any) -> None:
+        """After a synchronised call the work is done: a `d` record says when."""
+        if synced is not None:
+            self._torch.cuda.synchronize(synced)
+            self._write(["d", cid, _time_ns()])
         if self._emit_nvtx:
-            nvtx_ranges.emit_pop()
+            nvtx_ranges.emit_own_pop()
 
     def _on_completion(self, record: list, futures: list[Any]) -> None:
         cid = record[1]
@@ -290,10 +315,16 @@ class Recorder:
         for future in futures:
             future.add_done_callback(done)
 
+    def _cpu_work(self, call: BoundSpec, args: tuple, kwargs: dict) -> bool:
+        """Whether the call's work runs on the CPU (gloo), where a work's future completes with the work.
+        Decided by its first tensor (a group can hold a CPU and a GPU backend); no tensor: CPU."""
+        tensor = _first_tensor(call, args, kwargs, self._tensor_type)
+        return tensor is None or tensor.device.type == "cpu"
+
     def _raised(self, cid: int, exc: BaseException) -> None:
         try:
             if self._emit_nvtx:
-                nvtx_ranges.emit_pop()
+                nvtx_ranges.emit_own_pop()
             self._write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
             self.pending.pop(cid, None)
         except Exception as inner:
@@ -402,11 +433,32 @@ class Recorder:
                 counter()
             except Exception:  # backends without a sequence counter
                 counter = None
-        info = _GroupInfo(gid, counter, group)
+        info = _GroupInfo(gid, counter, group, str(name), desc, list(ranks), backend)
         self._groups[id(group)] = info
         self._group_list.append(info)
         self._write(["g", gid, name, desc, ranks, backend])
         return info
+
+    @property
+    def internal_roots(self) -> tuple[str, ...]:
+        """Path prefixes of frames that are not user code: torch, comm2perfetto, decorator layers."""
+        return self._internal_roots
+
+    def groups(self) -> list[_GroupInfo]:
+        """The groups declared so far, in declaration order (``g`` records)."""
+        return list(self._group_list)
+
+    def completed_on_cpu(self, group_name: str, seq: int) -> bool:
+        """Whether the patch layer saw collective ``seq`` of this group complete: a synchronous call on gloo
+        returned at or after it. Gloo's Flight Recorder status can lag behind that (seen on 2.13: a rank idle
+        after a collective still showed it unfinished seconds later), and this evidence wins."""
+        for info in self._group_list:
+            if info.name == group_name and "gloo" in info.backend:
+                return info.returned is not None and seq <= info.returned
+        return False
+
+    def group_name(self, gid: int) -> str:
+        return self._group_list[gid].name if 0 <= gid < len(self._group_list) else str(gid)
 
     def _call_site(self, frame: Any) -> int | None:
         """Interned ``file:line function`` of the first frame outside torch and comm2perfetto, from the
@@ -532,6 +584,22 @@ def _numel(shape: Any) -> int:
     for dim in shape:
         total *= dim
     return total
+
+
+def _first_tensor(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Any:
+    """The first input tensor of a call (in a list, or a P2POp's), or None."""
+    n = len(args)
+    for pos, name in call.inputs:
+        value = args[pos] if pos < n else kwargs.get(name)
+        if value is None:
+            continue
+        if isinstance(value, tensor_type):
+            return value
+        for item in value:
+            item = item if isinstance(item, tensor_type) else getattr(item, "tensor", None)
+            if isinstance(item, tensor_type):
+                return item
+    return None
 
 
 def _futures_of(works: Any) -> list[Any]:

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from comm2perfetto import layout
-from comm2perfetto.record import clock, state
+from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
 from comm2perfetto.record.flight import FlightRecorderDumps
 from comm2perfetto.record.log import EventLog
@@ -83,6 +83,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     rec.declare_group(pg)
     rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
     rec.steps.install()
+    capture.install(torch)
     rec.steps.listeners.append(rec.flight.at_step)
     if rec.modules is not None:
         rec.modules.install()
@@ -100,7 +101,12 @@ def start(config: RecordConfig, pg: Any) -> None:
     profiler.install()
     if store is not None:
         clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
-    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir)
+    live = None
+    if store is not None and config.live and config.stall_after_s is not None:
+        from comm2perfetto.record.live import LiveVerdict
+
+        live = LiveVerdict(rec, store, config.out_dir, world_size, _int_env("LOCAL_RANK"))
+    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir, live=live)
     watchdog.start()
     _parts["watchdog"] = watchdog
     _install_exit_handlers()
@@ -121,6 +127,7 @@ def stop(reason: str, wait: bool = True) -> None:
             profiler.uninstall()
         rec.dump_flight_recorder(reason, wait)
         rec.steps.uninstall()
+        capture.uninstall()
         if rec.modules is not None:
             rec.modules.uninstall()
     except Exception as exc:

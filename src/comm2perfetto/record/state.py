@@ -20,7 +20,7 @@ class ThreadState:
     """What is known about one thread: read by a recorded call in one thread-local lookup (each attribute of a
     ``threading.local`` costs a lookup of its own)."""
 
-    __slots__ = ("tid", "call", "names", "ids", "stack", "root_start", "ends", "paths", "root_starts", "roots",
+    __slots__ = ("tid", "call", "names", "ids", "domains", "stack", "root_start", "ends", "paths", "root_starts", "roots",
                  "__weakref__")
 
     def __init__(self) -> None:
@@ -30,6 +30,9 @@ class ThreadState:
         self.call: list | None = None
         self.names: tuple[str, ...] = ()  # open NVTX / comm2perfetto ranges, outermost first
         self.ids: tuple[int, ...] = ()  # their range ids
+        # Their NVTX domains (None: the default one). NVTX keeps a stack per domain and thread: a pop closes
+        # the innermost range of its own domain, which need not be the innermost range overall.
+        self.domains: tuple[str | None, ...] = ()
         # What context.ModuleTracker keeps. The running modules, outermost first, with their paths:
         self.stack: list[tuple[Any, str]] = []
         self.root_start = 0  # the autograd sequence number when the outermost running module began

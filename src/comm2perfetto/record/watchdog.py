@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
+    from comm2perfetto.record.live import LiveVerdict
     from comm2perfetto.record.recorder import Recorder
 
 GEN_KEY = "comm2perfetto/stall_gen"
@@ -41,9 +43,13 @@ HEARTBEAT_NS = 1_000_000_000  # an `h` record at most this often (docs/log-forma
 
 class Watchdog:
     def __init__(self, recorder: Recorder, store: Any, stall_after_s: float | None, out_dir: str,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, live: LiveVerdict | None = None) -> None:
         self._recorder = recorder
         self._store = store
+        self._live = live if store is not None else None
+        # Stalls this rank detected whose trigger has not completed yet: gen -> cid, or the Flight Recorder
+        # item ((kind, pg_id), seq) for a collective the patch layer does not see.
+        self._open_stalls: dict[int, Any] = {}
         self._stall_ns = None if stall_after_s is None else int(stall_after_s * 1e9)
         self._out_dir = out_dir
         self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
@@ -87,6 +93,8 @@ class Watchdog:
             # because its process died, not because it still runs.
             self._last_heartbeat_ns = now
             rec.log.write(["h", now])
+        if capture.active:  # Flight Recorder's dumps and status query CUDA events: not during a capture
+            return
         if rec.flight is not None:
             rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()
@@ -105,6 +113,20 @@ class Watchdog:
             self._check_flight_recorder(now)
         if self._store is not None:
             self._check_remote()
+        if self._live is not None:
+            self._check_resolved()
+            self._live.tick()
+
+    def _check_resolved(self) -> None:
+        """Tell the live verdict when a stall this rank detected is over: its call completed."""
+        if not self._open_stalls:
+            return
+        in_flight = {record[1] for record in self._recorder.in_flight()}
+        fr_items = set(self._fr_first_seen)
+        for gen, trigger in list(self._open_stalls.items()):
+            if trigger not in (in_flight if isinstance(trigger, int) else fr_items):
+                del self._open_stalls[gen]
+                self._live.resolved(gen)
 
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in collectives the patch layer never sees (DDP's, FSDP's): a group whose first unfinished
@@ -119,12 +141,15 @@ class Watchdog:
             if now - since > self._stall_ns and item not in self._fr_reported:
                 self._fr_reported.add(item)
                 (kind, pg_id), seq = item
-                op, group = self._recorder.flight.describe(kind, pg_id, seq)
-                self._on_local_stall(None, op, group, seq, since, "fr_pending")
+                found = self._recorder.flight.active_entry(kind, pg_id, seq)
+                if found is not None and self._recorder.completed_on_cpu(found[1], seq):
+                    continue  # gloo's status lagging behind a call the patch layer saw return
+                op, group = (found[0], found[2] or found[1]) if found is not None else ("collective", f"pg_id {pg_id}")
+                self._on_local_stall(None, op, group, seq, since, "fr_pending", fr_item=item)
                 break
 
     def _on_local_stall(self, cid: int | None, op: str, group: int | str, seq: int | None, t_begin: int,
-                        reason: str) -> None:
+                        reason: str, fr_item: Any = None) -> None:
         rec = self._recorder
         waited_s = (time.time_ns() - t_begin) / 1e9
         print(f"comm2perfetto: rank {rec.rank}: {op} (group {group}, seq {seq}) pending for {waited_s:.0f}s; "
@@ -134,7 +159,24 @@ class Watchdog:
             gen = self._store.add(GEN_KEY, 1)
             self._store.set(STALL_KEY.format(gen), orjson.dumps(info))
             self._seen_gen = max(self._seen_gen, gen)
+            if self._live is not None:
+                self._open_stalls[gen] = cid if cid is not None else fr_item
+                self._live.on_stall(gen, self._fr_pending())
         self._dump(reason, rec.rank, cid)
+
+    def _fr_pending(self) -> dict[str, dict]:
+        """The collectives Flight Recorder shows unfinished, by group name, for the live verdict."""
+        flight = self._recorder.flight
+        out: dict[str, dict] = {}
+        if flight is None:
+            return out
+        for ((kind, pg_id), seq), since in self._fr_first_seen.items():
+            found = flight.active_entry(kind, pg_id, seq)
+            if found is not None and not self._recorder.completed_on_cpu(found[1], seq):
+                profiling_name, name, desc = found
+                op = profiling_name.partition(":")[2].split(" ")[0] or profiling_name
+                out.setdefault(name, {"op": op, "seq": seq, "since_ns": since, "desc": desc})
+        return out
 
     def _check_remote(self) -> None:
         gen = self._store.add(GEN_KEY, 0)
@@ -146,6 +188,8 @@ class Watchdog:
             trigger = orjson.loads(self._store.get(key)).get("rank")
         self._seen_gen = gen
         if trigger != self._recorder.rank:
+            if self._live is not None:
+                self._live.on_stall(gen, self._fr_pending())
             self._dump("remote", trigger, None)
 
     def _dump(self, reason: str, trigger_rank: int | None, cid: int | None) -> None:

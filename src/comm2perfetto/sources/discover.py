@@ -9,6 +9,7 @@ Files are told apart by their first bytes, never by their names (which vary: ``n
     {"format": "comm2perfetto-stacks"...                            -> stall stacks
     {"schemaVersion": 1, "traceEvents": [...]       JSON or gzip  -> Kineto trace
     job.json                                                        -> the recorder's job summary
+    {"format": "comm2perfetto-stall-verdict"...                     -> record's live verdict (not read)
 
 Unreadable, truncated or unknown files are skipped and listed; nothing usable at all is an error. Only
 regular files are opened, none is read beyond ``limits.MAX_FILE_BYTES`` (after gzip), and a rank outside the
@@ -41,6 +42,7 @@ from comm2perfetto.sources.safe_pickle import looks_like_pickle
 HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"
+VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
 class SourceError(Exception):
@@ -114,6 +116,8 @@ def _classify_json(head: bytes, name: str) -> str | None:
         return FR
     if name == "job.json" or b'"comm2perfetto-job"' in head:
         return JOB
+    if b'"comm2perfetto-stall-verdict"' in head:
+        return VERDICT
     return None
 
 

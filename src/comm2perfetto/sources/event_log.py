@@ -75,11 +75,15 @@ class Call:
     seq_last: int | None = None
     error: str | None = None
     functional: bool = False
+    captured: bool = False  # captured into a CUDA graph: issued at each replay, which no source sees
 
     @property
     def t_end_ns(self) -> int | None:
-        """Completion when known, otherwise return (synchronous calls on CPU backends)."""
-        return self.t_done_ns if self.t_done_ns is not None else self.t_return_ns
+        """Completion when known; otherwise return for a synchronous call (completion on a CPU backend), and
+        None for an async call whose completion was not seen (GPU work: its future completes at enqueue)."""
+        if self.t_done_ns is not None:
+            return self.t_done_ns
+        return None if self.is_async else self.t_return_ns
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Range:
     source: str
     t_begin_ns: int
     t_end_ns: int | None = None
+    domain: str | None = None  # the NVTX domain, None for the default one
 
 
 @dataclass
@@ -374,6 +379,8 @@ class _Builder:
             call.seq_last = r[3]
         elif kind == "d":
             self._ended(self.calls[r[1]].t_call_ns, r).t_done_ns = r[2]
+        elif kind == "v":
+            self.calls[r[1]].captured = True
         elif kind == "x":
             call = self._ended(self.calls[r[1]].t_call_ns, r)
             call.t_return_ns = r[2]
@@ -389,7 +396,8 @@ class _Builder:
                 raise ValueError(f"group {r[2]!r} lists ranks outside the {log.world_size}-rank job")
             log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5])
         elif kind == "r":
-            rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5])
+            rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5],
+                        domain=r[6] if len(r) > 6 and isinstance(r[6], str) else None)
             self.ranges[rng.rid] = rng
             log.ranges.append(rng)
         elif kind == "q":

@@ -1,0 +1,185 @@
+"""The live verdict's launcher side: ``comm2perfetto record`` prints who a stalled job waits for, while it hangs.
+
+A thread of ``record`` watches the recording folder for the snapshots the job's ranks gather at a stall
+(record/live.py writes ``.live/stall.<gen>.json``, and ``.live/stall.<gen>.resolved.json`` when the stall is
+over). Each time the picture changes (a new verdict, or every open stall resolved) it prints the verdict in
+diagnose's words, writes it to ``stall-verdict.json`` and runs the user's ``--on-stall`` command with that
+JSON on stdin and its path in ``COMM2PERFETTO_VERDICT``. The command runs in a session of its own, is killed
+after ``--on-stall-timeout`` seconds, and whatever it does only reaches ``.live/on-stall.log``: the job never
+waits for it. The event written and handed to the command::
+
+    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1,
+     "t_ns": 1795313447406614332, "folder": "/home/me/run1", "verdict": {...diagnose --format json...}}
+
+``event`` is ``stall`` or ``resolved`` (then ``verdict`` is the one that was resolved).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+import orjson
+
+from comm2perfetto import layout
+
+EVENT_FORMAT = "comm2perfetto-stall-verdict"
+DEFAULT_HOOK_TIMEOUT_S = 30.0
+ENV_VERDICT_PATH = "COMM2PERFETTO_VERDICT"
+ENV_EVENT = "COMM2PERFETTO_EVENT"
+_SNAPSHOT = re.compile(r"^stall\.(\d+)\.json$")
+_RESOLVED = re.compile(r"^stall\.(\d+)\.resolved\.json$")
+
+
+class StallWatcher:
+    """Polls ``out_dir`` for live snapshots on a daemon thread; ``stop()`` ends it and waits for the commands."""
+
+    def __init__(self, out_dir: str, on_stall: str | None = None, hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
+                 err: TextIO | None = None, poll_s: float = 0.5) -> None:
+        self._out_dir = out_dir
+        self._live_dir = os.path.join(out_dir, layout.LIVE_DIR)
+        self._on_stall = on_stall
+        self._hook_timeout_s = hook_timeout_s
+        self._err = err if err is not None else sys.stderr
+        self._poll_s = poll_s
+        self._handled: set[int] = set()
+        self._open: set[int] = set()
+        self._resolved: set[int] = set()
+        self._shown_key: Any = None
+        self._shown: dict[str, Any] | None = None
+        # The user's command runs on a thread of its own, one event after the other (a stall is announced
+        # before its resolution), so a slow command never holds up the watching.
+        self._hook_queue: queue.Queue[tuple[str, bytes, str] | None] = queue.Queue()
+        self._hook_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="comm2perfetto-live", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the watching (after a last look: the job may have gathered a snapshot as it ended) and wait for
+        the commands still running, each at most its timeout."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.poll()
+        if self._hook_thread is not None:
+            self._hook_queue.put(None)
+            self._hook_thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # a bug here must not take record (and the job's signals) down
+                self._say(f"live verdict stopped after an internal error: {type(exc).__name__}: {exc}")
+                return
+
+    def poll(self) -> None:
+        try:
+            names = sorted(os.listdir(self._live_dir))
+        except OSError:
+            return
+        for name in names:
+            m = _SNAPSHOT.match(name)
+            if m and int(m[1]) not in self._handled:
+                self._handled.add(int(m[1]))
+                self._on_snapshot(int(m[1]), os.path.join(self._live_dir, name))
+        for name in names:
+            m = _RESOLVED.match(name)
+            if m and int(m[1]) in self._handled and int(m[1]) not in self._resolved:
+                self._resolved.add(int(m[1]))
+                self._open.discard(int(m[1]))
+                if not self._open and self._shown is not None:
+                    self._publish("resolved", int(m[1]), self._shown)
+                    self._shown, self._shown_key = None, None
+
+    def _on_snapshot(self, gen: int, path: str) -> None:
+        from comm2perfetto.analysis.live import live_diagnosis
+        from comm2perfetto.cli.diagnose import render_text
+        from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
+
+        try:
+            diagnosis = live_diagnosis(read_snapshot(path))
+        except LiveSnapshotError as exc:
+            self._say(f"live verdict: {exc}")
+            return
+        self._open.add(gen)
+        verdict = diagnosis.to_json()
+        key = [(f["kind"], f["group_uid"], f["seq"], f["culprit_ranks"]) for f in verdict["findings"]]
+        if key == self._shown_key:  # another rank's report of the same stall
+            return
+        self._shown_key, self._shown = key, verdict
+        text = io.StringIO()
+        render_text(diagnosis, text)
+        self._say(f"live verdict at stall {gen} (the job is still running):\n{text.getvalue()}".rstrip())
+        self._publish("stall", gen, verdict)
+
+    def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
+        doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "t_ns": time.time_ns(),
+               "folder": os.path.abspath(self._out_dir), "verdict": verdict}
+        data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+        path = os.path.join(self._out_dir, layout.STALL_VERDICT_FILE)
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        if event == "resolved":
+            self._say(f"stall {gen} resolved: the job went on ({path})")
+        else:
+            self._say(f"verdict written to {path}")
+        if self._on_stall:
+            if self._hook_thread is None:
+                self._hook_thread = threading.Thread(target=self._run_hooks, name="comm2perfetto-on-stall",
+                                                     daemon=True)
+                self._hook_thread.start()
+            self._hook_queue.put((event, data, path))
+
+    def _run_hooks(self) -> None:
+        while (item := self._hook_queue.get()) is not None:
+            self._run_hook(*item)
+
+    def _run_hook(self, event: str, data: bytes, path: str) -> None:
+        """Run the user's command with the event on stdin; kill it (and its children) after the timeout."""
+        os.makedirs(self._live_dir, exist_ok=True)
+        log_path = os.path.join(self._live_dir, "on-stall.log")
+        env = dict(os.environ, **{ENV_VERDICT_PATH: path, ENV_EVENT: event})
+        with open(log_path, "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {event}: {self._on_stall}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(self._on_stall, shell=True, stdin=subprocess.PIPE, stdout=log, stderr=log,
+                                        env=env, start_new_session=True)
+            except OSError as exc:
+                self._say(f"--on-stall could not start: {exc}")
+                return
+            try:
+                proc.stdin.write(data)
+                proc.stdin.close()
+            except OSError:  # the command did not read its input
+                pass
+            try:
+                status = proc.wait(timeout=self._hook_timeout_s)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                self._say(f"--on-stall command killed after {self._hook_timeout_s:g} s (see {log_path})")
+                return
+        if status != 0:
+            self._say(f"--on-stall command exited with status {status} (see {log_path})")
+
+    def _say(self, text: str) -> None:
+        self._err.write("".join(f"comm2perfetto: {line}\n" if i == 0 else f"{line}\n"
+                                for i, line in enumerate(text.split("\n"))))
+        self._err.flush()

@@ -1,0 +1,318 @@
+"""The live verdict without a job: snapshots as record/live.py writes them, read, judged and watched."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from comm2perfetto import layout
+from comm2perfetto.analysis.live import live_diagnosis
+from comm2perfetto.cli.live import StallWatcher
+from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
+
+T0 = 1_795_313_447_000_000_000
+
+
+def _rank(rank: int, issued: int | None, pending: tuple[str, int, float] | None = None, stack=None,
+          group: str = "0", members=(0, 1, 2)) -> dict:
+    """One rank summary; ``pending`` is (op, seq, seconds after T0 it began)."""
+    p = None if pending is None else {"op": pending[0], "seq": pending[1], "since_ns": T0 + int(pending[2] * 1e9),
+                                      "source": "patch"}
+    return {"rank": rank, "host": "node0", "pid": 100 + rank, "t_ns": T0 + 10**10, "step": 3,
+            "groups": {group: {"desc": "default_pg", "ranks": list(members), "issued": issued, "pending": p}},
+            "stack": list(stack if stack is not None else [f"train.py:{50 + rank} main"])}
+
+
+def _snapshot(*ranks: dict, world: int = 3) -> dict:
+    return {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": world, "gathered_ns": T0,
+            "gathered_by": 0, "ranks": list(ranks)}
+
+
+def _write(folder: Path, name: str, doc: dict) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(doc))
+    return path
+
+
+def _verdict(tmp_path: Path, snapshot: dict):
+    return live_diagnosis(read_snapshot(str(_write(tmp_path, "s.json", snapshot))))
+
+
+def test_a_rank_that_never_issued_the_collective_is_the_culprit(tmp_path):
+    d = _verdict(tmp_path, _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0), ["train.py:57 main"]),
+        _rank(1, 4, ("all_reduce", 4, 0.2)),
+        _rank(2, 3, None, ["data.py:88 next_batch", "train.py:55 main"]),
+    ))
+    assert d.status == "stuck"
+    (f,) = d.findings
+    assert (f.kind, f.process_group, f.op, f.seq) == ("missing_ranks", "default_pg", "all_reduce", 4)
+    assert (f.culprit_ranks, f.ranks_joined, f.ranks_missing) == ((2,), (0, 1), (2,))
+    assert f.stacks == {2: ("data.py:88 next_batch", "train.py:55 main")}
+    assert f.call_sites == {0: "train.py:57", 1: "train.py:51"}
+    assert "rank 2 had not issued all_reduce #4 on default_pg" in f.detail
+    assert "Rank 2's last collective on default_pg was #3; it was at data.py:88 next_batch." in f.detail
+
+
+def test_every_rank_waiting_names_the_last_to_arrive(tmp_path):
+    d = _verdict(tmp_path, _snapshot(
+        _rank(0, 7, ("all_gather", 7, 0.0)), _rank(1, 7, ("all_gather", 7, 1.5)), _rank(2, 7, ("all_gather", 7, 0.1)),
+    ))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.seq) == ("stuck", "stuck_all_joined", (1,), 7)
+    assert "The last to arrive was rank 1, 1.5 s after the first." in f.detail
+
+
+def test_different_ops_at_one_seq_blame_the_minority(tmp_path):
+    d = _verdict(tmp_path, _snapshot(
+        _rank(0, 5, ("all_reduce", 5, 0.0)), _rank(1, 5, ("broadcast", 5, 0.0)), _rank(2, 5, ("all_reduce", 5, 0.0)),
+    ))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks) == ("desync", "op_mismatch", (1,))
+    assert "ranks 0, 2: all_reduce; rank 1: broadcast" in f.detail
+
+
+def test_a_rank_that_did_not_answer_is_a_suspect_not_a_culprit_by_guess(tmp_path):
+    d = _verdict(tmp_path, _snapshot(_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.0))))
+    (f,) = d.findings
+    assert (f.kind, f.ranks_missing, f.culprit_ranks) == ("no_dump", (2,), (2,))
+    assert "did not answer the live gather" in f.detail
+    assert d.status == "incomplete"
+
+
+def test_an_absent_rank_outside_the_stalled_group_is_named_once(tmp_path):
+    d = _verdict(tmp_path, _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0), members=(0, 1)), _rank(1, 3, None, members=(0, 1)),
+    ))
+    assert [(f.kind, f.culprit_ranks) for f in d.findings] == [("missing_ranks", (1,)), ("no_dump", (2,))]
+
+
+def test_no_rank_waiting_is_no_finding(tmp_path):
+    d = _verdict(tmp_path, _snapshot(_rank(0, 4), _rank(1, 4), _rank(2, 4)))
+    assert (d.status, d.findings) == ("ok", ())
+
+
+@pytest.mark.parametrize("bad", [
+    {"rank": "zero"}, {"rank": 7}, {"rank": -1}, "text", None,
+])
+def test_bad_rank_summaries_are_dropped(tmp_path, bad):
+    d = _verdict(tmp_path, _snapshot(_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 3), bad, world=2))
+    assert d.ranks_with_data == (0, 1)
+    assert d.findings[0].culprit_ranks == (1,)
+
+
+def test_bad_fields_inside_a_summary_are_left_out(tmp_path):
+    rank0 = _rank(0, 4, ("all_reduce", 4, 0.0))
+    rank1 = _rank(1, 4, None)
+    rank1["groups"]["0"]["issued"] = "four"  # unknown: neither joined nor missing
+    rank1["groups"]["0"]["ranks"] = [0, 1, 99, "x"]
+    rank1["stack"] = ["x"] * 1000
+    snap = read_snapshot(str(_write(tmp_path, "s.json", _snapshot(rank0, rank1, world=2))))
+    (_, checked) = snap["ranks"]
+    assert checked["groups"]["0"]["issued"] is None
+    assert checked["groups"]["0"]["ranks"] == [0, 1]
+    assert len(checked["stack"]) == 16
+    assert live_diagnosis(snap).findings == ()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "unreadable"), (b"{]", "unreadable"), (b"[1, 2]", "not a comm2perfetto live snapshot"),
+    (orjson.dumps({"format": "comm2perfetto-live", "world_size": 10**12}), "bad world_size"),
+])
+def test_unusable_snapshots_are_refused_with_one_message(tmp_path, content, message):
+    path = tmp_path / "s.json"
+    path.write_bytes(content)
+    with pytest.raises(LiveSnapshotError, match=message):
+        read_snapshot(str(path))
+
+
+def test_a_fifo_is_not_read(tmp_path):
+    path = tmp_path / "s.json"
+    os.mkfifo(path)
+    with pytest.raises(LiveSnapshotError, match="not a regular file"):
+        read_snapshot(str(path))
+
+
+# --- the watcher in `comm2perfetto record` ----------------------------------------------------------------
+
+
+def _stalled(folder: Path, gen: int) -> None:
+    _write(folder, layout.live_snapshot(gen), _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1)), _rank(2, 3), world=3))
+
+
+def _hook_log(folder: Path) -> str:
+    return (folder / layout.LIVE_DIR / "on-stall.log").read_text()
+
+
+def test_watcher_prints_once_per_picture_and_runs_the_hook_with_the_json(tmp_path):
+    got = tmp_path / "got"
+    err = io.StringIO()
+    watcher = StallWatcher(str(tmp_path), f'cat > {got}.$COMM2PERFETTO_EVENT; echo $COMM2PERFETTO_VERDICT >> {got}',
+                           err=err)
+    _stalled(tmp_path, 1)
+    _stalled(tmp_path, 2)  # a second rank's report of the same stall
+    watcher.poll()
+    _write(tmp_path, layout.live_resolved(1), {"format": "comm2perfetto-live", "gen": 1, "resolved_ns": T0})
+    watcher.poll()
+    assert "resolved" not in err.getvalue()  # stall 2 is still open
+    _write(tmp_path, layout.live_resolved(2), {"format": "comm2perfetto-live", "gen": 2, "resolved_ns": T0})
+    watcher.poll()
+    watcher.stop()
+    text = err.getvalue()
+    assert text.count("STUCK: 1 finding") == 1
+    assert "[1] missing_ranks on default_pg: all_reduce #4" in text and "culprit: 2" in text
+    assert text.count("stall 2 resolved: the job went on") == 1
+    stall = orjson.loads((tmp_path / "got.stall").read_bytes())
+    assert (stall["event"], stall["gen"]) == ("stall", 1)
+    assert stall["verdict"]["findings"][0]["culprit_ranks"] == [2]
+    resolved = orjson.loads((tmp_path / "got.resolved").read_bytes())
+    assert (resolved["event"], resolved["gen"], resolved["verdict"]) == ("resolved", 2, stall["verdict"])
+    assert got.read_text().splitlines() == [str(tmp_path / layout.STALL_VERDICT_FILE)] * 2
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    assert (latest["event"], latest["gen"]) == ("resolved", 2)
+
+
+def test_a_hook_that_hangs_is_killed_and_one_that_fails_is_reported(tmp_path):
+    err = io.StringIO()
+    watcher = StallWatcher(str(tmp_path), 'if [ "$COMM2PERFETTO_EVENT" = stall ]; then sleep 600; else exit 3; fi',
+                           hook_timeout_s=0.5, err=err)
+    _stalled(tmp_path, 1)
+    started = time.monotonic()
+    watcher.poll()
+    _write(tmp_path, layout.live_resolved(1), {"format": "comm2perfetto-live", "gen": 1, "resolved_ns": T0})
+    watcher.poll()  # the hook still sleeps: polling goes on
+    assert time.monotonic() - started < 0.5
+    watcher.stop()
+    text = err.getvalue()
+    assert "--on-stall command killed after 0.5 s" in text
+    assert "--on-stall command exited with status 3" in text
+    assert "stall" in _hook_log(tmp_path) and "resolved" in _hook_log(tmp_path)
+
+
+def test_an_unreadable_snapshot_is_one_line_and_watching_goes_on(tmp_path):
+    err = io.StringIO()
+    watcher = StallWatcher(str(tmp_path), None, err=err)
+    (tmp_path / layout.LIVE_DIR).mkdir()
+    (tmp_path / layout.live_snapshot(1)).write_bytes(b"{ not json")
+    watcher.poll()
+    _stalled(tmp_path, 2)
+    watcher.poll()
+    watcher.stop()
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("comm2perfetto: live verdict: ") and "unreadable" in lines[0]
+    assert "culprit: 2" in err.getvalue()
+
+
+# --- the rank side: publishing and gathering through the store ----------------------------------------------
+
+
+class _Store:
+    """The part of c10d's Store the live verdict uses, in a dict (values as bytes, as TCPStore returns)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.requests = 0
+
+    def set(self, key, value) -> None:
+        self.requests += 1
+        self.data[key] = value if isinstance(value, bytes) else str(value).encode()
+
+    def get(self, key) -> bytes:
+        self.requests += 1
+        return self.data[key]
+
+    def add(self, key, amount: int) -> int:
+        self.requests += 1
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
+    def check(self, keys) -> bool:
+        self.requests += 1
+        return all(k in self.data for k in keys)
+
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+@pytest.fixture
+def live_ranks(monkeypatch, tmp_path):
+    """Three ranks on two nodes (0, 1 | 2) sharing one store, each with its own folder and a fake clock."""
+    from comm2perfetto.record import live
+
+    monkeypatch.setattr(live, "rank_summary", lambda rec, fr=None: _rank(rec.rank, 4, ("all_reduce", 4, 0.0)))
+    store, now = _Store(), [0.0]
+    ranks = {r: live.LiveVerdict(_Rank(r), store, str(tmp_path / f"node{r // 2}"), 3, r % 2 if r < 2 else 0,
+                                 clock=lambda: now[0]) for r in range(3)}
+    return ranks, store, now, tmp_path
+
+
+def _snapshot_ranks(path: Path) -> list[int]:
+    return [s["rank"] for s in orjson.loads(path.read_bytes())["ranks"]]
+
+
+def test_rank0_gathers_every_rank_and_the_other_node_copies_it(live_ranks):
+    ranks, store, now, tmp = live_ranks
+    for r in (0, 1, 2):
+        ranks[r].on_stall(1)
+    for r in (0, 2):
+        ranks[r].tick()
+    assert _snapshot_ranks(tmp / "node0" / layout.live_snapshot(1)) == [0, 1, 2]
+    assert _snapshot_ranks(tmp / "node1" / layout.live_snapshot(1)) == [0, 1, 2]
+    assert not (tmp / "node0" / layout.live_resolved(1)).exists()
+    ranks[1].resolved(1)
+    for r in (0, 2):
+        ranks[r].tick()
+    assert (tmp / "node0" / layout.live_resolved(1)).exists() and (tmp / "node1" / layout.live_resolved(1)).exists()
+
+
+def test_rank0_waits_for_a_silent_rank_only_so_long(live_ranks):
+    from comm2perfetto.record.live import GATHER_WAIT_S
+
+    ranks, store, now, tmp = live_ranks
+    ranks[0].on_stall(1)
+    ranks[1].on_stall(1)  # rank 2 never answers
+    ranks[0].tick()
+    assert not (tmp / "node0" / layout.live_snapshot(1)).exists()
+    now[0] += GATHER_WAIT_S
+    ranks[0].tick()
+    assert _snapshot_ranks(tmp / "node0" / layout.live_snapshot(1)) == [0, 1]
+
+
+def test_nothing_is_asked_of_the_store_while_no_stall_is_open(live_ranks):
+    ranks, store, now, tmp = live_ranks
+    for _ in range(100):
+        for r in ranks.values():
+            r.tick()
+    assert store.requests == 0
+
+
+def test_a_long_hang_reports_a_bounded_number_of_stalls(live_ranks):
+    from comm2perfetto.record.live import MAX_LIVE_STALLS
+
+    ranks, store, now, tmp = live_ranks
+    for gen in range(1, 3 * MAX_LIVE_STALLS):
+        ranks[1].on_stall(gen)
+    assert len([k for k in store.data if k.endswith("/1")]) == MAX_LIVE_STALLS
+
+
+def test_readers_pass_over_the_verdict_file_quietly(tmp_path):
+    from comm2perfetto.sources.discover import discover
+
+    watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
+    _stalled(tmp_path, 1)
+    watcher.poll()
+    watcher.stop()
+    assert (tmp_path / layout.STALL_VERDICT_FILE).exists()
+    found, skipped = discover([tmp_path])
+    assert [(f.path.name, f.kind) for f in found] == [(layout.STALL_VERDICT_FILE, "verdict")]
+    assert skipped == []  # the hidden .live folder is not walked either
