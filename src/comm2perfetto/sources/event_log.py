@@ -267,6 +267,7 @@ _FIELDS: dict[str, tuple] = {
     "n": (is_int, _str),
     "u": (time_ok, _str, _str),
     "h": (time_ok,),
+    "v": (count_ok,),
 }
 
 
