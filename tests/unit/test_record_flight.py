@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from comm2perfetto.record.flight import prepare_environment
 
 
@@ -77,3 +79,33 @@ def test_step_boundaries_check_at_most_once_per_half_ring_of_microseconds():
     assert _dumps_checked_at_steps(20000, 20_000_000, 10) == 10  # slow steps: every one
     # A 16-entry ring: 8 us, so every step of a real job.
     assert _dumps_checked_at_steps(16, 1_000_000, 50) == 50
+
+
+GUARD_CHECK = """
+import sys, threading
+import torch
+from comm2perfetto.record.flight import no_inductor_import_on_this_thread
+
+lazy = torch.__getattr__
+assert "torch._inductor" not in sys.modules
+seen = {}
+with no_inductor_import_on_this_thread():
+    seen["dumping thread"] = hasattr(torch, "_inductor")
+    other = threading.Thread(target=lambda: seen.__setitem__("other thread", type(torch._inductor).__name__))
+    other.start()
+    other.join()
+print(seen, torch.__getattr__ is lazy, "_inductor" in vars(torch))
+"""
+
+
+def test_only_the_dumping_thread_is_kept_from_importing_inductor():
+    """Torch's symboliser asks ``hasattr(torch, "_inductor")``: the dumping thread gets False without an import;
+    another thread meanwhile imports inductor exactly as without the recorder; torch is left as it was."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", GUARD_CHECK], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["{'dumping", "thread':", "False,", "'other", "thread':", "'module'}", "True",
+                                   "True"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import orjson
@@ -74,6 +75,44 @@ def _torch_older_than(major: int, minor: int) -> bool:
         return False
 
 
+@contextmanager
+def no_inductor_import_on_this_thread() -> Iterator[None]:
+    """While a dump symbolises its entries' Python frames, ``torch._inductor`` cannot be imported by this thread.
+
+    Torch's symboliser (torch/csrc/profiler/python/combined_traceback.cpp, ``appendSymbolized``) asks
+    ``hasattr(torch, "_inductor")`` to find inductor's code cache; when the job has not imported inductor, torch's
+    module ``__getattr__`` imports it: some 800 modules, 1.2 to 2 s holding the GIL, and if the job's main
+    thread imports ``torch._dynamo`` meanwhile (DDP's constructor does) the two imports deadlock-break each
+    other and the job dies with ``ImportError: cannot import name 'IndentedBuffer' from partially initialized
+    module 'torch._inductor.utils'``.
+
+    For the dumping thread alone, torch's ``__getattr__`` answers ``AttributeError`` for ``_inductor``: frames
+    are symbolised without inductor's extra frames, which only code inductor generated has. Every other thread
+    still reaches torch's own ``__getattr__``, so a concurrent import behaves exactly as without the recorder
+    (a stand-in module in ``sys.modules``, tried before, changed what other threads saw). Once the job has
+    imported inductor, ``torch._inductor`` is a plain attribute and torch uses its code cache as usual.
+    """
+    import torch
+
+    lazy = vars(torch).get("__getattr__")
+    if lazy is None or "_inductor" in vars(torch):
+        yield
+        return
+    dumper = threading.get_ident()
+
+    def guarded(name: str) -> object:
+        if name == "_inductor" and threading.get_ident() == dumper:
+            raise AttributeError(name)
+        return lazy(name)
+
+    torch.__getattr__ = guarded
+    try:
+        yield
+    finally:
+        if vars(torch).get("__getattr__") is guarded:
+            torch.__getattr__ = lazy
+
+
 class FlightRecorderDumps:
     """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` on NCCL builds) into the output folder."""
 
@@ -89,7 +128,6 @@ class FlightRecorderDumps:
         self._generic_json = getattr(c10d_C, "_dump_fr_trace_json", None)
         self._nccl_json = getattr(c10d_C, "_dump_nccl_trace_json", None)
         self._lock = threading.Lock()
-        self.warmed = threading.Event()  # benchmarks wait for it before timing anything
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
@@ -101,23 +139,6 @@ class FlightRecorderDumps:
         self._step_check_ns = buffer_size // 2 * 1000
         self._next_step_check_ns = 0
         self._clock = time.monotonic_ns
-
-    def warm_up_if_due(self) -> None:
-        """Make one throw-away dump once the ring holds entries: symbolising the first frames makes torch
-        import ``torch._inductor`` (for its code cache; some 800 modules, 1.2 to 2 s of CPU holding the GIL on
-        2.13). The watchdog does it in the background, so the dumps that matter (stall, signal, exit) are
-        quick. Without the dump lock: a signal that arrives meanwhile still gets its dump.
-
-        A stand-in for ``torch._inductor`` during dumps (in ``sys.modules`` or as torch's attribute) would
-        avoid the import, but breaks another thread's import of inductor at that moment (its own code reads
-        ``torch._inductor.<submodule>``), so the cost is paid once instead."""
-        if self.warmed.is_set() or self._issued() == 0:
-            return
-        try:
-            if self._generic is not None:
-                self._generic()
-        finally:
-            self.warmed.set()
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
@@ -144,7 +165,8 @@ class FlightRecorderDumps:
             if dumper is None:
                 continue
             try:
-                data = dumper()
+                with no_inductor_import_on_this_thread():
+                    data = dumper()
             except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue

@@ -75,7 +75,6 @@ class Watchdog:
     def tick(self) -> None:
         rec = self._recorder
         if rec.flight is not None:
-            rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()
         if self._stall_ns is None:
             return
