@@ -55,6 +55,10 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
     from comm2perfetto.record import bootstrap, flight, session
 
     out_dir = check_out_dir(out_dir or default_out_dir())
+    unsupported = flight.unsupported_torch()
+    if unsupported is not None:  # the job runs on, unrecorded
+        print(f"comm2perfetto: {unsupported}; not recording", file=sys.stderr)
+        return out_dir
     config = RecordConfig(out_dir=out_dir, stall_after_s=stall_after, profile_steps=profile_steps,
                           sync=sync, modules=modules, fr_buffer=fr_buffer,
                           run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))

@@ -66,13 +66,51 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
 
 def _torch_older_than(major: int, minor: int) -> bool:
     """From the installed distribution's metadata: the launcher must not import torch."""
+    release = _release(_installed_torch())
+    return release is not None and release < (major, minor)
+
+
+# Torch 2.4 to 2.7 have no Flight Recorder for gloo (only ``_dump_nccl_trace``; every gloo dump is
+# ``{'entries': []}``): collectives that DDP and FSDP issue from C++ would vanish from the recording, and a
+# DDP hang would read as healthy. pyproject.toml declares the same range.
+MIN_TORCH = (2, 8)
+
+
+def unsupported_torch(version: str | None = None) -> str | None:
+    """Why this torch cannot be recorded, in one line, or None. ``version`` defaults to the installed torch's
+    (from its metadata: the launcher must not import torch); an unreadable version is given the benefit of
+    the doubt.
+
+    >>> unsupported_torch("2.7.1+cu126")[:52]
+    'comm2perfetto record needs torch >= 2.8, found 2.7.1'
+    >>> unsupported_torch("2.13.0+cpu") is None
+    True
+    """
+    version = _installed_torch() if version is None else version
+    release = _release(version)
+    if release is None or release >= MIN_TORCH:
+        return None
+    return (f"comm2perfetto record needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {version}: older "
+            f"Flight Recorder does not record gloo, so the collectives DDP and FSDP issue from C++ would be "
+            f"missing (pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}')")
+
+
+def _installed_torch() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        parts = version("torch").split(".")
-        return (int(parts[0]), int(parts[1])) < (major, minor)
-    except (PackageNotFoundError, ValueError, IndexError):
-        return False
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version such as ``2.13.0+cu130`` or ``2.9.0a0+git1234``."""
+    try:
+        major, minor = (version or "").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
 
 
 @contextmanager
@@ -114,7 +152,8 @@ def no_inductor_import_on_this_thread() -> Iterator[None]:
 
 
 class FlightRecorderDumps:
-    """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` on NCCL builds) into the output folder."""
+    """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` when a group uses NCCL) into the output
+    folder."""
 
     def __init__(self, recorder: Recorder, out_dir: str, buffer_size: int) -> None:
         import torch._C._distributed_c10d as c10d_C
@@ -161,7 +200,8 @@ class FlightRecorderDumps:
         self._issued_at_last_dump = self._issued()
         self._count += 1
         rank = self._recorder.rank
-        for dumper, kind in ((self._generic, "fr"), (self._nccl, "fr-nccl")):
+        nccl_used = self._nccl is not None and self._uses_nccl()
+        for dumper, kind in ((self._generic, "fr"), (self._nccl if nccl_used else None, "fr-nccl")):
             if dumper is None:
                 continue
             try:
@@ -176,6 +216,18 @@ class FlightRecorderDumps:
                 f.write(data)
             os.replace(path + ".tmp", path)
             self._recorder.log.write(["f", time.time_ns(), name, reason])
+
+    def _uses_nccl(self) -> bool:
+        """Whether any of the job's groups has an NCCL backend. A CUDA build run without a GPU (gloo) has an
+        NCCL Flight Recorder too, whose every dump is empty: not worth a file."""
+        c10d = self._c10d
+        for group in list(c10d._world.pg_map):
+            try:
+                if "nccl" in str(c10d.get_backend_config(group)):
+                    return True
+            except Exception:  # a group destroyed meanwhile
+                continue
+        return False
 
     def unfinished(self) -> dict[tuple[str, str], int]:
         """The first collective each group has enqueued but not completed, from Flight Recorder's
