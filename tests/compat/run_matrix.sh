@@ -14,6 +14,7 @@
 #             all_reduce #4, culprit 1
 #   mismatch  examples/shape_mismatch.py: expects size_mismatch on all_reduce #4
 #   suite     python -m pytest: its summary line
+# A torch that `comm2perfetto record` refuses (older than pyproject.toml's range) gets one "refused" row.
 # Logs of every step go to MATRIX_OUT (default /tmp/comm2perfetto-matrix/<version>/).
 set -uo pipefail
 tree=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,6 +51,12 @@ for spec in "${versions[@]}"; do
   torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__)")
 
   py -m comm2perfetto demo -o "$out/demo" > "$out/demo.log" 2>&1
+  if grep -q "comm2perfetto record needs torch >=" "$out/demo.log"; then  # refused, as it must be: nothing to run
+    rows+=("$torch_version|refused: $(grep -o 'needs torch >= [0-9.]*' "$out/demo.log" | head -1)|-|-|-")
+    printf '%s\n' "${rows[-1]}" >> "$out_root/rows.txt"
+    [[ $delete -eq 1 ]] && rm -rf "$venv"
+    continue
+  fi
   demo=$(expect "$out/demo.log" "collectives: 48;" "OK: every collective matched on all ranks")
 
   py -m comm2perfetto record -o "$out/hang" --stall-after 3 -- "$venv/bin/python" -m torch.distributed.run \

@@ -53,21 +53,13 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
             )
         else:
             wanted = size
-    # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones; older torch only knows those.
-    legacy = _torch_older_than(2, 8)
+    # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones (kept in step where the user set them).
     for key in BUFFER_ENV_VARS:
-        if key == BUFFER_ENV_VARS[0] or legacy or key in env:
+        if key == BUFFER_ENV_VARS[0] or key in env:
             env[key] = str(wanted)
     if not any(env.get(k) for k in DUMP_PREFIX_ENV_VARS):
-        prefix = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
-        env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = prefix
+        env[DUMP_PREFIX_ENV_VARS[0]] = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
     return warnings
-
-
-def _torch_older_than(major: int, minor: int) -> bool:
-    """From the installed distribution's metadata: the launcher must not import torch."""
-    release = _release(_installed_torch())
-    return release is not None and release < (major, minor)
 
 
 # Torch 2.4 to 2.7 have no Flight Recorder for gloo (only ``_dump_nccl_trace``; every gloo dump is
