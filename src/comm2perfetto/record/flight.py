@@ -233,7 +233,8 @@ class FlightRecorderDumps:
              "last_started_collective": "-1", "last_completed_collective": "1"}}, ...}
         """
         out: dict[tuple[str, str], int] = {}
-        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", self._nccl_json)):
+        nccl = self._nccl_json if self._nccl_json is not None and self._uses_nccl() else None
+        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", nccl)):
             if dumper is None:
                 continue
             try:

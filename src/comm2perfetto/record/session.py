@@ -114,7 +114,7 @@ def stop(reason: str, wait: bool = True) -> None:
     rec = _parts.pop("recorder", None)
     watchdog = _parts.pop("watchdog", None)
     if watchdog is not None:
-        watchdog.stop()
+        watchdog.stop(wait)
     profiler = _parts.pop("profiler", None)
     if rec is None:
         return

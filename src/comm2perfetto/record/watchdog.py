@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 GEN_KEY = "comm2perfetto/stall_gen"
 STALL_KEY = "comm2perfetto/stall/{}"
 MAX_STALL_DUMPS = 5
+JOIN_TIMEOUT_S = 5.0  # a tick takes milliseconds; a store call can wait longer, and exit must not hang on it
 
 
 class Watchdog:
@@ -57,8 +58,14 @@ class Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop ticking. ``wait``: also wait (a few seconds at most) until a tick in progress has returned, so
+        that at exit no recorder thread is left inside torch's C++ (a store or Flight Recorder call) while the
+        interpreter finalises: seen as a SIGABRT ("terminate called without an active exception") after a
+        clean exit on a CUDA build."""
         self._stop.set()
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(JOIN_TIMEOUT_S)
 
     def _run(self) -> None:
         from comm2perfetto.record import state
