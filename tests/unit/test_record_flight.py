@@ -137,3 +137,11 @@ def test_record_refuses_an_older_torch_before_starting_the_job(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs torch >= 2.8, found 2.6.0+cu124" in err
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("version", "off"), [("2.8.0+cu128", True), ("2.10.0", True), ("2.11.0", False),
+                                              ("2.13.0+cpu", False), ("unknown", False)])
+def test_which_torch_needs_the_buffer_size_before_the_first_group(version, off):
+    from comm2perfetto.record.flight import flight_recorder_off_by_default
+
+    assert flight_recorder_off_by_default(version) is off

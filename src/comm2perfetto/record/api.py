@@ -62,12 +62,17 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
     config = RecordConfig(out_dir=out_dir, stall_after_s=stall_after, profile_steps=profile_steps,
                           sync=sync, modules=modules, fr_buffer=fr_buffer,
                           run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
+    buffer_was_set = any(os.environ.get(key) for key in flight.BUFFER_ENV_VARS)
     for warning in flight.prepare_environment(os.environ, fr_buffer, out_dir):
         print(f"comm2perfetto: {warning}", file=sys.stderr)
     session.configure(config)
     bootstrap.install_hooks()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        if not buffer_was_set and flight.flight_recorder_off_by_default():
+            print("comm2perfetto: Flight Recorder is off on this torch unless TORCH_FR_BUFFER_SIZE is set before "
+                  "init_process_group: collectives issued from C++ (DDP, FSDP) will be missing; call enable() "
+                  "before init_process_group", file=sys.stderr)
         session.on_default_group(dist.distributed_c10d._get_default_group())
     return out_dir
 

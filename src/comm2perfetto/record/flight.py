@@ -87,6 +87,13 @@ def unsupported_torch(version: str | None = None) -> str | None:
             f"missing (pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}')")
 
 
+def flight_recorder_off_by_default(version: str | None = None) -> bool:
+    """Torch 2.8 to 2.10 record nothing unless ``TORCH_FR_BUFFER_SIZE`` is set when the first process group is
+    created (seen on 2.8 with gloo: set afterwards, the ring stays empty); 2.11 and later record by default."""
+    release = _release(_installed_torch() if version is None else version)
+    return release is not None and release < (2, 11)
+
+
 def _installed_torch() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
