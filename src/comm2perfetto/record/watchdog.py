@@ -61,8 +61,7 @@ class Watchdog:
     def stop(self, wait: bool = True) -> None:
         """Stop ticking. ``wait``: also wait (a few seconds at most) until a tick in progress has returned, so
         that at exit no recorder thread is left inside torch's C++ (a store or Flight Recorder call) while the
-        interpreter finalises: seen as a SIGABRT ("terminate called without an active exception") after a
-        clean exit on a CUDA build."""
+        interpreter finalises."""
         self._stop.set()
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
