@@ -216,6 +216,9 @@ class FlightRecorderDumps:
             os.replace(path + ".tmp", path)
             self._recorder.log.write(["f", time.time_ns(), name, reason])
 
+    def release_groups(self) -> None:
+        self._counters, self._counters_key = [], None
+
     def _uses_nccl(self) -> bool:
         """Whether any of the job's groups has an NCCL backend. A CUDA build run without a GPU (gloo) has an
         NCCL Flight Recorder too, whose every dump is empty: not worth a file."""

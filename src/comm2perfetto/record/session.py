@@ -130,6 +130,7 @@ def stop(reason: str, wait: bool = True) -> None:
     state.recorder = None
     rec.log.write(["z", time.time_ns(), time.monotonic_ns(), reason])
     rec.log.close()
+    rec.release_groups()
 
 
 def _int_env(name: str) -> int | None:
