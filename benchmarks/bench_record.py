@@ -185,9 +185,6 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
                 NOOP: noop, NOOP_RECORDING: recording_noop}
     names = list(variants)
     time_calls(recording, tensor, block, [])  # warm-up: first recorded calls declare the group, intern sites
-    # Once the ring holds entries the recorder makes one throw-away Flight Recorder dump in the background
-    # (torch imports ~800 modules the first time): timing during it would measure that import.
-    state.recorder.flight.warmed.wait(120)
 
     # Every rank runs the same sequence, so in the 2-rank case the ranks call the same variant in lockstep.
     for round_no in range(max(1, calls // block)):
@@ -478,9 +475,6 @@ def ddp_blocks_rank(rank: int, world_size: int, port: int, rounds: int, block: i
             if variant != "plain":  # a fresh folder: enable() starts a new log
                 comm2perfetto.enable(str(Path(work_dir) / f"round{round_no}-{len(means[variant])}-{variant}"))
                 rec = state.recorder
-                if not rec.flight.warmed.is_set():  # the one-off Flight Recorder warm-up dump, in the background
-                    run_block(block)
-                    rec.flight.warmed.wait(120)
                 if variant == NO_STEP_HOOK:  # everything recording but the step boundary's own work
                     rec.steps.uninstall()
                     if rec.modules is not None:  # its switch-off is decided at a step boundary

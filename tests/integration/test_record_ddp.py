@@ -59,6 +59,8 @@ def ddp_job(module_jobs):
 def test_cpp_collectives_are_in_flight_recorder_only(ddp_job, rank):
     log = ddp_job.log(rank)
     assert log.closed_reason == "exit" and log.problems == []
+    # No group uses NCCL: a CUDA build's NCCL Flight Recorder holds nothing, and gets no file of its own.
+    assert ddp_job.fr_dumps(rank) and not list(ddp_job.out.glob(f"rank{rank}.fr-nccl.*"))
     entries = [e for e in ddp_job.fr_entries(rank) if e["process_group"][0] == "0"]
     recorded_seqs = {s for c in log.calls if c.seq is not None for s in range(c.seq, c.seq_last + 1)}
     unrecorded = [e for e in entries if e["collective_seq_id"] not in recorded_seqs]

@@ -113,3 +113,69 @@ def test_step_boundaries_check_at_most_once_per_half_ring_of_microseconds():
     assert _dumps_checked_at_steps(20000, 20_000_000, 10) == 10  # slow steps: every one
     # A 16-entry ring: 8 us, so every step of a real job.
     assert _dumps_checked_at_steps(16, 1_000_000, 50) == 50
+
+
+GUARD_CHECK = """
+import sys, threading
+import torch
+from comm2perfetto.record.flight import no_inductor_import_on_this_thread
+
+lazy = torch.__getattr__
+assert "torch._inductor" not in sys.modules
+seen = {}
+with no_inductor_import_on_this_thread():
+    seen["dumping thread"] = hasattr(torch, "_inductor")
+    other = threading.Thread(target=lambda: seen.__setitem__("other thread", type(torch._inductor).__name__))
+    other.start()
+    other.join()
+print(seen, torch.__getattr__ is lazy, "_inductor" in vars(torch))
+"""
+
+
+def test_only_the_dumping_thread_is_kept_from_importing_inductor():
+    """Torch's symboliser asks ``hasattr(torch, "_inductor")``: the dumping thread gets False without an import;
+    another thread meanwhile imports inductor exactly as without the recorder; torch is left as it was."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", GUARD_CHECK], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["{'dumping", "thread':", "False,", "'other", "thread':", "'module'}", "True",
+                                   "True"]
+
+
+@pytest.mark.parametrize("version", ["2.4.1", "2.7.1+cu126", "1.13.1"])
+def test_torch_without_a_gloo_flight_recorder_is_refused_in_one_line(version):
+    from comm2perfetto.record.flight import unsupported_torch
+
+    reason = unsupported_torch(version)
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith(f"comm2perfetto record needs torch >= 2.8, found {version}: ")
+
+
+@pytest.mark.parametrize("version", ["2.8.0", "2.13.0+cpu", "2.10.0+cu128", "2.14.0a0+git1234", "", "nightly"])
+def test_torch_from_2_8_or_unreadable_is_recorded(version):
+    from comm2perfetto.record.flight import unsupported_torch
+
+    assert unsupported_torch(version) is None
+
+
+def test_record_refuses_an_older_torch_before_starting_the_job(tmp_path, monkeypatch, capsys):
+    from comm2perfetto.cli import main
+    from comm2perfetto.record import flight
+
+    monkeypatch.setattr(flight, "_installed_torch", lambda: "2.6.0+cu124")
+    marker = tmp_path / "job-ran"
+    assert main(["record", "-o", str(tmp_path / "out"), "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs torch >= 2.8, found 2.6.0+cu124" in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("version", "off"), [("2.8.0+cu128", True), ("2.10.0", True), ("2.11.0", False),
+                                              ("2.13.0+cpu", False), ("unknown", False)])
+def test_which_torch_needs_the_buffer_size_before_the_first_group(version, off):
+    from comm2perfetto.record.flight import flight_recorder_off_by_default
+
+    assert flight_recorder_off_by_default(version) is off

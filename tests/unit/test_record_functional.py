@@ -20,10 +20,15 @@ from comm2perfetto.record import patch
 from comm2perfetto.sources.event_log import read_event_log
 
 
+# funcol.all_gather_single and reduce_scatter_single exist from torch 2.13; earlier, DTensor calls the *_tensor forms.
+HAS_SINGLE = hasattr(funcol, "reduce_scatter_single")
+
+
 def test_install_and_uninstall_functional():
     names = [spec.name for spec in patch.FUNCTIONAL_OPS if hasattr(funcol, spec.name)]
-    assert {"all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast",
+    assert {"all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
             "all_reduce_coalesced"} <= set(names)
+    assert HAS_SINGLE == ({"all_gather_single", "reduce_scatter_single"} <= set(names))
     before = {name: getattr(funcol, name) for name in names}
     patch.install_functional(funcol)
     try:
@@ -53,7 +58,8 @@ def test_every_group_form_resolves_to_the_process_group(tmp_path, fr_env):
                 funcol.all_reduce(t, "sum", [0]).wait()  # @ranks
                 gathered = funcol.all_gather_tensor(torch.ones(2, 3), 0, pg).wait()  # @alias
             assert gathered.shape == (2, 3)
-            funcol.reduce_scatter_single(torch.ones(6), "sum", 0, pg).wait()  # @reduce_scatter
+            reduce_scatter = funcol.reduce_scatter_single if HAS_SINGLE else funcol.reduce_scatter_tensor
+            reduce_scatter(torch.ones(6), "sum", 0, pg).wait()  # @reduce_scatter
             funcol.all_to_all_single(torch.ones(5), None, None, pg).wait()  # @all_to_all
             funcol.broadcast(torch.ones(7), 0, pg).wait()  # @broadcast
             reduced = funcol.all_reduce_coalesced([torch.ones(1), torch.ones(2, 2)], "sum", pg)  # @coalesced
@@ -70,12 +76,14 @@ def test_every_group_form_resolves_to_the_process_group(tmp_path, fr_env):
     source = Path(__file__).read_text().splitlines()
     expected = [("all_reduce", "@pg", [[4]]), ("all_reduce", "@name", [[4]]), ("all_reduce", "@mesh", [[4]]),
                 ("all_reduce", "@pair", [[4]]), ("all_reduce", "@ranks", [[4]]),
-                ("all_gather_tensor", "@alias", [[2, 3]]), ("reduce_scatter_single", "@reduce_scatter", [[6]]),
+                ("all_gather_tensor", "@alias", [[2, 3]]),
+                ("reduce_scatter_single" if HAS_SINGLE else "reduce_scatter_tensor", "@reduce_scatter", [[6]]),
                 ("all_to_all_single", "@all_to_all", [[5]]), ("broadcast", "@broadcast", [[7]]),
                 ("all_reduce_coalesced", "@coalesced", [[1], [2, 2]]), ("all_reduce", "@c10d", [[8]])]
     assert [(c.op, c.shapes) for c in log.calls] == [(op, shapes) for op, _marker, shapes in expected]
     for call, (op, marker, _shapes) in zip(log.calls, expected, strict=True):
-        line = next(i for i, text in enumerate(source, 1) if marker in text and "expected" not in text)
+        line = next(i for i, text in enumerate(source, 1)
+                    if marker in text and "expected" not in text and "HAS_SINGLE else" not in text)
         assert call.site.endswith(f"test_record_functional.py:{line} test_every_group_form_resolves_to_the_"
                                   f"process_group"), (op, marker, call.site)
         assert call.functional == (marker != "@c10d") and call.is_async == call.functional, marker

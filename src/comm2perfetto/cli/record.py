@@ -18,6 +18,7 @@ import orjson
 
 from comm2perfetto import layout
 from comm2perfetto.cli import UserError, exit_status, require_torch
+from comm2perfetto.record import flight
 from comm2perfetto.record.config import (
     DEFAULT_FR_BUFFER,
     DEFAULT_STALL_AFTER_S,
@@ -115,8 +116,6 @@ def _existing_recording(out_dir: str) -> list[str]:
 
 def child_environment(config: RecordConfig, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """The environment every process of the job starts with, and warnings for the user."""
-    from comm2perfetto.record import flight
-
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", "")) if p)
@@ -131,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: comm2perfetto record [options] -- COMMAND [ARGS...]")
     if shutil.which(command[0]) is None:
         raise UserError(f"command not found: {command[0]}")
+    unsupported = flight.unsupported_torch()
+    if unsupported is not None:
+        raise UserError(unsupported)
     config = _config_from_args(args)
     existing = _existing_recording(config.out_dir)
     if existing:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import orjson
@@ -34,7 +35,8 @@ DUMP_PREFIX_ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_F
 
 TIMING_ENV_VAR = "TORCH_NCCL_ENABLE_TIMING"
 DUMP_ON_TIMEOUT_ENV_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
-# Torch's ring size when no variable sets it: 2000 entries from torch 2.11 on, none (Flight Recorder off) before.
+# Torch's ring size when no variable sets it: 2000 entries from torch 2.11 on, none (Flight Recorder off) before
+# (flight_recorder_off_by_default).
 TORCH_DEFAULT_RING = 2000
 
 
@@ -54,14 +56,14 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
     variables are left alone and a warning says what ring is in effect (``ring_in_effect``).
     """
     warnings = []
-    legacy = _torch_older_than(2, 8)
     if group_exists:
         ring = ring_in_effect(env)
         if ring < wanted:
             warnings.append(
                 f"recording started after init_process_group: Flight Recorder's ring holds {ring} entries, the "
                 f"size set when the first process group was created"
-                + (" (Flight Recorder is off: C++-issued collectives such as DDP's are not seen)" if ring == 0 else "")
+                + (" (Flight Recorder is off: collectives issued from C++, such as DDP's and FSDP's, will be "
+                   "missing)" if ring == 0 else "")
                 + f"; call comm2perfetto.enable() before init_process_group for {wanted}")
     else:
         user_value = next((env[k] for k in BUFFER_ENV_VARS if env.get(k)), None)
@@ -77,13 +79,13 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
                 )
             else:
                 wanted = size
-        # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones; older torch only knows those.
+        # Torch >= 2.8 reads the TORCH_FR_* names and warns about the NCCL ones (kept in step where the user
+        # set them).
         for key in BUFFER_ENV_VARS:
-            if key == BUFFER_ENV_VARS[0] or legacy or key in env:
+            if key == BUFFER_ENV_VARS[0] or key in env:
                 env[key] = str(wanted)
     if not any(env.get(k) for k in DUMP_PREFIX_ENV_VARS):
-        prefix = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
-        env[DUMP_PREFIX_ENV_VARS[1 if legacy else 0]] = prefix
+        env[DUMP_PREFIX_ENV_VARS[0]] = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
     env.setdefault(DUMP_ON_TIMEOUT_ENV_VAR, "1")
     if gpu_timing:
         env.setdefault(TIMING_ENV_VAR, "1")
@@ -99,22 +101,100 @@ def ring_in_effect(env: dict[str, str] | os._Environ) -> int:
                 return max(int(value), 0)
             except ValueError:
                 return 0
-    return 0 if _torch_older_than(2, 11) else TORCH_DEFAULT_RING
+    return 0 if flight_recorder_off_by_default() else TORCH_DEFAULT_RING
 
 
-def _torch_older_than(major: int, minor: int) -> bool:
-    """From the installed distribution's metadata: the launcher must not import torch."""
+# Torch 2.4 to 2.7 have no Flight Recorder for gloo (only ``_dump_nccl_trace``; every gloo dump is
+# ``{'entries': []}``): collectives that DDP and FSDP issue from C++ would vanish from the recording, and a
+# DDP hang would read as healthy. pyproject.toml declares the same range.
+MIN_TORCH = (2, 8)
+
+
+def unsupported_torch(version: str | None = None) -> str | None:
+    """Why this torch cannot be recorded, in one line, or None. ``version`` defaults to the installed torch's
+    (from its metadata: the launcher must not import torch); an unreadable version is given the benefit of
+    the doubt.
+
+    >>> unsupported_torch("2.7.1+cu126")[:52]
+    'comm2perfetto record needs torch >= 2.8, found 2.7.1'
+    >>> unsupported_torch("2.13.0+cpu") is None
+    True
+    """
+    version = _installed_torch() if version is None else version
+    release = _release(version)
+    if release is None or release >= MIN_TORCH:
+        return None
+    return (f"comm2perfetto record needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {version}: older "
+            f"Flight Recorder does not record gloo, so the collectives DDP and FSDP issue from C++ would be "
+            f"missing (pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}')")
+
+
+def flight_recorder_off_by_default(version: str | None = None) -> bool:
+    """Torch 2.8 to 2.10 record nothing unless ``TORCH_FR_BUFFER_SIZE`` is set when the first process group is
+    created (seen on 2.8 with gloo: set afterwards, the ring stays empty); 2.11 and later record by default."""
+    release = _release(_installed_torch() if version is None else version)
+    return release is not None and release < (2, 11)
+
+
+def _installed_torch() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        parts = version("torch").split(".")
-        return (int(parts[0]), int(parts[1])) < (major, minor)
-    except (PackageNotFoundError, ValueError, IndexError):
-        return False
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version such as ``2.13.0+cu130`` or ``2.9.0a0+git1234``."""
+    try:
+        major, minor = (version or "").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+@contextmanager
+def no_inductor_import_on_this_thread() -> Iterator[None]:
+    """While a dump symbolises its entries' Python frames, ``torch._inductor`` cannot be imported by this thread.
+
+    Torch's symboliser (torch/csrc/profiler/python/combined_traceback.cpp, ``appendSymbolized``) asks
+    ``hasattr(torch, "_inductor")`` to find inductor's code cache; when the job has not imported inductor, torch's
+    module ``__getattr__`` imports it: some 800 modules, 1.2 to 2 s holding the GIL, and if the job's main
+    thread imports ``torch._dynamo`` meanwhile (DDP's constructor does) the two imports deadlock-break each
+    other and the job dies with ``ImportError: cannot import name 'IndentedBuffer' from partially initialized
+    module 'torch._inductor.utils'``.
+
+    For the dumping thread alone, torch's ``__getattr__`` answers ``AttributeError`` for ``_inductor``: frames
+    are symbolised without inductor's extra frames, which only code inductor generated has. Every other thread
+    still reaches torch's own ``__getattr__``, so a concurrent import behaves exactly as without the recorder
+    (a stand-in module in ``sys.modules``, tried before, changed what other threads saw). Once the job has
+    imported inductor, ``torch._inductor`` is a plain attribute and torch uses its code cache as usual.
+    """
+    import torch
+
+    lazy = vars(torch).get("__getattr__")
+    if lazy is None or "_inductor" in vars(torch):
+        yield
+        return
+    dumper = threading.get_ident()
+
+    def guarded(name: str) -> object:
+        if name == "_inductor" and threading.get_ident() == dumper:
+            raise AttributeError(name)
+        return lazy(name)
+
+    torch.__getattr__ = guarded
+    try:
+        yield
+    finally:
+        if vars(torch).get("__getattr__") is guarded:
+            torch.__getattr__ = lazy
 
 
 class FlightRecorderDumps:
-    """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` on NCCL builds) into the output folder."""
+    """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` when a group uses NCCL) into the output
+    folder."""
 
     def __init__(self, recorder: Recorder, out_dir: str, buffer_size: int) -> None:
         import torch._C._distributed_c10d as c10d_C
@@ -128,7 +208,6 @@ class FlightRecorderDumps:
         self._generic_json = getattr(c10d_C, "_dump_fr_trace_json", None)
         self._nccl_json = getattr(c10d_C, "_dump_nccl_trace_json", None)
         self._lock = threading.Lock()
-        self.warmed = threading.Event()  # benchmarks wait for it before timing anything
         self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
@@ -140,28 +219,6 @@ class FlightRecorderDumps:
         self._step_check_ns = buffer_size // 2 * 1000
         self._next_step_check_ns = 0
         self._clock = time.monotonic_ns
-
-    def warm_up_if_due(self) -> None:
-        """Make one throw-away dump once the ring holds entries: symbolising the first frames makes torch
-        import ``torch._inductor`` (for its code cache; some 800 modules, 1.2 to 2 s of CPU holding the GIL on
-        2.13). The watchdog does it in the background, so the dumps that matter (stall, signal, exit) are
-        quick. Without the dump lock: a signal that arrives meanwhile still gets its dump.
-
-        A stand-in for ``torch._inductor`` during dumps (in ``sys.modules`` or as torch's attribute) would
-        avoid the import, but breaks another thread's import of inductor at that moment (its own code reads
-        ``torch._inductor.<submodule>``), so the cost is paid once instead."""
-        if self.warmed.is_set() or self._issued() == 0:
-            return
-        try:
-            # torch._dynamo first: inductor's import imports it, and DDP's constructor imports it on the main
-            # thread (then inductor.utils). Each thread holding one module's import lock while waiting for the
-            # other's ends in a half-initialised module and an ImportError in the job (seen under load);
-            # taken in the main thread's order, the two imports wait for each other instead.
-            import torch._dynamo  # noqa: F401
-            if self._generic is not None:
-                self._generic()
-        finally:
-            self.warmed.set()
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
@@ -187,11 +244,13 @@ class FlightRecorderDumps:
         self._issued_at_last_dump = self._issued()
         self._count += 1
         rank = self._recorder.rank
-        for dumper, kind in ((self._generic, "fr"), (self._nccl, "fr-nccl")):
+        nccl_used = self._nccl is not None and self._uses_nccl()
+        for dumper, kind in ((self._generic, "fr"), (self._nccl if nccl_used else None, "fr-nccl")):
             if dumper is None:
                 continue
             try:
-                data = dumper()
+                with no_inductor_import_on_this_thread():
+                    data = dumper()
             except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue
@@ -201,6 +260,21 @@ class FlightRecorderDumps:
                 f.write(data)
             os.replace(path + ".tmp", path)
             self._recorder.log.write(["f", time.time_ns(), name, reason])
+
+    def release_groups(self) -> None:
+        self._counters, self._counters_key = [], None
+
+    def _uses_nccl(self) -> bool:
+        """Whether any of the job's groups has an NCCL backend. A CUDA build run without a GPU (gloo) has an
+        NCCL Flight Recorder too, whose every dump is empty: not worth a file."""
+        c10d = self._c10d
+        for group in list(c10d._world.pg_map):
+            try:
+                if "nccl" in str(c10d.get_backend_config(group)):
+                    return True
+            except Exception:  # a group destroyed meanwhile
+                continue
+        return False
 
     def unfinished(self) -> dict[tuple[str, str], int]:
         """The first collective each group has enqueued but not completed, from Flight Recorder's
@@ -214,7 +288,8 @@ class FlightRecorderDumps:
              "last_started_collective": "-1", "last_completed_collective": "1"}}, ...}
         """
         out: dict[tuple[str, str], int] = {}
-        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", self._nccl_json)):
+        nccl = self._nccl_json if self._nccl_json is not None and self._uses_nccl() else None
+        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", nccl)):
             if dumper is None:
                 continue
             try:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import functools
 import gzip
+import inspect
 import os
 import shutil
 import time
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from comm2perfetto import layout
 
@@ -118,9 +121,27 @@ def _export_gzip(prof: Any, path: str) -> None:
         pass
     tmp = path + ".tmp.json"
     try:
-        prof.export_chrome_trace(tmp, use_python_export=True)  # a TypeError on torch without it: logged
+        if "use_python_export" in inspect.signature(prof.export_chrome_trace).parameters:  # torch >= 2.13
+            prof.export_chrome_trace(tmp, use_python_export=True)
+        else:
+            _export_function_events(prof, tmp)
         with open(tmp, "rb") as src, gzip.open(path, "wb") as dst:
             shutil.copyfileobj(src, dst)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _export_function_events(prof: Any, path: str) -> None:
+    """Torch before 2.13 has no Python export of Kineto's results; its profiler's function events export as
+    a bare JSON list of events timed in microseconds from the trace's start, e.g.
+    ``[{"name": "c10d::allreduce_", "ph": "X", "ts": 1520.3, "dur": 210.4, "tid": 1, "pid": "CPU functions",
+    "args": {}}]``. Wrapped here with the start (``baseTimeNanoseconds``) and ``distributedInfo`` that Kineto's
+    own file has, so readers place it like any other trace."""
+    prof.events().export_chrome_trace(path)
+    with open(path, "rb") as f:
+        events = orjson.loads(f.read())
+    doc = {"schemaVersion": 1, "distributedInfo": prof._get_distributed_info(),
+           "baseTimeNanoseconds": prof.profiler.kineto_results.trace_start_ns(), "traceEvents": events}
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(doc))

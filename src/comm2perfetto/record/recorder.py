@@ -271,6 +271,17 @@ class Recorder:
         self._default_group = pg
         self._default_info = None
 
+    def release_groups(self) -> None:
+        """Forget every process group (and Flight Recorder's counters, bound to them) once recording stopped.
+        A group the job destroyed is then freed now, its threads joined by its destructor, rather than at
+        interpreter shutdown: a gloo group still alive then can end the process with SIGABRT ("terminate
+        called without an active exception")."""
+        self._default_group = self._default_info = None
+        self._groups.clear()
+        self._group_list.clear()
+        if self.flight is not None:
+            self.flight.release_groups()
+
     def _extras_before(self, call: BoundSpec, args: tuple, kwargs: dict) -> Any:
         """Opt-in work around a call: NVTX emission when a collector is attached, and with --sync a
         synchronisation of the device the call's tensors are on (not the current device: a rank that passed

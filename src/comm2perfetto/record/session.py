@@ -21,7 +21,7 @@ from typing import Any
 from comm2perfetto import layout
 from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
-from comm2perfetto.record.flight import FlightRecorderDumps
+from comm2perfetto.record.flight import FlightRecorderDumps, unsupported_torch
 from comm2perfetto.record.log import EventLog
 
 _config: RecordConfig | None = None
@@ -66,6 +66,9 @@ def start(config: RecordConfig, pg: Any) -> None:
     from comm2perfetto.record.recorder import Recorder
     from comm2perfetto.record.watchdog import Watchdog
 
+    unsupported = unsupported_torch(torch.__version__)  # the launcher checked its own torch; a rank may run another
+    if unsupported is not None:
+        raise RuntimeError(unsupported)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     os.makedirs(config.out_dir, exist_ok=True)
     log = EventLog(os.path.join(config.out_dir, layout.event_log(rank)))
@@ -118,7 +121,7 @@ def stop(reason: str, wait: bool = True) -> None:
     rec = _parts.pop("recorder", None)
     watchdog = _parts.pop("watchdog", None)
     if watchdog is not None:
-        watchdog.stop()
+        watchdog.stop(wait)
     profiler = _parts.pop("profiler", None)
     if rec is None:
         return
@@ -135,6 +138,7 @@ def stop(reason: str, wait: bool = True) -> None:
     state.recorder = None
     rec.log.write(["z", time.time_ns(), time.monotonic_ns(), reason])
     rec.log.close()
+    rec.release_groups()
 
 
 def _master_endpoint() -> str | None:

@@ -39,6 +39,7 @@ GEN_KEY = "comm2perfetto/stall_gen"
 STALL_KEY = "comm2perfetto/stall/{}"
 MAX_STALL_DUMPS = 5
 HEARTBEAT_NS = 1_000_000_000  # an `h` record at most this often (docs/log-format.md)
+JOIN_TIMEOUT_S = 5.0  # a tick takes milliseconds; a store call can wait longer, and exit must not hang on it
 
 
 class Watchdog:
@@ -65,13 +66,13 @@ class Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, wait_s: float = 2.0) -> None:
-        """Stop, and let a tick in progress finish: a daemon thread still inside a torch call (a store
-        request) when the interpreter finalises is unwound through C++ frames, and the process aborts
-        ("terminate called without an active exception", seen once at a rank's exit)."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop ticking. ``wait``: also wait (a few seconds at most) until a tick in progress has returned, so
+        that at exit no recorder thread is left inside torch's C++ (a store or Flight Recorder call) while the
+        interpreter finalises."""
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(wait_s)
+        if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(JOIN_TIMEOUT_S)
 
     def _run(self) -> None:
         from comm2perfetto.record import state
@@ -96,7 +97,6 @@ class Watchdog:
         if capture.active:  # Flight Recorder's dumps and status query CUDA events: not during a capture
             return
         if rec.flight is not None:
-            rec.flight.warm_up_if_due()
             rec.flight.maybe_dump()
         if self._stall_ns is None:
             return
