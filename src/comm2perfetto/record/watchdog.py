@@ -154,15 +154,17 @@ class Watchdog:
         waited_s = (time.time_ns() - t_begin) / 1e9
         print(f"comm2perfetto: rank {rec.rank}: {op} (group {group}, seq {seq}) pending for {waited_s:.0f}s; "
               f"dumping stacks on every rank", file=sys.stderr, flush=True)
+        gen = None
         if self._store is not None:
             info = {"rank": rec.rank, "op": op, "seq": seq, "group": group, "t_ns": time.time_ns()}
             gen = self._store.add(GEN_KEY, 1)
             self._store.set(STALL_KEY.format(gen), orjson.dumps(info))
             self._seen_gen = max(self._seen_gen, gen)
-            if self._live is not None:
-                self._open_stalls[gen] = cid if cid is not None else fr_item
-                self._live.on_stall(gen, self._fr_pending())
         self._dump(reason, rec.rank, cid)
+        # After the dump: the stall's own record and stacks come first, as every other rank's do.
+        if gen is not None and self._live is not None:
+            self._open_stalls[gen] = cid if cid is not None else fr_item
+            self._live.on_stall(gen, self._fr_pending())
 
     def _fr_pending(self) -> dict[str, dict]:
         """The collectives Flight Recorder shows unfinished, by group name, for the live verdict."""
@@ -188,9 +190,9 @@ class Watchdog:
             trigger = orjson.loads(self._store.get(key)).get("rank")
         self._seen_gen = gen
         if trigger != self._recorder.rank:
+            self._dump("remote", trigger, None)
             if self._live is not None:
                 self._live.on_stall(gen, self._fr_pending())
-            self._dump("remote", trigger, None)
 
     def _dump(self, reason: str, trigger_rank: int | None, cid: int | None) -> None:
         rec = self._recorder
