@@ -188,3 +188,26 @@ def test_debug_detail_dumps_have_no_group_names_and_fingerprint_helpers(tmp_path
     loaded = load_job([tmp_path])
     assert list(loaded.groups) == ["0[0,1]"]
     assert [c.signatures[0].input_sizes for c in loaded.collectives["0[0,1]"]] == [((4,),), ((6,),)]
+
+
+def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
+    """Periodic dumps leave Python stacks out (record/flight.py); a record an earlier dump had with its frames
+    keeps them when a later snapshot without frames covers it too."""
+    import pickle
+
+    from comm2perfetto.sources.fr_ingest import _merge_snapshots
+    from comm2perfetto.sources.flight_recorder import read_fr_dump
+
+    frames = [{"name": "train_step", "filename": "train.py", "line": 57}]
+    entry = {"record_id": 3, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 4,
+             "profiling_name": "nccl:all_reduce", "time_created_ns": 1795313447000000000}
+    with_frames = dict(entry, frames=frames)
+    paths = []
+    for n, e in ((1, with_frames), (2, entry)):
+        path = tmp_path / f"rank0.fr.{n}.pkl"
+        path.write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "pg_status": {},
+                                       "entries": [e, dict(entry, record_id=n + 10)]}))
+        paths.append(path)
+    merged, conflict = _merge_snapshots([read_fr_dump(p) for p in paths], [])
+    assert conflict is None
+    assert [e.get("frames") for e in merged if e["record_id"] == 3] == [frames]

@@ -179,3 +179,141 @@ def test_which_torch_needs_the_buffer_size_before_the_first_group(version, off):
     from comm2perfetto.record.flight import flight_recorder_off_by_default
 
     assert flight_recorder_off_by_default(version) is off
+
+
+# --- what the watchdog reads of Flight Recorder, and when (shapes from torch 2.13's sources) ----------------
+
+
+class _World:
+    def __init__(self, groups: list) -> None:
+        self.pg_map = {g: None for g in groups}
+        self.group_count = len(groups)
+
+
+class _Group:
+    def __init__(self, collectives: int) -> None:
+        self.collectives = collectives
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.collectives
+
+
+class _C10d:
+    def __init__(self, groups: list) -> None:
+        self._world = _World(groups)
+
+    def get_backend_config(self, group) -> str:
+        return "cuda:nccl"
+
+
+def _dumps(groups: list, buffer_size: int = 20000):
+    from comm2perfetto.record.flight import FlightRecorderDumps
+
+    dumps = FlightRecorderDumps(recorder=None, out_dir=".", buffer_size=buffer_size)
+    dumps._c10d = _C10d(groups)
+    dumps._clock = clock = _Clock()
+    return dumps, clock
+
+
+def _settle(dumps, clock) -> None:
+    dumps.groups_settled()
+    clock.ns += 31 * 10**9
+
+
+def test_nccl_unfinished_work_is_read_per_counter_from_the_active_entries():
+    """NCCL's pg_status follows work->seq_, the p2p counter for send/recv (ProcessGroupNCCL.cpp, workEnqueue:
+    ``pgStatus_->lastEnqueuedSeq = work->seq_``): after p2p traffic it says nothing about collectives. The active
+    entries carry both counters (FlightRecorderDetail.hpp, dump_entries with onlyActive)."""
+    import orjson
+
+    dumps, clock = _dumps([_Group(1)])  # its first collective: its first record may still be inserting
+    dumps._generic_json = None
+    pg_status = {"0": {"last_enqueued_collective": "130", "last_started_collective": "-1",
+                       "last_completed_collective": "129"}}
+    active = [
+        {"pg_id": 0, "is_p2p": False, "collective_seq_id": 5, "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce",
+         "process_group": ["0", "default_pg"], "state": "scheduled"},
+        {"pg_id": 0, "is_p2p": True, "collective_seq_id": 4, "p2p_seq_id": 130, "profiling_name": "nccl:send 0->1",
+         "process_group": ["0", "default_pg"], "state": "scheduled"},
+        {"pg_id": 1, "is_p2p": True, "collective_seq_id": 0, "p2p_seq_id": 9, "profiling_name": "nccl:recv 1<-0",
+         "process_group": ["1", "pp"], "state": "started"},
+    ]
+    calls = []
+
+    def nccl_json(include_collectives=True, only_active=False):
+        calls.append((include_collectives, only_active))
+        return orjson.dumps({"version": "2.10", "pg_status": pg_status, "entries": active if only_active else []})
+
+    dumps._nccl_json = nccl_json
+    assert dumps.unfinished() is None  # the groups just appeared: Flight Recorder is not read yet
+    assert calls == []
+    _settle(dumps, clock)
+    assert dumps.unfinished() == {("fr-nccl", "0", "coll"): 5, ("fr-nccl", "0", "p2p"): 130,
+                                  ("fr-nccl", "1", "p2p"): 9}
+    assert dumps.active_entry("fr-nccl", "0", 130, "p2p") == ("nccl:send 0->1", "0", "default_pg")
+    assert dumps.active_entry("fr-nccl", "0", 5) == ("nccl:all_reduce", "0", "default_pg")
+    active.clear()  # everything retired: an idle group raises nothing, whatever pg_status says
+    assert dumps.unfinished() == {}
+
+
+def test_flight_recorder_is_read_only_once_the_groups_have_settled():
+    """FR's dumps iterate all_pg_status_ and pg_name_to_ranks_ without the lock record() and record_pg_ranks()
+    take to insert into them (FlightRecorderDetail.hpp): not while groups are created or record their first
+    operation."""
+    ms = 10**6
+    groups = [_Group(3), _Group(0)]
+    dumps, clock = _dumps(groups)
+    assert not dumps.groups_settled()  # first sight of these groups
+    clock.ns += 5 * ms
+    assert not dumps.groups_settled()  # group 2 has issued nothing: its first operation may come any moment
+    groups[1].collectives = 1
+    assert not dumps.groups_settled()  # it has now, but its first record may still be inserting
+    clock.ns += ms
+    assert dumps.groups_settled()  # seen used a millisecond ago: that record is over
+    dumps._c10d._world = _World([_Group(2), _Group(5)])
+    assert dumps.groups_settled()  # two collectives each: the second is recorded after the first
+    dumps._c10d._world = _World([_Group(2), _Group(5), _Group(1)])  # a new group (DeviceMesh, new_group)
+    assert not dumps.groups_settled()
+    clock.ns += ms
+    assert dumps.groups_settled()
+    dumps._c10d._world = _World([_Group(0)])  # a group used for send/recv only: settled after 30 s
+    dumps.groups_settled()
+    clock.ns += 29 * 10**9
+    assert not dumps.groups_settled()
+    clock.ns += 10**9
+    assert dumps.groups_settled()
+
+
+def test_periodic_dumps_leave_stacks_out_and_count_point_to_point_slots(tmp_path):
+    """Every send/recv takes a ring slot that no collective counter shows: with 128 p2p ops and 4 all_reduces a
+    step (a pipeline), the schedule must count both or the ring wraps between dumps. Periodic dumps skip the
+    Python stacks (symbolising holds the GIL); a stall's dump keeps them."""
+
+    class _Rec:
+        rank = 0
+
+        class log:  # noqa: N801
+            records: list = []
+
+            @classmethod
+            def write(cls, r):
+                cls.records.append(r)
+
+    group = _Group(0)
+    dumps, clock = _dumps([group], buffer_size=200)
+    dumps._recorder = _Rec
+    dumps._out_dir = str(tmp_path)
+    asked = []
+    dumps._generic = lambda collectives=True, stacks=True: asked.append(stacks) or b"dump"
+    dumps._nccl = None
+    _settle(dumps, clock)
+    group.collectives = 4
+    dumps.p2p_issued = 95
+    dumps.maybe_dump()
+    assert asked == []  # 99 of a 200-entry ring: not yet
+    dumps.p2p_issued = 96
+    dumps.maybe_dump()
+    assert asked == [False]  # half a ring, counting send/recv: a periodic dump, without stacks
+    dumps.dump("stall")
+    assert asked == [False, True]
+    assert [r[3] for r in _Rec.log.records] == ["periodic", "stall"]

@@ -38,6 +38,8 @@ DUMP_ON_TIMEOUT_ENV_VAR = "TORCH_NCCL_DUMP_ON_TIMEOUT"
 # Torch's ring size when no variable sets it: 2000 entries from torch 2.11 on, none (Flight Recorder off) before
 # (flight_recorder_off_by_default).
 TORCH_DEFAULT_RING = 2000
+GROUP_UNUSED_NS = 30 * 10**9  # see FlightRecorderDumps.groups_settled
+USED_AGE_NS = 10**6
 
 
 def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir: str, gpu_timing: bool = True,
@@ -219,6 +221,11 @@ class FlightRecorderDumps:
         self._step_check_ns = buffer_size // 2 * 1000
         self._next_step_check_ns = 0
         self._clock = time.monotonic_ns
+        self.p2p_issued = 0  # point-to-point ops on GPUs (recorder.py counts them): ring slots no counter shows
+        self._groups_seen: tuple[int, int | None] | None = None  # see groups_settled
+        self._groups_since_ns = 0
+        self._used_since_ns: int | None = None
+        self._fewest_collectives = 0
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
@@ -245,12 +252,16 @@ class FlightRecorderDumps:
         self._count += 1
         rank = self._recorder.rank
         nccl_used = self._nccl is not None and self._uses_nccl()
+        # A periodic dump keeps entries the ring will drop, without their Python stacks: symbolising a full
+        # ring holds the GIL (some 250 ms for 20,000 entries: the dump binding does not release it). Dumps at a
+        # stall, signal, exception or exit carry the stacks of what matters then.
+        stacks = reason != "periodic"
         for dumper, kind in ((self._generic, "fr"), (self._nccl if nccl_used else None, "fr-nccl")):
             if dumper is None:
                 continue
             try:
                 with no_inductor_import_on_this_thread():
-                    data = dumper()
+                    data = dumper(True, stacks)
             except Exception as exc:  # e.g. NCCL dump on a build whose NCCL is unused
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue
@@ -263,6 +274,7 @@ class FlightRecorderDumps:
 
     def release_groups(self) -> None:
         self._counters, self._counters_key = [], None
+        self._groups_seen = self._used_since_ns = None
 
     def _uses_nccl(self) -> bool:
         """Whether any of the job's groups has an NCCL backend. A CUDA build run without a GPU (gloo) has an
@@ -276,44 +288,92 @@ class FlightRecorderDumps:
                 continue
         return False
 
-    def unfinished(self) -> dict[tuple[str, str], int]:
-        """The first collective each group has enqueued but not completed, from Flight Recorder's
-        ``pg_status``: {(dump kind, pg_id): collective_seq_id}. Sees collectives issued from C++ (DDP,
-        FSDP) that never pass through the patch layer. Gloo keeps ``last_completed_collective`` current
-        (seen on 2.13) although its entries stay ``scheduled``.
+    def unfinished(self) -> dict[tuple[str, str, str], int] | None:
+        """The first operation each group has enqueued but not completed, per counter: {(dump kind, pg_id,
+        "coll" or "p2p"): sequence number}. Sees what is issued from C++ (DDP, FSDP), which never passes through
+        the patch layer. Returns None while the job's groups may still change (``groups_settled``): nothing is
+        known then.
 
-        Raw input (``_dump_fr_trace_json(includeCollectives=False)``)::
+        Gloo (the generic dump): ``pg_status``, which gloo keeps for collectives only (its send/recv do not go
+        through ``enqueue``) and current (seen on 2.13) although its entries stay ``scheduled``::
 
             {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "2",
              "last_started_collective": "-1", "last_completed_collective": "1"}}, ...}
+
+        NCCL: its ``pg_status`` follows ``work->seq_``, which is the p2p counter for send/recv work and the
+        collective counter otherwise (ProcessGroupNCCL.cpp, ``workEnqueue``), so the two cannot be told apart
+        there. The active entries can (``_dump_nccl_trace_json(includeCollectives=True, onlyActive=True)``: the
+        works not retired yet), each with its own counter::
+
+            {"entries": [{"pg_id": 0, "is_p2p": true, "p2p_seq_id": 7, "collective_seq_id": 4,
+                          "profiling_name": "nccl:send 0->1", "state": "scheduled", ...}], ...}
         """
-        out: dict[tuple[str, str], int] = {}
-        nccl = self._nccl_json if self._nccl_json is not None and self._uses_nccl() else None
-        for kind, dumper in (("fr", self._generic_json), ("fr-nccl", nccl)):
-            if dumper is None:
-                continue
+        if not self.groups_settled():
+            return None
+        out: dict[tuple[str, str, str], int] = {}
+        generic = self._generic_json
+        if generic is not None:
             try:
-                status = orjson.loads(dumper(False)).get("pg_status") or {}
-            except Exception:  # an NCCL build whose NCCL is not in use, an older signature
-                continue
+                status = orjson.loads(generic(False)).get("pg_status") or {}
+            except Exception:  # an older signature
+                status = {}
             for pg_id, st in status.items():
                 enqueued = int(st.get("last_enqueued_collective", -1))
                 completed = int(st.get("last_completed_collective", -1))
                 if enqueued > completed:
-                    out[(kind, pg_id)] = completed + 1
+                    out[("fr", pg_id, "coll")] = completed + 1
+        if self._nccl_json is not None and self._uses_nccl():
+            for entry in self._active_entries("fr-nccl"):
+                p2p = bool(entry.get("is_p2p"))
+                seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
+                if isinstance(seq, int):
+                    key = ("fr-nccl", str(entry.get("pg_id")), "p2p" if p2p else "coll")
+                    out[key] = min(out.get(key, seq), seq)
         return out
 
-    def active_entry(self, kind: str, pg_id: str, seq: int) -> tuple[str, str, str] | None:
-        """(profiling name, group name, group description) of one entry, or None; best effort."""
+    def _active_entries(self, kind: str) -> list[dict]:
         dumper = self._generic_json if kind == "fr" else self._nccl_json
         try:
-            for entry in orjson.loads(dumper(True, True)).get("entries", []):
-                if str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq:
-                    group = entry.get("process_group") or ["?", ""]
-                    return entry.get("profiling_name", "?"), str(group[0]), str(group[1] or "")
+            return orjson.loads(dumper(True, True)).get("entries", [])
         except Exception:
-            pass
+            return []
+
+    def active_entry(self, kind: str, pg_id: str, seq: int, counter: str = "coll") -> tuple[str, str, str] | None:
+        """(profiling name, group name, group description) of one unfinished entry, or None; best effort."""
+        field = "p2p_seq_id" if counter == "p2p" else "collective_seq_id"
+        for entry in self._active_entries(kind):
+            if str(entry.get("pg_id")) == pg_id and entry.get(field) == seq \
+                    and bool(entry.get("is_p2p")) == (counter == "p2p"):
+                group = entry.get("process_group") or ["?", ""]
+                return str(entry.get("profiling_name", "?")), str(group[0]), str(group[1] or "")
         return None
+
+    def groups_settled(self, unused_ns: int = GROUP_UNUSED_NS) -> bool:
+        """Whether Flight Recorder's group maps can be read now. Its JSON and pickle dumps iterate
+        ``all_pg_status_`` and ``pg_name_to_ranks_`` without the lock that ``record()`` and
+        ``record_pg_ranks()`` take to insert into them (FlightRecorderDetail.hpp): an insertion meanwhile (a
+        group being created, or recording its first operation) can crash the process. Torch itself reads them
+        only at a timeout. So the watchdog's reads and the periodic dumps wait until the set of groups is
+        unchanged and each group's first record is over: every group has issued two collectives (the second is
+        recorded after the first), or had issued one ``USED_AGE_NS`` ago (a record takes microseconds), or the
+        set has not changed for ``unused_ns`` (a group used only for send/recv shows no collective count)."""
+        self._issued()  # looks at the groups and their counters (see _observe)
+        now = self._clock()
+        if self._fewest_collectives >= 2 or now - self._groups_since_ns >= unused_ns:
+            return True
+        return self._used_since_ns is not None and now - self._used_since_ns >= USED_AGE_NS
+
+    def _observe(self, key: tuple[int, int | None], fewest: int) -> None:
+        """Note what ``_issued`` saw: which groups exist, the fewest collectives one of them has issued, and
+        since when every one has issued one."""
+        now = self._clock()
+        if key != self._groups_seen:
+            self._groups_seen, self._groups_since_ns, self._used_since_ns = key, now, None
+        self._fewest_collectives = fewest
+        if fewest < 1:
+            self._used_since_ns = None
+        elif self._used_since_ns is None:
+            self._used_since_ns = now
 
     def at_step(self, _step: int) -> None:
         """``maybe_dump`` at a step boundary, at most once per ``_step_check_ns``. Right after an optimizer step
@@ -325,23 +385,32 @@ class FlightRecorderDumps:
             self.maybe_dump()
 
     def maybe_dump(self) -> None:
-        """Dump when about half a ring of entries accumulated since the last dump (never with no ring)."""
-        if self._buffer_size > 0 and self._issued() - self._issued_at_last_dump >= self._buffer_size // 2:
+        """Dump when about half a ring of entries accumulated since the last dump (never with no ring), once
+        the groups have settled (``groups_settled``; with half a ring left, a short wait loses nothing)."""
+        if self._buffer_size > 0 and self._issued() - self._issued_at_last_dump >= self._buffer_size // 2 \
+                and self.groups_settled():
             self.dump("periodic")
 
     def _issued(self) -> int:
-        """Collectives issued so far on every group this rank has seen, C++-issued ones included. Runs at every
-        step boundary: the groups' counters are looked up again only when groups come or go."""
+        """Ring slots taken so far: the collectives issued on every group this rank has seen (C++-issued ones
+        included) plus the point-to-point ops on GPUs the patch layer counted (each takes a slot; the
+        collective counters do not count them). Runs at every step boundary: the groups' counters are looked
+        up again only when groups come or go."""
         world = self._c10d._world
         key = (len(world.pg_map), getattr(world, "group_count", None))
         if key != self._counters_key or key[1] is None:
             self._counters_key = key
             self._counters = [counter for group in list(world.pg_map)
                               if (counter := getattr(group, "_get_sequence_number_for_group", None)) is not None]
-        total = 0
+        total = self.p2p_issued
+        fewest = None
         for counter in self._counters:
             try:
-                total += counter()
+                n = counter()
             except Exception:  # a backend without the counter, a group destroyed meanwhile
+                fewest = 0
                 continue
+            total += n
+            fewest = n if fewest is None else min(fewest, n)
+        self._observe(key, fewest or 0)
         return total

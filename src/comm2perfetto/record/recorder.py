@@ -140,6 +140,8 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 if not call.collective:
                     info.p2p_consumed += raw_after - raw_seq
                 seq = raw_after - info.p2p_consumed
+            if not call.collective:
+                rec._count_p2p(call, record, args, kwargs)
             if not async_op:
                 info.returned = seq
             data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
@@ -325,6 +327,13 @@ class Recorder:
 
         for future in futures:
             future.add_done_callback(done)
+
+    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> None:
+        """Count a point-to-point call's ops on a GPU for the dump schedule: each takes a Flight Recorder slot
+        that no collective counter shows (gloo's send/recv are not in Flight Recorder at all)."""
+        if self.flight is not None and not self._cpu_work(call, args, kwargs):
+            peers = record[6]
+            self.flight.p2p_issued += len(peers) if isinstance(peers, list) else 1
 
     def _cpu_work(self, call: BoundSpec, args: tuple, kwargs: dict) -> bool:
         """Whether the call's work runs on the CPU (gloo), where a work's future completes with the work.

@@ -55,8 +55,9 @@ class Watchdog:
         self._out_dir = out_dir
         self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
         self._reported: set[int] = set()
-        self._fr_first_seen: dict[tuple[tuple[str, str], int], int] = {}
-        self._fr_reported: set[tuple[tuple[str, str], int]] = set()
+        # Flight Recorder's first unfinished op per (dump kind, pg_id, counter) -> when first seen so.
+        self._fr_first_seen: dict[tuple[tuple[str, str, str], int], int] = {}
+        self._fr_reported: set[tuple[tuple[str, str, str], int]] = set()
         self._seen_gen = 0
         self._last_heartbeat_ns = 0
         self._dumps = 0
@@ -129,9 +130,12 @@ class Watchdog:
                 self._live.resolved(gen)
 
     def _check_flight_recorder(self, now: int) -> None:
-        """Stalls in collectives the patch layer never sees (DDP's, FSDP's): a group whose first unfinished
-        collective stays the same for longer than the threshold."""
+        """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's
+        collectives, NCCL's async work): a group whose first unfinished collective, or send/recv, stays the
+        same for longer than the threshold."""
         unfinished = self._recorder.flight.unfinished()
+        if unfinished is None:  # groups still changing: Flight Recorder is not read, nothing is concluded
+            return
         watched = {(key, seq) for key, seq in unfinished.items()}
         for item in list(self._fr_first_seen):
             if item not in watched:  # it completed: the group moved on
@@ -140,9 +144,9 @@ class Watchdog:
             since = self._fr_first_seen.setdefault(item, now)
             if now - since > self._stall_ns and item not in self._fr_reported:
                 self._fr_reported.add(item)
-                (kind, pg_id), seq = item
-                found = self._recorder.flight.active_entry(kind, pg_id, seq)
-                if found is not None and self._recorder.completed_on_cpu(found[1], seq):
+                (kind, pg_id, counter), seq = item
+                found = self._recorder.flight.active_entry(kind, pg_id, seq, counter)
+                if found is not None and counter == "coll" and self._recorder.completed_on_cpu(found[1], seq):
                     continue  # gloo's status lagging behind a call the patch layer saw return
                 op, group = (found[0], found[2] or found[1]) if found is not None else ("collective", f"pg_id {pg_id}")
                 self._on_local_stall(None, op, group, seq, since, "fr_pending", fr_item=item)
@@ -172,7 +176,9 @@ class Watchdog:
         out: dict[str, dict] = {}
         if flight is None:
             return out
-        for ((kind, pg_id), seq), since in self._fr_first_seen.items():
+        for ((kind, pg_id, counter), seq), since in self._fr_first_seen.items():
+            if counter != "coll":  # the live verdict compares collective sequence numbers
+                continue
             found = flight.active_entry(kind, pg_id, seq)
             if found is not None and not self._recorder.completed_on_cpu(found[1], seq):
                 profiling_name, name, desc = found

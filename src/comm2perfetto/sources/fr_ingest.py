@@ -113,6 +113,9 @@ def _merge_snapshots(dumps: list[FrDump], notes: list[str]) -> tuple[list[dict[s
                     f"{d.path.name} and another dump of the same rank disagree about record "
                     f"{key[2]} (different jobs or runs in one folder)"
                 )
+            if old is not None and "frames" in old and not e.get("frames"):
+                # a periodic dump leaves stacks out (record/flight.py): keep those an earlier dump had
+                e = dict(e, frames=old["frames"])
             merged[key] = e
     if unusable:
         notes.append(f"{_files_text(dumps)}: {unusable:,} Flight Recorder entries without a usable name, group id "
