@@ -197,6 +197,9 @@ class Collective:
     stack_ids: tuple[int | None, ...]
     sources: tuple[str | None, ...]
     stacks: tuple[Stack, ...] = field(repr=False, compare=False, default=())
+    # Each rank's GPU time of it (Flight Recorder's duration_ms: NCCL with TORCH_NCCL_ENABLE_TIMING), aligned
+    # with ``ranks``; () when no rank has one.
+    duration_ns: tuple[int | None, ...] = ()
 
     @property
     def op(self) -> str:

@@ -244,6 +244,27 @@ def test_collective_table_times_and_bandwidth(tmp_path):
     assert row["arrival_skew_mean_s"] == pytest.approx(30_000e-9)
 
 
+def test_nccl_gpu_durations_are_the_transfer_time(tmp_path):
+    """With TORCH_NCCL_ENABLE_TIMING, Flight Recorder's retired NCCL entries carry duration_ms from CUDA events
+    (FlightRecorderDetail.hpp, ``retire_id``: ``duration_ = getDurationFromEvent(*startEvent, *endEvent)``),
+    while their completion time is when the watchdog noticed (here 50 us after arrival, as late as it likes):
+    the transfer time is the shortest GPU time, and gloo dumps (no durations) keep arrival-to-completion."""
+    fr = FrJob(world=2)
+    for i in range(3):
+        for r in fr.ranks:
+            fr.collective(r, "all_reduce", [[512, 512]], t_ns=T0_NS + i * 1_000_000 + r * 10_000)
+            fr.entries[r][-1]["duration_ms"] = 0.020 + 0.001 * r  # rank 0 20 us, rank 1 21 us
+    fr.entries[1][0]["duration_ms"] = float("nan")  # not a duration: left out, rank 0's still counts
+    fr.write(tmp_path)
+    job = load_job([tmp_path])
+    cols = next(iter(job.collectives.values()))
+    assert [c.duration_ns for c in cols] == [(20_000, None), (20_000, 21_000), (20_000, 21_000)]
+    [row] = collective_table(job)
+    assert row["transfer_s"] == pytest.approx(3 * 20_000 * 1e-9)
+    assert row["algbw_gbps"] == pytest.approx(512 * 512 * 4 / 20e-6 / 1e9)
+    assert row["mean_s"] == pytest.approx((10_000 + 50_000) * 1e-9)  # first arrival to last completion
+
+
 def test_stragglers_rank_the_last_arriver_first(tmp_path):
     job = _staggered_job(tmp_path)
     rows = straggler_table(job)

@@ -13,7 +13,9 @@ For one collective (a process group's seq, across its ranks):
 group (nccl-tests doc/PERFORMANCE.md): all_reduce ``2(n-1)/n``; all_gather, reduce_scatter, all_to_all,
 gather, scatter ``(n-1)/n``; broadcast, reduce, send/recv ``1``. Sums run over the collectives with a known
 transfer time: gloo's Flight Recorder has no completion times, so DDP's collectives on gloo are counted
-(``count``) but only the recorder's calls are timed (``timed``).
+(``count``) but only the recorder's calls are timed (``timed``). Where NCCL timed its work
+(``TORCH_NCCL_ENABLE_TIMING``, which the recorder sets), the transfer time is the GPU time Flight Recorder
+reports (``duration_ms``): its completion times are when NCCL's watchdog noticed.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
                 continue
             row = rows[(family(sig.op), uid)]
             row.group_size = n
-            _add(row, message_bytes(sig, n), _timing(c.arrive_ns, c.end_ns), c.arrival_skew_ns)
+            _add(row, message_bytes(sig, n), _timing(c.arrive_ns, c.end_ns, c.duration_ns), c.arrival_skew_ns)
     for uid, transfers in job.p2p.items() if keep is None else ():  # p2p has no step: left out of a step range
         for t in transfers:
             ops = [op for op in (t.send, t.recv) if op is not None]
@@ -99,9 +101,19 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
     return table
 
 
-def _timing(arrive: Iterable[int | None], end: Iterable[int | None]) -> tuple[int, int] | None:
-    """(duration, transfer time) from per-rank arrivals and completions; None when no rank has both."""
+def _timing(arrive: Iterable[int | None], end: Iterable[int | None],
+            gpu: Iterable[int | None] = ()) -> tuple[int, int] | None:
+    """(duration, transfer time) from per-rank arrivals and completions; None when no rank has both.
+
+    ``gpu``: each rank's GPU time of the collective where NCCL timed it (Flight Recorder's ``duration_ms``).
+    Then the transfer time is the shortest of those: NCCL's completion times are when its watchdog noticed
+    (it polls every 100 ms), so arrival-to-completion would hold that delay too.
+    """
     pairs = [(a, e) for a, e in zip(arrive, end) if a is not None and e is not None and e >= a]
+    timed = [d for d in gpu if d is not None]
+    if timed:
+        span = max(e for _, e in pairs) - min(a for a, _ in pairs) if pairs else max(timed)
+        return max(span, min(timed)), min(timed)
     if not pairs:
         return None
     return max(e for _, e in pairs) - min(a for a, _ in pairs), min(e - a for a, e in pairs)

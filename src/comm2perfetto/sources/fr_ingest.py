@@ -40,6 +40,8 @@ class GroupTrack:
     stack_ids: list[int | None] = field(default_factory=list)
     op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
     record_ids: list[int] = field(default_factory=list)
+    # The GPU time of each collective (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
+    durations_ns: list[int | None] = field(default_factory=list)
     # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
     p2p: list[tuple] = field(default_factory=list)
 
@@ -327,6 +329,10 @@ def _ingest(
         t_st = tuple(x or None for x in t_st)
     if 0 in t_co:
         t_co = tuple(x or None for x in t_co)
+    # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
+    # retired entries only): a sample of the entries says whether to read the column at all.
+    timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
+    durations = list(map(_duration_ns, (e.get("duration_ms") for e in entries))) if timed else [None] * len(names)
     if with_stacks and "frames" in entries[0]:
         sids = _stack_ids([e.get("frames") for e in entries], stacks)
     else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
@@ -369,7 +375,7 @@ def _ingest(
         sigs = signatures.column(key[0], t_seqs, tuple(take(names)), parts, tuple(take(in_s)),
                                  tuple(take(in_d)), tuple(take(out_s)), tuple(take(out_d)))
         cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
-                list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids))]
+                list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids)), list(take(durations))]
         if len(set(t_seqs)) != len(t_seqs):  # coalesced groups: several rows share a seq
             folded = _fold_coalesced(list(zip(*cols)), signatures)
             cols = [list(c) for c in zip(*folded)]
@@ -401,7 +407,7 @@ def _unwrap_debug_groups(pgs: tuple, pg_ids: tuple, names: tuple, in_s: tuple) -
 
 
 _TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "completed_ns", "stack_ids", "op_ids",
-                 "record_ids")
+                 "record_ids", "durations_ns")
 
 
 def _add_p2p(track: GroupTrack, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
@@ -426,6 +432,21 @@ def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
         if key is not None:  # stack_id skips frames that are not {filename, line, name} records
             sid_of[key] = stack_id(frames, frame_cache, stacks)
     return list(map(sid_of.__getitem__, keys))
+
+
+def _duration_ns(ms: Any) -> int | None:
+    """FR's ``duration_ms`` (a float: ``0.25``) in ns; None when absent or not a plausible duration.
+
+    >>> _duration_ns(0.25), _duration_ns(None), _duration_ns(float("nan")), _duration_ns(-1.0)
+    (250000, None, None, None)
+    """
+    if type(ms) not in (float, int) or not 0 <= ms < MAX_DURATION_MS:  # NaN fails both comparisons
+        return None
+    return round(ms * 1_000_000)
+
+
+# A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
+MAX_DURATION_MS = 86_400_000
 
 
 def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple]:
@@ -453,7 +474,7 @@ def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple
             ))
             first = group[0]
             out.append((first[0], sig, last[2], first[3], last[4] or first[4], last[5], first[6], last[7],
-                        last[8]))
+                        last[8], last[9]))
         i = j + 1
     return out
 
