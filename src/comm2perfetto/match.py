@@ -78,7 +78,7 @@ class _Track:
     sources: list[str] | None  # None: every row is "fr"
     log_sigs: list[Signature | None] | None = None
     log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
-    durations: dict[int, int] = field(default_factory=dict)  # seq -> GPU time (FR's duration_ms), where known
+    durations: list[int | None] | None = None  # GPU time (FR's duration_ms) by row; None: no row has one
 
 
 def load_job(
@@ -260,10 +260,10 @@ def _uid(name: str, ranks: tuple[int, ...]) -> str:
 
 
 def _fr_track(gt: GroupTrack) -> _Track:
-    durations = {s: d for s, d in zip(gt.seqs, gt.durations_ns) if d is not None} if any(gt.durations_ns) else {}
     return _Track(
         seqs=gt.seqs, sigs=gt.sigs, states=gt.states, arrive=gt.created_ns, start=gt.started_ns,
-        end=gt.completed_ns, stack_ids=gt.stack_ids, sources=None, durations=durations,
+        end=gt.completed_ns, stack_ids=gt.stack_ids, sources=None,
+        durations=gt.durations_ns if any(gt.durations_ns) else None,
     )
 
 
@@ -333,7 +333,10 @@ def _merge_log(
 def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
     """Fold recorder rows (by key) into the FR track of the same rank and group (or make a new one)."""
     index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
-    out = _Track([], [], [], [], [], [], [], [], [], {}, fr.durations if fr is not None else {})
+    out = _Track([], [], [], [], [], [], [], [], [], {})
+    durations = fr.durations if fr is not None else None
+    if durations is not None:
+        out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
     for key in sorted(set(index) | set(rows)):
         i = index.get(key)
         row = rows.get(key)
@@ -419,7 +422,10 @@ def _join_trace_rows(track: _Track | None, rows: dict[int, TraceCollective]) -> 
     if track is None:
         track = _Track([], [], [], [], [], [], [], [], [], {})
     index = {s: i for i, s in enumerate(track.seqs)}
-    out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends), track.durations)
+    out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends))
+    if track.durations is not None:
+        out.durations = [track.durations[index[key]] if key in index else None
+                         for key in sorted(set(index) | set(rows))]
     sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
     log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
     for key in sorted(set(index) | set(rows)):
@@ -603,8 +609,10 @@ def _collectives(
         cols["source"].append(dense(tr.sources if tr.sources is not None else ["fr"] * len(tr.seqs)))
     out = []
     # GPU times (NCCL with timing): only where some member has them, so other jobs pay nothing here
-    timed = [tr.durations if tr is not None else {} for _, tr in present] \
-        if any(tr is not None and tr.durations for _, tr in present) else None
+    timed = None
+    if any(tr is not None and tr.durations is not None for _, tr in present):
+        timed = list(zip(*(_densify(tr.seqs, lo, n)(tr.durations) if tr is not None and tr.seqs
+                           and tr.durations is not None else empty for _, tr in present)))
     rows = zip(*(zip(*cols[k]) for k in ("sig", "state", "arrive", "start", "end", "stack", "source")))
     for i, (sigs, states, arrive, start, end, stack, source) in enumerate(rows):
         if not any(sigs):  # no member recorded this seq (signatures are always truthy)
@@ -612,7 +620,7 @@ def _collectives(
         out.append(Collective(
             group=group, seq=lo + i, ranks=members, signatures=sigs, states=states, arrive_ns=arrive,
             start_ns=start, end_ns=end, stack_ids=stack, sources=source, stacks=stacks,
-            duration_ns=tuple(d.get(lo + i) for d in timed) if timed is not None else (),
+            duration_ns=timed[i] if timed is not None else (),
         ))
     return tuple(out)
 
