@@ -51,7 +51,7 @@ from comm2perfetto.model import (
     RankInfo,
     Signature,
 )
-from comm2perfetto.sources.discover import Sources, drop_traces, load_sources
+from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
 from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
 from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
 from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -170,12 +170,9 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
 
 
 def _world_size(src: Sources) -> int | None:
-    for log in src.logs.values():
-        return log.world_size
-    for trace in src.fr.values():
-        cfg = trace.pg_config.get("0")
-        if cfg is not None and cfg.ranks:
-            return len(cfg.ranks)
+    world = dumps_world(src)
+    if world is not None:
+        return world
     for traces in src.traces.values():
         for kt in traces:
             if kt.world_size:

@@ -233,7 +233,7 @@ def load_sources(
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
-    check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
+    check_against_job(src.traces, dumps_world(src), _dumps_times(src), problems)
     _refuse_mixed(src, problems, force)
     if not src.fr and not src.logs and not src.kineto:
         where = ", ".join(str(p) for p in paths)
@@ -361,7 +361,7 @@ def adopt_traces(src: Sources, traces: Mapping[int, list[KinetoTrace]], force: b
     ``read_traces=False``, with the same mixed-job check as ``load_sources``."""
     src.traces = {rank: list(ts) for rank, ts in traces.items() if ts}
     problems: list[str] = []
-    check_against_job(src.traces, _dumps_world(src), _dumps_times(src), problems)
+    check_against_job(src.traces, dumps_world(src), _dumps_times(src), problems)
     _refuse_mixed(src, problems, force)
 
 
@@ -374,7 +374,7 @@ def drop_traces(src: Sources) -> None:
     src.traces.clear()
 
 
-def _dumps_world(src: Sources) -> int | None:
+def dumps_world(src: Sources) -> int | None:
     """The world size the event logs or Flight Recorder's default group state, if any."""
     for log in src.logs.values():
         return log.world_size
