@@ -474,7 +474,7 @@ def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
 
 def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     detail = (
-        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, no event log); "
+        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler trace); "
         "the verdict covers the other ranks only."
     )
     action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
