@@ -316,3 +316,34 @@ def test_readers_pass_over_the_verdict_file_quietly(tmp_path):
     found, skipped = discover([tmp_path])
     assert [(f.path.name, f.kind) for f in found] == [(layout.STALL_VERDICT_FILE, "verdict")]
     assert skipped == []  # the hidden .live folder is not walked either
+
+
+def test_a_failing_store_turns_the_live_verdict_off_not_the_recorder():
+    """The live verdict is an extra: when the store fails under it, the watchdog goes on (stall detection,
+    dumps) with one warning, and recording is not disabled."""
+    from comm2perfetto.record.watchdog import Watchdog
+
+    class _Broken(_Store):
+        def set(self, key, value):
+            raise RuntimeError("store gone")
+
+    class _Rec:
+        rank = 0
+        faulted = False
+        warnings: list = []
+
+        def warn(self, message):
+            self.warnings.append(message)
+
+        def fault(self, exc):
+            self.faulted = True
+
+    class _Live:
+        def on_stall(self, gen, fr_pending=None):
+            _Broken().set("k", b"v")
+
+    rec = _Rec()
+    dog = Watchdog(rec, _Store(), None, ".", live=_Live())
+    dog._live_step(lambda: dog._live.on_stall(1))
+    assert dog._live is None and not rec.faulted
+    assert rec.warnings == ["live verdict off after an error: RuntimeError: store gone"]

@@ -115,8 +115,18 @@ class Watchdog:
         if self._store is not None:
             self._check_remote()
         if self._live is not None:
-            self._check_resolved()
-            self._live.tick()
+            self._live_step(self._check_resolved)
+        if self._live is not None:
+            self._live_step(self._live.tick)
+
+    def _live_step(self, step: Any) -> None:
+        """Run one step of the live verdict. A failure there (the store gone, a full disk) turns the live
+        verdict off with one warning; the stall detection and dumps, and training, go on."""
+        try:
+            step()
+        except Exception as exc:
+            self._live = None
+            self._recorder.warn(f"live verdict off after an error: {type(exc).__name__}: {exc}"[:500])
 
     def _check_resolved(self) -> None:
         """Tell the live verdict when a stall this rank detected is over: its call completed."""
@@ -168,7 +178,7 @@ class Watchdog:
         # After the dump: the stall's own record and stacks come first, as every other rank's do.
         if gen is not None and self._live is not None:
             self._open_stalls[gen] = cid if cid is not None else fr_item
-            self._live.on_stall(gen, self._fr_pending())
+            self._live_step(lambda: self._live.on_stall(gen, self._fr_pending()))
 
     def _fr_pending(self) -> dict[str, dict]:
         """The collectives Flight Recorder shows unfinished, by group name, for the live verdict."""
@@ -198,7 +208,7 @@ class Watchdog:
         if trigger != self._recorder.rank:
             self._dump("remote", trigger, None)
             if self._live is not None:
-                self._live.on_stall(gen, self._fr_pending())
+                self._live_step(lambda: self._live.on_stall(gen, self._fr_pending()))
 
     def _dump(self, reason: str, trigger_rank: int | None, cid: int | None) -> None:
         rec = self._recorder
