@@ -136,23 +136,26 @@ def _set_kineto(folder: Path, rank: int, d: st.DataObject) -> str:
     return f"kineto:{key}"
 
 
-def _truncate(folder: Path, rank: int, d: st.DataObject) -> str:
+def _any_file(folder: Path, rank: int, d: st.DataObject) -> tuple[str, Path | None]:
+    """A file of ``rank`` of a drawn kind (dump, log, stacks or trace), or None when it has none of that kind."""
     kind = d.draw(st.sampled_from(["fr", "log", "stacks", "kineto"]))
     files = _files(folder, rank, kind)
-    if not files:
+    return kind, d.draw(st.sampled_from(files)) if files else None
+
+
+def _truncate(folder: Path, rank: int, d: st.DataObject) -> str:
+    kind, path = _any_file(folder, rank, d)
+    if path is None:
         return "truncate(none)"
-    path = d.draw(st.sampled_from(files))
     data = path.read_bytes()
     path.write_bytes(data[:d.draw(st.integers(0, max(0, len(data) - 1)))])
     return f"truncate:{kind}"
 
 
 def _scribble(folder: Path, rank: int, d: st.DataObject) -> str:
-    kind = d.draw(st.sampled_from(["fr", "log", "stacks", "kineto"]))
-    files = _files(folder, rank, kind)
-    if not files:
+    kind, path = _any_file(folder, rank, d)
+    if path is None:
         return "scribble(none)"
-    path = d.draw(st.sampled_from(files))
     data = bytearray(path.read_bytes())
     at = d.draw(st.integers(0, len(data)))
     junk = d.draw(st.binary(min_size=1, max_size=64))
