@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -358,20 +358,7 @@ class Recorder:
             raise RuntimeError(f"injected recorder fault in {call.name} (COMM2PERFETTO_TEST_FAULT)")
         n = len(args)
         tensor_type = self._tensor_type
-        pairs: list[tuple[Any, Any]] = []
-        for pos, name in call.inputs:
-            value = args[pos] if pos < n else kwargs.get(name)
-            if value is None:
-                continue
-            if isinstance(value, tensor_type):
-                pairs.append((value.shape, value.dtype))
-                continue
-            for item in value:  # a list of tensors, or of P2POp (batch_isend_irecv)
-                if not isinstance(item, tensor_type):
-                    item = getattr(item, "tensor", None)
-                    if item is None:
-                        continue
-                pairs.append((item.shape, item.dtype))
+        pairs = [(t.shape, t.dtype) for t in _input_tensors(call, args, kwargs, tensor_type)]
         # Object collectives (no input tensors) have no signature and no bytes.
         key = tuple(pairs) if call.inputs else None
         aid = self._other_arg_ids.get(key)
@@ -606,20 +593,26 @@ def _numel(shape: Any) -> int:
     return total
 
 
-def _first_tensor(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Any:
-    """The first input tensor of a call (in a list, or a P2POp's), or None."""
+def _input_tensors(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Iterator[Any]:
+    """A call's input tensors, in order: a tensor argument, or those of a list of tensors or of P2POp
+    (batch_isend_irecv)."""
     n = len(args)
     for pos, name in call.inputs:
         value = args[pos] if pos < n else kwargs.get(name)
         if value is None:
             continue
         if isinstance(value, tensor_type):
-            return value
+            yield value
+            continue
         for item in value:
             item = item if isinstance(item, tensor_type) else getattr(item, "tensor", None)
             if isinstance(item, tensor_type):
-                return item
-    return None
+                yield item
+
+
+def _first_tensor(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Any:
+    """The first input tensor of a call, or None."""
+    return next(_input_tensors(call, args, kwargs, tensor_type), None)
 
 
 def _futures_of(works: Any) -> list[Any]:
