@@ -1,7 +1,16 @@
 """File names in a recording folder (docs/log-format.md): the one place the recorder that writes them and
-the readers that find them take them from. Never imports torch."""
+the readers that find them take them from, and how a file is written there. Never imports torch."""
 
 from __future__ import annotations
+
+import os
+
+
+def write_whole(path: str, data: bytes) -> None:
+    """Write ``data`` to a temporary name beside ``path`` and rename it: a reader never sees half a file."""
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
 
 JOB_FILE = "job.json"  # written by versions before the per-node name below
 

@@ -129,9 +129,7 @@ class StallWatcher:
                "folder": os.path.abspath(self._out_dir), "verdict": verdict}
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
         path = os.path.join(self._out_dir, layout.STALL_VERDICT_FILE)
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
+        layout.write_whole(path, data)
         if event == "resolved":
             self._say(f"stall {gen} resolved: the job went on ({path})")
         else:

@@ -266,10 +266,7 @@ class FlightRecorderDumps:
                 self._recorder.warn(f"Flight Recorder {kind} dump failed: {type(exc).__name__}: {exc}")
                 continue
             name = layout.fr_dump(rank, kind, self._count)
-            path = os.path.join(self._out_dir, name)
-            with open(path + ".tmp", "wb") as f:
-                f.write(data)
-            os.replace(path + ".tmp", path)
+            layout.write_whole(os.path.join(self._out_dir, name), data)
             self._recorder.log.write(["f", time.time_ns(), name, reason])
 
     def release_groups(self) -> None:

@@ -180,6 +180,4 @@ class LiveVerdict:
 def _write_json(out_dir: str, name: str, doc: dict[str, Any]) -> None:
     path = os.path.join(out_dir, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        f.write(orjson.dumps(doc))
-    os.replace(path + ".tmp", path)
+    layout.write_whole(path, orjson.dumps(doc))

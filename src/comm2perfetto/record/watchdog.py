@@ -49,7 +49,7 @@ class Watchdog:
         self._store = store
         self._live = live if store is not None else None
         # Stalls this rank detected whose trigger has not completed yet: gen -> cid, or the Flight Recorder
-        # item ((kind, pg_id), seq) for a collective the patch layer does not see.
+        # item ((kind, pg_id, counter), seq) for an operation the patch layer does not see.
         self._open_stalls: dict[int, Any] = {}
         self._stall_ns = None if stall_after_s is None else int(stall_after_s * 1e9)
         self._out_dir = out_dir
@@ -247,8 +247,5 @@ def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank:
         "reason": reason, "trigger_rank": trigger_rank, "pending": pending, "threads": threads,
     }
     name = layout.stacks(rec.rank, n)
-    path = os.path.join(out_dir, name)
-    with open(path + ".tmp", "wb") as f:
-        f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    os.replace(path + ".tmp", path)
+    layout.write_whole(os.path.join(out_dir, name), orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return name
