@@ -117,7 +117,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     if groups and all(g.backend == "gloo" for g in groups) and not job.logs:
         notes.append("gloo's Flight Recorder never marks collectives completed: whether the last one finished "
                      "cannot be told from these dumps alone (record with `comm2perfetto record` to know)")
-    status = _status(findings, interrupted_at is not None, bool(running))
+    status = verdict_status(findings, interrupted_at is not None, bool(running))
     if status == "interrupted":
         notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
     return Diagnosis(
@@ -127,7 +127,8 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     )
 
 
-def _status(findings: Sequence[Finding], interrupted: bool, running: bool) -> str:
+def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
+    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first."""
     kinds = {f.kind for f in findings}
     if kinds & set(DESYNC_KINDS):
         return "desync"

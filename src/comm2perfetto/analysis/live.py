@@ -31,18 +31,21 @@ from comm2perfetto.analysis.findings import (
     ranks_text,
     secs_text,
 )
+from comm2perfetto.analysis.hang import verdict_status
 from comm2perfetto.model import ClockAlignment
 
 _WAITING, _MISSING, _ISSUED, _SILENT, _UNKNOWN = "waiting", "missing", "issued", "silent", "unknown"
 
 
 def live_diagnosis(snapshot: Mapping[str, Any]) -> Diagnosis:
-    """The verdict of one stall snapshot (``.live/stall.<gen>.json``)."""
-    ranks = {s["rank"]: s for s in snapshot.get("ranks", ()) if isinstance(s, dict) and isinstance(s.get("rank"), int)}
-    world = snapshot.get("world_size") if isinstance(snapshot.get("world_size"), int) else None
+    """The verdict of one stall snapshot (``.live/stall.<gen>.json``, as ``sources.live.read_snapshot`` checked
+    it)."""
+    ranks = {s["rank"]: s for s in snapshot["ranks"]}
+    world = snapshot["world_size"]
     findings: list[Finding] = []
     silent_named: set[int] = set()
-    for name, desc, members in _groups(ranks, world):
+    groups = _groups(ranks, world)
+    for name, desc, members in groups:
         finding, silent = _group_verdict(name, desc, members, ranks)
         if finding is not None:
             findings.append(finding)
@@ -51,15 +54,12 @@ def live_diagnosis(snapshot: Mapping[str, Any]) -> Diagnosis:
     if absent:
         findings.append(_silent(absent, world))
     findings.sort(key=lambda f: (ORDER[f.kind], f.t_ns if f.t_ns is not None else 0))
-    kinds = {f.kind for f in findings}
-    status = "desync" if OP_MISMATCH in kinds else "stuck" if kinds & {MISSING_RANKS, STUCK_ALL_JOINED} else \
-        "incomplete" if kinds else "ok"
     notes = ("a live verdict, from each rank's position at the stall; `comm2perfetto diagnose` on the folder "
              "afterwards gives the full picture",)
     return Diagnosis(
-        status=status, world_size=world, ranks_with_data=tuple(sorted(ranks)), findings=tuple(findings),
-        skipped=(), notes=notes, clock=ClockAlignment(),
-        groups_checked=tuple(name for name, _, _ in _groups(ranks, world)),
+        status=verdict_status(findings), world_size=world, ranks_with_data=tuple(sorted(ranks)),
+        findings=tuple(findings), skipped=(), notes=notes, clock=ClockAlignment(),
+        groups_checked=tuple(name for name, _, _ in groups),
     )
 
 
