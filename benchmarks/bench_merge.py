@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             out = root / f"job{world}-{mode}.pftrace"
             r = min((_merge(folder, out, env, *extra) for _ in range(args.repeat)), key=lambda m: m["s"])
             if args.check:
-                from comm2perfetto.export.check import check_trace
+                from comm2perfetto.trace.check import check_trace
 
                 check_trace(out)
             row = {"ranks": world, "mode": mode, "entries_per_rank": args.entries, "floor_s": floor[0],

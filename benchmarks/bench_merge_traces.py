@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"HTA exited {status}:\n{text[-2000:]}")
                 hta = f"{hta_s:.1f}/{hta_cpu:.1f}"
             _, _, _, text, _ = measure([sys.executable, "-c", _OFFSETS, str(folder)], env)
-            offsets, residual = eval(text.strip().splitlines()[-1])  # our own repr of ints  # noqa: S307
+            offsets, residual = eval(text.strip().splitlines()[-1])  # our own repr of ints
             # t_rank0 = t_local + offset, and rank r's clock runs (r // 8) * skew ahead of rank 0's
             errors = [abs(off + (r // synth.GPUS_PER_NODE) * synth.NODE_CLOCK_SKEW_NS) for r, off in offsets.items()]
             found = f"max error {max(errors) / 1000:.1f} us, residual {(residual or 0) / 1000:.1f} us"

@@ -16,7 +16,7 @@ import random
 import tempfile
 import time
 
-from comm2perfetto.export.preview import PreviewRow, render_preview
+from comm2perfetto.trace.preview import PreviewRow, render_preview
 
 T0_NS = 1_795_313_447_000_000_000
 

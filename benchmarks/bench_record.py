@@ -170,7 +170,7 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
             total += i
         return original(*args, **kwargs)
 
-    from comm2perfetto.record import patch, state
+    from comm2perfetto.record import patch
 
     names_all = (UNPATCHED, PASSTHROUGH, BUSY, RECORDING, NOOP, NOOP_RECORDING)
     samples: dict[str, list[int]] = {name: [] for name in names_all}

@@ -80,7 +80,7 @@ print("\\n" + MARK + json.dumps(figures))
 def check_reader(stats: synth.JobStats, ranks: list[int]) -> None:
     """Read traces back with comm2perfetto's Kineto reader: every GPU event found and classified as written,
     and the overlap of what it read equal to the generator's (to the nanosecond: same pp to 1e-9)."""
-    from comm2perfetto.sources.kineto import read_kineto
+    from comm2perfetto.sources.kineto.reader import read_kineto
 
     for rank in ranks:
         trace = read_kineto(stats.files[rank])

@@ -44,10 +44,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from comm2perfetto.export.check import check_trace
-from comm2perfetto.export.chrome_json import ChromeJsonWriter
-from comm2perfetto.export.perfetto import ZLIB_LEVEL, PerfettoWriter
-from comm2perfetto.export.sink import NO_FLOWS, EventItem, SharedArgs
+from comm2perfetto.trace.check import check_trace
+from comm2perfetto.trace.chrome_json import ChromeJsonWriter
+from comm2perfetto.trace.perfetto import ZLIB_LEVEL, PerfettoWriter
+from comm2perfetto.trace.sink import NO_FLOWS, EventItem, SharedArgs
 
 T0_NS = 1_795_313_447_000_000_000
 STEP_NS = 2_000_000

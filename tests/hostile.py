@@ -109,8 +109,8 @@ def _child(argv: list[str], out_fd: int, err_fd: int, memory: int) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         # pytest replaces sys.stdout/stderr with its capture objects: write to the real descriptors instead
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - flushed before os._exit
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _limit_memory(memory)
@@ -120,7 +120,7 @@ def _child(argv: list[str], out_fd: int, err_fd: int, memory: int) -> None:
             status = main(argv)
         except SystemExit as exc:  # argparse
             status = exc.code if isinstance(exc.code, int) else 2
-        except BaseException:  # noqa: BLE001 - what the interpreter would print for an escaping exception
+        except BaseException:
             traceback.print_exc()
             status = 1
         sys.stdout.flush()
@@ -152,7 +152,7 @@ def copy_recording(dest: Path, source: Path = RECORDING) -> Path:
 
 def load_dump(path: Path) -> dict[str, Any]:
     with open(path, "rb") as fh:
-        return pickle.load(fh)  # noqa: S301 - our own test data
+        return pickle.load(fh)
 
 
 def save_dump(path: Path, doc: Any) -> None:

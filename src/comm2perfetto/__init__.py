@@ -13,6 +13,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from comm2perfetto.record.api import disable, enable, range, step  # noqa: E402,A004
+from comm2perfetto.record.api import disable, enable, range, step
 
 __all__ = ["__version__", "disable", "enable", "range", "step"]

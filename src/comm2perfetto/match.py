@@ -15,7 +15,7 @@ How records meet:
   knows output sizes), the recorder's arrival (the Python call) and end (the return), FR's start.
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
-- Profiler traces (``sources.kineto_collectives``) add their collectives: by the trace's ``Seq`` where it has
+- Profiler traces (``sources.kineto.collectives``) add their collectives: by the trace's ``Seq`` where it has
   one, joined to the FR entry or recorder call of the same (group, seq), which gets the kernel's GPU begin and
   end; by order in the trace otherwise, only on ranks with no other record of that group. The kernels' ends
   also refine the clock alignment (a collective's kernels end together on every rank).
@@ -52,9 +52,9 @@ from comm2perfetto.model import (
     Signature,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
-from comm2perfetto.sources.flight_recorder import read_fr_dump, stack_for
-from comm2perfetto.sources.fr_ingest import FrRankTrace, GroupTrack
-from comm2perfetto.sources.kineto_collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
+from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
+from comm2perfetto.sources.fr.ingest import FrRankTrace, GroupTrack
+from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.

@@ -49,6 +49,33 @@ def tensor_bytes(sizes: tuple[tuple[int, ...], ...] | None, dtypes: tuple[str, .
         total += math.prod(shape) * size
     return total
 
+
+_ALL_TO_ALL = ("all_to_all", "alltoall")
+_FAMILY = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather": "all_gather", "_all_gather_base": "all_gather", "all_gather_base": "all_gather",
+    "_allgather_base": "all_gather", "allgather": "all_gather", "all_gather_into_tensor": "all_gather",
+    "all_gather_object": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "ALLGATHER_coalesced": "all_gather", "allgather_coalesced": "all_gather", "all_gather_single": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "REDUCE_SCATTER_coalesced": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+    "broadcast": "broadcast", "_broadcast_oop": "broadcast", "broadcast_object_list": "broadcast",
+    "reduce": "reduce", "_reduce_oop": "reduce",
+    "barrier": "barrier", "all_reduce_barrier": "barrier", "monitored_barrier": "barrier",
+    "gather": "gather", "gather_object": "gather", "scatter": "scatter", "scatter_object_list": "scatter",
+}
+
+
+def op_family(op: str) -> str:
+    """The collective an op name stands for, whatever the source's spelling: ``_allgather_base`` -> ``all_gather``."""
+    if any(op.startswith(p) for p in _ALL_TO_ALL):
+        return "all_to_all"
+    return _FAMILY.get(op, op)
+
+
 def _empty() -> Mapping:
     return MappingProxyType({})
 
@@ -369,7 +396,7 @@ class Job:
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
-    # rank -> that rank's profiler traces, read (sources.kineto.KinetoTrace), for what draws their events
+    # rank -> that rank's profiler traces, read (sources.kineto.reader.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
     resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)

@@ -136,6 +136,6 @@ def test_cuda_kineto_trace_through_report_and_merge(tmp_path):
     merge = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "merge", str(out), "-o", str(merged)],
                            capture_output=True, text=True)
     assert merge.returncode in (0, 1), merge.stderr
-    from comm2perfetto.export.check import check_trace
+    from comm2perfetto.trace.check import check_trace
 
     check_trace(merged)

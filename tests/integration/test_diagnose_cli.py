@@ -7,9 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from factories import FrJob, steady_job
-
 from comm2perfetto.cli import main
+from factories import FrJob, steady_job
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

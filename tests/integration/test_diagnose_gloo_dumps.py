@@ -12,10 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import job_env
 
-from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
+from conftest import job_env
 
 pytestmark = pytest.mark.integration
 

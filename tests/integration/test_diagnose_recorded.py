@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import communicate, job_env, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration

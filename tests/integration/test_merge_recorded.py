@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import communicate, job_env, kill_tree, record_cmd, torchrun
 
-from comm2perfetto.export.check import check_trace
+from comm2perfetto.trace.check import check_trace
+from conftest import communicate, job_env, kill_tree, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from conftest import communicate, job_env, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conftest import torchrun
 
 pytestmark = pytest.mark.integration

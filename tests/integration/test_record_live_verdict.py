@@ -88,7 +88,7 @@ def test_verdict_and_hook_while_the_job_hangs_then_resolved(record_job):
     assert err.count("STUCK: 1 finding") == 1
     assert "resolved: the job went on" in err
     # The post-mortem diagnose agrees with what was said live.
-    from comm2perfetto.analysis.hang import diagnose
+    from comm2perfetto.diagnose.diagnosis import diagnose
     from comm2perfetto.match import load_job
 
     after = diagnose(load_job([result.out]))

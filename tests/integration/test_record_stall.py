@@ -5,7 +5,6 @@ where it really is. The job then completes normally."""
 
 from __future__ import annotations
 
-
 import pytest
 
 pytestmark = pytest.mark.integration

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser import Browser
-from conftest import communicate, job_env, record_cmd
 
-from comm2perfetto.export.report_plot import rank_tooltip
+from browser import Browser
+from comm2perfetto.render.report_plot import rank_tooltip
+from conftest import communicate, job_env, record_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first run may install chromium
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.export.chrome_json import ChromeJsonWriter
-from comm2perfetto.export.perfetto import PerfettoWriter
+from comm2perfetto.trace.chrome_json import ChromeJsonWriter
+from comm2perfetto.trace.perfetto import PerfettoWriter
 
 BINARY = os.environ.get("COMM2PERFETTO_TRACE_PROCESSOR")
 pytestmark = pytest.mark.skipif(

@@ -7,7 +7,6 @@ import json
 import pickle
 
 import pytest
-from factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import (
@@ -21,6 +20,7 @@ from comm2perfetto.sources.discover import (
     discover,
     load_sources,
 )
+from factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
 def _kineto_doc(rank: int) -> dict:

@@ -9,14 +9,14 @@ import orjson
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from comm2perfetto.export.check import (
+from comm2perfetto.trace.check import (
     MAX_SHOWN,
     TraceRuleError,
     check_trace,
     read_trace,
 )
-from comm2perfetto.export.chrome_json import ChromeJsonWriter
-from comm2perfetto.export.perfetto import PerfettoWriter
+from comm2perfetto.trace.chrome_json import ChromeJsonWriter
+from comm2perfetto.trace.perfetto import PerfettoWriter
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                                 pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)

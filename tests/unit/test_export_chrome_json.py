@@ -9,9 +9,9 @@ import orjson
 import pytest
 from test_export_perfetto import ARGS, T0, expected_args, write_scenario
 
-from comm2perfetto.export import chrome_json
-from comm2perfetto.export.check import check_trace, read_trace
-from comm2perfetto.export.chrome_json import ChromeJsonWriter
+from comm2perfetto.trace import chrome_json
+from comm2perfetto.trace.check import check_trace, read_trace
+from comm2perfetto.trace.chrome_json import ChromeJsonWriter
 
 
 def events_of(path: Path) -> tuple[dict, list[dict]]:

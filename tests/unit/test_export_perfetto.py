@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from comm2perfetto.export import perfetto as perfetto_module
-from comm2perfetto.export.check import check_trace, read_trace
-from comm2perfetto.export.perfetto import GROUP_UUID_BIT, PerfettoWriter
-from comm2perfetto.export.sink import TraceSink, arg_text
+from comm2perfetto.trace import perfetto as perfetto_module
+from comm2perfetto.trace.check import check_trace, read_trace
+from comm2perfetto.trace.perfetto import GROUP_UUID_BIT, PerfettoWriter
+from comm2perfetto.trace.sink import TraceSink, arg_text
 
 T0 = 1_795_313_447_000_000_000  # CLOCK_REALTIME ns of today: 9-byte varints
 

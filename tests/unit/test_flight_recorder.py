@@ -5,13 +5,13 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from factories import FrJob, steady_job
 
 from comm2perfetto.match import load_job
 from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN
-from comm2perfetto.sources.flight_recorder import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
-from comm2perfetto.sources.fr_ingest import build_rank_trace
-from comm2perfetto.sources.fr_tables import SignatureTable, StackTable
+from comm2perfetto.sources.fr.dump import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
+from comm2perfetto.sources.fr.ingest import build_rank_trace
+from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
+from factories import FrJob, steady_job
 
 
 @pytest.mark.parametrize("name, rank", [
@@ -195,8 +195,8 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
     keeps them when a later snapshot without frames covers it too."""
     import pickle
 
-    from comm2perfetto.sources.fr_ingest import _merge_snapshots
-    from comm2perfetto.sources.flight_recorder import read_fr_dump
+    from comm2perfetto.sources.fr.dump import read_fr_dump
+    from comm2perfetto.sources.fr.ingest import _merge_snapshots
 
     frames = [{"name": "train_step", "filename": "train.py", "line": 57}]
     entry = {"record_id": 3, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 4,

@@ -21,7 +21,14 @@ import pytest
 
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, TooLargeError, gunzip_bounded, read_bounded
 from hostile import (
-    CliRun, copy_recording, edit_entries, garbage_after_header, gzip_bomb, huge_pg_config, run_cli, set_header,
+    CliRun,
+    copy_recording,
+    edit_entries,
+    garbage_after_header,
+    gzip_bomb,
+    huge_pg_config,
+    run_cli,
+    set_header,
     warm_up,
 )
 

@@ -15,6 +15,16 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+
+from comm2perfetto.sources.kineto.reader import (
+    KinetoEvent,
+    KinetoFormatError,
+    classify_gpu,
+    normalise_kind,
+    read_kineto,
+    sniff_kineto,
+    us_to_ns,
+)
 from factories import T0_NS
 from kineto_fixtures import (
     COMM,
@@ -25,16 +35,6 @@ from kineto_fixtures import (
     TS0,
     KinetoDoc,
     training_doc,
-)
-
-from comm2perfetto.sources.kineto import (
-    KinetoEvent,
-    KinetoFormatError,
-    classify_gpu,
-    normalise_kind,
-    read_kineto,
-    sniff_kineto,
-    us_to_ns,
 )
 
 REAL = Path(__file__).parent.parent / "data" / "kineto" / "gloo_ddp_rank0.json.gz"

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.analysis.live import live_diagnosis
 from comm2perfetto.cli.live import StallWatcher
+from comm2perfetto.diagnose.live import live_diagnosis
 from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
 
 T0 = 1_795_313_447_000_000_000

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.export import preview
-from comm2perfetto.export.preview import (
+from comm2perfetto.trace import preview
+from comm2perfetto.trace.preview import (
     COLOURS,
     KINDS,
     LINE_H,

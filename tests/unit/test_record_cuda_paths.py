@@ -31,7 +31,7 @@ class _Graph:
 
 
 class _FakeTorch:
-    class cuda:  # noqa: N801
+    class cuda:
         CUDAGraph = _Graph
 
 

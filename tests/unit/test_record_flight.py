@@ -292,7 +292,7 @@ def test_periodic_dumps_leave_stacks_out_and_count_point_to_point_slots(tmp_path
     class _Rec:
         rank = 0
 
-        class log:  # noqa: N801
+        class log:
             records: list = []
 
             @classmethod

@@ -9,7 +9,6 @@ import os
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -18,7 +17,6 @@ from torch.distributed.device_mesh import init_device_mesh
 import comm2perfetto
 from comm2perfetto.record import patch
 from comm2perfetto.sources.event_log import read_event_log
-
 
 # funcol.all_gather_single and reduce_scatter_single exist from torch 2.13; earlier, DTensor calls the *_tensor forms.
 HAS_SINGLE = hasattr(funcol, "reduce_scatter_single")

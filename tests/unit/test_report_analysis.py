@@ -9,18 +9,18 @@ from __future__ import annotations
 import random
 
 import pytest
-from factories import T0_NS, EventLog, FrJob
-from kineto_fixtures import KinetoDoc
 
-from comm2perfetto.analysis.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
-from comm2perfetto.analysis.bandwidth import bus_factor, collective_table, message_bytes, percentile
-from comm2perfetto.analysis.intervals import Measured, clip, difference, envelope, intersection, length, union
-from comm2perfetto.analysis.modules import NOT_SEEN, OUTSIDE, module_table
-from comm2perfetto.analysis.overlap import breakdown, job_breakdown
-from comm2perfetto.analysis.report import _profiled_note, build_report, steps_text
-from comm2perfetto.analysis.stragglers import lateness_map, straggler_table
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
+from comm2perfetto.report.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
+from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
+from comm2perfetto.report.document import _profiled_note, build_report, steps_text
+from comm2perfetto.report.intervals import Measured, clip, difference, envelope, intersection, length, union
+from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
+from comm2perfetto.report.overlap import breakdown, job_breakdown
+from comm2perfetto.report.stragglers import lateness_map, straggler_table
+from factories import T0_NS, EventLog, FrJob
+from kineto_fixtures import KinetoDoc
 
 # --- intervals ---------------------------------------------------------------------------------------------
 
@@ -339,9 +339,8 @@ def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
 
 def test_span_reader_agrees_with_the_event_reader(tmp_path):
     """read_kineto_spans (report's fast path) keeps exactly the times read_kineto's events have."""
+    from comm2perfetto.sources.kineto.reader import _COMM_NAME, read_kineto, read_kineto_spans
     from kineto_fixtures import training_doc
-
-    from comm2perfetto.sources.kineto import _COMM_NAME, read_kineto, read_kineto_spans
 
     doc, _scene = training_doc()
     path = doc.write(tmp_path / "rank0.json.gz")
@@ -360,9 +359,8 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
 
 def test_span_reader_skips_the_cpu_side_of_a_gpu_trace(tmp_path):
     """Report uses kernels alone when a trace has them: the CPU ops are not read, the rest is as before."""
+    from comm2perfetto.sources.kineto.reader import read_kineto_spans
     from kineto_fixtures import training_doc
-
-    from comm2perfetto.sources.kineto import read_kineto_spans
 
     path = training_doc()[0].write(tmp_path / "rank0.json.gz")
     everything, fast = read_kineto_spans(path, cpu=True), read_kineto_spans(path)
@@ -374,7 +372,7 @@ def test_span_reader_skips_the_cpu_side_of_a_gpu_trace(tmp_path):
 
 def test_span_reader_reads_the_cpu_side_when_a_guess_of_kernels_was_wrong(tmp_path):
     """"kernel" in the text, no kernel in the trace: the CPU side is read after all."""
-    from comm2perfetto.sources.kineto import read_kineto_spans
+    from comm2perfetto.sources.kineto.reader import read_kineto_spans
 
     doc = KinetoDoc(rank=0, world_size=1)
     main = doc.thread(doc.pid, "python")

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from comm2perfetto.export import report_plot
-from comm2perfetto.export.report_csv import (
+from comm2perfetto.render import report_plot
+from comm2perfetto.render.report_csv import (
     COLLECTIVE_COLUMNS,
     RANK_COLUMNS,
     render_csv,
     render_csv_stdout,
     write_csv,
 )
-from comm2perfetto.export.report_plot import PlotDependencyError, bar_segments, render_html, write_plot
-from comm2perfetto.export.report_text import fmt_bytes, fmt_number, fmt_time, rank_ranges, render_text
+from comm2perfetto.render.report_plot import PlotDependencyError, bar_segments, render_html, write_plot
+from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, rank_ranges, render_text
 
 # --- documents ----------------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from comm2perfetto.sources.flight_recorder import FrFormatError, read_fr_dump
+from comm2perfetto.sources.fr.dump import FrFormatError, read_fr_dump
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
 

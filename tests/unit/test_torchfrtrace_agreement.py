@@ -7,10 +7,10 @@ mismatches, coalesced and p2p groups) as dumps on disk; both tools read the same
 from __future__ import annotations
 
 import pytest
-from factories import FrJob
 
-from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
+from factories import FrJob
 
 fr_builder = pytest.importorskip("torch.distributed.flight_recorder.components.builder")
 from torch.distributed.flight_recorder.components.config_manager import JobConfig  # noqa: E402

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from factories import T0_NS, EventLog, FrJob, steady_job
 
-from comm2perfetto.analysis.ending import DIED, EXCEPTION, PEER_LOST, RUNNING, SIGNALLED, rank_ends
-from comm2perfetto.analysis.hang import diagnose
+from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.diagnose.endings import DIED, EXCEPTION, PEER_LOST, RUNNING, SIGNALLED, rank_ends
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import MixedJobsError
+from factories import T0_NS, EventLog, FrJob, steady_job
 
 S = 10**9
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:39090: Connection reset by peer"

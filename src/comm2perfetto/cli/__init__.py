@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"comm2perfetto {args.command}: internal error: ran out of memory; the inputs should have been "
               "refused before that: please report this bug with the command you ran", file=sys.stderr)
         return INTERNAL_ERROR
-    except Exception as exc:  # noqa: BLE001 - a bug: one line, a distinct status, never "problem found"
+    except Exception as exc:
         if os.environ.get("COMM2PERFETTO_TRACEBACK") == "1":
             import traceback
 

@@ -104,8 +104,8 @@ class StallWatcher:
                     self._shown, self._shown_key = None, None
 
     def _on_snapshot(self, gen: int, path: str) -> None:
-        from comm2perfetto.analysis.live import live_diagnosis
-        from comm2perfetto.cli.diagnose import render_text
+        from comm2perfetto.diagnose.live import live_diagnosis
+        from comm2perfetto.render.diagnosis_text import render_text
         from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
 
         try:

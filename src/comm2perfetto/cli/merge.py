@@ -18,21 +18,21 @@ import sys
 import time
 from pathlib import Path
 
-from comm2perfetto.analysis.findings import Diagnosis, secs_text
-from comm2perfetto.analysis.hang import diagnose
 from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.diagnose import rank_span
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
-from comm2perfetto.export.formats import format_for, open_writer
-from comm2perfetto.export.markers import plan_markers
-from comm2perfetto.export.sink import WriteStats
-from comm2perfetto.export.timeline import TimelineSummary, select_ranks, write_timeline
+from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.diagnose.findings import Diagnosis, secs_text
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
+from comm2perfetto.render.words import rank_span
 from comm2perfetto.sources.discover import SourceError
-from comm2perfetto.sources.kineto_load import trace_span
+from comm2perfetto.sources.kineto.load import trace_span
+from comm2perfetto.trace.formats import format_for, open_writer
+from comm2perfetto.trace.markers import plan_markers
+from comm2perfetto.trace.sink import WriteStats
+from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
 
@@ -225,7 +225,7 @@ def _job_span(job: Job) -> tuple[int | None, int | None]:
 
 
 def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> None:
-    from comm2perfetto.export.preview import render_preview
+    from comm2perfetto.trace.preview import render_preview
 
     if summary.t_begin_ns is None or summary.t_end_ns is None or summary.t_end_ns <= summary.t_begin_ns:
         print(f"comm2perfetto merge: no timed events to draw; {path} not written", file=sys.stderr)

@@ -95,7 +95,7 @@ class _Server(http.server.HTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         trace = self.server.trace
         if self.path.split("?")[0] != "/" + quote(trace.name):
             self.send_error(404, "only the trace is served here")
@@ -114,7 +114,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.server.fetched = True
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
+    def log_message(self, format: str, *args) -> None:
         pass  # the requests are not the user's business
 
 

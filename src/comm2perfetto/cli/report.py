@@ -16,16 +16,16 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.analysis.activity import read_profiles
-from comm2perfetto.analysis.report import build_report
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
-from comm2perfetto.export.report_csv import render_csv_stdout, write_csv
-from comm2perfetto.export.report_plot import SUFFIXES as PLOT_SUFFIXES
-from comm2perfetto.export.report_plot import PlotDependencyError, write_plot
-from comm2perfetto.export.report_text import render_text
+from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
+from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
+from comm2perfetto.render.report_plot import PlotDependencyError, write_plot
+from comm2perfetto.render.report_text import render_text
+from comm2perfetto.report.activity import read_profiles
+from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from comm2perfetto.cli import UserError
-from comm2perfetto.sources.kineto_load import parse_trace_ranks
+from comm2perfetto.sources.kineto.load import parse_trace_ranks
 
 
 def add_trace_rank_option(p: argparse.ArgumentParser) -> None:

@@ -11,9 +11,9 @@ import time
 
 from comm2perfetto.record import state
 from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig
-from comm2perfetto.record.nvtx import range  # noqa: A004  (public name, mirrors torch.cuda.nvtx.range)
+from comm2perfetto.record.nvtx import range
 
-__all__ = ["enable", "disable", "range", "step", "default_out_dir", "check_out_dir"]
+__all__ = ["check_out_dir", "default_out_dir", "disable", "enable", "range", "step"]
 
 
 def default_out_dir() -> str:

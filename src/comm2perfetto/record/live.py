@@ -7,7 +7,7 @@ gathers every rank's summary (waiting at most ``GATHER_WAIT_S`` for ranks that d
 snapshot, writes it into its output folder (``.live/stall.<gen>.json``) and publishes it under
 ``comm2perfetto/live/<gen>/all``; the first rank of every other node (``LOCAL_RANK`` 0) copies that snapshot into
 its own folder. ``comm2perfetto record``, watching the folder, turns a snapshot into the verdict
-(analysis/live.py) while the job still hangs.
+(diagnose/live.py) while the job still hangs.
 
 When the call that triggered a stall completes, the rank that detected it publishes
 ``comm2perfetto/live/<gen>/resolved``; the gatherers write ``.live/stall.<gen>.resolved.json``.

@@ -142,7 +142,7 @@ def emit_own_pop() -> None:
     emit_pop(OWN_DOMAIN)
 
 
-class range:  # noqa: N801  (reads like contextlib helpers: `with comm2perfetto.range("fwd"):`)
+class range:
     """An NVTX range that comm2perfetto records too. Context manager and decorator.
 
     >>> with range("data loading"):
@@ -257,17 +257,17 @@ class _TorchNvtxProxy:
     def __init__(self, inner: Any) -> None:
         self.__c2p_original__ = inner
 
-    def rangePushA(self, message: str) -> Any:  # noqa: N802 (torch's name)
+    def rangePushA(self, message: str) -> Any:
         result = self.__c2p_original__.rangePushA(message)
         begin(message, "torch.cuda.nvtx")
         return result
 
-    def rangePop(self) -> Any:  # noqa: N802
+    def rangePop(self) -> Any:
         result = self.__c2p_original__.rangePop()
         end()
         return result
 
-    def markA(self, message: str) -> Any:  # noqa: N802
+    def markA(self, message: str) -> Any:
         result = self.__c2p_original__.markA(message)
         mark(message, "torch.cuda.nvtx")
         return result

@@ -117,8 +117,21 @@ class BoundSpec:
     """An OpSpec resolved against the wrapped function's signature: argument positions, so the hot path
     reads ``args[i]`` instead of binding the signature."""
 
-    __slots__ = ("spec", "name", "inputs", "input_pos", "group", "async_op", "peers", "single", "always_async",
-                 "collective", "has_peer", "functional", "tracing")
+    __slots__ = (
+        "always_async",
+        "async_op",
+        "collective",
+        "functional",
+        "group",
+        "has_peer",
+        "input_pos",
+        "inputs",
+        "name",
+        "peers",
+        "single",
+        "spec",
+        "tracing",
+    )
 
     def __init__(self, spec: OpSpec, params: tuple[str, ...], tracing: Callable[[], bool] | None = None) -> None:
         index = {name: i for i, name in enumerate(params)}

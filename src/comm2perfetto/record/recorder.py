@@ -184,7 +184,7 @@ class _GroupInfo:
     numbers: ``p2p_consumed`` counts those, so recorded sequence numbers are always Flight Recorder's.
     """
 
-    __slots__ = ("gid", "seq_counter", "group", "p2p_consumed", "name", "desc", "ranks", "backend", "returned")
+    __slots__ = ("backend", "desc", "gid", "group", "name", "p2p_consumed", "ranks", "returned", "seq_counter")
 
     def __init__(self, gid: int, seq_counter: Any, group: Any, name: str = "", desc: str = "",
                  ranks: list[int] | None = None, backend: str = "") -> None:
@@ -626,15 +626,17 @@ def _futures_of(works: Any) -> list[Any]:
 
 
 def _internal_roots(torch: Any) -> tuple[str, ...]:
-    """Where frames are not a call site: torch, comm2perfetto, and the decorator layers torch's functions are
-    wrapped in (functools, contextlib, typing_extensions' and warnings' ``deprecated``)."""
+    """Where frames are not a call site: torch, the recorder, and the decorator layers torch's functions are
+    wrapped in (functools, contextlib, typing_extensions' and warnings' ``deprecated``). The package's
+    ``examples`` are user code, so the recorder's root is ``comm2perfetto/record/``, not the whole package."""
     import contextlib
     import warnings
 
     import comm2perfetto
 
-    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(comm2perfetto.__file__) + os.sep,
-             functools.__file__, contextlib.__file__, warnings.__file__]
+    package = os.path.dirname(comm2perfetto.__file__)
+    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.join(package, "record") + os.sep,
+             comm2perfetto.__file__, functools.__file__, contextlib.__file__, warnings.__file__]
     extensions = sys.modules.get("typing_extensions")
     if extensions is not None and extensions.__file__:
         roots.append(extensions.__file__)

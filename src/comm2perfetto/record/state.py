@@ -20,8 +20,20 @@ class ThreadState:
     """What is known about one thread: read by a recorded call in one thread-local lookup (each attribute of a
     ``threading.local`` costs a lookup of its own)."""
 
-    __slots__ = ("tid", "call", "names", "ids", "domains", "stack", "root_start", "ends", "paths", "root_starts", "roots",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "call",
+        "domains",
+        "ends",
+        "ids",
+        "names",
+        "paths",
+        "root_start",
+        "root_starts",
+        "roots",
+        "stack",
+        "tid",
+    )
 
     def __init__(self) -> None:
         self.tid = threading.get_ident()  # Flight Recorder's thread_id

@@ -222,12 +222,9 @@ class Watchdog:
 
 def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank: int | None) -> str:
     """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
-
-    import comm2perfetto
-
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    ours = os.path.dirname(comm2perfetto.__file__) + os.sep  # the patch layer's own frames say nothing
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the recorder's own frames say nothing
     threads = []
     for tid, frame in sys._current_frames().items():
         if tid == me:

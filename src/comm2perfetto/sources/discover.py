@@ -31,11 +31,11 @@ import orjson
 
 from comm2perfetto.model import Skipped
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
-from comm2perfetto.sources.flight_recorder import FrDump, FrFormatError, rank_from_name, read_fr_dump
-from comm2perfetto.sources.fr_ingest import FrRankTrace, build_rank_trace
-from comm2perfetto.sources.fr_tables import SignatureTable, StackTable
-from comm2perfetto.sources.kineto import KinetoTrace, gunzip_head, sniff_kineto
-from comm2perfetto.sources.kineto_load import check_against_job, load_traces
+from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
+from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
+from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
+from comm2perfetto.sources.kineto.load import check_against_job, load_traces
+from comm2perfetto.sources.kineto.reader import KinetoTrace, gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
@@ -173,7 +173,7 @@ def load_sources(
     """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
 
     Profiler traces are a source like the others (traces alone are a job): ranked (``trace_ranks``, from
-    ``--trace-rank``, first; see ``sources.kineto_load``) and, with ``read_traces``, read whole into
+    ``--trace-rank``, first; see ``sources.kineto.load``) and, with ``read_traces``, read whole into
     ``traces``; without it only ``kineto`` lists them (``report`` reads them its own faster way).
 
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without

@@ -25,8 +25,19 @@ from typing import Any
 import orjson
 
 from comm2perfetto.sources.limits import (
-    MAX_JOB_NS, MAX_OFFSET_NS, MAX_WORLD_SIZE, MIN_TIME_NS, TooLargeError, count_ok, is_int, opt_time_ok, rank_ok, read_bounded, shown,
-    time_ok, world_ok,
+    MAX_JOB_NS,
+    MAX_OFFSET_NS,
+    MAX_WORLD_SIZE,
+    MIN_TIME_NS,
+    TooLargeError,
+    count_ok,
+    is_int,
+    opt_time_ok,
+    rank_ok,
+    read_bounded,
+    shown,
+    time_ok,
+    world_ok,
 )
 
 FORMAT_NAME = "comm2perfetto-events"

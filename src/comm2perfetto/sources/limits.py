@@ -79,7 +79,7 @@ def gunzip_bounded(data: bytes, limit: int = MAX_FILE_BYTES) -> bytes:
             if total > limit:
                 raise TooLargeError(f"inflates to more than {limit:,} bytes, larger than any real one; not read")
             data = inflater.unconsumed_tail
-            if inflater.eof or not data and not piece:
+            if inflater.eof or (not data and not piece):
                 break
         if not inflater.eof:
             raise EOFError("truncated gzip stream")

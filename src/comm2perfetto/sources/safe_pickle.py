@@ -39,7 +39,7 @@ _PLAIN_DATA_HELPERS = {
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - see module docstring
+    def find_class(self, module: str, name: str) -> Any:
         helper = _PLAIN_DATA_HELPERS.get((module, name))
         if helper is not None:
             return helper
@@ -48,7 +48,7 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
             "so this file was made by something else (possibly to run code)"
         )
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102
+    def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError("refused a persistent id: not plain data")
 
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 from comm2perfetto import layout
 from comm2perfetto.sources.event_log import EventLogError, read_event_log
-from comm2perfetto.sources.limits import count_ok
-from comm2perfetto.sources.flight_recorder import (
+from comm2perfetto.sources.fr.dump import (
     FrFormatError,
     rank_from_name,
     read_fr_dump,
     split_profiling_name,
 )
+from comm2perfetto.sources.limits import count_ok
 
 
 @dataclass

@@ -1,0 +1,614 @@
+"""Why is the job stuck or desynced? A pure function over a ``Job``. Never imports torch.
+
+For each process group, the first collective not completed by all its ranks, classified as:
+
+- ``missing_ranks``: some ranks never issued it (what each was doing instead is attached);
+- ``op_mismatch`` / ``size_mismatch`` / ``dtype_mismatch``: ranks issued different things at the same seq;
+- ``stuck_all_joined``: every rank issued it and it did not complete (the slowest rank is named);
+- ``no_dump``: ranks that left no data at all (alone, or as the ranks a stuck collective waits for);
+
+plus ``p2p_mismatch`` for a send without its recv (or the reverse, or different sizes).
+
+Then how the ranks ended (``endings``) is weighed in (``weigh``): ``rank_died`` for a rank
+whose process ended first (status ``crashed``), waits the job's interruption caused dropped (``interrupted``),
+waits still within the stall threshold in a live job dropped (``running``), and ``no_collectives`` when nothing
+could be checked (``incomplete``).
+
+Two moments are examined. The end of the data (where dumps were taken: a hang or desync still there) first;
+if that is healthy, the moments the recorder detected a stall (``k`` records): a rank that had not issued a
+collective the others were waiting in at that moment is named even if it came back later (``resolved``).
+
+Matching semantics follow torch's Flight Recorder analyzer (``torchfrtrace``) where it gives an answer:
+per-group ``collective_seq_id`` matching; op, then sizes, then dtypes compared; the all-to-all family's and
+scatter/gather's per-rank sizes are allowed to differ. Unlike it, the culprit of a mismatch is the minority.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from comm2perfetto.diagnose.endings import RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
+from comm2perfetto.diagnose.findings import (
+    DESYNC_KINDS,
+    DTYPE_MISMATCH,
+    MISSING_RANKS,
+    NO_DUMP,
+    OP_MISMATCH,
+    ORDER,
+    P2P_MISMATCH,
+    RANK_DIED,
+    SIZE_MISMATCH,
+    STUCK_ALL_JOINED,
+    Diagnosis,
+    Finding,
+    ranks_text,
+    secs_text,
+)
+from comm2perfetto.diagnose.signatures import compare
+from comm2perfetto.diagnose.stalls import stall_stack, stall_times
+from comm2perfetto.diagnose.weigh import (
+    any_matched,
+    caused_by_interruption,
+    dead_ranks,
+    died_first,
+    in_progress,
+    no_collectives,
+)
+from comm2perfetto.model import (
+    COMPLETED,
+    FAILED,
+    NOT_DONE_STATES,
+    PENDING,
+    Collective,
+    Coverage,
+    Job,
+    P2PTransfer,
+    ProcessGroup,
+    Signature,
+    call_site,
+)
+
+MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
+
+
+def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diagnosis:
+    """Find, per process group, the first collective that did not complete on all its ranks, and why; then
+    weigh it against how the ranks ended (``endings``): a dead rank, an interruption, a job still
+    running. ``now_ns`` (the reader's clock) lets a log written on another host count as running while its
+    heartbeats are recent, and a pending collective as stuck only past the stall threshold."""
+    groups = [g for g in _ordered_groups(job) if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
+    notes = list(job.notes)
+    ends = rank_ends(job, now_ns)
+    interrupted_at = interruption_ns(job, ends)
+    dead = died_first(job, ends, interrupted_at, notes)
+    findings: list[Finding] = []
+    for group in groups:
+        f = _end_state(job, group)
+        if f is not None:
+            findings.append(f)
+        findings.extend(_p2p_findings(job, group))
+    if interrupted_at is not None:  # what a dead rank caused is not the interruption's doing
+        findings = [f for f in findings if set(f.culprit_ranks) & set(dead)
+                    or not caused_by_interruption(job, f, interrupted_at, notes)]
+    running = [r for r, e in ends.items() if e.how == RUNNING]
+    if running:
+        findings = [f for f in findings if not in_progress(job, f, now_ns, notes)]
+    if not any(f.kind != NO_DUMP for f in findings):
+        for group in groups:
+            f = _stall_state(job, group)
+            if f is not None:
+                findings.append(f)
+                break  # one resolved stall explains the rest; later ones repeat it
+    if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
+        findings = dead_ranks(job, groups, dead, ends, findings)
+    absent = _absentranks_text(job, groups)
+    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
+        findings.append(_no_dump_alone(job, absent))
+    if not findings and not any_matched(job, groups):
+        findings.append(no_collectives(job, groups))
+    findings.sort(key=lambda f: (ORDER[f.kind], f.resolved, f.t_ns if f.t_ns is not None else 0))
+    for j in job.jobs:
+        status = j.get("exit_status")
+        if isinstance(status, int) and status != 0:
+            how = f" after `record` forwarded {j['signal']} to it" if j.get("signal") else ""
+            notes.append(f"the recorded job exited with status {status}{how} ({_name(j.get('_path'))})")
+    if groups and all(g.backend == "gloo" for g in groups) and not job.logs:
+        notes.append("gloo's Flight Recorder never marks collectives completed: whether the last one finished "
+                     "cannot be told from these dumps alone (record with `comm2perfetto record` to know)")
+    status = verdict_status(findings, interrupted_at is not None, bool(running))
+    if status == "interrupted":
+        notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
+    return Diagnosis(
+        status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
+        findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
+        groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
+    )
+
+
+def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
+    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first."""
+    kinds = {f.kind for f in findings}
+    if kinds & set(DESYNC_KINDS):
+        return "desync"
+    if RANK_DIED in kinds:
+        return "crashed"
+    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED}:
+        return "stuck"
+    if kinds:
+        return "incomplete"
+    if interrupted:
+        return "interrupted"
+    if running:
+        return "running"
+    return "ok"
+
+
+def _name(path: object) -> str:
+    return str(path).rsplit("/", 1)[-1] if path else "job file"
+
+
+def _signals_text(job: Job, ends: Mapping[int, RankEnd]) -> str:
+    got = sorted(r for r, e in ends.items() if e.how == SIGNALLED)
+    sent = sorted({j["signal"] for j in job.jobs if j.get("signal")})
+    parts = []
+    if sent:
+        parts.append(f"`record` forwarded {', '.join(sent)}")
+    if got:
+        parts.append(f"{ranks_text(got)} received it")
+    return "; ".join(parts) or "a signal"
+
+
+def _ordered_groups(job: Job) -> list[ProcessGroup]:
+    def key(g: ProcessGroup) -> tuple:
+        return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
+
+    return sorted(job.groups.values(), key=key)
+
+
+# --- the end of the data ---------------------------------------------------------------------------------
+
+
+_JOINED, _MISSING, _UNKNOWN, _NO_DATA = "joined", "missing", "unknown", "no_data"
+
+
+def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str:
+    if c.signatures[i] is not None:
+        return _JOINED
+    if cov is None:
+        return _NO_DATA
+    seq = c.seq
+    if seq < cov.first_seq:
+        return _UNKNOWN  # overwritten in the ring buffer
+    if cov.has_fr:
+        return _MISSING  # Flight Recorder records every collective: absent means never issued
+    # Known from the recorder only: it sees Python calls, not those issued from C++ (DDP).
+    if seq <= cov.last_seq:
+        return _UNKNOWN  # it went past this seq, unseen
+    if seq in job.log_seqs.get(c.group.uid, ()):
+        return _MISSING  # a Python-issued collective the recorder would have seen on this rank too
+    return _UNKNOWN
+
+
+def _end_state(job: Job, group: ProcessGroup) -> Finding | None:
+    cols = job.collectives.get(group.uid, ())
+    if not cols:
+        return None
+    covs = [job.coverage.get((r, group.uid)) for r in group.ranks]
+    start = max((c.first_seq for c in covs if c is not None), default=0)
+    n = len(group.ranks)
+    for c in cols:
+        if c.seq < start:
+            continue
+        sigs = c.signatures
+        all_present = all(sigs)  # signatures are always truthy; None marks a rank without a record
+        if all_present and sigs.count(sigs[0]) == n:
+            if set(c.states).isdisjoint(NOT_DONE_STATES):
+                continue
+            return _stuck(job, c, group)
+        statuses = [_member_status(job, c, i, covs[i]) for i in range(n)]
+        missing = [r for r, s in zip(group.ranks, statuses) if s == _MISSING]
+        if missing:
+            return _missing(job, c, missing, statuses)
+        mismatch = _mismatch(job, c)
+        if mismatch is not None:
+            return mismatch
+        joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
+        if joined_states.isdisjoint(NOT_DONE_STATES):
+            continue
+        no_data = [r for r, s in zip(group.ranks, statuses) if s == _NO_DATA]
+        if no_data:
+            return _waiting_for_no_dump(job, c, no_data)
+        return _stuck(job, c, group)
+    return None
+
+
+def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], at_ns: int | None = None,
+             resolved: bool = False) -> Finding:
+    group = c.group
+    joined = [r for r, s in zip(group.ranks, statuses) if s == _JOINED]
+    sites = _sites(job, c, joined, limit=2)
+    stacks: dict[int, tuple[str, ...]] = {}
+    doing: list[str] = []
+    evidence: dict[str, Any] = {"last_collective": {}}
+    for r in missing[:MAX_EXPLAINED]:  # each may cost reading that rank's dump again
+        what, last = _what_rank_did(job, r, c, at_ns)
+        doing.append(what)
+        if last is not None:
+            evidence["last_collective"][str(r)] = last
+        st = stall_stack(job, r)
+        if st:
+            stacks[r] = st
+    if len(missing) > MAX_EXPLAINED:
+        doing.append(f"({len(missing) - MAX_EXPLAINED} more ranks missing, not detailed.)")
+    late = ""
+    if resolved:
+        arrivals = [c.arrival_of(r) for r in missing]
+        first = min((t for t in c.arrive_ns if t is not None), default=None)
+        known = [t for t in arrivals if t is not None]
+        if known and first is not None:
+            late = (f" {ranks_text(missing).capitalize()} issued {c.op} #{c.seq} {secs_text(max(known) - first)} after "
+                    "the first rank, and the job went on.")
+    op = c.op
+    verb = "had not issued" if at_ns is not None else "never issued"
+    when = " when the stall was detected" if at_ns is not None else ""
+    detail = (
+        f"{ranks_text(missing)} {verb} {op} #{c.seq} on {group.label}{when} while {ranks_text(joined)} "
+        f"{'were' if len(joined) > 1 else 'was'} waiting in it"
+        + (f" (rank {next(iter(sites))} called it at {next(iter(sites.values()))})" if sites else "") + ". "
+        + " ".join(doing) + late
+    )
+    shown = "its stack and last collective" if stacks else "its last collective"
+    action = (
+        f"Look at what {ranks_text(missing)} {'were' if len(missing) > 1 else 'was'} doing instead ({shown} "
+        f"above): a rank that skips or delays a collective the others issue hangs the group."
+    )
+    t = min((x for x in c.arrive_ns if x is not None), default=None)
+    return Finding(
+        kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
+        ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(missing),
+        detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
+        t_ns=at_ns if at_ns is not None else t,
+    )
+
+
+def _what_rank_did(job: Job, rank: int, c: Collective, at_ns: int | None) -> tuple[str, dict | None]:
+    """A sentence about rank's last collective (in any group), and its data as a dict."""
+    best: tuple[int, Collective] | None = None
+    for uid, cols in job.collectives.items():
+        cov = job.coverage.get((rank, uid))
+        if cov is None or cov.last_seq < 0:
+            continue
+        # The latest collective this rank joined in this group (before at_ns when looking at a stall).
+        for cand in reversed(cols):
+            if cand.seq > cov.last_seq:
+                continue
+            part = cand.part(rank) if rank in cand.ranks else None
+            if part is None:
+                continue
+            if at_ns is not None and part.t_arrive_ns is not None and part.t_arrive_ns > at_ns:
+                continue
+            t = part.t_arrive_ns if part.t_arrive_ns is not None else -1
+            if best is None or t > best[0]:
+                best = (t, cand)
+            break
+    pending = _pending_call(job, rank, at_ns)
+    if best is None:
+        text = f"Rank {rank} recorded no collective before it."
+        last = None
+    else:
+        cand = best[1]
+        part = cand.part(rank)
+        assert part is not None
+        frame = call_site(job.stack_of(cand, rank))
+        where = f" at {frame.site}" if frame else ""
+        same = cand.group.uid == c.group.uid
+        grp = "" if same else f" on {cand.group.label}"
+        state = part.state if part.state != COMPLETED else "completed"
+        text = f"Rank {rank}'s last collective was {cand.op} #{cand.seq}{grp}{where} ({state})."
+        if not same and part.state in NOT_DONE_STATES:
+            text += f" It is blocked there: {cand.group.label} and {c.group.label} wait on each other."
+        last = {"process_group": cand.group.label, "seq": cand.seq, "op": cand.op, "state": part.state,
+                "call_site": frame.site if frame else None}
+    if pending:
+        text += f" At the end of its log it was inside {pending}."
+    return text, last
+
+
+def _pending_call(job: Job, rank: int, at_ns: int | None) -> str | None:
+    """The recorder call this rank was inside (never returned, or not yet at ``at_ns``)."""
+    log = job.logs.get(rank)
+    if log is None:
+        return None
+    off = job.clock.offset_ns.get(rank, 0)
+    for call in reversed(getattr(log, "calls", ())):
+        if at_ns is not None and call.t_call_ns + off > at_ns:
+            continue
+        ret = call.t_return_ns
+        if ret is None or (at_ns is not None and ret + off > at_ns):
+            site = f" at {call.site.split(' ')[0]}" if call.site else ""
+            return f"{call.op}{site}"
+        return None
+    return None
+
+
+def _sites(job: Job, c: Collective, ranks: Sequence[int], limit: int = 4) -> dict[int, str]:
+    """Call sites of the first ``limit`` of these ranks that have one (each may cost reading a dump)."""
+    out: dict[int, str] = {}
+    for r in ranks:
+        if c.signatures[c.ranks.index(r)] is None:
+            continue
+        frame = call_site(job.stack_of(c, r))
+        if frame is not None:
+            out[r] = frame.site
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _site_list(sites: Mapping[int, str]) -> str:
+    by_site: dict[str, list[int]] = {}
+    for r, s in sites.items():
+        by_site.setdefault(s, []).append(r)
+    return "; ".join(f"{s} ({ranks_text(rs)})" for s, rs in by_site.items())
+
+
+# --- mismatches ------------------------------------------------------------------------------------------
+
+_KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH}
+_SEVERITY = {"op": 0, "size": 1, "dtype": 2}
+
+
+def _mismatch(job: Job, c: Collective) -> Finding | None:
+    """Cluster the joined ranks by compatible signature; the largest cluster is taken as intended."""
+    group = c.group
+    size = len(group.ranks)
+    clusters: list[tuple[Signature, list[int]]] = []
+    for r, sig in zip(c.ranks, c.signatures):
+        if sig is None:
+            continue
+        for rep, members in clusters:
+            if compare(rep, sig, size) is None and compare(sig, rep, size) is None:
+                members.append(r)
+                break
+        else:
+            clusters.append((sig, [r]))
+    if len(clusters) < 2:
+        return None
+    # Largest cluster wins; on a tie, the one holding the lowest rank (torchfrtrace's reference rank).
+    clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))
+    ref, majority = clusters[0]
+    worst = min((compare(ref, sig, size) or "dtype" for sig, _ in clusters[1:]), key=_SEVERITY.__getitem__)
+    culprits = sorted(r for _, members in clusters[1:] for r in members)
+    kind = _KIND[worst]
+    variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
+    sites = _sites(job, c, culprits[:3] + sorted(majority)[:1])
+    what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes"}[worst]
+    described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
+    detail = f"Ranks issued {what} as {c.op} #{c.seq} on {group.label}: {described}."
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    action = (
+        f"Make {ranks_text(culprits)} issue the same {'collective' if worst == 'op' else 'tensor ' + worst} as "
+        f"{ranks_text(sorted(majority))} at this point: the code paths diverge before {c.op} #{c.seq}."
+    )
+    return Finding(
+        kind=kind, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
+        action=action, call_sites=sites, evidence={"variants": variants},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+    )
+
+
+# --- stuck, no dump --------------------------------------------------------------------------------------
+
+_STATE_RANK = {PENDING: 0, "scheduled": 0, FAILED: 1, "started": 2, "unknown": 3, COMPLETED: 4}
+
+
+def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = None,
+           resolved: bool = False) -> Finding:
+    """Everyone issued it; it did not complete. The slowest rank: least advanced state, then last arrival."""
+    ranks = list(c.ranks)
+    order = sorted(
+        ranks, key=lambda r: (_STATE_RANK.get(c.state_of(r) or "unknown", 3),
+                              -(c.arrival_of(r) or 0)),
+    )
+    slowest = order[0]
+    states = {str(r): c.state_of(r) for r in ranks}
+    arr = c.arrival_of(slowest)
+    first = min((t for t in c.arrive_ns if t is not None), default=None)
+    late = ""
+    if arr is not None and first is not None and arr > first:
+        late = f", {secs_text(arr - first)} after the first"
+    sites = _sites(job, c, [slowest] + [r for r in ranks if r != slowest])
+    if at_ns is None:
+        not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
+        when = ""
+    else:  # at a stall the job later recovered from: what had not completed then
+        not_done = sorted(r for r, e in zip(c.ranks, c.end_ns) if e is None or e > at_ns)
+        when = " by the time the stall was detected"
+    detail = (
+        f"Every rank of {group.label} issued {c.op} #{c.seq} but it had not completed{when} on "
+        f"{ranks_text(not_done)}. The slowest is rank {slowest} (state {c.state_of(slowest)}{late})."
+    )
+    action = (
+        f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
+        "if every rank looks healthy, suspect the network between them."
+    )
+    return Finding(
+        kind=STUCK_ALL_JOINED, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
+        ranks_joined=tuple(ranks), ranks_missing=(), culprit_ranks=(slowest,), detail=detail, action=action,
+        call_sites=sites, stacks={slowest: s} if (s := stall_stack(job, slowest)) else {},
+        evidence={"states": states, "last_arrival_rank": c.last_arrival_rank}, resolved=resolved,
+        t_ns=at_ns if at_ns is not None else first,
+    )
+
+
+def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding:
+    group = c.group
+    joined = list(c.joined_ranks)
+    detail = (
+        f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
+        f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
+        "cannot be told."
+    )
+    action = (
+        f"Find out what happened to {ranks_text(no_data)} (crashed or killed before dumping? look at its log "
+        "and exit status), and collect its Flight Recorder dump next time."
+    )
+    return Finding(
+        kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
+        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=tuple(no_data), detail=detail,
+        action=action, call_sites=_sites(job, c, joined),
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+    )
+
+
+def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
+    expected: set[int] = set(range(job.world_size)) if job.world_size else set()
+    expected.update(job.unusable_ranks)  # their dumps were there but unreadable
+    for g in groups:
+        expected.update(g.ranks)
+    return sorted(expected - set(job.ranks))
+
+
+def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
+    detail = (
+        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler trace); "
+        "the verdict covers the other ranks only."
+    )
+    action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
+    return Finding(
+        kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
+        ranks_missing=tuple(absent), culprit_ranks=tuple(absent), detail=detail, action=action,
+    )
+
+
+# --- stalls the recorder saw (the job may have gone on) --------------------------------------------------
+
+
+def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
+    """At the first stall the recorder saw that shows one: who was waiting in which collective, and who had
+    not come (a stall another group's wait raised, or a slow start the job got over, may show nothing here).
+
+    First the earliest collective that some ranks had joined by then and others had not: those others are
+    missing. Else the earliest one everybody had joined whose end is known to come after the stall. A
+    collective without any end time (gloo's Flight Recorder entries never get one) is no evidence of a hang
+    by itself: the ones after it were issued, so it is taken as done.
+    """
+    cols = job.collectives.get(group.uid, ())
+    for t in stall_times(job):
+        f = _stalled_at(job, group, cols, t)
+        if f is not None:
+            return f
+    return None
+
+
+def _stalled_at(job: Job, group: ProcessGroup, cols: Sequence[Collective], t: int) -> Finding | None:
+    # A rank without data, or whose data ends before the stall, says nothing about it: "not seen" is not
+    # "not issued" (its horizon; a ring buffer that wrapped is handled by the coverage).
+    known = [_seen_at(job, r, group, t) for r in group.ranks]
+    for i, c in enumerate(cols):
+        arrived = [a is not None and a <= t for a in c.arrive_ns]
+        if any(arrived) and not all(here or not k for here, k in zip(arrived, known)):
+            late = [r for r, here, k in zip(c.ranks, arrived, known) if k and not here]
+            statuses = [_MISSING if r in late else _JOINED for r in c.ranks]
+            return _missing(job, c, late, statuses, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
+    for i, c in enumerate(cols):
+        if not all(a is not None and a <= t for a in c.arrive_ns):
+            continue
+        ends = [e for e in c.end_ns if e is not None]
+        if ends and (len(ends) < len(c.end_ns) or max(ends) > t):
+            return _stuck(job, c, group, at_ns=t, resolved=_went_on(job, c, cols[i + 1:]))
+    return None
+
+
+def _seen_at(job: Job, rank: int, group: ProcessGroup, t: int) -> bool:
+    info = job.ranks.get(rank)
+    if info is None or job.coverage.get((rank, group.uid)) is None:
+        return False
+    return info.last_ns is None or info.last_ns >= t
+
+
+def _went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
+    """The group got past ``c``: it completed everywhere, every rank issued a later collective, or every
+    rank's recorder log closed normally after it. (Gloo's ``pg_status`` can lag a completion by a moment,
+    so a rank's last dump may not show its last collective completed.)"""
+    if c.completed_everywhere or any(all(sig is not None for sig in x.signatures) for x in later):
+        return True
+    infos = [job.ranks.get(r) for r in c.ranks]
+    return all(info is not None and info.closed_cleanly for info in infos)
+
+
+# --- point to point --------------------------------------------------------------------------------------
+
+
+def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
+    transfers = job.p2p.get(group.uid, ())
+    bad: list[tuple[P2PTransfer, str]] = []
+    for tr in transfers:
+        if tr.matched:
+            assert tr.send is not None and tr.recv is not None
+            a, b = tr.send.signature.input_sizes, tr.recv.signature.input_sizes
+            if a is not None and b is not None and _numel(a) != _numel(b):
+                bad.append((tr, "size"))
+            continue
+        other = tr.dst if tr.send is not None else tr.src
+        cov = job.coverage.get((other, group.uid))
+        if other not in job.ranks:
+            continue  # the peer left no data: reported as no_dump
+        if cov is not None and cov.has_fr and cov.first_seq > 0 and not cov.has_log:
+            continue  # the peer's ring buffer wrapped: its side may have been overwritten
+        bad.append((tr, "unmatched"))
+    if not bad:
+        return []
+    tr, why = min(bad, key=lambda b: _p2p_time(b[0]))
+    op = tr.send or tr.recv
+    assert op is not None
+    if why == "size":
+        assert tr.send is not None and tr.recv is not None
+        culprits = (tr.src, tr.dst)
+        detail = (
+            f"Send #{tr.index} from rank {tr.src} to rank {tr.dst} on {group.label} carries "
+            f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."
+        )
+        action = "Make the sender's and the receiver's tensors the same size."
+    elif tr.send is not None:
+        culprits = (tr.dst,)
+        detail = (
+            f"Rank {tr.src} sent to rank {tr.dst} on {group.label} (send #{tr.index} to it, "
+            f"{tr.send.signature.describe()}) but rank {tr.dst} never posted the matching recv."
+        )
+        action = f"Make rank {tr.dst} post a recv from rank {tr.src} for this send (or drop the send)."
+    else:
+        assert tr.recv is not None
+        culprits = (tr.src,)
+        detail = (
+            f"Rank {tr.dst} waits to receive from rank {tr.src} on {group.label} (recv #{tr.index} from it) "
+            f"but rank {tr.src} never sent it."
+        )
+        action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
+    sites: dict[int, str] = {}
+    for p in (tr.send, tr.recv):
+        if p is not None:
+            frame = call_site(job.stack(p.stack_id))
+            if frame is not None:
+                sites[p.rank] = frame.site
+    joined = tuple(sorted(p.rank for p in (tr.send, tr.recv) if p is not None))
+    return [Finding(
+        kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=None, op=op.kind,
+        ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
+        culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
+        stacks={r: s for r in culprits if (s := stall_stack(job, r))},
+        evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
+    )]
+
+
+def _numel(sizes) -> int:
+    return sum(math.prod(s) for s in sizes)
+
+
+def _p2p_time(tr: P2PTransfer) -> int:
+    ts = [p.t_arrive_ns for p in (tr.send, tr.recv) if p is not None and p.t_arrive_ns is not None]
+    return min(ts) if ts else 0

@@ -1,0 +1,235 @@
+"""How the ranks ended changes what the collective-level findings mean (docs/diagnose.md, "Verdicts"): a
+wait the interruption caused is no hang, a collective pending in a live job is no stall yet, a dead rank is
+the culprit of the waits and failures it left behind, and "ok" needs a collective seen on all its ranks. Pure
+functions over a ``Job`` and the findings so far; ``diagnosis.diagnose`` applies them. No torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from comm2perfetto.diagnose.endings import DIED, EXCEPTION, PEER_LOST, UNKNOWN, RankEnd
+from comm2perfetto.diagnose.findings import (
+    MISSING_RANKS,
+    NO_COLLECTIVES,
+    NO_DUMP,
+    P2P_MISMATCH,
+    RANK_DIED,
+    STUCK_ALL_JOINED,
+    Finding,
+    ranks_text,
+    secs_text,
+)
+from comm2perfetto.diagnose.stalls import stall_stack, stall_times
+from comm2perfetto.model import NOT_DONE_STATES, Job, ProcessGroup
+
+# Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
+# torchrun): a rank waiting since less than this before the first signal waits because of it.
+INTERRUPT_GRACE_NS = 2 * 10**9
+# Every rank of a job killed at once (kill -9 of the whole job, a node going down) stops writing within a
+# heartbeat or two; a rank whose log stops longer before the others' died first.
+DEATH_GAP_NS = 3 * 10**9
+DEFAULT_STALL_NS = 60 * 10**9  # the recorder's default --stall-after
+
+
+def _waiting_since(f: Finding) -> int | None:
+    """When the wait a finding describes began (its earliest arrival); None for rank-level findings."""
+    if f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) or (f.kind == NO_DUMP and f.seq is not None) or (
+            f.kind == P2P_MISMATCH and f.ranks_missing):
+        return f.t_ns
+    return None
+
+
+def _normal_skew(job: Job, uid: str) -> int:
+    """The largest arrival skew among the group's collectives that completed everywhere: how late a rank
+    normally comes."""
+    return max((c.arrival_skew_ns or 0 for c in job.collectives.get(uid, ()) if all(c.signatures)
+                and set(c.states).isdisjoint(NOT_DONE_STATES)), default=0)
+
+
+def caused_by_interruption(job: Job, f: Finding, interrupted_at: int, notes: list[str]) -> bool:
+    """A wait that began shortly before (or after) the job was interrupted is the interruption's doing: the
+    rank that did not come had stopped issuing collectives because it got the signal first. A wait that
+    began long before is a hang the user then interrupted, and stays."""
+    since = _waiting_since(f)
+    if since is None or f.resolved:
+        return False
+    grace = max(INTERRUPT_GRACE_NS, 2 * _normal_skew(job, f.group_uid))
+    if since >= interrupted_at - grace:
+        notes.append(f"{f.op} #{f.seq} on {f.process_group} was left unfinished by the interruption "
+                     f"({ranks_text(f.ranks_joined)} issued it {_relative(since - interrupted_at)} the first "
+                     "signal): not a hang")
+        return True
+    notes.append(f"the job was interrupted {secs_text(interrupted_at - since)} after {ranks_text(f.ranks_joined)} "
+                 f"began waiting in {f.op} #{f.seq}: a hang the interruption ended")
+    return False
+
+
+def _relative(ns: int) -> str:
+    return f"{secs_text(-ns)} before" if ns < 0 else f"{secs_text(ns)} after"
+
+
+def in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> bool:
+    """In a job that still runs, a collective some ranks wait in is normal until the stall threshold passes
+    (or the recorder logged a stall)."""
+    since = _waiting_since(f)
+    if since is None or f.resolved:
+        return False
+    if any(t >= since for t in stall_times(job)):
+        return False
+    ref = now_ns if now_ns is not None else max((i.last_ns for i in job.ranks.values() if i.last_ns), default=None)
+    if ref is None:
+        return False
+    thresholds = [i.stall_after_ns for i in job.ranks.values() if i.stall_after_ns]
+    threshold = min(thresholds) if thresholds else DEFAULT_STALL_NS
+    if ref - since >= threshold:
+        return False
+    notes.append(f"the job is still running: {ranks_text(f.ranks_joined)} {'have' if len(f.ranks_joined) > 1 else 'has'} "
+                 f"been in {f.op} #{f.seq} on {f.process_group} for {secs_text(max(0, ref - since))}, less than the "
+                 f"stall threshold ({secs_text(threshold)})")
+    return True
+
+
+def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
+                notes: list[str]) -> dict[int, RankEnd]:
+    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
+    not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
+    nor every rank of a job killed at once."""
+    dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
+    if not dead and any(e.how == PEER_LOST for e in ends.values()):
+        # Some rank lost its peer: an unclosed log whose process could not be checked is the peer that went.
+        dead = {r: e for r, e in ends.items() if e.how == UNKNOWN}
+    if interrupted_at is not None:
+        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
+    if dead and len(dead) == len(ends) and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
+        latest = max(e.t_ns or 0 for e in dead.values())
+        first = {r: e for r, e in dead.items()
+                 if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
+        if not first:
+            notes.append(f"no rank closed its log ({ranks_text(sorted(dead))} stop within "
+                         f"{secs_text(latest - min(e.t_ns or latest for e in dead.values()))} of each other): the whole "
+                         "job was killed at once (or its processes run on another host)")
+        return first
+    return dead
+
+
+def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
+                ends: Mapping[int, RankEnd], findings: list[Finding]) -> list[Finding]:
+    """Each rank that died first becomes a ``rank_died`` finding; the waits of the others it explains (the
+    collective it never joined) are folded into it."""
+    out = list(findings)
+    died: list[Finding] = []
+    for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):
+        explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
+                          and rank in f.culprit_ranks and f.seq is not None), None)
+        if explained is not None:
+            out.remove(explained)
+        died.append(_rank_died(job, groups, rank, end, ends, explained))
+    # Waits of the others on a dead rank that another finding names again are the same story.
+    dead_set = set(dead)
+    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
+    return out + died
+
+
+def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],
+               explained: Finding | None) -> Finding:
+    when = f" at {_clock_text(end.t_ns)}" if end.t_ns is not None else ""
+    step = _last_step(job, rank)
+    during = f" during step {step}" if step is not None else ""
+    if end.how == EXCEPTION:
+        how = f"raised an uncaught {end.detail}"
+    else:
+        how = (f"died ({end.detail}: killed, by SIGKILL or the OOM killer for instance, or crashed in C++); "
+               "its last record is")
+    detail = f"Rank {rank} {how}{when}{during}."
+    last = _last_completed(job, groups, rank)
+    evidence: dict[str, Any] = {"how": end.how, "ended": end.detail, "last_record_ns": end.t_ns, "step": step}
+    if last is not None:
+        detail += f" Its last completed collective was {last['op']} #{last['seq']} on {last['process_group']}."
+        evidence["last_collective"] = last
+    else:
+        detail += " No completed collective of it is recorded (those issued from C++, as DDP's, are only in " \
+                  "Flight Recorder dumps, which a killed rank does not write)."
+    victims = {r: e for r, e in ends.items() if r != rank and e.how not in (DIED, EXCEPTION)}
+    failed = sorted(r for r, e in victims.items() if e.how == PEER_LOST)
+    if explained is not None:
+        detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then "
+                   f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
+                   f"{explained.process_group}, which rank {rank} never joined.")
+    if failed:
+        for r in failed[:3]:
+            was_in = _last_completed(job, groups, r, issued=True) if explained is None else None
+            inside = f" in {was_in['op']} #{was_in['seq']} on {was_in['process_group']} (its last collective)" \
+                if was_in else ""
+            detail += f" Rank {r} failed{inside}: {_short(ends[r].detail)}"
+        evidence["failed"] = {str(r): ends[r].detail for r in failed}
+    action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
+              f"killer); the other ranks' failures follow from it.")
+    return Finding(
+        kind=RANK_DIED, process_group=explained.process_group if explained else "",
+        group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
+        op=explained.op if explained else None,
+        ranks_joined=explained.ranks_joined if explained else tuple(failed), ranks_missing=(rank,),
+        culprit_ranks=(rank,), detail=detail, action=action,
+        call_sites=explained.call_sites if explained else {}, stacks={rank: s} if (s := stall_stack(job, rank)) else {},
+        evidence=evidence, t_ns=end.t_ns,
+    )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[:limit].rstrip() + "..."
+
+
+def _clock_text(t_ns: int) -> str:
+    """``14:15:03.123 UTC`` (rank 0's clock)."""
+    return time.strftime("%H:%M:%S", time.gmtime(t_ns / 1e9)) + f".{t_ns // 1_000_000 % 1000:03d} UTC"
+
+
+def _last_step(job: Job, rank: int) -> int | None:
+    steps = getattr(job.logs.get(rank), "steps", None)
+    return steps[-1][0] if steps else None
+
+
+def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int, issued: bool = False) -> dict | None:
+    """The rank's latest completed collective (``issued``: its latest one, done or not) over the groups."""
+    best = None
+    for g in groups:
+        for c in reversed(job.collectives.get(g.uid, ())):
+            if rank not in c.ranks or c.signatures[c.ranks.index(rank)] is None:
+                continue
+            if not issued and c.state_of(rank) in NOT_DONE_STATES:
+                continue
+            t = c.arrival_of(rank) or 0
+            if best is None or t > best[0]:
+                best = (t, {"process_group": g.label, "seq": c.seq, "op": c.op})
+            break
+    return best[1] if best else None
+
+
+def any_matched(job: Job, groups: Sequence[ProcessGroup]) -> bool:
+    """At least one collective every rank of its group recorded (or a send its receiver matched): the
+    evidence an "ok" needs."""
+    return any(all(c.signatures) for g in groups for c in job.collectives.get(g.uid, ())) or any(
+        tr.matched for g in groups for tr in job.p2p.get(g.uid, ()))
+
+
+def no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
+    what = "No collective was recorded on all the ranks of its group" if groups else \
+        "No process group with a collective was found in the data"
+    cause = ""
+    if any(i.fr_files for i in job.ranks.values()):
+        backends = {i.backend for i in job.ranks.values()} | {g.backend for g in groups}
+        gloo = "gloo" in backends and "nccl" not in backends
+        cause = (" The Flight Recorder dumps hold no collective entry: torch 2.4 to 2.7 does not record gloo's "
+                 "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees "
+                 "them)" + ("." if gloo else "; or the groups never got sequence numbers, or the dumps were "
+                                             "taken before the first collective."))
+    detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
+    return Finding(
+        kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
+        ranks_missing=(), culprit_ranks=(), detail=detail,
+        action="Check that the dumps are of the job you meant and that it issued collectives.",
+    )

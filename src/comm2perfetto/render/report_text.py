@@ -1,0 +1,410 @@
+"""The report document (see :mod:`comm2perfetto.report.document`) as text for a terminal.
+
+Takes the plain dict and nothing else. Sections, in order: a header (rank count, basis, steps, where the data
+came from) and the job summary line; the per-rank table (with a job row of means; over
+:data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
+per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
+tree; notes. Values are in human units (``us``/``ms``/``s``, ``KB``/``MB``/``GB``, bandwidth in GB/s, 3
+significant digits) and a missing value prints as ``-``. Same dict, same text; no trailing whitespace.
+
+The small formatters (:func:`fmt_time`, :func:`fmt_bytes` ...) are shared with the HTML and chart writers.
+
+Example::
+
+    doc = {"version": 1, "basis": "gpu",
+           "job": {"span_s": 1.2, "compute_s": 0.9, "comm_s": 0.3, "overlapped_comm_s": 0.2,
+                   "exposed_comm_s": 0.1, "idle_s": 0.05, "comm_to_compute": 0.333, "overlap_pct": 66.7,
+                   "ranks": 1},
+           "ranks": {"0": {"span_s": 1.2, ..., "basis": "gpu", "sources": ["kineto gpu kernels"]}},
+           "steps": [], "collectives": [], "stragglers": [], "modules": [],
+           "lateness_map": {"ranks": [], "collectives": [], "lateness_s": []}, "notes": []}
+    print(render_text(doc))
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING = "-"
+MAX_RANKS_SHOWN = 32
+RANKS_EACH_END = 8
+MAX_STEPS_SHOWN = 12
+STEPS_EACH_END = 5
+MAX_COLLECTIVES_SHOWN = 30
+MAX_STRAGGLERS_SHOWN = 10
+MIN_ELASTIC_WIDTH = 8  # a shrunk text column keeps at least this many characters
+PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
+                                      None: "OUTSIDE FORWARD AND BACKWARD"}
+
+Doc = Mapping[str, Any]
+Row = Sequence[str] | str  # a str is a line of its own inside a table (an elision mark)
+
+
+# --- formatters ---------------------------------------------------------------------------------------------
+
+
+def _sig3(x: float) -> str:
+    """``x`` (>= 0) with 3 significant digits and never an exponent: 0.0512, 1.00, 12.3, 123, 1234."""
+    if x == 0:
+        return "0"
+    text = f"{x:#.3g}"  # "#" keeps trailing zeros: 1.00, not 1
+    if "e" not in text:
+        return text.rstrip(".")
+    return f"{x:.0f}" if x >= 1 else f"{x:.{2 - math.floor(math.log10(x))}f}"
+
+
+def _scaled(value: float, units: Sequence[tuple[float, str]]) -> str:
+    """``value`` in the first unit (largest first) in which it rounds to at least 1, with 3 digits."""
+    magnitude = abs(value)
+    sign = "-" if value < 0 else ""
+    for i, (scale, unit) in enumerate(units):
+        scaled = magnitude / scale
+        if scaled >= 0.9995 or i == len(units) - 1:  # 0.9996 s rounds to "1.00 s", not "1000 ms"
+            return f"{sign}{_sig3(scaled)}{unit}"
+    raise ValueError("no units given")
+
+
+def fmt_time(seconds: float | None) -> str:
+    """``"1.23s"``, ``"12.3ms"``, ``"456us"`` (compact, as torch.profiler prints); ``"0"``; ``"-"`` if unknown."""
+    if seconds is None:
+        return MISSING
+    if seconds == 0:
+        return "0"
+    return _scaled(seconds, ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")))
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    """Binary multiples, like the rest of the tool: ``"512B"``, ``"2.00KB"``, ``"1.50GB"``."""
+    if n is None:
+        return MISSING
+    if abs(n) < 1024:
+        return f"{n:.0f}B"
+    return _scaled(n, ((1024.0**4, "TB"), (1024.0**3, "GB"), (1024.0**2, "MB"), (1024.0, "KB")))
+
+
+def fmt_number(x: float | None) -> str:
+    """3 significant digits for small numbers, whole numbers from 1000 up (GB/s, ratios)."""
+    if x is None:
+        return MISSING
+    return ("-" if x < 0 else "") + _sig3(abs(x))
+
+
+def fmt_ratio(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.2f}"
+
+
+def fmt_pct(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.1f}%"
+
+
+def fmt_int(x: int | None) -> str:
+    return MISSING if x is None else str(x)
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def rank_sort_key(rank: str | int) -> tuple[int, int | str]:
+    """Ranks are dict keys (strings) in the document: sort "10" after "9"."""
+    text = str(rank)
+    return (0, int(text)) if _is_int(text) else (1, text)
+
+
+def rank_ranges(ranks: Iterable[str | int]) -> str:
+    """``"0-3, 5, 8-9"``: consecutive numeric ranks folded into ranges."""
+    names = [str(r) for r in ranks]
+    runs: list[list[int]] = []  # [first, last]
+    for n in sorted({int(r) for r in names if _is_int(r)}):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(parts + sorted({r for r in names if not _is_int(r)}))
+
+
+# --- tables -------------------------------------------------------------------------------------------------
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 2, 1)] + ".."
+
+
+def table(header: Sequence[str], rows: Sequence[Row], aligns: str, *, width: int,
+          elastic: Sequence[int] = ()) -> list[str]:
+    """Aligned columns, two spaces apart; ``aligns`` has one ``<`` or ``>`` per column.
+
+    When the table is wider than ``width`` and cutting the ``elastic`` columns (text, in that order) down to
+    :data:`MIN_ELASTIC_WIDTH` (or their header) makes it fit, they are cut with ``..``; when even that would
+    not fit, nothing is cut: a long line loses nothing, a cut one that still wraps would lose both ways.
+    """
+    cells = [list(r) for r in rows if not isinstance(r, str)]
+    widths = [max(len(c[i]) for c in [list(header), *cells]) for i in range(len(header))]
+    excess = sum(widths) + 2 * (len(widths) - 1) - width
+    floors = {i: max(MIN_ELASTIC_WIDTH, len(header[i])) for i in elastic}
+    if 0 < excess <= sum(max(widths[i] - floor, 0) for i, floor in floors.items()):
+        for i, floor in floors.items():
+            give = min(excess, max(widths[i] - floor, 0))
+            widths[i] -= give
+            excess -= give
+
+    def line(values: Sequence[str]) -> str:
+        padded = (_clip(v, w).ljust(w) if a == "<" else _clip(v, w).rjust(w)
+                  for v, w, a in zip(values, widths, aligns))
+        return "  ".join(padded).rstrip()
+
+    return [line(header)] + [r if isinstance(r, str) else line(r) for r in rows]
+
+
+# --- sections -----------------------------------------------------------------------------------------------
+
+TIME_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("span", "span_s", fmt_time),
+    ("compute", "compute_s", fmt_time),
+    ("comm", "comm_s", fmt_time),
+    ("overlapped", "overlapped_comm_s", fmt_time),
+    ("exposed", "exposed_comm_s", fmt_time),
+    ("idle", "idle_s", fmt_time),
+    ("comm/compute", "comm_to_compute", fmt_ratio),
+    ("overlap", "overlap_pct", fmt_pct),
+)
+
+
+def _time_cells(values: Mapping[str, Any]) -> list[str]:
+    return [fmt(values.get(key)) for _, key, fmt in TIME_COLUMNS]
+
+
+def _ranks_word(ranks: Sequence[str]) -> str:
+    return "rank" if len(ranks) == 1 else "ranks"
+
+
+def _header(doc: Doc) -> list[str]:
+    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    job = doc.get("job") or {}
+    count = job.get("ranks", len(ranks))
+    head = f"comm2perfetto report: {count} rank{'s' if count != 1 else ''}, basis {doc.get('basis') or MISSING}"
+    steps = [s.get("step") for s in doc.get("steps") or []]
+    numbered = [s for s in steps if isinstance(s, int)]
+    if numbered:
+        head += f", {len(steps)} step{'s' if len(steps) != 1 else ''} ({min(numbered)}-{max(numbered)})"
+    lines = [head]
+    by_sources: dict[tuple[str, ...], list[str]] = {}
+    for rank in sorted(ranks, key=rank_sort_key):
+        by_sources.setdefault(tuple(ranks[rank].get("sources") or ()), []).append(rank)
+    for sources, members in sorted(by_sources.items(), key=lambda kv: rank_sort_key(kv[1][0])):
+        lines.append(f"  data: {', '.join(sources) or 'none'} ({_ranks_word(members)} {rank_ranges(members)})")
+    lines.append(
+        f"job: span {fmt_time(job.get('span_s'))}, comm/compute {fmt_ratio(job.get('comm_to_compute'))}, "
+        f"overlap {fmt_pct(job.get('overlap_pct'))}, exposed comm {fmt_time(job.get('exposed_comm_s'))}"
+        " (times: mean per rank)")
+    return lines
+
+
+def _select_ranks(ranks: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+    """(ranks to show in order, those left out, those without an exposed-comm value)."""
+    ordered = sorted(ranks, key=rank_sort_key)
+    if len(ordered) <= MAX_RANKS_SHOWN:
+        return ordered, [], []
+    unknown = [r for r in ordered if ranks[r].get("exposed_comm_s") is None]
+    known = sorted((r for r in ordered if r not in set(unknown)),
+                   key=lambda r: (-ranks[r]["exposed_comm_s"], rank_sort_key(r)))
+    if len(known) <= 2 * RANKS_EACH_END:
+        return known, [], unknown
+    return known[:RANKS_EACH_END] + known[-RANKS_EACH_END:], known[RANKS_EACH_END:-RANKS_EACH_END], unknown
+
+
+def _ranks_section(doc: Doc, width: int) -> list[str]:
+    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    if not ranks:
+        return ["ranks: none"]
+    shown, hidden, unknown = _select_ranks(ranks)
+    mixed = len({ranks[r].get("basis") for r in ranks}) > 1
+    title = "ranks (union of each kind's intervals; overlapped = comm during compute, exposed = comm alone)"
+    if hidden:
+        title = (f"ranks: the {RANKS_EACH_END} with the most exposed comm and the {RANKS_EACH_END} with the least,"
+                 f" of {len(ranks)}, by exposed comm")
+    header = ["rank", *(["basis"] if mixed else []), *(h for h, _, _ in TIME_COLUMNS)]
+    rows: list[Row] = []
+    for r in shown:
+        rows.append([r, *([ranks[r].get("basis") or MISSING] if mixed else []), *_time_cells(ranks[r])])
+        if hidden and r == shown[RANKS_EACH_END - 1]:
+            rows.append(f"  ... {len(hidden)} ranks in between")
+    rows.append(["job", *([doc.get("basis") or MISSING] if mixed else []), *_time_cells(doc.get("job") or {})])
+    aligns = ">" + ("<" if mixed else "") + ">" * len(TIME_COLUMNS)
+    lines = [title, *table(header, rows, aligns, width=width)]
+    if unknown:
+        lines.append(f"  no values for {_ranks_word(unknown)} {rank_ranges(unknown)}")
+    return lines
+
+
+def _steps_section(doc: Doc, width: int) -> list[str]:
+    steps: Sequence[Mapping[str, Any]] = doc.get("steps") or []
+    if not steps:
+        return []
+    rows: list[Row] = [[fmt_int(s.get("step")), *_time_cells(s.get("job") or {})] for s in steps]
+    if len(rows) > MAX_STEPS_SHOWN:
+        hidden = len(rows) - 2 * STEPS_EACH_END
+        rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
+    header = ["step", *(h for h, _, _ in TIME_COLUMNS)]
+    return ["steps (job values: times are means over ranks)",
+            *table(header, rows, ">" * len(header), width=width)]
+
+
+def _count_cell(c: Mapping[str, Any]) -> str:
+    count, timed = c.get("count"), c.get("timed")
+    return fmt_int(count) if timed is None or timed == count else f"{fmt_int(timed)}/{fmt_int(count)}"
+
+
+def _collectives_section(doc: Doc, width: int) -> list[str]:
+    collectives: Sequence[Mapping[str, Any]] = doc.get("collectives") or []
+    if not collectives:
+        return ["collectives: none"]
+    header = ["op", "group", "n", "count", "bytes", "total", "mean", "p50", "p99", "algbw", "busbw", "skew"]
+    rows: list[Row] = [[
+        str(c.get("op") or MISSING), str(c.get("process_group") or MISSING), fmt_int(c.get("group_size")),
+        _count_cell(c), fmt_bytes(c.get("bytes")), fmt_time(c.get("total_s")), fmt_time(c.get("mean_s")),
+        fmt_time(c.get("p50_s")), fmt_time(c.get("p99_s")), fmt_number(c.get("algbw_gbps")),
+        fmt_number(c.get("busbw_gbps")), fmt_time(c.get("arrival_skew_mean_s")),
+    ] for c in collectives[:MAX_COLLECTIVES_SHOWN]]
+    if len(collectives) > MAX_COLLECTIVES_SHOWN:
+        rest = collectives[MAX_COLLECTIVES_SHOWN:]
+        rest_total = sum(c.get("total_s") or 0.0 for c in rest)
+        rows.append(f"  ... {len(rest)} more, {fmt_time(rest_total)} in all (--format json lists every one)")
+    legend = ["  n: group size; count a/b: a of b instances timed; skew: mean of (last - first arrival)",
+              "  algbw = bytes / transfer time, busbw = algbw x the nccl-tests factor, both in GB/s"]
+    return ["collectives (by total time)",
+            *table(header, rows, "<<" + ">" * 10, width=width, elastic=(1,)),
+            *legend]
+
+
+def _stragglers_section(doc: Doc, width: int) -> list[str]:
+    stragglers: Sequence[Mapping[str, Any]] = doc.get("stragglers") or []
+    if not stragglers:
+        return []
+    header = ["rank", "matched", "last", "last %", "mean late", "p99 late"]
+    rows: list[Row] = []
+    for s in stragglers[:MAX_STRAGGLERS_SHOWN]:
+        matched, last = s.get("matched"), s.get("last_arrivals")
+        share = 100.0 * last / matched if matched and last is not None else None
+        rows.append([fmt_int(s.get("rank")), fmt_int(matched), fmt_int(last), fmt_pct(share),
+                     fmt_time(s.get("mean_lateness_s")), fmt_time(s.get("p99_lateness_s"))])
+    title = "stragglers (last = collectives this rank arrived at last; late = arrival - earliest arrival)"
+    return [title, *table(header, rows, ">" * len(header), width=width)]
+
+
+# --- module tree --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Total:
+    """What one module's subtree issued for one (pass, op)."""
+
+    count: int = 0
+    bytes: int | None = None
+    ranks: int | None = None  # the most any one row names: ranks cannot be added up
+
+    def add(self, count: int, nbytes: int | None, ranks: int | None) -> None:
+        self.count += count
+        if nbytes is not None:
+            self.bytes = (self.bytes or 0) + nbytes
+        if ranks is not None:
+            self.ranks = max(self.ranks or 0, ranks)
+
+    def text(self) -> str:
+        parts = [str(self.count)]
+        if self.bytes is not None:
+            parts.append(fmt_bytes(self.bytes))
+        if self.ranks is not None:
+            parts.append(f"{self.ranks} rank{'s' if self.ranks != 1 else ''}")
+        return ", ".join(parts)
+
+
+@dataclass
+class _Node:
+    """One module: the totals of its subtree by (pass, op), and its children by name."""
+
+    children: dict[str, _Node] = field(default_factory=dict)
+    totals: dict[tuple[str | None, str], _Total] = field(default_factory=dict)
+
+
+def module_tree(modules: Iterable[Mapping[str, Any]]) -> _Node:
+    """The dotted paths as a tree; every row counts in its module and in all the module's ancestors."""
+    root = _Node()
+    for m in modules:
+        key = (m.get("pass"), str(m.get("op") or MISSING))
+        node = root
+        for part in str(m.get("path") or "(no module)").split("."):
+            node = node.children.setdefault(part, _Node())
+            node.totals.setdefault(key, _Total()).add(m.get("count") or 0, m.get("bytes"), m.get("ranks"))
+    return root
+
+
+def _pass_order(p: str | None) -> tuple[int, str]:
+    """Forward, backward, then any other pass by name, then none."""
+    order = {"forward": (0, ""), "backward": (1, ""), None: (3, "")}
+    return order.get(p, (2, str(p)))
+
+
+def _pass_lines(node: _Node, pad: str) -> list[str]:
+    """The node's collectives under a heading per pass; with no pass known at all (collectives issued from
+    C++, or outside every module), the collectives alone."""
+    passes = sorted({p for p, _ in node.totals}, key=_pass_order)
+    lines = []
+    for p in passes:
+        inner = pad
+        if passes != [None]:
+            lines.append(pad + PASS_LABELS.get(p, f"{str(p).upper()} PASS"))
+            inner = pad + "  "
+        lines.extend(f"{inner}{op}: {total.text()}"
+                     for (q, op), total in sorted(node.totals.items(), key=lambda kv: kv[0][1]) if q == p)
+    return lines
+
+
+def _tree_lines(node: _Node, depth: int) -> list[str]:
+    """The lines of ``node``'s children and everything below them."""
+    lines = []
+    pad = "  " * depth
+    for name in sorted(node.children, key=rank_sort_key):  # layers.2 before layers.10
+        child = node.children[name]
+        lines.append(pad + name)
+        lines.extend(_pass_lines(child, pad + "  "))
+        lines.extend(_tree_lines(child, depth + 1))
+    return lines
+
+
+def _modules_section(doc: Doc) -> list[str]:
+    modules: Sequence[Mapping[str, Any]] = doc.get("modules") or []
+    if not modules:
+        return []
+    return ["modules (collectives issued inside each nn.Module; a parent's counts include its children's)",
+            *_tree_lines(module_tree(modules), 0)]
+
+
+def _notes_section(doc: Doc, width: int) -> list[str]:
+    notes: Sequence[str] = doc.get("notes") or []
+    if not notes:
+        return []
+    lines = ["notes"]
+    for note in notes:
+        lines.extend(textwrap.wrap(str(note), width, initial_indent="- ", subsequent_indent="  ") or ["-"])
+    return lines
+
+
+def render_text(doc: Doc, *, width: int = 100) -> str:
+    """The whole report as text, sections separated by blank lines, ending with a newline."""
+    sections = [
+        _header(doc),
+        _ranks_section(doc, width),
+        _steps_section(doc, width),
+        _collectives_section(doc, width),
+        _stragglers_section(doc, width),
+        _modules_section(doc),
+        _notes_section(doc, width),
+    ]
+    text = "\n\n".join("\n".join(line.rstrip() for line in s) for s in sections if s)
+    return text + "\n"

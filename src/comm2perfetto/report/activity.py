@@ -1,0 +1,247 @@
+"""What each rank was doing, as unions of compute, communication and memory-copy time on the job's clock.
+
+Two bases, chosen per rank:
+
+- ``gpu``: the rank has profiler (Kineto) traces with GPU work. Kernels on every stream, classified by
+  ``sources.kineto.reader.classify_gpu``: the communication kernels of ``sources/kineto/comm_kernels.py``'s table (NCCL, RCCL,
+  symmetric memory, NVSHMEM ...) are communication, Memcpy/Memset are memory, everything else is compute.
+  Steps follow the GPU: a kernel belongs to the ``ProfilerStep#n`` whose CPU span launched it
+  (``sources.kineto.reader.gpu_step_spans``).
+- ``cpu``: no GPU work known (gloo jobs, or no profiler). Compute is the recorded NVTX and
+  ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
+  recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the
+  collectives the patch layer did not see (DDP's), and the profiler's communication events (gloo's worker
+  annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
+  inside a user's range that wraps the whole step.
+
+Profiler traces are read in worker processes (:func:`kineto_intervals` returns compact unions, not events).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from operator import itemgetter
+from pathlib import Path
+
+from comm2perfetto.model import Job
+from comm2perfetto.report.intervals import Measured, Span, difference, envelope, intersection, union
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto_spans
+
+GPU = "gpu"
+CPU = "cpu"
+_END = itemgetter(1)
+
+
+@dataclass(frozen=True)
+class KinetoIntervals:
+    """One rank's profiler traces reduced to unions, on that rank's own clock. Picklable, small."""
+
+    gpu_compute: list[Span] = field(default_factory=list)
+    gpu_comm: list[Span] = field(default_factory=list)
+    gpu_memory: list[Span] = field(default_factory=list)
+    cpu_compute: list[Span] = field(default_factory=list)
+    cpu_comm: list[Span] = field(default_factory=list)
+    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
+    # leaves their shape, so the workers that read the traces compute them, in parallel.
+    gpu_overlapped: list[Span] | None = None
+    gpu_busy: list[Span] | None = None
+    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
+    windows: tuple[Span, ...] = ()  # each trace's first to last event: where the profiler was running
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
+    events: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankActivity:
+    """A rank's compute, communication and memory unions on the job's (aligned) clock."""
+
+    rank: int
+    basis: str  # GPU or CPU
+    sources: tuple[str, ...]
+    compute: list[Span]
+    comm: list[Span]
+    memory: list[Span]
+    steps: tuple[tuple[int, int, int], ...]  # (step, begin, end)
+    overlapped: list[Span] | None = None  # compute ∩ comm and compute ∪ comm ∪ memory, when known already
+    busy: list[Span] | None = None
+    # Where the profiler ran, when it is the only source of compute (no recorder ranges): outside these
+    # windows the rank's compute is unknown, not zero.
+    compute_windows: tuple[Span, ...] | None = None
+
+    def profiled_steps(self) -> list[int] | None:
+        """The steps whose middle falls in a profiled window, when compute is known only there."""
+        if self.compute_windows is None:
+            return None
+        return [n for n, b, e in self.steps if any(wb <= (b + e) // 2 < we for wb, we in self.compute_windows)]
+
+    @property
+    def span(self) -> Span | None:
+        return envelope(self.compute, self.comm, self.memory)
+
+    @cached_property
+    def measured(self) -> tuple[Measured, Measured, Measured, Measured]:
+        """compute, comm, comm ∩ compute and compute ∪ comm ∪ memory, each measurable in any window."""
+        overlapped = self.overlapped if self.overlapped is not None else intersection(self.compute, self.comm)
+        busy = self.busy
+        if busy is None:
+            busy = union(self.compute + self.comm + self.memory) if self.memory else union(self.compute + self.comm)
+        return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
+
+
+def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False,
+                     collectives: bool = False) -> KinetoIntervals:
+    """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
+    ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
+    gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
+    cpu_compute: list[Span] = []
+    cpu_comm: list[Span] = []
+    steps: list[tuple[int, int, int]] = []
+    gpu_steps: list[tuple[int, int, int]] = []
+    windows: list[Span] = []
+    traces: list = []
+    notes: list[str] = []
+    events = 0
+    for path in paths:
+        try:
+            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
+        except KinetoFormatError as exc:
+            notes.append(f"skipped {path}: {exc}")
+            continue
+        events += trace.event_count
+        for klass, spans in trace.gpu.items():
+            gpu[klass] += spans
+        cpu_compute += trace.cpu_compute
+        cpu_comm += trace.comm
+        steps.extend(trace.steps)
+        gpu_steps.extend(trace.gpu_steps)
+        if trace.collectives is not None:
+            traces.append(trace.collectives)
+        parts = [part for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) if part]
+        if parts:  # tuple comparison and itemgetter: C speed on a trace's hundred thousand spans
+            windows.append((min(min(part)[0] for part in parts), max(max(part, key=_END)[1] for part in parts)))
+    windows.sort()
+    if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
+        compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
+        return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
+                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
+                               gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
+                               events=events, notes=tuple(notes))
+    return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
+                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
+                           traces=tuple(traces), events=events,
+                           notes=tuple(notes))
+
+
+def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
+                  progress: Callable[[int, int], None] | None = None,
+                  whole_us: bool = False, hta_scope: bool = False,
+                  collectives: bool = False) -> dict[int, KinetoIntervals]:
+    """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
+    ranks = sorted(kineto_files)
+    tasks = [kineto_files[r] for r in ranks]
+    read = partial(kineto_intervals, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
+    if workers <= 1 or len(ranks) <= 1:
+        return _gather(ranks, map(read, tasks), progress)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return _gather(ranks, pool.map(read, tasks), progress)
+
+
+def _gather(ranks: list[int], results: Iterable[KinetoIntervals],
+            progress: Callable[[int, int], None] | None) -> dict[int, KinetoIntervals]:
+    out: dict[int, KinetoIntervals] = {}
+    for i, (rank, result) in enumerate(zip(ranks, results)):
+        out[rank] = result
+        if progress:
+            progress(i + 1, len(ranks))
+    return out
+
+
+def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
+                  fr_comm: Mapping[int, list[Span]] | None = None) -> RankActivity:
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``:
+    ``flight_recorder_comm(job)``, when the caller has it for every rank already."""
+    offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
+    log = job.logs.get(rank) if job is not None else None
+    profile = profile or KinetoIntervals()
+    if profile.gpu_compute or profile.gpu_comm:
+        compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
+        steps = tuple((n, b + offset, e + offset) for n, b, e in profile.gpu_steps) \
+            or _steps(log, profile, offset, envelope(compute, comm))
+        return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
+                            steps,
+                            _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
+                            tuple(_shift(list(profile.windows), offset)))
+    sources: list[str] = []
+    compute: list[Span] = []
+    comm: list[Span] = []
+    blocked: list[Span] = []
+    if log is not None:
+        compute += [(r.t_begin_ns, r.t_end_ns) for r in log.ranges if r.t_end_ns is not None]
+        for call in log.calls:
+            end = call.t_end_ns  # None for GPU work whose completion was not seen: Flight Recorder covers it
+            if end is not None:
+                comm.append((call.t_call_ns, end))
+            if not call.is_async and call.t_return_ns is not None:
+                blocked.append((call.t_call_ns, call.t_return_ns))
+        sources += ["recorder ranges"] * bool(log.ranges) + ["recorder calls"] * bool(log.calls)
+    if profile.cpu_compute or profile.cpu_comm:
+        compute += profile.cpu_compute
+        comm += profile.cpu_comm
+        sources.append("profiler CPU ops")
+    compute_u = difference(union(compute), union(blocked))
+    comm_u = _shift(union(comm), offset)
+    if fr_comm is None:
+        fr_comm = flight_recorder_comm(job) if job is not None else {}
+    fr = fr_comm.get(rank, [])
+    if fr:
+        comm_u = union(comm_u + fr)
+        sources.append("Flight Recorder")
+    compute_u = _shift(compute_u, offset)
+    profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
+    return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
+                        _steps(log, profile, offset, envelope(compute_u, comm_u)),
+                        compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
+
+
+def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
+    """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
+    patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
+    One pass over the job's collectives serves every rank."""
+    spans: dict[int, list[Span]] = defaultdict(list)
+    for cols in job.collectives.values():
+        for c in cols:
+            for rank, source, start, arrive, end in zip(c.ranks, c.sources, c.start_ns, c.arrive_ns, c.end_ns):
+                begin = start or arrive
+                if source == "fr" and begin is not None and end is not None and end > begin:
+                    spans[rank].append((begin, end))
+    return spans
+
+
+def _steps(log, profile: KinetoIntervals, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
+    """Step windows on the job clock: the recorder's step marks (step n runs from the mark that started it to
+    the next one, the last to the end of the rank's activity), else the profiler's ``ProfilerStep#n``."""
+    marks = [(step, t) for step, t, _source in log.steps] if log is not None else []
+    if marks:
+        end_of_run = span[1] - offset if span is not None else marks[-1][1]
+        first_begin = span[0] - offset if span is not None else marks[0][1]
+        bounds = ([(0, first_begin)] if first_begin < marks[0][1] else []) + marks
+        out = []
+        for (step, t), nxt in zip(bounds, bounds[1:] + [(None, max(end_of_run, bounds[-1][1]))]):
+            if nxt[1] > t:
+                out.append((step, t + offset, nxt[1] + offset))
+        return tuple(out)
+    return tuple((n, b + offset, e + offset) for n, b, e in profile.steps)
+
+
+def _shift(u: list[Span], offset: int) -> list[Span]:
+    return [(b + offset, e + offset) for b, e in u] if offset else u
+
+
+def _shift_known(u: list[Span] | None, offset: int) -> list[Span] | None:
+    return None if u is None else _shift(u, offset)

@@ -1,0 +1,148 @@
+"""The report document: every analysis over a job, as one plain dict (the JSON contract in docs/report.md).
+
+``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
+traces already reduced to unions (``activity.read_profiles``), and returns::
+
+    {"version": 1, "basis": "gpu", "job": {...}, "ranks": {"0": {...}}, "steps": [...], "collectives": [...],
+     "stragglers": [...], "modules": [...], "lateness_map": {...}, "notes": [...]}
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping
+
+from comm2perfetto.model import Collective, Job
+from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
+from comm2perfetto.report.bandwidth import collective_table
+from comm2perfetto.report.intervals import Span, union
+from comm2perfetto.report.modules import module_table
+from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
+from comm2perfetto.report.stragglers import lateness_map, straggler_table
+
+VERSION = 1
+
+
+def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps: tuple[int, int] | None = None,
+                 depth: int | None = None) -> dict:
+    """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
+    ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
+    fr_comm = flight_recorder_comm(job) if job is not None else {}
+    activities = {r: rank_activity(job, r, profiles.get(r), fr_comm) for r in ranks}
+    notes = [n for p in profiles.values() for n in p.notes]
+    windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
+               for r, a in activities.items()}
+    if steps is not None and not any(windows.values()):
+        notes.append(f"no rank recorded steps {steps[0]}-{steps[1]}: the figures cover nothing")
+
+    per_rank: dict[str, dict] = {}
+    parts: list[Breakdown] = []
+    for rank, activity in activities.items():
+        b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
+        parts.append(b)
+        per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
+    keep = _inside(union(w for ws in windows.values() for w in ws)) if steps is not None else None
+    bases = {a.basis for a in activities.values()}
+    collectives = collective_table(job, keep) if job is not None else []
+    doc = {
+        "version": VERSION,
+        "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
+        "job": job_breakdown(parts),
+        "ranks": per_rank,
+        "steps": _step_rows(activities, steps),
+        "collectives": collectives,
+        "stragglers": straggler_table(job, keep) if job is not None else [],
+        "modules": module_table(job, depth, steps, keep) if job is not None else [],
+        "lateness_map": lateness_map(job, keep) if job is not None else {"ranks": [], "collectives": [],
+                                                                         "lateness_s": []},
+        "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
+        + _untimed_note(collectives, bases),
+    }
+    return doc
+
+
+def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:
+    by_step: dict[int, dict[int, Breakdown]] = {}
+    for rank, activity in activities.items():
+        for n, begin, end in activity.steps:
+            if steps is None or steps[0] <= n <= steps[1]:
+                by_step.setdefault(n, {})[rank] = breakdown(activity, (begin, end))
+    return [{"step": n, "job": job_breakdown(list(parts.values())),
+             "ranks": {str(r): b.as_dict() for r, b in sorted(parts.items())}}
+            for n, parts in sorted(by_step.items())]
+
+
+def _inside(windows: list[Span]) -> Callable[[Collective], bool]:
+    """Whether a collective's first arrival falls in one of the (disjoint, sorted) windows."""
+    begins = [b for b, _ in windows]
+
+    def keep(c: Collective) -> bool:
+        known = [t for t in c.arrive_ns if t is not None]
+        if not known:
+            return False
+        t = min(known)
+        i = bisect.bisect_right(begins, t) - 1
+        return i >= 0 and t < windows[i][1]
+
+    return keep
+
+
+def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:
+    notes = []
+    cpu = [r for r, a in activities.items() if a.basis == "cpu"]
+    if cpu and len(cpu) < len(activities):
+        notes.append(f"ranks {_ranks_text(cpu)} have no GPU kernels in their profiler traces: their figures come "
+                     "from CPU intervals and do not compare with the GPU ranks'")
+    empty = [r for r, a in activities.items() if a.span is None]
+    if empty:
+        notes.append(f"ranks {_ranks_text(empty)}: no timed compute or communication recorded")
+    elif cpu and not any(a.compute for a in activities.values()):
+        notes.append("no compute intervals: record with --profile-steps, or wrap compute in comm2perfetto.range() "
+                     "or NVTX ranges, to see overlap")
+    return notes
+
+
+def _profiled_note(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[str]:
+    """Which steps the figures cover, when compute is known only where the profiler ran (the demo's
+    ``--profile-steps 5-8`` of a 40-step job): elsewhere it reads as 0, which is unknown, not idle."""
+    known = [p for p in (a.profiled_steps() for a in activities.values()) if p is not None]
+    if not known:
+        return []
+    profiled = set().union(*known)
+    selected = sorted({n for a in activities.values() for n, _, _ in a.steps
+                       if steps is None or steps[0] <= n <= steps[1]})
+    if not selected:
+        return []
+    head = f"compute is known only in the profiled steps {steps_text(sorted(profiled)) or '(none)'}"
+    outside = [n for n in selected if n not in profiled]
+    if not outside:
+        return [f"{head}: these figures cover steps {steps_text(selected)}, all profiled"]
+    hint = f"; --steps {steps_text(sorted(profiled))} reports those alone" if profiled else ""
+    return [f"{head}: these figures cover steps {steps_text(selected)}, and the {len(outside)} unprofiled ones "
+            f"count no compute{hint}"]
+
+
+def steps_text(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3,7': sorted step numbers as runs."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def _untimed_note(collectives: list[dict], bases: set[str]) -> list[str]:
+    count = sum(r["count"] for r in collectives)
+    untimed = count - sum(r["timed"] for r in collectives)
+    if not untimed:
+        return []
+    where = " and their time is not in the CPU basis's comm_s" if "cpu" in bases else ""
+    return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
+            f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
+            f"they count in the collectives table but not in its durations{where}"]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks[:16])) + ("..." if len(ranks) > 16 else "")

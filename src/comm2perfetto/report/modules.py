@@ -1,0 +1,76 @@
+"""Collectives per nn.Module, with the forward/backward split: CommDebugMode's table, from a real run.
+
+The recorder notes, for every call it records, the dotted path of the module it was issued in
+(``MLPModule.net2``: the root module's class, then attribute names, as CommDebugMode prints them) and the pass.
+A collective is counted once however many ranks issued it, so on a job whose ranks agree each count equals
+what CommDebugMode shows on any one rank; ``ranks`` says how many ranks issued it.
+
+Collectives the recorder never saw from Python (DDP's and FSDP's, issued from C++; known from Flight
+Recorder) have no module: they form one row per op under ``NOT_SEEN``, so the table adds up to the job's
+collectives.
+
+>>> aggregate_path("MLPModule.layers.0.attn", 2)
+'MLPModule.layers'
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from comm2perfetto.model import Collective, Job, op_family, tensor_bytes
+from comm2perfetto.report.bandwidth import first_signature
+
+OUTSIDE = "(outside any module)"
+NOT_SEEN = "(issued from C++: DDP, FSDP)"
+
+
+@dataclass
+class _Row:
+    instances: dict[tuple, int] = field(default_factory=dict)  # collective key -> its bytes
+    ranks: set[int] = field(default_factory=set)
+
+
+def aggregate_path(path: str, depth: int | None) -> str:
+    """The first ``depth`` components of a dotted module path."""
+    if depth is None or depth <= 0:
+        return path
+    return ".".join(path.split(".")[:depth])
+
+
+def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | None = None,
+                 keep: Callable[[Collective], bool] | None = None) -> list[dict]:
+    """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down). ``steps``: only
+    calls recorded in steps A..B; ``keep``: only those C++-issued collectives."""
+    rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)
+    for rank, log in sorted(job.logs.items()):
+        for call in log.calls:
+            if steps is not None and not steps[0] <= call.step <= steps[1]:
+                continue
+            group = log.groups.get(call.gid)
+            if call.seq is not None and group is not None:
+                key = (group.name, tuple(group.ranks), call.seq, call.op)
+            else:
+                key = (rank, call.cid)
+            path = aggregate_path(call.module, depth) if call.module else OUTSIDE
+            row = rows[(path, call.pass_, call.op)]
+            # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
+            row.instances.setdefault(key, call.nbytes or 0)
+            row.ranks.add(rank)
+    for uid, cols in job.collectives.items():
+        for c in cols:
+            if not c.joined_ranks or any(s is not None and "log" in s for s in c.sources) or (
+                    keep is not None and not keep(c)):
+                continue
+            if all(s is None or s == "kineto" for s in c.sources):
+                continue  # known from profiler traces only: whether Python or C++ issued it is not known
+            sig = first_signature(c)
+            row = rows[(NOT_SEEN, None, op_family(sig.op))]
+            row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
+            row.ranks.update(c.joined_ranks)
+    table = [{"path": path, "pass": pass_, "op": op, "count": len(row.instances),
+              "bytes": sum(row.instances.values()), "ranks": len(row.ranks)}
+             for (path, pass_, op), row in rows.items()]
+    table.sort(key=lambda r: (r["path"] in (OUTSIDE, NOT_SEEN), r["path"], r["pass"] or "", r["op"]))
+    return table

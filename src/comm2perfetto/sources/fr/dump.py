@@ -1,0 +1,318 @@
+"""Reader for PyTorch Flight Recorder (FR) dumps: pickle or JSON, every format version. Never imports torch.
+
+Raw input (format 2.10, pickle; JSON differs as noted)::
+
+    {'version': '2.10', 'comm_lib_version': '2.21.5',        # 'nccl_version' in 2.6-2.9, absent before
+     'pg_config': {'0': {'name': '0', 'desc': 'default_pg', 'ranks': '[0, 1]'}},   # ranks is a string
+     'pg_status': {'0': {'last_enqueued_collective': 5, 'last_started_collective': -1,
+                         'last_completed_collective': 5}},   # JSON: values are strings
+     'entries': [{'record_id': 0, 'pg_id': 0, 'process_group': ('0', 'default_pg'),   # JSON: a list
+                  'collective_seq_id': 1, 'p2p_seq_id': 0, 'op_id': 1,
+                  'profiling_name': 'nccl:all_reduce', 'time_created_ns': 1795313447406614332,
+                  'input_sizes': [[4]], 'input_dtypes': ['Float'], 'output_sizes': [[4]],
+                  'output_dtypes': ['Float'], 'state': 'completed',
+                  'time_discovered_started_ns': None, 'time_discovered_completed_ns': None,  # JSON: 0
+                  'retired': True, 'timeout_ms': 600000, 'is_p2p': False, 'duration_ms': 0.25,
+                  'frames': [{'name': 'all_reduce', 'filename': '.../distributed_c10d.py', 'line': 3245}],
+                  'thread_id': '1396...', 'thread_name': 'pt_main_thread'}]}
+
+Older dumps lack keys (no version/dtypes/is_p2p/process_group; ``seq_id`` instead of
+``collective_seq_id``); the very first ones are a bare list of entries. Gloo dumps keep every entry
+``scheduled`` (so their state means "unknown") and may carry a ``pg_config`` keyed by an empty name.
+
+This module parses files; ``ingest.py`` turns a rank's entries into columns (``FrRankTrace``) and
+``tables.py`` interns their stacks and signatures.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
+from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
+from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
+from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
+
+P2P_OPS = frozenset({"send", "recv"})
+_P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+
+
+_STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
+
+
+class FrFormatError(ValueError):
+    """The file is not a readable Flight Recorder dump."""
+
+
+@dataclass(frozen=True, slots=True)
+class PgConfig:
+    name: str
+    desc: str
+    ranks: tuple[int, ...] | None  # None when the dump does not say (gloo's empty entry)
+
+
+@dataclass(slots=True)
+class FrDump:
+    """One dump file, parsed but not yet normalised. ``entries`` are the raw dicts."""
+
+    path: Path
+    fmt: str  # "pickle" or "json"
+    version: str  # "" for the early bare-list dumps
+    comm_lib_version: str
+    pg_config: dict[str, PgConfig]
+    pg_status: dict[int, tuple[int, int, int]]  # pg_id -> (last enqueued, started, completed)
+    entries: list[dict[str, Any]]
+    problems: list[str] = field(default_factory=list)  # what was dropped while reading, one line per kind
+
+
+def is_fr_json(doc: Any) -> bool:
+    """True for a decoded JSON document shaped like ``_dump_fr_trace_json()`` output."""
+    return isinstance(doc, dict) and "version" in doc and ("entries" in doc or "pg_config" in doc)
+
+
+def read_fr_dump(path: str | Path, data: bytes | None = None) -> FrDump:
+    """Parse one dump from its bytes (read from ``path``, gunzipped, within ``limits.MAX_FILE_BYTES``, when
+    not given). Raises FrFormatError."""
+    path = Path(path)
+    if data is None:
+        try:
+            data = read_bounded(path)
+        except OSError as exc:
+            raise FrFormatError(f"{path}: cannot read ({exc.strerror})") from exc
+        except (TooLargeError, EOFError, zlib.error) as exc:
+            raise FrFormatError(f"{path}: {exc}") from exc
+    if looks_like_pickle(data[:2]):
+        try:
+            doc = safe_loads(data)
+        except UnsafePickleError as exc:
+            raise FrFormatError(f"{path}: {exc}") from exc
+        except Exception as exc:
+            raise FrFormatError(f"{path}: corrupt or truncated pickle ({type(exc).__name__}: {exc})") from exc
+        fmt = "pickle"
+    else:
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise FrFormatError(f"{path}: neither a pickle nor JSON") from exc
+        fmt = "json"
+    return parse_fr_document(path, doc, fmt)
+
+
+def parse_fr_document(path: Path, doc: Any, fmt: str) -> FrDump:
+    """Validate the top level of a decoded dump (any version) and wrap it."""
+    if isinstance(doc, list):  # the earliest dumps: a bare list of entries
+        entries, version, top = doc, "", {}
+    elif isinstance(doc, dict) and ("entries" in doc or "version" in doc):
+        entries, version, top = doc.get("entries") or [], _label(doc.get("version", "")), doc
+    else:
+        raise FrFormatError(f"{path}: not a Flight Recorder dump (no 'entries' or 'version' at the top)")
+    if not isinstance(entries, list):
+        raise FrFormatError(f"{path}: not a Flight Recorder dump ('entries' is not a list of records)")
+    problems = []
+    if entries and set(map(type, entries)) != {dict}:  # one C pass; the rare bad dump pays for the filter
+        kept = [e for e in entries if type(e) is dict]
+        if not kept:
+            raise FrFormatError(f"{path}: not a Flight Recorder dump ('entries' is not a list of records)")
+        problems.append(f"{path.name}: {len(entries) - len(kept):,} Flight Recorder entries that are not "
+                        "records skipped")
+        entries = kept
+    if entries and "profiling_name" not in entries[0]:
+        raise FrFormatError(f"{path}: not a Flight Recorder dump (entries have no 'profiling_name')")
+    pg_config = _parse_pg_config(top.get("pg_config"), path, problems)
+    return FrDump(
+        path=path, fmt=fmt, version=version,
+        comm_lib_version=_label(top.get("comm_lib_version") or top.get("nccl_version") or ""),
+        pg_config=pg_config, pg_status=_parse_pg_status(top.get("pg_status")), entries=entries,
+        problems=problems,
+    )
+
+
+def _label(value: Any) -> str:
+    """A name or version as text: strings as they are, small ints spelled out, anything else empty."""
+    if isinstance(value, str):
+        return value
+    return str(value) if type(value) is int and abs(value) < 1 << 63 else ""
+
+
+def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgConfig]:
+    out: dict[str, PgConfig] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, cfg in raw.items():
+        if not isinstance(cfg, dict):
+            continue
+        name = _label(cfg.get("name", key))
+        ranks: Any = cfg.get("ranks")
+        if isinstance(ranks, str):  # FR writes the list as a string, "[0, 1]"
+            ranks = _rank_list(ranks)
+        elif isinstance(ranks, (list, tuple)):
+            ranks = _checked_ranks(ranks)
+        if isinstance(ranks, tuple) and ranks:
+            out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
+        elif name:
+            if cfg.get("ranks") not in (None, "", "[]") and ranks is None:
+                problems.append(f"{path.name}: group {shown(name)} lists its ranks as something other than up to "
+                                f"{MAX_WORLD_SIZE:,} distinct ranks; its members are not taken from it")
+            out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=None)
+    return out
+
+
+_RANK_LISTS: dict[str, tuple[int, ...] | None] = {}
+_MAX_RANK_TEXT = MAX_WORLD_SIZE * 9  # "131071, " per rank at most: a longer text lists too many to accept
+
+
+def _rank_list(text: str) -> tuple[int, ...] | None:
+    """Parse "[0, 1, 2]" into checked ranks, None when it is not a list of distinct ranks (every rank's dump
+    repeats the same strings: cached)."""
+    if text in _RANK_LISTS:
+        return _RANK_LISTS[text]
+    value: Any = None
+    if len(text) <= _MAX_RANK_TEXT:
+        try:
+            value = orjson.loads(text)  # the usual "[0, 1]" is JSON; data only, never code
+        except orjson.JSONDecodeError:
+            try:
+                value = ast.literal_eval(text)  # e.g. "(0, 1)"; literal_eval evaluates data only
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                value = None
+    ranks = _checked_ranks(value) if isinstance(value, (list, tuple)) else None
+    if len(_RANK_LISTS) < 4096:
+        _RANK_LISTS[text] = ranks
+    return ranks
+
+
+def _checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
+    if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
+        return None
+    ranks = tuple(value)
+    return ranks if len(set(ranks)) == len(ranks) else None
+
+
+def _status_value(st: dict[str, Any], key: str) -> int:
+    value = st.get(key, -1)
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:  # JSON writes strings
+        value = int(value)
+    if not is_int(value) or not -1 <= value < 1 << 63:
+        raise ValueError(key)
+    return value
+
+
+def _parse_pg_status(raw: Any) -> dict[int, tuple[int, int, int]]:
+    out: dict[int, tuple[int, int, int]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, st in raw.items():
+        try:
+            pg_id = int(key) if isinstance(key, (int, str)) and str(key).isdigit() and len(str(key)) < 20 else -1
+            if pg_id < 0 or not isinstance(st, dict):
+                continue
+            out[pg_id] = (_status_value(st, "last_enqueued_collective"),
+                          _status_value(st, "last_started_collective"),
+                          _status_value(st, "last_completed_collective"))
+        except ValueError:
+            continue
+    return out
+
+
+# --- names -----------------------------------------------------------------------------------------------
+
+_RECORDER_NAME = re.compile(r"rank(\d+)\.fr(?:-[a-z]+)?\.\d+\.(?:pkl|json)$")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_TRAILING_INT = re.compile(r"(\d+)$")
+_EXTENSIONS = (".pkl", ".pickle", ".json", ".gz", ".bin", ".dump")
+
+
+def rank_from_name(name: str) -> int | None:
+    """The global rank a dump file's name gives: ``rank5.fr.2.pkl``, ``nccl_trace_rank_5``,
+    ``comm_lib_trace_rank_5``, ``rank5.pkl``, ``nccl_trace_rank_container-node02_5`` all give 5.
+
+    FR dumps do not hold their rank, so the name is the only source (torch's writer appends it); the caller
+    checks the number against the world size.
+    """
+    m = _RECORDER_NAME.search(name)
+    if m:
+        return int(m.group(1))
+    stem = name
+    changed = True
+    while changed:
+        changed = False
+        for ext in _EXTENSIONS:
+            if stem.lower().endswith(ext):
+                stem, changed = stem[: -len(ext)], True
+    m = _TRAILING_INT.search(stem)
+    if m:
+        return int(m.group(1))
+    found = _RANK_IN_NAME.findall(stem)
+    return int(found[-1]) if found else None
+
+
+# --- normalisation ---------------------------------------------------------------------------------------
+
+
+def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
+    """``nccl:send 1->0`` -> (``nccl``, ``send``, src 1, dst 0); ``gloo:all_reduce`` -> (gloo, all_reduce)."""
+    backend, _, rest = name.partition(":")
+    if not rest:
+        backend, rest = "", name
+    m = _P2P_NAME.match(rest)
+    if m:
+        kind, a, arrow, b = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+        src, dst = (a, b) if arrow == "->" else (b, a)
+        return backend, kind, src, dst
+    return backend, rest.split(" ")[0], None, None
+
+
+def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int) -> Stack:
+    """The call stack of one collective (group name, collective seq) in these dumps, () if absent.
+
+    Used to resolve call sites on demand when the job was loaded without them.
+    """
+    for d in reversed(dumps):  # the latest snapshot first
+        for e in d.entries:
+            frames = e.get("frames")
+            if not frames or not isinstance(frames, list) or e.get("is_p2p"):
+                continue
+            pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
+            if not isinstance(pg, (tuple, list)) or not pg or pg[0] != pg_name:
+                continue
+            if e.get("collective_seq_id", e.get("seq_id")) == seq:
+                # the first entry of a coalesced group holds the user's call
+                return stacks.stacks[stack_id(frames, {}, stacks)]
+    return ()
+
+
+def to_fr_entry(rank: int, e: dict[str, Any], stacks: StackTable, signatures: SignatureTable) -> FrEntry:
+    """Build one ``FrEntry`` from a raw entry dict (for tools that want every entry, not the hot path)."""
+    get = e.get
+    backend, op, src, dst = split_profiling_name(get("profiling_name") or "")
+    pg = get("process_group") or (str(get("pg_id", 0)), "")
+    frames = get("frames") or []
+    stack = tuple(
+        stacks.frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "")))
+        for f in frames if isinstance(f, dict)
+    )
+    seq = get("collective_seq_id", get("seq_id", 0))
+    is_p2p = bool(get("is_p2p", op in P2P_OPS))
+    raw = (op, get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes"))
+    duration = get("duration_ms")
+    tid = get("thread_id")
+    return FrEntry(
+        rank=rank, record_id=int(get("record_id", 0)), pg_id=int(get("pg_id", 0)), pg_name=str(pg[0]),
+        pg_desc=str(pg[1]), collective_seq_id=int(seq), p2p_seq_id=int(get("p2p_seq_id", 0) or 0),
+        op_id=int(get("op_id", seq) or 0), backend=backend,
+        signature=signatures.from_raw(str(pg[0]), seq if not is_p2p else -1, raw),
+        peer_group_rank=(dst if op == "send" else src) if op in P2P_OPS else None,
+        state=_STATE_NAMES.get(get("state"), UNKNOWN), time_created_ns=get("time_created_ns"),
+        time_started_ns=get("time_discovered_started_ns") or None,
+        time_completed_ns=get("time_discovered_completed_ns") or None,
+        duration_ns=int(duration * 1e6) if isinstance(duration, (int, float)) else None, is_p2p=is_p2p,
+        retired=get("retired"), timeout_ms=get("timeout_ms"),
+        thread_id=int(tid) if isinstance(tid, (int, str)) and str(tid).isdigit() else None, stack=stack,
+    )

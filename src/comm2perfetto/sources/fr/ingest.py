@@ -1,0 +1,522 @@
+"""Normalising one rank's Flight Recorder entries into columns (the hot path of loading). Never imports torch.
+
+Raw entries (see ``dump.py`` for the format) become, per process group, one row per collective in a
+few lists (``GroupTrack``) plus the group's point-to-point ops; the entry dicts are dropped right after. The
+work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
+Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
+the first rank's, old formats. Entries are checked the same way (one C pass per column: an array('Q')
+conversion, or the few distinct values) and only a rank whose columns fail is checked entry by entry: bad
+entries are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
+from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
+from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
+from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
+
+
+@dataclass(slots=True)
+class GroupTrack:
+    """One rank's collectives on one process group, as columns sorted by seq (one row per collective)."""
+
+    name: str
+    desc: str
+    pg_ids: set[int] = field(default_factory=set)
+    seqs: list[int] = field(default_factory=list)
+    sigs: list[Signature] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    created_ns: list[int | None] = field(default_factory=list)
+    started_ns: list[int | None] = field(default_factory=list)
+    completed_ns: list[int | None] = field(default_factory=list)
+    stack_ids: list[int | None] = field(default_factory=list)
+    op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
+    record_ids: list[int] = field(default_factory=list)
+    # The GPU time of each collective (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
+    durations_ns: list[int | None] = field(default_factory=list)
+    # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
+    p2p: list[tuple] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FrRankTrace:
+    """Everything one rank's Flight Recorder dumps say, deduplicated over snapshots."""
+
+    rank: int
+    files: list[str]
+    version: str
+    backend: str
+    pg_config: dict[str, PgConfig]
+    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc)
+    completed_upto: dict[tuple[str, str], int]
+    entry_count: int
+    raw_entries: list[dict[str, Any]] | None = None  # kept only when asked (keep_entries=True)
+    notes: list[str] = field(default_factory=list)  # what was skipped while reading, one line per kind
+
+    def entries(self, stacks: StackTable, signatures: SignatureTable) -> list[FrEntry]:
+        """Every entry as a ``FrEntry`` (needs ``keep_entries=True`` at load)."""
+        return [to_fr_entry(self.rank, e, stacks, signatures) for e in self.raw_entries or ()]
+
+
+_STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
+
+
+def _snapshot_age(d: FrDump) -> tuple[int, int, int]:
+    """Sort key, oldest snapshot first: the one holding the newest records is the latest; between equal
+    ones, the recorder's dump counter (file names do not sort by age: ``rank0.fr.10.pkl`` comes before
+    ``rank0.fr.2.pkl``)."""
+    last = d.entries[-1].get("record_id", -1) if d.entries else -1
+    counter = _DUMP_COUNTER.search(d.path.name)
+    return (last if count_ok(last) else -1, len(d.entries), int(counter.group(1)) if counter else 0)
+
+
+_DUMP_COUNTER = re.compile(r"\.(\d+)\.pkl$")  # rank3.fr.12.pkl -> 12
+
+
+def _merge_snapshots(dumps: list[FrDump], notes: list[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """Union of the entries of several ring-buffer snapshots of one rank, later snapshots winning.
+
+    Returns the entries in record order and a conflict message when two snapshots disagree about the
+    same record (they come from different jobs or runs). Entries without a usable identity (name, group id,
+    record id) are skipped and counted in ``notes``.
+    """
+    if len(dumps) == 1:
+        return dumps[0].entries, None
+    merged: dict[tuple, dict[str, Any]] = {}
+    conflict = None
+    unusable = 0
+    # Snapshots of one rank describe one default group; two sizes mean two jobs' dumps of the same rank.
+    worlds = sorted((len(d.pg_config["0"].ranks), str(d.path)) for d in dumps
+                    if "0" in d.pg_config and d.pg_config["0"].ranks is not None)
+    if worlds and worlds[0][0] != worlds[-1][0]:
+        (na, a), (nb, b) = worlds[0], worlds[-1]
+        conflict = f"{a} and {b} are dumps of the same rank from jobs of {na} and {nb} ranks"
+    for d in sorted(dumps, key=_snapshot_age):
+        for i, e in enumerate(d.entries):
+            name, pg_id, rid = e.get("profiling_name", ""), e.get("pg_id"), e.get("record_id", i)
+            if type(name) is not str or not (pg_id is None or count_ok(pg_id)) or not count_ok(rid):
+                unusable += 1
+                continue
+            key = (name.partition(":")[0], pg_id, rid)
+            old = merged.get(key)
+            if old is not None and conflict is None and (
+                _created(old) != _created(e)
+                or old.get("profiling_name") != e.get("profiling_name")
+            ):
+                conflict = (
+                    f"{d.path.name} and another dump of the same rank disagree about record "
+                    f"{key[2]} (different jobs or runs in one folder)"
+                )
+            if old is not None and "frames" in old and not e.get("frames"):
+                # a periodic dump leaves stacks out (record/flight.py): keep those an earlier dump had
+                e = dict(e, frames=old["frames"])
+            merged[key] = e
+    if unusable:
+        notes.append(f"{_files_text(dumps)}: {unusable:,} Flight Recorder entries without a usable name, group id "
+                     "or record id skipped")
+    return sorted(merged.values(), key=_record_order), conflict
+
+
+def _created(e: dict[str, Any]) -> int | None:
+    t = e.get("time_created_ns")
+    return t if count_ok(t) else None  # NaN, which equals nothing, is no time either
+
+
+def _record_order(e: dict[str, Any]) -> tuple[int, int]:
+    return e.get("record_id", 0), _created(e) or 0
+
+
+def _files_text(dumps: list[FrDump]) -> str:
+    names = sorted(d.path.name for d in dumps)
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+
+
+def build_rank_trace(
+    rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, keep_entries: bool = False,
+    with_stacks: bool = True,
+) -> tuple[FrRankTrace, str | None]:
+    """Normalise one rank's dumps into an ``FrRankTrace``; also returns a snapshot-conflict message."""
+    notes = [p for d in dumps for p in d.problems]
+    entries, conflict = _merge_snapshots(dumps, notes)
+    version = max((d.version for d in dumps), key=_version_key, default="")
+    pg_config: dict[str, PgConfig] = {}
+    status: dict[int, tuple[int, int, int]] = {}
+    for d in sorted(dumps, key=_snapshot_age):  # later snapshots win
+        pg_config.update(d.pg_config)
+        status.update(d.pg_status)
+    groups: dict[tuple[str, str], GroupTrack] = {}
+    entries, cols, rejected = _checked(entries)
+    if rejected:
+        notes.append(f"{_files_text(dumps)}: {rejected[0]:,} malformed Flight Recorder entries skipped "
+                     f"(first: {rejected[1]})")
+    backend = _ingest(entries, cols, groups, stacks, signatures, with_stacks)
+    completed_upto = _apply_pg_status(groups, status, backend)
+    trace = FrRankTrace(
+        rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
+        groups=groups, completed_upto=completed_upto, entry_count=len(entries),
+        raw_entries=entries if keep_entries else None, notes=notes,
+    )
+    return trace, conflict
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in v.split("."))
+    except ValueError:
+        return (0,)
+
+
+# Keys every entry has since format 2.4, read in one C call per entry (operator.itemgetter). pg_id, op_id
+# and p2p_seq_id are only needed for gloo dumps, debug-mode dumps and p2p entries: read separately, if at all.
+_MODERN_KEYS = (
+    "profiling_name", "process_group", "collective_seq_id", "is_p2p", "state", "time_discovered_started_ns",
+    "time_discovered_completed_ns", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
+    "output_dtypes", "record_id",
+)
+_modern_row = itemgetter(*_MODERN_KEYS)
+
+
+def _slow_row(e: dict[str, Any], index: int) -> tuple:
+    """The same tuple as ``_modern_row`` for entries of older formats (missing keys get defaults)."""
+    get = e.get
+    name = get("profiling_name") or ""
+    pg = get("process_group")
+    seq = get("collective_seq_id")
+    if seq is None:
+        seq = get("seq_id", 0)
+    is_p2p = get("is_p2p")
+    if is_p2p is None:
+        op = split_profiling_name(name)[1] if isinstance(name, str) else ""
+        # Before is_p2p existed, "coalesced" entries only closed batched p2p (FR format < 2.7).
+        is_p2p = op in P2P_OPS or op == "coalesced"
+    return (
+        name, pg if pg is not None else (str(get("pg_id", 0)), ""), seq, is_p2p, get("state"),
+        get("time_discovered_started_ns"), get("time_discovered_completed_ns"), get("time_created_ns"),
+        get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes"), get("record_id", index),
+    )
+
+
+def _rows(entries: list[dict[str, Any]]) -> list[tuple]:
+    if entries and all(k in entries[0] for k in _MODERN_KEYS):
+        try:
+            return list(map(_modern_row, entries))
+        except (KeyError, TypeError):
+            pass  # a mixed dump: take the careful path
+    return [_slow_row(e, i) for i, e in enumerate(entries)]
+
+
+def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
+    """One field of every entry; a value that is not a count (an id, a seq) reads as ``default``."""
+    return [v if count_ok(v) else default for v in (e.get(key, default) for e in entries)]
+
+
+def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple], tuple[int, str] | None]:
+    """The entries whose fields the analysis relies on have the right type and range, their columns (one
+    tuple per key of ``_MODERN_KEYS``, what ``_ingest`` works on), and (count, first problem) of those that
+    do not. Whole columns are checked in C; only a rank whose columns fail is checked entry by entry.
+    """
+    rows = _rows(entries)
+    cols = list(zip(*rows))
+    if not rows or _columns_ok(cols):
+        return entries, cols, None
+    kept, kept_rows, bad, first = [], [], 0, ""
+    for e, row in zip(entries, rows):
+        problem = _row_problem(row)
+        if problem is None:
+            kept.append(e)
+            kept_rows.append(row)
+            continue
+        bad += 1
+        if bad == 1:
+            first = f"record {shown(row[12])}: {problem}"
+    return kept, list(zip(*kept_rows)), (bad, first)
+
+
+def _columns_ok(cols: list[tuple]) -> bool:
+    """Every entry's fields have the type and range ``_row_problem`` asks for, checked a column at a time in C
+    (a few hundred microseconds for a 2000-entry ring, against about two milliseconds of unpickling it)."""
+    names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
+    if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
+        return False
+    if created.count(None) != len(created) and min(x for x in created if x is not None) < MIN_TIME_NS:
+        return False
+    try:  # few distinct values: checking them is free next to building the sets
+        return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
+                and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs)))))
+    except TypeError:  # an unhashable value
+        return False
+
+
+def _counts(col: tuple) -> bool:
+    """Every value (None aside) is an int in [0, 2**64): one C pass, as array's unsigned 64-bit conversion
+    refuses any other type (bools aside: they are ints) and any other range."""
+    nones = col.count(None)
+    if nones == len(col):
+        return True
+    try:
+        array("Q", [x for x in col if x is not None] if nones else col)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def _pg_ok(pg: Any) -> bool:
+    return isinstance(pg, (tuple, list)) and len(pg) == 2 and all(isinstance(x, str) for x in pg)
+
+
+def _row_problem(row: tuple) -> str | None:
+    name, pg, seq, _, state, t_st, t_co, created = row[:8]
+    if type(name) is not str:
+        return f"profiling_name is {shown(name)}"
+    if not _pg_ok(pg):
+        return f"process_group is {shown(pg)}"
+    if not count_ok(seq):
+        return f"collective_seq_id is {shown(seq)}"
+    if not (state is None or type(state) is str):
+        return f"state is {shown(state)}"
+    for label, t in (("time_discovered_started_ns", t_st), ("time_discovered_completed_ns", t_co),
+                     ("time_created_ns", created)):
+        if not opt_time_ok(t):
+            return f"{label} is {shown(t)}"
+    if created is not None and created < MIN_TIME_NS:
+        return f"time_created_ns is {shown(created)}, before any job"
+    if not count_ok(row[12]):
+        return f"record_id is {shown(row[12])}"
+    return None
+
+
+class _StateLookup(dict):
+    def __missing__(self, key: Any) -> str:
+        return UNKNOWN
+
+
+_STATE_LOOKUP = _StateLookup(_STATE_NAMES)
+
+
+def _ingest(
+    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], GroupTrack],
+    stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
+) -> str:
+    """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
+
+    This runs over every entry of every rank (two million for 1024 ranks), so it works on whole columns
+    (``zip(*rows)``, ``map``, slices: loops in C) and only falls back to per-entry Python where the data
+    needs it (several groups, p2p ops, coalesced groups, signatures that differ from the first rank's).
+    """
+    if not cols:
+        return ""
+    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = cols
+    if list in set(map(type, pgs)):  # JSON
+        pgs = tuple(map(tuple, pgs))
+    parts = {name: split_profiling_name(name) for name in set(names)}
+    counts = {}
+    for name, (backend, _, _, _) in parts.items():
+        counts[backend] = counts.get(backend, 0) + names.count(name)
+    backend = max(counts, key=counts.__getitem__)
+    gloo = backend == "gloo"
+    op_ids = [o if count_ok(o) else q for o, q in zip((e.get("op_id", q) for e, q in zip(entries, seqs)), seqs)] \
+        if gloo else [None] * len(names)
+    state_col = list(map(_STATE_LOOKUP.__getitem__, states))
+    if 0 in t_st:  # JSON writes 0 for "not discovered yet"
+        t_st = tuple(x or None for x in t_st)
+    if 0 in t_co:
+        t_co = tuple(x or None for x in t_co)
+    # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
+    # retired entries only): a sample of the entries says whether to read the column at all.
+    timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
+    durations = list(map(_duration_ns, (e.get("duration_ms") for e in entries))) if timed else [None] * len(names)
+    if with_stacks and "frames" in entries[0]:
+        sids = _stack_ids([e.get("frames") for e in entries], stacks)
+    else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
+        sids = [None] * len(names)
+
+    distinct_pgs = set(pgs)
+    unnamed = any(not pg[0] for pg in distinct_pgs)
+    # pg_id per entry only where it matters: gloo's pg_status is keyed by it, debug-mode dumps name groups by it.
+    pg_ids = _column(entries, "pg_id", None) if gloo or unnamed else None
+    any_p2p = any(p2ps)
+    p2p_seqs = _column(entries, "p2p_seq_id", 0) if any_p2p else None
+    helpers: set[Any] = set()
+    if unnamed:
+        assert pg_ids is not None
+        pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, in_s)
+        distinct_pgs = set(pgs)
+    if len(distinct_pgs) == 1 and not any_p2p:
+        partition = {(pgs[0], False): None}  # the common case: one group, collectives only
+    else:
+        partition = defaultdict(list)
+        for i, (pg, p2p) in enumerate(zip(pgs, p2ps)):
+            partition[(pg, bool(p2p))].append(i)
+    for (pg, p2p), idx in partition.items():
+        if pg in helpers:
+            continue
+        key = (str(pg[0]), str(pg[1]))
+        track = groups.get(key)
+        if track is None:
+            track = groups[key] = GroupTrack(key[0], key[1])
+        take = (lambda col: col) if idx is None else (lambda col, _i=idx: [col[i] for i in _i])
+        if pg_ids is not None:
+            track.pg_ids.update(x for x in set(take(pg_ids)) if x is not None)
+        elif (pid := entries[0 if idx is None else idx[0]].get("pg_id")) is not None:
+            track.pg_ids.add(pid)
+        if p2p:
+            _add_p2p(track, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col, created,
+                     t_co, sids, rids, signatures)
+            continue
+        t_seqs = tuple(take(seqs))
+        sigs = signatures.column(key[0], t_seqs, tuple(take(names)), parts, tuple(take(in_s)),
+                                 tuple(take(in_d)), tuple(take(out_s)), tuple(take(out_d)))
+        cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
+                list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids)), list(take(durations))]
+        if len(set(t_seqs)) != len(t_seqs):  # coalesced groups: several rows share a seq
+            folded = _fold_coalesced(list(zip(*cols)), signatures)
+            cols = [list(c) for c in zip(*folded)]
+        if track.seqs:  # one group under two spellings (rare): merge, keeping seq order
+            old = list(zip(*[getattr(track, f) for f in _TRACK_FIELDS]))
+            cols = [list(c) for c in zip(*sorted(old + list(zip(*cols)), key=lambda r: r[0]))]
+        for f, col in zip(_TRACK_FIELDS, cols):
+            setattr(track, f, col)
+    _fix_p2p_batches(groups)
+    return backend
+
+
+def _unwrap_debug_groups(pgs: tuple, pg_ids: tuple, names: tuple, in_s: tuple) -> tuple[tuple, set]:
+    """Entries written under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` have an empty group name (seen on torch 2.13,
+    gloo): name them by ``pg_id`` (the default group's is 0, matching its name "0"), and find the wrapper's
+    helper groups, whose entries are only its fingerprint checks: all-gathers of a one-element length, then of
+    the fingerprint, in pairs. Returns the new group column and the helper groups to leave out."""
+    pgs = tuple(pg if pg[0] else (str(pid), pg[1]) for pg, pid in zip(pgs, pg_ids))
+    rows: dict[Any, list[int]] = defaultdict(list)
+    for i, (pg, pid) in enumerate(zip(pgs, pg_ids)):
+        if str(pid) == pg[0]:
+            rows[pg].append(i)
+    helpers = set()
+    for pg, idx in rows.items():
+        if pg[0] != "0" and len(idx) % 2 == 0 and all(names[i].endswith(":all_gather") for i in idx) \
+                and all(in_s[i] == [[1]] for i in idx[::2]):
+            helpers.add(pg)
+    return pgs, helpers
+
+
+_TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "completed_ns", "stack_ids", "op_ids",
+                 "record_ids", "durations_ns")
+
+
+def _add_p2p(track: GroupTrack, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
+             created, t_co, sids, rids, signatures: SignatureTable) -> None:
+    for name, p2p_seq, i_s, i_d, o_s, o_d, state, t0, t1, sid, rid in zip(
+            take(names), take(p2p_seqs), take(in_s), take(in_d), take(out_s), take(out_d),
+            take(state_col), take(created), take(t_co), take(sids), take(rids)):
+        _, op, src, dst = parts[name]
+        sig = signatures.from_raw(track.name, -1 - (p2p_seq or 0), (op, i_s, i_d, o_s, o_d))
+        peer = (dst if op == "send" else src) if op in P2P_OPS else None
+        track.p2p.append((op, peer, p2p_seq, sig, state, t0, t1, sid, rid))
+
+
+def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
+    """Stack id of every entry. torch's pickler shares frame dicts between entries, so the tuple of their
+    ids names a call path while the dump is alive; each distinct one is converted once."""
+    keys = [tuple(map(id, f)) if f and isinstance(f, list) else None for f in frames_col]
+    first = dict(zip(keys, frames_col))
+    frame_cache: dict[int, Frame] = {}
+    sid_of: dict[Any, int | None] = {None: None}
+    for key, frames in first.items():
+        if key is not None:  # stack_id skips frames that are not {filename, line, name} records
+            sid_of[key] = stack_id(frames, frame_cache, stacks)
+    return list(map(sid_of.__getitem__, keys))
+
+
+def _duration_ns(ms: Any) -> int | None:
+    """FR's ``duration_ms`` (a float: ``0.25``) in ns; None when absent or not a plausible duration.
+
+    >>> _duration_ns(0.25), _duration_ns(None), _duration_ns(float("nan")), _duration_ns(-1.0)
+    (250000, None, None, None)
+    """
+    if type(ms) not in (float, int) or not 0 <= ms < MAX_DURATION_MS:  # NaN fails both comparisons
+        return None
+    return round(ms * 1_000_000)
+
+
+# A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
+MAX_DURATION_MS = 86_400_000
+
+
+def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple]:
+    """Fold the rows of each coalesced collective (consecutive rows with one seq) into one row.
+
+    FR writes one entry per op and, since format 2.7, a closing ``*_coalesced`` entry carrying the real
+    state; the folded row keeps the first op's creation time and the closing entry's state and completion.
+    """
+    out: list[tuple] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][0] == rows[i][0]:
+            j += 1
+        if j == i:
+            out.append(rows[i])
+        else:
+            group = rows[i:j + 1]
+            last = group[-1]
+            closing = last[1].op.endswith("coalesced")
+            members = tuple(r[1] for r in (group[:-1] if closing else group))
+            sig = signatures.intern(Signature(
+                op=last[1].op if closing else "coalesced", input_sizes=None, input_dtypes=None,
+                output_sizes=None, output_dtypes=None, source="fr", parts=members,
+            ))
+            first = group[0]
+            out.append((first[0], sig, last[2], first[3], last[4] or first[4], last[5], first[6], last[7],
+                        last[8], last[9]))
+        i = j + 1
+    return out
+
+
+def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
+    """Ops of a batched p2p stay ``scheduled``; the closing ``coalesced`` entry with the same p2p seq has
+    the real state: give it to them, and drop the closing entry (it is not a transfer)."""
+    for track in groups.values():
+        if not any(row[0] == "coalesced" for row in track.p2p):
+            continue
+        out: list[tuple] = []
+        for row in track.p2p:
+            if row[0] != "coalesced":
+                out.append(row)
+                continue
+            for j in range(len(out) - 1, -1, -1):
+                if out[j][2] != row[2]:
+                    break
+                out[j] = out[j][:4] + (row[4], out[j][5], row[6]) + out[j][7:]
+        track.p2p = out
+
+
+def _apply_pg_status(
+    groups: dict[tuple[str, str], GroupTrack], status: dict[int, tuple[int, int, int]], backend: str
+) -> dict[tuple[str, str], int]:
+    """Gloo's entries never leave ``scheduled``: their state means "unknown", except where
+    ``pg_status.last_completed_collective`` says they completed. Gloo counts that number in its own
+    sequence, which also advances for p2p ops: FR's ``op_id`` (seen on torch 2.13). Other backends' states
+    are kept as written. Returns, per group, the last seq known completed through pg_status (-1: none).
+    """
+    out: dict[tuple[str, str], int] = {}
+    for key, track in groups.items():
+        last = max((status[p][2] for p in track.pg_ids if p in status), default=-1)
+        out[key] = -1
+        if backend != "gloo":
+            continue
+        states = track.states
+        for i, ident in enumerate(track.op_ids):
+            if ident <= last:
+                states[i] = COMPLETED
+                out[key] = track.seqs[i]
+            elif states[i] == SCHEDULED:
+                states[i] = UNKNOWN
+        track.p2p = [row if row[4] != SCHEDULED else row[:4] + (UNKNOWN,) + row[5:] for row in track.p2p]
+    return out

@@ -1,0 +1,194 @@
+"""The collectives a rank's profiler (Kineto) traces record, ready to be matched across ranks. Never imports torch.
+
+What a trace says about a collective (NCCL or RCCL; recent torch writes the args on both events, torch of
+2023 only ids)::
+
+    {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 100.0, "dur": 30.0,
+     "args": {"External id": 12945, "Collective name": "allreduce", "Seq": 7, "Process Group Name": "0",
+              "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]",
+              "In msg nelems": 6637568, "Out msg nelems": 6637568, "dtype": "Float", "Group size": 2}}
+    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 180.0, "dur": 950.0,
+     "args": {"External id": 12945, "correlation": 34915, "device": 0, "stream": 40, ...the same args...}}
+
+One ``TraceCollective`` per communication kernel (``sources/kineto/comm_kernels.py``; the kernels one CPU op launched
+count once), tied to the ``record_param_comms`` that launched it by ``External id``: the CPU op's begin is when
+the rank issued the collective (its arrival), the kernel's begin and end when the GPU ran it. A trace without
+communication kernels (a CPU-only NCCL profile) gives one per ``record_param_comms`` naming a collective, timed
+on the CPU. ``wait`` records (``WorkNCCL::wait()``) and point-to-point transfers (``send``/``recv``,
+``SendRecv`` kernels) are not collectives: they stay on the GPU streams only. gloo writes no
+``record_param_comms`` and runs no kernels: its collectives come from Flight Recorder or the recorder.
+
+How they are numbered (``numbering``), per process group:
+
+- ``seq``: the trace's ``Seq`` (torch's collective sequence number, as in Flight Recorder) on every
+  collective of the group: matched across ranks, and to Flight Recorder entries, by (group, seq);
+- ``order``: older traces have no ``Seq``: collectives are numbered by their place in the rank's trace. Where
+  every one was issued inside a ``ProfilerStep#n``, the place is (n, i-th of the group in step n), numbered in
+  that order over all ranks (``order_numbers``): ranks whose profilers covered different steps still meet in
+  the steps they share. Otherwise the i-th collective of the group in the rank's trace is number i, which
+  matches ranks only when every rank's trace starts at the same collective. Never joined to Flight Recorder
+  entries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
+from comm2perfetto.sources.kineto.reader import KinetoCommEvent, KinetoTrace, launch_steps
+
+SEQ, ORDER = "seq", "order"
+
+# record_param_comms' collective names -> the names Flight Recorder gives the same operations.
+_OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "_allgather_base": "_allgather_base",
+             "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "_reduce_scatter_base",
+             "alltoall": "all_to_all", "alltoall_base": "all_to_all_base", "all_to_all": "all_to_all",
+             "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+             "barrier": "barrier", "allreduce_coalesced": "allreduce_coalesced"}
+_NOT_COLLECTIVES = frozenset({"wait", "send", "recv", "recvAnySource", "isend", "irecv"})
+# NCCL kernel names -> the operation: ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_Broadcast_RING_LL...
+_KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|"
+                        r"Send|Recv|AllToAll)")
+_KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+               "Broadcast": "broadcast", "Reduce": "reduce", "AllToAll": "all_to_all", "SendRecv": "send/recv",
+               "Send": "send", "Recv": "recv"}
+_P2P_OPS = frozenset({"send/recv", "send", "recv"})
+
+
+@dataclass(frozen=True, slots=True)
+class TraceCollective:
+    """One collective as one rank's trace records it (times on that rank's clock, ns)."""
+
+    op: str  # Flight Recorder's spelling: "all_reduce"; "collective" when the trace does not say
+    seq: int | None  # the trace's Seq, when it has one
+    pg_name: str | None  # c10d's group name ("0"), None when the trace does not say (2023 torch)
+    pg_desc: str | None
+    pg_ranks: tuple[int, ...] | None
+    in_nelems: int | None
+    out_nelems: int | None
+    dtype: str | None
+    t_call_ns: int | None  # record_param_comms began: the rank issued it
+    t_begin_ns: int  # the kernel began (the CPU op, without a kernel)
+    t_end_ns: int
+    on_gpu: bool
+    kernel: str | None
+    step: int | None = None  # the ProfilerStep#n it was issued in (its CPU op's begin, else its kernel's)
+
+
+def parse_ranks(text: str | None) -> tuple[int, ...] | None:
+    """``"[0, 1, 2]"`` -> (0, 1, 2); None for ``"[]"``, absent or unreadable text."""
+    if not text:
+        return None
+    try:
+        ranks = tuple(int(x) for x in text.strip("[] ").split(",") if x.strip())
+    except ValueError:
+        return None
+    return ranks or None
+
+
+def op_name(collective: str | None, kernel: str | None) -> str:
+    """Flight Recorder's name of an operation from ``Collective name`` or, without it, the NCCL kernel's name.
+
+    >>> op_name("allreduce", None), op_name(None, "ncclDevKernel_AllGather_RING_LL(...)"), op_name(None, "x")
+    ('all_reduce', 'all_gather', 'collective')
+    """
+    if collective:
+        return _OP_NAMES.get(collective, collective)
+    match = _KERNEL_OP.search(kernel or "")
+    return _KERNEL_OPS[match.group(1)] if match else "collective"
+
+
+def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
+    """Every collective of one rank's traces, in issue order."""
+    out: list[TraceCollective] = []
+    for trace in traces:
+        cols = _collectives(trace.comm_events)
+        if trace.steps:
+            steps = launch_steps(trace.steps, {}, ((None, c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns)
+                                                   for c in cols))
+            cols = [replace(c, step=n) for c, n in zip(cols, steps)]
+        out.extend(cols)
+    out.sort(key=lambda c: (c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns, c.t_begin_ns))
+    return out
+
+
+def _collectives(events: Sequence[KinetoCommEvent]) -> list[TraceCollective]:
+    launchers = {e.external_id: e for e in events
+                 if e.name == "record_param_comms" and e.external_id is not None and not e.on_gpu}
+    kernels: dict[object, list[KinetoCommEvent]] = {}
+    for e in events:
+        if e.on_gpu and ALL_COMM_KERNELS.search(e.name):
+            # kernels one CPU op launched are one collective; a kernel tied to no op is one on its own
+            key = e.external_id if e.external_id in launchers else ("kernel", id(e))
+            kernels.setdefault(key, []).append(e)
+    out = []
+    if kernels:
+        for key, group in kernels.items():
+            cpu = launchers.get(key) if not isinstance(key, tuple) else None
+            c = _collective(cpu, group)
+            if c is not None:
+                out.append(c)
+        return out
+    for cpu in launchers.values():  # no kernels: the CPU ops alone
+        c = _collective(cpu, [])
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def _collective(cpu: KinetoCommEvent | None, kernels: list[KinetoCommEvent]) -> TraceCollective | None:
+    """One collective from its CPU op and kernels (either may be missing); None when it is not one."""
+    first = kernels[0] if kernels else cpu
+    assert first is not None
+
+    def arg(name: str):  # the kernel's args first (the CPU op may be a bare 2023 one), then the op's
+        for e in (*kernels, cpu):
+            value = getattr(e, name) if e is not None else None
+            if value is not None:
+                return value
+        return None
+
+    collective = arg("collective")
+    if collective in _NOT_COLLECTIVES or (cpu is not None and not kernels and collective is None):
+        return None
+    op = op_name(collective, first.name if kernels else None)
+    if op in _P2P_OPS:
+        return None
+    if kernels:
+        begin, end = min(k.t_begin_ns for k in kernels), max(k.t_end_ns for k in kernels)
+    else:
+        assert cpu is not None
+        begin, end = cpu.t_begin_ns, cpu.t_end_ns
+    return TraceCollective(
+        op=op, seq=arg("seq"), pg_name=arg("pg_name"), pg_desc=arg("pg_desc"), pg_ranks=parse_ranks(arg("pg_ranks")),
+        in_nelems=arg("in_nelems"), out_nelems=arg("out_nelems"), dtype=arg("dtype"),
+        t_call_ns=cpu.t_begin_ns if cpu is not None else None, t_begin_ns=begin, t_end_ns=end,
+        on_gpu=bool(kernels), kernel=first.name if kernels else None,
+    )
+
+
+def numbered(cols: Sequence[TraceCollective]) -> tuple[str, list[int] | list[tuple[int, int]]]:
+    """How one rank's collectives of one group are numbered (``SEQ`` or ``ORDER``, see the module's
+    docstring) and, in order, their ``Seq``, or their places for ``order_numbers``: (step, i-th in the step)
+    where every one has a step, else (0, i-th)."""
+    if cols and all(c.seq is not None for c in cols):
+        return SEQ, [c.seq for c in cols]  # type: ignore[misc]
+    if cols and all(c.step is not None for c in cols):
+        seen: dict[int, int] = {}
+        places = []
+        for c in cols:
+            i = seen[c.step] = seen.get(c.step, -1) + 1  # type: ignore[index]
+            places.append((c.step, i))
+        return ORDER, places  # type: ignore[return-value]
+    return ORDER, [(0, i) for i in range(len(cols))]
+
+
+def order_numbers(places: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """Every rank's places (see ``numbered``) of one group -> numbers from 1, in (step, i) order.
+
+    >>> order_numbers([(5, 0), (5, 1), (6, 0), (6, 0), (4, 0)])
+    {(4, 0): 1, (5, 0): 2, (5, 1): 3, (6, 0): 4}
+    """
+    return {place: n for n, place in enumerate(sorted(set(places)), 1)}

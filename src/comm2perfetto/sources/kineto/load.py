@@ -1,0 +1,113 @@
+"""Profiler (Kineto) traces as a source of the job: which rank each belongs to, reading them, and whether they
+come from the same job as the Flight Recorder dumps and event logs next to them. Never imports torch.
+
+A trace whose rank cannot be told (see ``rank``) is skipped with one line naming it and the option
+that gives its rank (``--trace-rank FILE=RANK``). Traces are read whole (``read_kineto``): ``merge`` draws
+their events, and every command builds collectives from them (``collectives``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from comm2perfetto.model import Skipped
+from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, KinetoTrace, read_kineto
+
+# Traces and dumps whose times lie further apart than this are not one job: no training job runs for a month
+# without a restart, and a folder mixing a 2023 profile with today's dumps is the mistake this catches.
+MAX_JOB_SPAN_NS = 30 * 86_400 * 10**9
+
+
+def parse_trace_ranks(values: list[str] | None) -> dict[str, int]:
+    """``["traces/a.json=3"]`` (``--trace-rank``) -> ``{"traces/a.json": 3}``; ValueError on a bad one."""
+    out: dict[str, int] = {}
+    for value in values or ():
+        path, sep, rank = value.rpartition("=")
+        if not sep or not path or not rank.strip().isdigit():
+            raise ValueError(f"--trace-rank {value!r}: expected FILE=RANK, e.g. traces/worker7.json=7")
+        out[path] = int(rank)
+    return out
+
+
+def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int | None, int | None, str]:
+    """(rank, world size, where the rank came from) of one trace: ``--trace-rank`` (by path or file name),
+    else ``distributedInfo``, else the file name; (None, world, "") when unknown."""
+    for key in (str(path), path.name):
+        if key in given:
+            return given[key], distributed_info(path, gzipped)[1], "--trace-rank"
+    resolved = path.resolve()
+    for key, rank in given.items():
+        if Path(key).resolve() == resolved:
+            return rank, distributed_info(path, gzipped)[1], "--trace-rank"
+    rank, world = distributed_info(path, gzipped)
+    if rank is not None:
+        return rank, world, "distributedInfo"
+    rank = rank_from_trace_name(path.name)
+    return rank, world, "file name" if rank is not None else ""
+
+
+def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple[
+        dict[int, list[Path]], dict[int, list[KinetoTrace]], list[Skipped], list[str], int | None]:
+    """Rank every trace (``files``: discover's FoundFile of kind kineto) and, with ``read``, parse it.
+
+    Returns (paths by rank, traces by rank, skipped files, mixed-job problems: traces disagreeing on world size,
+    the world size the traces' ``distributedInfo`` agree on or None).
+    """
+    paths: dict[int, list[Path]] = defaultdict(list)
+    traces: dict[int, list[KinetoTrace]] = defaultdict(list)
+    skipped: list[Skipped] = []
+    worlds: dict[int, list[Path]] = defaultdict(list)
+    for f in files:
+        rank, world, _how = trace_rank(f.path, f.gzipped, given)
+        if rank is None:
+            skipped.append(Skipped(str(f.path), "profiler trace of unknown rank (no distributedInfo, no rank in "
+                                   f"its name): give it with --trace-rank {f.path}=RANK"))
+            continue
+        if world is not None:
+            worlds[world].append(f.path)
+        if read:
+            try:
+                trace = read_kineto(f.path)
+            except KinetoFormatError as exc:
+                skipped.append(Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: ")))
+                continue
+            traces[rank].append(trace)
+        paths[rank].append(f.path)
+    problems = []
+    if len(worlds) > 1:
+        examples = ", ".join(f"{p[0]} (world size {w})" for w, p in sorted(worlds.items()))
+        problems.append(f"profiler traces disagree on world size: {examples}")
+    return dict(paths), dict(traces), skipped, problems, next(iter(worlds)) if len(worlds) == 1 else None
+
+
+def trace_span(trace: KinetoTrace) -> tuple[int, int] | None:
+    """First begin and last end of a trace's events (CPU ops, GPU work, communication)."""
+    begins = [evs[0].t_begin_ns for evs in (trace.cpu_ops, trace.gpu_events) if evs]
+    begins += [min(e.t_begin_ns for e in trace.comm_events)] if trace.comm_events else []
+    ends = [max(e.t_end_ns for e in evs) for evs in (trace.cpu_ops, trace.gpu_events) if evs]
+    ends += [max(e.t_end_ns for e in trace.comm_events)] if trace.comm_events else []
+    return (min(begins), max(ends)) if begins else None
+
+
+def check_against_job(traces: Mapping[int, list[KinetoTrace]], world: int | None,
+                      other_times: list[int], problems: list[str]) -> None:
+    """Mixed-job evidence between traces and the dumps/logs: another world size, or times more than
+    ``MAX_JOB_SPAN_NS`` apart (``other_times``: a few times of the dumps and logs)."""
+    for rank in sorted(traces):
+        for trace in traces[rank]:
+            if world is not None and trace.world_size is not None and trace.world_size != world:
+                problems.append(f"{trace.path} is from a job of world size {trace.world_size}, the dumps and "
+                                f"logs from one of {world}")
+                return
+            span = trace_span(trace)
+            if span is None or not other_times:
+                continue
+            gap = max(min(other_times) - span[1], span[0] - max(other_times), 0)
+            if gap > MAX_JOB_SPAN_NS:
+                problems.append(f"{trace.path} was recorded {gap / 86_400e9:.0f} days away from the Flight "
+                                "Recorder dumps and event logs")
+                return

@@ -1,0 +1,44 @@
+"""Pick the trace writer from the output file's suffix. Never imports torch.
+
+``job.pftrace`` (or ``.perfetto-trace``): interned, compressed Perfetto protobuf, the format to use.
+``job.json`` / ``job.json.gz``: legacy Chrome JSON, for tools that only read that (several times larger).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from comm2perfetto.trace.sink import TraceSink
+
+PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
+JSON_SUFFIXES = (".json", ".json.gz")
+
+
+def format_for(path: str | Path) -> str:
+    """``"perfetto"`` or ``"json"``; ValueError naming the suffixes known."""
+    name = str(path).lower()
+    if name.endswith(PERFETTO_SUFFIXES):
+        return "perfetto"
+    if name.endswith(JSON_SUFFIXES):
+        return "json"
+    known = ", ".join(PERFETTO_SUFFIXES + JSON_SUFFIXES)
+    raise ValueError(f"unknown output format for {Path(path).name!r}: use one of {known}")
+
+
+def open_writer(path: str | Path, *, write_to: str | Path | None = None,
+                realtime_anchor_ns: int | None = None) -> TraceSink:
+    """A writer in the format ``path`` names, writing to ``write_to`` (default ``path``), created now.
+
+    Raises OSError when the file cannot be created.
+    """
+    target = write_to if write_to is not None else path
+    if format_for(path) == "perfetto":
+        from comm2perfetto.trace.perfetto import PerfettoWriter
+
+        return PerfettoWriter(target, realtime_anchor_ns=realtime_anchor_ns)
+    from comm2perfetto.trace.chrome_json import ChromeJsonWriter
+
+    # JSON times are float microseconds: exact to the ns only close to an origin. A whole second a minute
+    # before the anchor stays below every event (profiler traces may start a little before the first call).
+    origin = 0 if realtime_anchor_ns is None else max(0, (realtime_anchor_ns // 10**9 - 60) * 10**9)
+    return ChromeJsonWriter(target, gzip=str(path).lower().endswith(".gz"), time_origin_ns=origin)
