@@ -5,6 +5,9 @@ start of every Python process of the job (torchrun's agent, each rank, DataLoade
 ``activate_from_env()``. That costs one small import and imports no torch: it only registers import hooks.
 Torch is patched when ``torch.distributed.distributed_c10d`` finishes importing, and recording starts when
 the default process group is created, so processes that never join a job are left alone.
+
+This is also where the patch layer is put together (``install_patches``): patch.py wraps the functions of
+ops.py with what it is handed, recorder.py's wrapper and session.py's hooks.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The per-rank recorder: turns each patched call into log records, and owns the rank's output files.
 
-The hot path (``recording_wrapper``, the function patch.py puts in place of each torch function) does as
-little as it can: read the clock, the group's sequence counter, the input tensors' shapes and the caller's
-code location, and append one ``b`` record before and one ``e`` record after the call. Strings that repeat
-(call sites, contexts, argument signatures) are written once and referred to by id.
+The hot path (``recording_wrapper``, which bootstrap.py hands the patch layer to put in place of each torch
+function) does as little as it can: read the clock, the group's sequence counter, the input tensors' shapes and
+the caller's code location, and append one ``b`` record before and one ``e`` record after the call. Strings
+that repeat (call sites, contexts, argument signatures) are written once and referred to by id.
 
 Any exception inside the recorder goes to ``fault()``, which disables recording on this rank with one line
 on stderr and one ``w`` record; the user's call always runs.

@@ -1,9 +1,9 @@
 """What the recorder's parts see of it: the protocols they are typed against instead of the Recorder class.
 
 recorder.Recorder satisfies them (the type checker proves it where session.py hands the recorder to each
-part), and nothing here is imported at run time, so the parts (watchdog, live, flight, profiler, context,
-nvtx, state) import neither the recorder nor each other to know it. A test hands them a small stand-in
-instead, e.g. ``LiveVerdict`` a class with a ``rank`` alone.
+part). The parts (watchdog, live, flight, profiler, context, nvtx, state) import this module for the type
+checker only, and the recorder not at all; a test hands them a small stand-in instead, e.g. ``LiveVerdict`` a
+class with a ``rank`` alone.
 
 - ``RankLog``: who this rank is and where its records go; enough for the step counter and Flight Recorder's
   dumps.
