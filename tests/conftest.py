@@ -32,11 +32,13 @@ import pytest
 
 def _recorder_leftovers() -> list[str]:
     """What comm2perfetto still has installed in this process (imports no torch)."""
-    from comm2perfetto.record import bootstrap, capture, nvtx, patch, profiler, session, state
+    from comm2perfetto.record import bootstrap, capture, dispatch, nvtx, patch, profiler, session, state
 
     left = []
     if patch.installed():
         left.append("torch.distributed patches (patch.uninstall())")
+    if dispatch.installed():
+        left.append("the dispatcher fallback's kernels (dispatch.uninstall())")
     if state.recorder is not None:
         left.append("an active recorder (state.recorder)")
     if bootstrap._finder in sys.meta_path:
@@ -58,12 +60,13 @@ def _recorder_leftovers() -> list[str]:
 
 def _clean_up_recorder() -> None:
     """Best effort, so that one leaky test does not make every later test fail too."""
-    from comm2perfetto.record import bootstrap, capture, nvtx, patch, session, state
+    from comm2perfetto.record import bootstrap, capture, dispatch, nvtx, patch, session, state
 
     try:
         session.stop("test-cleanup")
     except Exception as exc:  # the leak is reported anyway; keep cleaning
         print(f"conftest: stopping the leaked recorder failed: {exc!r}", file=sys.stderr)
+    dispatch.uninstall()
     session.remove_exit_handlers()
     session.configure(None)
     session._parts.clear()

@@ -18,7 +18,7 @@ import orjson
 
 from comm2perfetto import layout
 from comm2perfetto.cli import UserError, exit_status, require_torch
-from comm2perfetto.record import flight
+from comm2perfetto.record import flight, mechanisms
 from comm2perfetto.record.config import (
     DEFAULT_FR_BUFFER,
     DEFAULT_STALL_AFTER_S,
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no command given: comm2perfetto record [options] -- COMMAND [ARGS...]")
     if shutil.which(command[0]) is None:
         raise UserError(f"command not found: {command[0]}")
-    unsupported = flight.unsupported_torch()
+    unsupported = mechanisms.unsupported_torch()
     if unsupported is not None:
         raise UserError(unsupported)
     config = _config_from_args(args)
@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     env, warnings = child_environment(config)
     for warning in warnings:
         print(f"comm2perfetto: {warning}", file=sys.stderr)
-    print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr, flush=True)
+    print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr)
+    print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
     started = time.time_ns()
     watcher = None
@@ -252,9 +253,12 @@ def _print_summary(out_dir: str, status: int, seconds: float) -> None:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "
               "Is comm2perfetto installed in the job's Python?", file=err)
         return
-    if summary.calls or summary.fr_entries:
+    if summary.calls or summary.fr_entries or summary.cpp_calls:
         print(f"  torch.distributed calls (patch layer): {counts_text(summary.calls)}", file=err)
-        print(f"  Flight Recorder entries (also C++-issued): {counts_text(summary.fr_entries)}", file=err)
+        if summary.cpp_calls:  # torch 2.4-2.7 on gloo: Flight Recorder has no gloo entries there
+            print(f"  C++-issued collectives (dispatcher fallback): {counts_text(summary.cpp_calls)}", file=err)
+        if summary.fr_entries or not summary.cpp_calls:
+            print(f"  Flight Recorder entries (also C++-issued): {counts_text(summary.fr_entries)}", file=err)
     print(f"  files: {summary.fr_files} Flight Recorder dumps, {stacks_text(summary)}, "
           f"{summary.profiler_traces} profiler traces", file=err)
     for problem in summary.unreadable:

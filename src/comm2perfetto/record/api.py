@@ -53,13 +53,14 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
     >>> import comm2perfetto
     >>> comm2perfetto.enable("c2p-run", stall_after=30)   # doctest: +SKIP
     """
-    from comm2perfetto.record import bootstrap, flight, session
+    from comm2perfetto.record import bootstrap, flight, mechanisms, session
 
     out_dir = check_out_dir(out_dir or default_out_dir())
-    unsupported = flight.unsupported_torch()
+    unsupported = mechanisms.unsupported_torch()
     if unsupported is not None:  # the job runs on, unrecorded
         print(f"comm2perfetto: {unsupported}; not recording", file=sys.stderr)
         return out_dir
+    print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr)
     dist = sys.modules.get("torch.distributed")
     started = dist is not None and dist.is_available() and dist.is_initialized()
     for warning in flight.prepare_environment(os.environ, fr_buffer, out_dir, gpu_timing, group_exists=started):

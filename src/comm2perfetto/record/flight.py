@@ -106,31 +106,6 @@ def ring_in_effect(env: dict[str, str] | os._Environ) -> int:
     return 0 if flight_recorder_off_by_default() else TORCH_DEFAULT_RING
 
 
-# Torch 2.4 to 2.7 have no Flight Recorder for gloo (only ``_dump_nccl_trace``; every gloo dump is
-# ``{'entries': []}``): collectives that DDP and FSDP issue from C++ would vanish from the recording, and a
-# DDP hang would read as healthy. pyproject.toml declares the same range.
-MIN_TORCH = (2, 8)
-
-
-def unsupported_torch(version: str | None = None) -> str | None:
-    """Why this torch cannot be recorded, in one line, or None. ``version`` defaults to the installed torch's
-    (from its metadata: the launcher must not import torch); an unreadable version is given the benefit of
-    the doubt.
-
-    >>> unsupported_torch("2.7.1+cu126")[:52]
-    'comm2perfetto record needs torch >= 2.8, found 2.7.1'
-    >>> unsupported_torch("2.13.0+cpu") is None
-    True
-    """
-    version = _installed_torch() if version is None else version
-    release = _release(version)
-    if release is None or release >= MIN_TORCH:
-        return None
-    return (f"comm2perfetto record needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found {version}: older "
-            f"Flight Recorder does not record gloo, so the collectives DDP and FSDP issue from C++ would be "
-            f"missing (pip install 'torch>={MIN_TORCH[0]}.{MIN_TORCH[1]}')")
-
-
 def flight_recorder_off_by_default(version: str | None = None) -> bool:
     """Torch 2.8 to 2.10 record nothing unless ``TORCH_FR_BUFFER_SIZE`` is set when the first process group is
     created (seen on 2.8 with gloo: set afterwards, the ring stays empty); 2.11 and later record by default."""

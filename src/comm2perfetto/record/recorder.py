@@ -180,6 +180,68 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
     return functional_wrapper
 
 
+def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
+    """The kernel dispatch.py registers for one c10d op (``op``) where Flight Recorder does not record gloo:
+    it records the collectives that reach the dispatcher without passing the patch layer, those issued from
+    C++ (DDP's, FSDP's), with the patch layer's fields: a ``b`` record (``from_cpp`` set), an ``e`` record when
+    the op has enqueued the work, a ``d`` record when the work's future completes. A collective the patch layer
+    is recording on this thread (a Python call: ``dist.all_reduce`` reaches ``c10d::allreduce_``) passes
+    through. The call site is the first frame outside torch (``loss.backward()``, ``DistributedDataParallel(...)``);
+    the module is left out, as for every call the patch layer does not see."""
+    from comm2perfetto.record.dispatch import redispatcher
+
+    redispatch = redispatcher(op)
+    import torch.distributed as dist
+
+    unbox_group, unbox_work = dist.ProcessGroup.unbox, dist.Work.unbox
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        rec: Recorder | None = state.recorder  # type: ignore[assignment]  # as in recording_wrapper
+        thread = _threads.state
+        if rec is None or thread.call is not None:
+            return redispatch(keyset, *args)
+        try:
+            group = unbox_group(args[call.group])  # the job's ProcessGroup object itself
+            info = rec._groups.get(id(group)) or rec._group_info(group)
+            t = _time_ns()
+            counter = info.seq_counter
+            seq = counter() + 1 - info.p2p_consumed if counter is not None else None
+            frame = _getframe(0).f_back  # none on a thread without Python code (autograd's device threads)
+            site = rec._call_site(frame) if frame is not None else None
+            backward = rec._graph_task_id() != -1
+            ctx = rec._cpp_context(thread, backward) if thread.names or backward else 0
+            cid = next(rec._cids)
+            record = ["b", cid, t, call.name, info.gid, seq,
+                      rec._peer(call, args, {}, group) if call.has_peer else None,
+                      True, thread.tid, site, ctx, rec.steps.current, rec._arguments(call, args, {}), 0, 1]
+            rec._write(record)
+            synced = rec._extras_before(call, args, {}) if rec._extras else None
+        except Exception as exc:
+            rec.fault(exc)
+            return redispatch(keyset, *args)
+        thread.call = record
+        try:
+            result = redispatch(keyset, *args)
+        except BaseException as exc:
+            thread.call = None
+            rec._raised(cid, exc)
+            raise
+        thread.call = None
+        try:
+            if rec._extras:
+                rec._extras_after(cid, synced)
+            rec._write(["e", cid, _time_ns(), seq])
+            work = result[-1] if isinstance(result, tuple) else result
+            futures = _futures_of((unbox_work(work),)) if work is not None else []
+            if futures:
+                rec._on_completion(record, futures)
+        except Exception as exc:
+            rec.fault(exc)
+        return result
+
+    return kernel
+
+
 class _GroupInfo:
     """A process group seen by the patch layer.
 
@@ -437,14 +499,16 @@ class Recorder:
             ranks = list(range(self.world_size))  # declared while init_process_group is still running
         try:
             backend = str(c10d.get_backend(group))
+            if backend == "undefined":  # made without naming a backend: say which ones ("cpu:gloo")
+                backend = str(c10d.get_backend_config(group))
         except Exception:
             backend = ""
         counter = getattr(group, "_get_sequence_number_for_group", None)
         if counter is not None:
             try:
                 counter()
-            except Exception:  # backends without a sequence counter
-                counter = None
+            except Exception:  # torch 2.4-2.6's "undefined" backend, or a backend without a sequence counter
+                counter = _backend_counter(group)
         info = _GroupInfo(gid, counter, group, str(name), desc, list(ranks), backend)
         self._groups[id(group)] = info
         self._group_list.append(info)
@@ -515,6 +579,17 @@ class Recorder:
             self._write(["c", ctx, list(names), module, pass_])
         return ctx
 
+    def _cpp_context(self, thread: state.ThreadState, backward: bool) -> int:
+        """The context of a collective only the dispatcher fallback sees: the open ranges and the pass, and no
+        module (a C++ caller's collective, such as DDP's bucket of many modules' gradients, is no module's).
+        Unlike ``_context`` it never keeps module tracking on."""
+        key = (thread.names, None, "backward" if backward else None)
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            ctx = self._contexts[key] = len(self._contexts) + 1
+            self._write(["c", ctx, list(key[0]), None, key[2]])
+        return ctx
+
     def in_flight(self) -> list[list]:
         """The `b` records (cid, t, op, gid, seq ...) of the calls not completed, oldest first: calls running
         on some thread and async calls whose work is pending."""
@@ -579,6 +654,27 @@ def _no_graph_task() -> int:
     return -1
 
 
+def _backend_counter(group: Any) -> Callable[[], int] | None:
+    """The sequence counter of the backend behind a group whose own counter raises. Torch 2.4 to 2.6 make a
+    group created without naming a backend (``init_process_group()``, ``init_device_mesh("cpu", ...)``) of
+    backend ``undefined``, whose ``_get_sequence_number_for_group()`` raises "does not yet support sequence
+    numbers"; its backend counts, as the group's own counter does on 2.7 and later. The CUDA backend's where
+    the group has one (Flight Recorder numbers NCCL's collectives by it), else the CPU backend's (gloo)."""
+    import torch
+
+    types = {getattr(device, "type", None) for device in getattr(group, "_device_types", ())}
+    for device in ("cuda", "cpu"):
+        if device not in types:
+            continue
+        try:
+            counter = group._get_backend(torch.device(device))._get_sequence_number_for_group
+            counter()
+            return counter
+        except Exception:
+            continue
+    return None
+
+
 def _resolve_functional_group(c10d: Any, group: Any) -> Any:
     """The ProcessGroup behind a functional collective's ``group`` argument, resolved as funcol does."""
     import warnings
@@ -599,8 +695,8 @@ def _numel(shape: Any) -> int:
 
 
 def _input_tensors(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type) -> Iterator[Any]:
-    """A call's input tensors, in order: a tensor argument, or those of a list of tensors or of P2POp
-    (batch_isend_irecv)."""
+    """A call's input tensors, in order: a tensor argument, or those of a list of tensors, of P2POp
+    (batch_isend_irecv) or of lists of tensors (a c10d op's ``Tensor[][]``)."""
     n = len(args)
     for pos, name in call.inputs:
         value = args[pos] if pos < n else kwargs.get(name)
@@ -610,6 +706,9 @@ def _input_tensors(call: BoundSpec, args: tuple, kwargs: dict, tensor_type: type
             yield value
             continue
         for item in value:
+            if isinstance(item, list):  # a c10d op's Tensor[][] (dispatcher_kernel): scatter_'s inputs
+                yield from (t for t in item if isinstance(t, tensor_type))
+                continue
             item = item if isinstance(item, tensor_type) else getattr(item, "tensor", None)
             if isinstance(item, tensor_type):
                 yield item

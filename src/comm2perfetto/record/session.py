@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from comm2perfetto import layout
 from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
-from comm2perfetto.record.flight import FlightRecorderDumps, unsupported_torch
+from comm2perfetto.record.flight import FlightRecorderDumps
 from comm2perfetto.record.log import EventLog
+from comm2perfetto.record.mechanisms import gloo_fallback_wanted, mechanisms, unsupported_torch
 
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
@@ -92,11 +93,51 @@ def _destroy_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return destroy_process_group
 
 
+def _new_group_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``_new_process_group_helper``, which creates every process group (``new_group``, device meshes,
+    the default group): a gloo group made while recording may need the dispatcher fallback."""
+
+    @functools.wraps(original)
+    def new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)  # (pg, prefix_store) on 2.4 to 2.13
+        if _parts.get("fallback") is False:  # wanted on this torch, not installed yet
+            _consider_fallback(result[0] if isinstance(result, tuple) else result)
+        return result
+
+    return new_process_group_helper
+
+
 # c10d's function -> the hook that replaces it.
 HOOKS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "_update_default_pg": _default_group_hook,
     "destroy_process_group": _destroy_hook,
+    "_new_process_group_helper": _new_group_hook,
 }
+
+
+def _consider_fallback(pg: Any) -> None:
+    """Install the dispatcher fallback (dispatch.py) once a group of the job uses gloo, where this torch's
+    Flight Recorder does not record gloo (mechanisms.py): ``_parts["fallback"]`` goes from False (wanted) to
+    True (installed)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from comm2perfetto.record import dispatch
+    from comm2perfetto.record.recorder import dispatcher_kernel
+
+    rec = active_recorder()
+    try:
+        uses_gloo = isinstance(pg, c10d.ProcessGroup) and "gloo" in str(c10d.get_backend_config(pg))
+    except Exception:  # a group destroyed meanwhile
+        uses_gloo = False
+    if rec is None or not uses_gloo:
+        return
+    try:
+        dispatch.install(dispatcher_kernel)
+        _parts["fallback"] = True
+    except Exception as exc:
+        _parts.pop("fallback", None)
+        rec.warn(f"the dispatcher fallback could not be installed, so collectives issued from C++ on gloo (DDP's, "
+                 f"FSDP's) are not recorded: {type(exc).__name__}: {exc}")
 
 
 def start(config: RecordConfig, pg: Any) -> None:
@@ -122,7 +163,7 @@ def start(config: RecordConfig, pg: Any) -> None:
         "backend": str(dist.get_backend()), "comm2perfetto": __version__, "run_id": config.run_id,
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "master": _master_endpoint(),
         "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "argv": sys.argv,
-        "config": config.as_header(),
+        "config": config.as_header(), "cpp_collectives": mechanisms(torch.__version__),
     })
     rec = Recorder(config, log, rank, world_size)
     rec.default_group = pg
@@ -144,6 +185,9 @@ def start(config: RecordConfig, pg: Any) -> None:
         rec.warn("no c10d store: clock offsets and job-wide stall dumps are off on this rank")
     _parts["recorder"] = rec
     state.recorder = rec
+    if gloo_fallback_wanted(torch.__version__):
+        _parts["fallback"] = False
+        _consider_fallback(pg)
     profiler.install()
     if store is not None:
         clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
@@ -166,6 +210,10 @@ def stop(reason: str, wait: bool = True) -> None:
     if watchdog is not None:
         watchdog.stop(wait)
     profiler = _parts.pop("profiler", None)
+    if _parts.pop("fallback", None):
+        from comm2perfetto.record import dispatch
+
+        dispatch.uninstall()
     if rec is None:
         return
     try:

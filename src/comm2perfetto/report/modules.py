@@ -6,8 +6,8 @@ A collective is counted once however many ranks issued it, so on a job whose ran
 what CommDebugMode shows on any one rank; ``ranks`` says how many ranks issued it.
 
 Collectives the recorder never saw from Python (DDP's and FSDP's, issued from C++; known from Flight
-Recorder) have no module: they form one row per op under ``NOT_SEEN``, so the table adds up to the job's
-collectives.
+Recorder, or on torch 2.4-2.7 with gloo from the dispatcher fallback) have no module: they form one row per op
+under ``NOT_SEEN``, so the table adds up to the job's collectives.
 
 >>> aggregate_path("MLPModule.layers.0.attn", 2)
 'MLPModule.layers'
@@ -53,8 +53,11 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
                 key = (group.name, tuple(group.ranks), call.seq, call.op)
             else:
                 key = (rank, call.cid)
-            path = aggregate_path(call.module, depth) if call.module else OUTSIDE
-            row = rows[(path, call.pass_, call.op)]
+            if call.from_cpp:  # the dispatcher fallback's (torch 2.4-2.7, gloo): what Flight Recorder shows later
+                row = rows[(NOT_SEEN, None, op_family(call.op))]
+            else:
+                path = aggregate_path(call.module, depth) if call.module else OUTSIDE
+                row = rows[(path, call.pass_, call.op)]
             # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
             row.instances.setdefault(key, call.nbytes or 0)
             row.ranks.add(rank)

@@ -63,6 +63,9 @@ class Call:
 
     ``functional``: a functional collective (``torch.distributed._functional_collectives``, what DTensor and
     tensor parallelism use): it returns at once with a tensor to wait on, so ``t_done_ns`` stays None.
+    ``from_cpp``: a collective issued from C++ (DDP's, FSDP's), which the dispatcher fallback recorded where
+    Flight Recorder does not record gloo (torch 2.4-2.7): ``op`` names the torch.distributed function of the
+    same collective, ``is_async`` is true, ``t_return_ns`` is when the work was enqueued.
     """
 
     cid: int
@@ -86,6 +89,7 @@ class Call:
     seq_last: int | None = None
     error: str | None = None
     functional: bool = False
+    from_cpp: bool = False
     captured: bool = False  # captured into a CUDA graph: issued at each replay, which no source sees
 
     @property
@@ -382,6 +386,7 @@ class _Builder:
                 cid=r[1], t_call_ns=r[2], op=r[3], gid=r[4], seq=r[5], peer=r[6], is_async=bool(r[7]),
                 tid=r[8], site=self.strings.get(r[9]), nvtx=nvtx, module=module, pass_=pass_, step=r[11],
                 shapes=shapes, dtypes=dtypes, nbytes=nbytes, functional=len(r) > 13 and bool(r[13]),
+                from_cpp=len(r) > 14 and bool(r[14]),
             )
             self.calls[call.cid] = call
             log.calls.append(call)

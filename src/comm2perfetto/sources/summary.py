@@ -26,6 +26,7 @@ from comm2perfetto.sources.limits import count_ok
 class RecordingSummary:
     ranks: int = 0
     calls: Counter = field(default_factory=Counter)  # op -> recorded torch.distributed calls, all ranks
+    cpp_calls: Counter = field(default_factory=Counter)  # op -> C++-issued collectives the dispatcher fallback saw
     fr_entries: Counter = field(default_factory=Counter)  # op -> Flight Recorder entries, all ranks
     fr_files: int = 0
     stack_files: int = 0
@@ -53,7 +54,8 @@ def summarize(out_dir: str, max_ranks: int = 64) -> RecordingSummary:
         except EventLogError as exc:
             summary.unreadable.append(str(exc))
             continue
-        summary.calls.update(call.op for call in log.calls)
+        summary.calls.update(call.op for call in log.calls if not call.from_cpp)
+        summary.cpp_calls.update(call.op for call in log.calls if call.from_cpp)
         summary.stalls += sum(1 for stall in log.stalls if stall.reason != "remote")
         summary.remote_stalls += sum(1 for stall in log.stalls if stall.reason == "remote")
     seen: set[tuple[int | None, int, object]] = set()
