@@ -128,8 +128,10 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
                 tracks[(rank, uid)] = _fr_track(gt)
             p2p_ops[uid].extend(_fr_p2p(rank, gt, groups[uid]))
     sites = _SiteInterner(src.stack_table)
+    unnumbered: dict[str, dict[int, list[tuple]]] = defaultdict(dict)
     for rank, log in src.logs.items():
-        _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites)
+        _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
+    _number_by_order(unnumbered, groups, tracks, log_seen, notes)
     gpu_ends = _merge_traces(trace_cols, local, tracks, notes)
 
     if align:
@@ -286,9 +288,10 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
 def _merge_log(
     rank: int, log, groups: dict[str, ProcessGroup], local: dict[tuple[int, str], str],
     tracks: dict[tuple[int, str], _Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
-    sites: _SiteInterner,
+    sites: _SiteInterner, unnumbered: dict[str, dict[int, list[tuple]]],
 ) -> None:
-    """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops."""
+    """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops; the
+    collectives without a sequence number go, in order, to ``unnumbered[uid][rank]`` (``_number_by_order``)."""
     rows: dict[str, dict[int, tuple]] = defaultdict(dict)  # uid -> key -> row
     p2p_counters: dict[tuple[str, str, int], int] = defaultdict(int)
     # Where FR recorded this rank's p2p ops on a group, they are the source; the recorder's are not added.
@@ -301,8 +304,9 @@ def _merge_log(
         uid = local.get((rank, str(g.name)))
         if uid is None:
             continue
-        backend = g.backend or groups[uid].backend
-        cpu = backend in CPU_BACKENDS
+        backend = g.backend or groups[uid].backend or ""
+        # "cpu:gloo": a group made without naming a backend, whose only backend is gloo
+        cpu = all(part.rsplit(":", 1)[-1] in CPU_BACKENDS for part in backend.split(",")) if backend else False
         state, end = _log_state(call, cpu)
         site = sites(call.site)
         if call.op in LOG_P2P_CALLS:
@@ -315,6 +319,9 @@ def _merge_log(
                 p2p_ops[uid].append(P2POp(rank, uid, kind, peer, i, sig, state, call.t_call_ns, end, site, "log"))
             continue
         if call.seq is None:
+            sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+            unnumbered[uid].setdefault(rank, []).append(
+                (sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED))
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
@@ -325,6 +332,28 @@ def _merge_log(
             log_seen[uid].add(key)
     for uid, by_key in rows.items():
         tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
+
+
+def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict[str, ProcessGroup],
+                     tracks: dict[tuple[int, str], _Track], log_seen: dict[str, set[int]], notes: list[str]) -> None:
+    """Number the recorder's collectives that carry no sequence number (a group whose backend keeps no counter)
+    by their order on each rank: the i-th collective a rank issued on a group meets every other rank's i-th.
+    Only on a group where no rank has a sequence number for any collective (Flight Recorder's or the
+    recorder's): order numbers cannot be placed among those."""
+    ranks_of: dict[str, set[int]] = defaultdict(set)
+    for rank, uid in tracks:
+        ranks_of[uid].add(rank)
+    for uid, by_rank in sorted(unnumbered.items()):
+        label = groups[uid].label
+        if ranks_of.get(uid):
+            notes.append(f"{sum(map(len, by_rank.values()))} collective(s) on {label} carry no sequence number "
+                         f"while others do: left out of matching")
+            continue
+        for rank, rows in by_rank.items():
+            tracks[(rank, uid)] = _merge_rows(None, {i: row for i, row in enumerate(rows, 1)})
+            log_seen[uid].update(range(1, len(rows) + 1))
+        notes.append(f"collectives on {label} carry no sequence number (its backend keeps none): matched across "
+                     f"ranks by their order on each rank")
 
 
 def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from comm2perfetto.match import find_collective, load_job
-from comm2perfetto.model import COMPLETED, PENDING
+from comm2perfetto.model import COMPLETED, PENDING, UNKNOWN
 from factories import STEP_NS, T0_NS, EventLog, FrJob
 
 
@@ -111,6 +113,50 @@ def test_a_call_issuing_several_collectives_covers_its_seqs(tmp_path):
     cols = load_job([tmp_path]).collectives["0[0,1]"]
     assert [(c.seq, c.op) for c in cols] == [(1, "all_gather_object"), (2, "all_gather_object"), (3, "barrier")]
     assert cols[2].states == (COMPLETED, PENDING)
+
+
+def _unnumbered_logs(tmp_path, sizes: dict[int, list[int]], fr_rank: int | None = None) -> None:
+    """Two ranks' logs of a group whose backend keeps no sequence counter: every call's seq is null."""
+    for r in (0, 1):
+        log = EventLog(rank=r, world=2, backend="custom")
+        log.group(0, "0", "default_pg", [0, 1])
+        for i, n in enumerate(sizes[r]):
+            log.call("all_reduce", T0_NS + i * STEP_NS, shapes=[[n]], dtypes=["Float"], returns=i < 2 or r == 0)
+        log.write(tmp_path)
+    if fr_rank is not None:
+        job = FrJob(world=2, backend="custom")
+        job.collective(fr_rank, "all_reduce", [[4]])
+        job.write(tmp_path, prefix="rank", ranks=[fr_rank])
+
+
+def test_collectives_without_sequence_numbers_match_by_order(tmp_path):
+    _unnumbered_logs(tmp_path, {0: [4, 6, 8], 1: [4, 5, 8]})
+    loaded = load_job([tmp_path])
+    cols = loaded.collectives["0[0,1]"]
+    assert [c.seq for c in cols] == [1, 2, 3]
+    assert [tuple(s.input_sizes for s in c.signatures) for c in cols] == [
+        (((4,),), ((4,),)), (((6,),), ((5,),)), (((8,),), ((8,),))]  # the second disagrees: diagnose sees it
+    assert cols[2].states[1] == PENDING  # rank 1's third call never returned
+    assert any("matched across ranks by their order" in note for note in loaded.notes)
+
+
+def test_order_numbers_are_not_mixed_with_sequence_numbers(tmp_path):
+    _unnumbered_logs(tmp_path, {0: [4, 6], 1: [4, 6]}, fr_rank=0)  # rank 0's Flight Recorder numbers seq 1
+    loaded = load_job([tmp_path])
+    assert [c.sources for c in loaded.collectives["0[0,1]"]] == [("fr", None)]
+    assert any("carry no sequence number while others do" in note for note in loaded.notes)
+
+
+@pytest.mark.parametrize(("backend", "state"), [("gloo", COMPLETED), ("cpu:gloo", COMPLETED),
+                                              ("cpu:gloo,cuda:nccl", UNKNOWN), ("nccl", UNKNOWN)])
+def test_a_synchronous_call_completed_on_a_cpu_only_backend(tmp_path, backend, state):
+    """A group made without naming a backend logs its backends (``cpu:gloo``): gloo alone returns once done."""
+    log = EventLog(rank=0, world=1, backend=backend)
+    log.group(0, "0", "default_pg", [0])
+    log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+    log.write(tmp_path)
+    (c,) = load_job([tmp_path]).collectives["0[0]"]
+    assert c.states == (state,)
 
 
 def test_ring_buffer_wrap_marks_coverage(tmp_path):
