@@ -24,14 +24,25 @@ d) The same DDP step in one process at world size 1, recording switched on and o
    ``disable()``) between blocks of steps: the recorder's cost per step in isolation, resolved to a few
    tenths of a percent. Same target.
 
+e) The dispatcher fallback (record/dispatch.py: what records DDP's C++-issued collectives on gloo where torch
+   2.4-2.7 have no Flight Recorder for it; forced on newer torch), at world size 1 in one process: per
+   collective, ``ProcessGroup.allreduce`` of a 1-float tensor (how C++ callers reach c10d, no Python patch on
+   the way) bare, through the kernel recording it, and ``dist.all_reduce`` recorded by the patch layer with and
+   without the kernel (which it then passes unrecorded); per DDP step, blocks of steps recorded with and without
+   the fallback against plain ones. The other hooks that see DDP's collectives are timed alongside: a
+   pass-through TorchDispatchMode around backward, DDP's Python all-reduce comm hook (on a second model), and
+   whether wrapping ``ProcessGroup.allreduce`` and friends in Python sees any of DDP's calls.
+
     python benchmarks/bench_record.py                  # full run, a few minutes
-    python benchmarks/bench_record.py --only patch     # one part: patch, modules, ddp or blocks
+    python benchmarks/bench_record.py --only patch     # one part: patch, modules, ddp, blocks or fallback
     python benchmarks/bench_record.py --quick          # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import random
@@ -517,6 +528,172 @@ def measure_ddp_blocks(rounds: int, block: int, world_size: int = 1) -> None:
           f"{high:+.2f} %): the rest of the recorder's cost per step")
 
 
+# --- e) the dispatcher fallback -------------------------------------------------------------------------------
+
+
+FALLBACK_CALLS = ["bare C++-path call", "C++-path call, fallback recording", "dist.all_reduce, patch layer",
+                  "dist.all_reduce, patch layer + fallback"]
+FALLBACK_STEPS = ["plain", "recorded, no fallback", "recorded, fallback", "dispatch mode around backward",
+                  "Python comm hook"]
+
+
+def _with_recording(out_dir: str, fallback: bool) -> Callable[[], None]:
+    """Start recording into ``out_dir`` with the fallback forced on or off; returns what stops it."""
+    import comm2perfetto
+    from comm2perfetto.record import mechanisms
+
+    os.environ[mechanisms.ENV_FALLBACK] = "force" if fallback else "off"
+    with contextlib.redirect_stderr(io.StringIO()):  # its start-up line, at every block
+        comm2perfetto.enable(out_dir, stall_after=None)
+    return comm2perfetto.disable
+
+
+def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int, steps: int, work_dir: str) -> None:
+    """Part e, one process at world size 1; writes ``fallback.json`` into ``work_dir``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["TORCH_FR_BUFFER_SIZE"] = str(DEFAULT_FR_BUFFER)  # the ring the recorder asks for, in every variant
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(DDP_SCRIPT.parent))
+    from ddp_train import Net, train_step
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    group = dist.distributed_c10d._get_default_group()
+    tensor = torch.ones(1)
+    n = 0
+
+    def folder() -> str:
+        nonlocal n
+        n += 1
+        return str(Path(work_dir) / f"rec{n}")
+
+    per_call = {
+        FALLBACK_CALLS[0]: (None, lambda: group.allreduce([tensor]).wait()),
+        FALLBACK_CALLS[1]: (True, lambda: group.allreduce([tensor]).wait()),
+        FALLBACK_CALLS[2]: (False, lambda: dist.all_reduce(tensor)),
+        FALLBACK_CALLS[3]: (True, lambda: dist.all_reduce(tensor)),
+    }
+    call_us: dict[str, list[float]] = {name: [] for name in per_call}
+    for round_no in range(rounds):
+        names = list(per_call)[round_no % len(per_call):] + list(per_call)[:round_no % len(per_call)]
+        for name in names:
+            fallback, call = per_call[name]
+            stop = _with_recording(folder(), fallback) if fallback is not None else None
+            try:
+                for _ in range(block // 10):  # settle: first sightings, the group's declaration
+                    call()
+                start = time.perf_counter_ns()
+                for _ in range(block):
+                    call()
+                call_us[name].append((time.perf_counter_ns() - start) / block / 1000)
+            finally:
+                if stop is not None:
+                    stop()
+
+    model = DistributedDataParallel(Net())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    hooked = DistributedDataParallel(Net())
+    hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    models = {"model": (model, optimizer), "hooked": (hooked, torch.optim.Adam(hooked.parameters(), lr=1e-3))}
+    gen = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(64, 1, 28, 28, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+               for _ in range(8)]
+
+    def mode_step(m: object, o: object, xb: object, yb: object) -> None:
+        o.zero_grad()  # type: ignore[attr-defined]
+        loss = F.cross_entropy(m(xb), yb)  # type: ignore[operator]
+        with PassThrough():
+            loss.backward()
+        o.step()  # type: ignore[attr-defined]
+
+    step_variants: dict[str, tuple[bool | None, str, Callable]] = {
+        FALLBACK_STEPS[0]: (None, "model", train_step),
+        FALLBACK_STEPS[1]: (False, "model", train_step),
+        FALLBACK_STEPS[2]: (True, "model", train_step),
+        FALLBACK_STEPS[3]: (None, "model", mode_step),
+        FALLBACK_STEPS[4]: (None, "hooked", train_step),
+    }
+    step_ms: dict[str, list[float]] = {name: [] for name in step_variants}
+    for round_no in range(rounds):
+        shift = round_no % len(step_variants)  # no variant always first
+        names = list(step_variants)[shift:] + list(step_variants)[:shift]
+        for name in names:
+            fallback, which, step_fn = step_variants[name]
+            m, o = models[which]
+            stop = _with_recording(folder(), fallback) if fallback is not None else None
+            try:
+                for xb, yb in batches[:3]:
+                    step_fn(m, o, xb, yb)
+                start = time.perf_counter_ns()
+                for i in range(steps):
+                    xb, yb = batches[i % len(batches)]
+                    step_fn(m, o, xb, yb)
+                step_ms[name].append((time.perf_counter_ns() - start) / steps / 1e6)
+            finally:
+                if stop is not None:
+                    stop()
+    # Whether a Python wrapper of ProcessGroup's binding sees DDP's collectives (its C++ calls C++). Last: on
+    # torch 2.13 pybind's overloads of the class reject their own options objects once an attribute was replaced,
+    # even after it is put back.
+    seen = []
+    originals = {name: getattr(dist.ProcessGroup, name) for name in ("allreduce", "broadcast", "allgather")}
+    for name, original in originals.items():
+        def wrapped(self: object, *args: object, _original: Callable = original, _name: str = name,
+                    **kwargs: object) -> object:
+            seen.append(_name)
+            return _original(self, *args, **kwargs)
+        setattr(dist.ProcessGroup, name, wrapped)
+    try:
+        wrapped_model = DistributedDataParallel(Net())
+        train_step(wrapped_model, torch.optim.Adam(wrapped_model.parameters(), lr=1e-3), *batches[0])
+    finally:
+        for name, original in originals.items():
+            setattr(dist.ProcessGroup, name, original)
+
+    dist.destroy_process_group()
+    (Path(work_dir) / "fallback.json").write_text(json.dumps({"call_us": call_us, "step_ms": step_ms,
+                                                              "binding_wrap_saw": seen}))
+
+
+def measure_fallback(rounds: int, block: int, steps: int) -> None:
+    """Part e: run ``fallback_rank`` in a fresh process and print its figures, each variant against its baseline
+    measured in the same rounds."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="c2p-bench-fallback-") as work_dir:
+        mp.spawn(fallback_rank, args=(1, free_port(), rounds, block, steps, work_dir), nprocs=1)
+        doc = json.loads((Path(work_dir) / "fallback.json").read_text())
+    calls, step_ms = doc["call_us"], doc["step_ms"]
+    bare, patched = statistics.median(calls[FALLBACK_CALLS[0]]), statistics.median(calls[FALLBACK_CALLS[2]])
+    print(f"{'per collective':<44}  {'median us':>9}  {'over baseline':>13}")
+    for name, values in calls.items():
+        base = bare if name in FALLBACK_CALLS[:2] else patched
+        print(f"{name:<44}  {statistics.median(values):>9.2f}  {statistics.median(values) - base:>+12.2f}")
+    plain = step_ms["plain"]
+    print(f"{'DDP step (world size 1)':<44}  {'median ms':>9}  {'vs plain':>13}  95 % interval")
+    for name, values in step_ms.items():
+        ratios = [v / p for v, p in zip(values, plain)]
+        low, high = ((r - 1) * 100 for r in bootstrap_interval(ratios))
+        print(f"{name:<44}  {statistics.median(values):>9.3f}  {(statistics.median(ratios) - 1) * 100:>+12.2f}%  "
+              f"{low:+.2f} % to {high:+.2f} %")
+    with_fb = [f / r for f, r in zip(step_ms[FALLBACK_STEPS[2]], step_ms[FALLBACK_STEPS[1]])]
+    print(f"the fallback's own share of a step: {(statistics.median(with_fb) - 1) * 100:+.2f} % (recorded with "
+          f"against recorded without, paired by round)")
+    seen = doc["binding_wrap_saw"]
+    print(f"wrapping ProcessGroup.allreduce/broadcast/allgather in Python saw {len(seen)} of DDP's collectives "
+          f"(constructor and one step)")
+
+
 # --- main -------------------------------------------------------------------------------------------------------
 
 
@@ -529,7 +706,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="DDP batch size per rank")
     parser.add_argument("--layers", type=int, default=50, help="Linear layers of the module-tracking model")
     parser.add_argument("--rounds", type=int, default=60, help="block pairs of the in-job DDP measurement")
-    parser.add_argument("--only", choices=["patch", "modules", "ddp", "blocks"], help="run one part only")
+    parser.add_argument("--only", choices=["patch", "modules", "ddp", "blocks", "fallback"], help="run one part only")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few calls, steps and repeats")
     args = parser.parse_args(argv)
     if args.quick:
@@ -565,6 +742,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n[d] DDP step time in one process: the same model at world size 1, blocks of 50 steps, recording "
               f"switched on and off between blocks, {args.rounds} rounds")
         measure_ddp_blocks(args.rounds, 50)
+    if args.only in (None, "fallback"):
+        rounds = 4 if args.quick else 20
+        print(f"\n[e] dispatcher fallback: world size 1, gloo, {rounds} rounds of interleaved blocks ({args.block} "
+              f"collectives, 30 DDP steps of examples/ddp_train.py each)")
+        measure_fallback(rounds, args.block, 30)
     return 0 if completed else 1  # missed targets are figures, not failures
 
 

@@ -89,6 +89,14 @@ def _no_recorder_left_behind():
         pytest.fail("test left comm2perfetto installed in the test process: " + "; ".join(left))
 
 
+def gloo_flight_recorder() -> bool:
+    """Whether this torch has a Flight Recorder for gloo (``_dump_fr_trace``: 2.8 on). Torch 2.4-2.7 write no
+    gloo dump at all; the dispatcher fallback records DDP's collectives there."""
+    import torch._C._distributed_c10d as c10d_C
+
+    return hasattr(c10d_C, "_dump_fr_trace")
+
+
 # --- running jobs -------------------------------------------------------------------------------------------
 
 JOB_TIMEOUT_S = 90.0

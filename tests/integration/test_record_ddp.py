@@ -4,9 +4,21 @@ a Python collective inside a module's forward carries the module path."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+import torch
+
+from comm2perfetto.record import mechanisms
 
 pytestmark = pytest.mark.integration
+
+# Torch 2.4-2.7 have no Flight Recorder for gloo: the dispatcher fallback records DDP's collectives instead
+# (test_record_fallback.py checks its records).
+OLD_TORCH = mechanisms.gloo_fallback_wanted(torch.__version__, {})
+needs_gloo_flight_recorder = pytest.mark.skipif(
+    OLD_TORCH, reason=f"torch {torch.__version__} has no Flight Recorder for gloo (the fallback's records are "
+                      f"checked by test_record_fallback.py)")
 
 JOB = """
 import torch
@@ -55,6 +67,26 @@ def ddp_job(module_jobs):
     return job
 
 
+def python_calls(log):
+    """The calls the patch layer recorded (without the dispatcher fallback's, on torch 2.4-2.7)."""
+    return [c for c in log.calls if not c.from_cpp]
+
+
+def test_the_mechanism_for_ddp_is_the_one_this_torch_needs(ddp_job):
+    """By default the dispatcher fallback is installed only where Flight Recorder does not record gloo."""
+    for rank in (0, 1):
+        log = ddp_job.log(rank)
+        cpp = [c.op for c in log.calls if c.from_cpp]
+        if OLD_TORCH:
+            assert log.header["cpp_collectives"]["gloo"] == "the dispatcher fallback"
+            assert Counter(cpp)["all_reduce"] >= 3 and "broadcast" in cpp
+        else:  # torch >= 2.8: nothing recorded outside the patch layer, Flight Recorder has DDP's
+            assert log.header["cpp_collectives"] == {"gloo": "Flight Recorder", "nccl": "Flight Recorder"}
+            assert cpp == []
+    assert ("by the dispatcher fallback on gloo" in ddp_job.stderr) is OLD_TORCH
+
+
+@needs_gloo_flight_recorder
 @pytest.mark.parametrize("rank", [0, 1])
 def test_cpp_collectives_are_in_flight_recorder_only(ddp_job, rank):
     log = ddp_job.log(rank)
@@ -90,7 +122,7 @@ def test_optimizer_steps_are_recorded(ddp_job, rank):
                                                                  (3, "optimizer")]
     times = [t for _step, t, _source in log.steps]
     assert times == sorted(times)
-    forward_call, check_call = log.calls
+    forward_call, check_call = python_calls(log)
     assert forward_call.step == 0  # before the first optimizer step
     assert check_call.step == 3
     assert times[-1] < check_call.t_call_ns
@@ -98,17 +130,16 @@ def test_optimizer_steps_are_recorded(ddp_job, rank):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_module_path_and_pass_of_a_collective_in_forward(ddp_job, rank):
-    forward_call, check_call = ddp_job.log(rank).calls
+    forward_call, check_call = python_calls(ddp_job.log(rank))
     assert forward_call.module == "Outer.inner"
     assert forward_call.pass_ == "forward"
     assert forward_call.shapes == [[3]]
     assert (check_call.module, check_call.pass_) == (None, None)
 
 
+@needs_gloo_flight_recorder
 def test_closing_summary_counts_what_each_source_saw(ddp_job):
     """record's last lines: the patch layer's calls and Flight Recorder's entries (DDP's among them)."""
-    from collections import Counter
-
     from comm2perfetto.sources.summary import counts_text
 
     calls = Counter(c.op for rank in (0, 1) for c in ddp_job.log(rank).calls)

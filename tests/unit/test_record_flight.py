@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from comm2perfetto.record.flight import prepare_environment, ring_in_effect
+from comm2perfetto.record.flight import flight_recorder_off_by_default, prepare_environment, ring_in_effect
 
 
 def test_sets_the_buffer_and_dump_place_when_the_user_did_not(tmp_path):
@@ -31,7 +31,8 @@ def test_keeps_the_users_nccl_settings_and_can_leave_timing_off(tmp_path):
 
 @pytest.mark.parametrize("env, ring", [
     ({"TORCH_FR_BUFFER_SIZE": "5000"}, 5000), ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "300"}, 300),
-    ({"TORCH_FR_BUFFER_SIZE": "many"}, 0), ({}, 2000),  # torch 2.13's own default
+    ({"TORCH_FR_BUFFER_SIZE": "many"}, 0),
+    ({}, 0 if flight_recorder_off_by_default() else 2000),  # torch's own default: none before 2.11
 ])
 def test_after_the_first_group_the_ring_in_effect_is_said_and_left_alone(tmp_path, env, ring):
     """Flight Recorder reads its size once, when its singleton is made at the first process group

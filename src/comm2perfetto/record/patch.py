@@ -71,9 +71,24 @@ def install(c10d: Any, dist: Any | None = None, *, wrap: WrapperFactory,
 def install_functional(funcol: Any, *, wrap: WrapperFactory) -> None:
     """Wrap every op of ``FUNCTIONAL_OPS`` in ``torch.distributed._functional_collectives`` with ``wrap``.
     Idempotent."""
-    tracing = getattr(funcol, "_are_we_tracing", None)
+    tracing = _with_fake_mode(getattr(funcol, "_are_we_tracing", None))
     for spec in FUNCTIONAL_OPS:
         _replace(funcol, spec.name, functools.partial(_make_wrapper, wrap, spec, tracing=tracing))
+
+
+def _with_fake_mode(are_we_tracing: Callable[[], bool] | None) -> Callable[[], bool] | None:
+    """funcol's own test for tracing, and a FakeTensorMode (fake tensors: no collective is issued), which newer
+    funcol tests itself (2.13 does, 2.4 does not: there the fake call would be recorded as a collective)."""
+    if are_we_tracing is None or "FAKE" in are_we_tracing.__code__.co_names:
+        return are_we_tracing
+    import torch
+
+    get_mode, fake = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE
+
+    def tracing() -> bool:
+        return get_mode(fake) is not None or are_we_tracing()
+
+    return tracing
 
 
 def uninstall() -> None:
