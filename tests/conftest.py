@@ -97,6 +97,11 @@ def gloo_flight_recorder() -> bool:
     return hasattr(c10d_C, "_dump_fr_trace")
 
 
+def needs_gloo_flight_recorder() -> pytest.MarkDecorator:
+    """Skip a test of Flight Recorder's gloo dumps on a torch that has none (2.4-2.7), saying so."""
+    return pytest.mark.skipif(not gloo_flight_recorder(), reason="no Flight Recorder for gloo on this torch (2.4-2.7)")
+
+
 # --- running jobs -------------------------------------------------------------------------------------------
 
 JOB_TIMEOUT_S = 90.0

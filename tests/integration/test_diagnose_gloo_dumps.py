@@ -15,9 +15,9 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
-from conftest import job_env
+from conftest import job_env, needs_gloo_flight_recorder
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, needs_gloo_flight_recorder()]
 
 # Two ranks do a healthy mix of collectives (default group, a new group, p2p, coalesced) and dump; then rank 0
 # starts an all-reduce rank 1 never joins, both dump again, and exit without waiting.

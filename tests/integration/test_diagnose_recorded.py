@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import communicate, job_env, record_cmd, torchrun
+from conftest import communicate, job_env, needs_gloo_flight_recorder, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +75,7 @@ def test_shape_mismatch_with_a_rank_killed_by_gloo(recorded):
     assert variants == {(0,): "all_reduce [[256]] Float", (1,): "all_reduce [[512]] Float"}
 
 
+@needs_gloo_flight_recorder()
 def test_the_surviving_rank_of_the_mismatch_dumped_flight_recorder(recorded):
     """The rank gloo did not abort raises, then torchrun SIGTERMs it, often while its first dump (slow: torch
     imports to symbolise frames) is being written: the signal waits for that dump instead of losing it."""

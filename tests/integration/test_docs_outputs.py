@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import job_env, kill_tree
+from conftest import gloo_flight_recorder, job_env, kill_tree
 from doc_outputs import DOCS, doc_blocks, mismatch
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,8 @@ def test_every_shown_output_is_marked():
     assert not unchecked, "a <!-- not checked: --> block must say why"
 
 
+@pytest.mark.skipif(not gloo_flight_recorder(), reason="the docs show what torch >= 2.8 prints: its Flight Recorder "
+                                                     "records gloo (2.4-2.7: the dispatcher fallback's closing lines)")
 @pytest.mark.parametrize("doc", DOCS)
 def test_shown_outputs_match_what_runs(doc, tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")

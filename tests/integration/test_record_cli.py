@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import gloo_flight_recorder
+
 pytestmark = pytest.mark.integration
 
 # The job: creates a marker file, so that a test can prove whether it ran.
@@ -145,10 +147,11 @@ def test_sigterm_reaches_the_jobs_own_handler(record_job):
     log = job.log(0)
     assert [(e.cause, e.detail) for e in log.endings] == [("signal", "SIGTERM")]
     assert job.job_file()["signal"] == "SIGTERM"
-    # Flight Recorder dumped when the signal came, before the job's handler ran; again at exit.
-    assert [reason for _t, _name, reason in log.fr_dumps] == ["signal", "exit"]
     assert log.closed_reason == "exit"
-    assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]
+    if gloo_flight_recorder():  # torch 2.4-2.7 have no gloo dump to write
+        # Flight Recorder dumped when the signal came, before the job's handler ran; again at exit.
+        assert [reason for _t, _name, reason in log.fr_dumps] == ["signal", "exit"]
+        assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]
 
 
 def test_job_killed_by_sigterm_dumps_flight_recorder(record_job):
@@ -158,8 +161,9 @@ def test_job_killed_by_sigterm_dumps_flight_recorder(record_job):
     assert not (job.cwd / "not-interrupted").exists()
     log = job.log(0)
     assert [(e.cause, e.detail) for e in log.endings] == [("signal", "SIGTERM")]
-    assert [reason for _t, _name, reason in log.fr_dumps] == ["signal"]
     assert log.closed_reason == "signal"
-    (_t, name, _reason), = log.fr_dumps
-    assert (job.out / name).exists()
-    assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]
+    if gloo_flight_recorder():  # torch 2.4-2.7 have no gloo dump to write
+        assert [reason for _t, _name, reason in log.fr_dumps] == ["signal"]
+        (_t, name, _reason), = log.fr_dumps
+        assert (job.out / name).exists()
+        assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]

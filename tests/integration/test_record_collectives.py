@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import gloo_flight_recorder
+
 pytestmark = pytest.mark.integration
 
 JOB = """
@@ -139,10 +141,12 @@ def test_async_all_reduce_has_a_completion_record(plain_job, rank):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sequence_numbers_match_flight_recorder(plain_job, rank):
     """A recorded collective's seq is the ``collective_seq_id`` of the FR entry for the same op and inputs,
-    also after point-to-point ops, which advance gloo's own counter but get no FR number (nor entry)."""
+    also after point-to-point ops, which advance gloo's own counter but get no FR number (nor entry). Torch
+    2.4-2.7 have no Flight Recorder for gloo: there the numbering alone is checked."""
     log = plain_job.log(rank)
+    fr = gloo_flight_recorder()
     entries = [e for e in plain_job.fr_entries(rank) if e["process_group"][0] == "0"]
-    assert plain_job.fr_dumps(rank), "no Flight Recorder dump"
+    assert bool(plain_job.fr_dumps(rank)) is fr, "a Flight Recorder dump if and only if gloo has one"
     by_seq = {e["collective_seq_id"]: e for e in entries}
     assert len(by_seq) == len(entries)
 
@@ -153,6 +157,9 @@ def test_sequence_numbers_match_flight_recorder(plain_job, rank):
             assert call.seq is None and call.seq_last == last, call.op  # p2p: no number of its own
             continue
         assert call.seq == last + 1, f"{call.op}: seq {call.seq} after {last}"
+        last = call.seq_last
+        if not fr:
+            continue
         for seq in range(call.seq, call.seq_last + 1):
             entry = by_seq.get(seq)
             assert entry is not None, f"{call.op} seq {seq}: no FR entry (FR has {sorted(by_seq)})"
@@ -161,10 +168,11 @@ def test_sequence_numbers_match_flight_recorder(plain_job, rank):
         if call.shapes:
             assert by_seq[call.seq]["input_sizes"] == call.shapes, call.op
             assert by_seq[call.seq]["input_dtypes"] == call.dtypes, call.op
-        last = call.seq_last
     # all_gather_object issues two all_gathers (sizes, then payload) and its record covers both.
     ago = next(c for c in log.calls if c.op == "all_gather_object")
     assert ago.seq_last - ago.seq == 1
+    if not fr:
+        return
     # Every collective FR saw on this rank came from a recorded call: nothing was missed or invented.
     assert sorted(covered) == sorted(by_seq) == list(range(1, len(by_seq) + 1))
     # gloo keeps no FR entry for point-to-point ops.
@@ -175,7 +183,7 @@ def test_flight_recorder_dumps_are_logged(plain_job):
     for rank in (0, 1):
         log = plain_job.log(rank)
         reasons = [reason for _t, _name, reason in log.fr_dumps]
-        assert reasons == ["destroy", "exit"]
+        assert reasons == (["destroy", "exit"] if gloo_flight_recorder() else [])  # none on torch 2.4-2.7
         names = [name for _t, name, _reason in log.fr_dumps]
         assert names == [p.name for p in plain_job.fr_dumps(rank)]
     assert plain_job.job_file()["exit_status"] == 0

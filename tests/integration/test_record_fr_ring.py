@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from conftest import needs_gloo_flight_recorder
+
+pytestmark = [pytest.mark.integration, needs_gloo_flight_recorder()]
 
 RING = 16
 STEPS = 12

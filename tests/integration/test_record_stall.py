@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import needs_gloo_flight_recorder
+
 pytestmark = pytest.mark.integration
 
 SLEEP_S = 8
@@ -95,6 +97,7 @@ def test_rank_outside_any_collective_leaves_its_stack(stall_job):
     assert "comm2perfetto-watchdog" not in names
 
 
+@needs_gloo_flight_recorder()
 @pytest.mark.parametrize("rank", [0, 1])
 def test_flight_recorder_dumped_at_the_stall(stall_job, rank):
     log = stall_job.log(rank)

@@ -190,7 +190,7 @@ def start(config: RecordConfig, pg: Any) -> None:
         _consider_fallback(pg)
     profiler.install()
     if store is not None:
-        clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
+        _parts["clock"] = clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
     live = None
     if store is not None and config.live and config.stall_after_s is not None:
         from comm2perfetto.record.live import LiveVerdict
@@ -209,6 +209,9 @@ def stop(reason: str, wait: bool = True) -> None:
     watchdog = _parts.pop("watchdog", None)
     if watchdog is not None:
         watchdog.stop(wait)
+    measurement = _parts.pop("clock", None)
+    if measurement is not None:
+        measurement.stop(wait)
     profiler = _parts.pop("profiler", None)
     if _parts.pop("fallback", None):
         from comm2perfetto.record import dispatch
