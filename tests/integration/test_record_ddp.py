@@ -14,11 +14,11 @@ from comm2perfetto.record import mechanisms
 pytestmark = pytest.mark.integration
 
 # Torch 2.4-2.7 have no Flight Recorder for gloo: the dispatcher fallback records DDP's collectives instead
-# (test_record_fallback.py checks its records).
+# (test_record_fallback_ddp.py checks its records).
 OLD_TORCH = mechanisms.gloo_fallback_wanted(torch.__version__, {})
 needs_gloo_flight_recorder = pytest.mark.skipif(
     OLD_TORCH, reason=f"torch {torch.__version__} has no Flight Recorder for gloo (the fallback's records are "
-                      f"checked by test_record_fallback.py)")
+                      f"checked by test_record_fallback_ddp.py)")
 
 JOB = """
 import torch
