@@ -68,3 +68,13 @@ def test_record_prints_the_start_up_line_before_the_job_runs(tmp_path, monkeypat
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("comm2perfetto: recording into ")
     assert lines[1] == f"comm2perfetto: {startup_line('2.4.1', {})}"
+
+
+def test_pyproject_declares_the_range_the_recorder_accepts():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    (record,) = re.findall(r"^record = \[(.*)\]$", text, re.MULTILINE)
+    least = f"{mechanisms.MIN_TORCH[0]}.{mechanisms.MIN_TORCH[1]}"
+    assert f'"torch>={least}"' in record
