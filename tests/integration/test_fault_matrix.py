@@ -148,10 +148,11 @@ def test_killed_rank_is_the_culprit(record_job, mode, nproc, launcher, kill, exp
     job = start(record_job, mode=mode, nproc=nproc, steps=steps, launcher=launcher, KILL=kill).finish(90)
     assert job.returncode != 0 or launcher == "bash", job.explain()  # bash's `wait` says 0 whatever happened
     if mode == "ddp" and not gloo_flight_recorder():
-        # Torch 2.4-2.7: the dispatcher fallback recorded the survivor's gradient all-reduce that never completed,
-        # and the finding names it (gloo's Flight Recorder entries, on newer torch, never say completed).
+        # Torch 2.4-2.7: the dispatcher fallback recorded the survivor's gradient all-reduce of the step the other
+        # rank died in, and the finding names it (gloo's Flight Recorder entries, on newer torch, do not).
         (survivor,) = set(range(nproc)) - set(expected[0][2])
-        (seq,) = [c.seq for c in job.log(survivor).calls if c.from_cpp and c.t_done_ns is None]
+        step = int(kill.split(":")[1])
+        (seq,) = [c.seq for c in job.log(survivor).calls if c.from_cpp and c.op == "all_reduce" and c.step == step]
         expected = [(kind, seq, ranks) for kind, _none, ranks in expected]
     code, doc = diagnose(job.out)
     assert (code, *verdict(doc)) == (1, "crashed", expected), doc
