@@ -563,7 +563,7 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
     from ddp_train import Net, train_step
 
     class PassThrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     torch.set_num_threads(1)
@@ -583,7 +583,10 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
         FALLBACK_CALLS[2]: (False, lambda: dist.all_reduce(tensor)),
         FALLBACK_CALLS[3]: (True, lambda: dist.all_reduce(tensor)),
     }
+    # Wall time, and the CPU time of the calling thread (what the kernel's Python costs it; steadier than wall
+    # time on a machine other work shares).
     call_us: dict[str, list[float]] = {name: [] for name in per_call}
+    call_cpu_us: dict[str, list[float]] = {name: [] for name in per_call}
     for round_no in range(rounds):
         names = list(per_call)[round_no % len(per_call):] + list(per_call)[:round_no % len(per_call)]
         for name in names:
@@ -592,10 +595,11 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
             try:
                 for _ in range(block // 10):  # settle: first sightings, the group's declaration
                     call()
-                start = time.perf_counter_ns()
+                start, cpu = time.perf_counter_ns(), time.thread_time_ns()
                 for _ in range(block):
                     call()
                 call_us[name].append((time.perf_counter_ns() - start) / block / 1000)
+                call_cpu_us[name].append((time.thread_time_ns() - cpu) / block / 1000)
             finally:
                 if stop is not None:
                     stop()
@@ -623,7 +627,9 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
         FALLBACK_STEPS[3]: (None, "model", mode_step),
         FALLBACK_STEPS[4]: (None, "hooked", train_step),
     }
+    # Wall time, and the process's CPU time (all threads: gloo's too, where completion callbacks run).
     step_ms: dict[str, list[float]] = {name: [] for name in step_variants}
+    step_cpu_ms: dict[str, list[float]] = {name: [] for name in step_variants}
     for round_no in range(rounds):
         shift = round_no % len(step_variants)  # no variant always first
         names = list(step_variants)[shift:] + list(step_variants)[:shift]
@@ -634,11 +640,12 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
             try:
                 for xb, yb in batches[:3]:
                     step_fn(m, o, xb, yb)
-                start = time.perf_counter_ns()
+                start, cpu = time.perf_counter_ns(), time.process_time_ns()
                 for i in range(steps):
                     xb, yb = batches[i % len(batches)]
                     step_fn(m, o, xb, yb)
                 step_ms[name].append((time.perf_counter_ns() - start) / steps / 1e6)
+                step_cpu_ms[name].append((time.process_time_ns() - cpu) / steps / 1e6)
             finally:
                 if stop is not None:
                     stop()
@@ -661,7 +668,8 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
             setattr(dist.ProcessGroup, name, original)
 
     dist.destroy_process_group()
-    (Path(work_dir) / "fallback.json").write_text(json.dumps({"call_us": call_us, "step_ms": step_ms,
+    (Path(work_dir) / "fallback.json").write_text(json.dumps({"call_us": call_us, "call_cpu_us": call_cpu_us,
+                                                              "step_ms": step_ms, "step_cpu_ms": step_cpu_ms,
                                                               "binding_wrap_saw": seen}))
 
 
@@ -673,22 +681,30 @@ def measure_fallback(rounds: int, block: int, steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="c2p-bench-fallback-") as work_dir:
         mp.spawn(fallback_rank, args=(1, free_port(), rounds, block, steps, work_dir), nprocs=1)
         doc = json.loads((Path(work_dir) / "fallback.json").read_text())
-    calls, step_ms = doc["call_us"], doc["step_ms"]
-    bare, patched = statistics.median(calls[FALLBACK_CALLS[0]]), statistics.median(calls[FALLBACK_CALLS[2]])
-    print(f"{'per collective':<44}  {'median us':>9}  {'over baseline':>13}")
-    for name, values in calls.items():
-        base = bare if name in FALLBACK_CALLS[:2] else patched
-        print(f"{name:<44}  {statistics.median(values):>9.2f}  {statistics.median(values) - base:>+12.2f}")
-    plain = step_ms["plain"]
-    print(f"{'DDP step (world size 1)':<44}  {'median ms':>9}  {'vs plain':>13}  95 % interval")
-    for name, values in step_ms.items():
-        ratios = [v / p for v, p in zip(values, plain)]
+    calls, cpu = doc["call_us"], doc["call_cpu_us"]
+    print(f"{'per collective':<44}  {'wall us':>8}  {'over base':>9}  {'thread CPU us':>13}  {'over base':>9}")
+    for name in calls:
+        base = FALLBACK_CALLS[0] if name in FALLBACK_CALLS[:2] else FALLBACK_CALLS[2]  # bare, or the patch layer alone
+        wall, wall0 = statistics.median(calls[name]), statistics.median(calls[base])
+        own, own0 = statistics.median(cpu[name]), statistics.median(cpu[base])
+        print(f"{name:<44}  {wall:>8.2f}  {wall - wall0:>+9.2f}  {own:>13.2f}  {own - own0:>+9.2f}")
+    print(f"{'DDP step (world size 1)':<44}  {'wall ms':>8}  {'vs plain':>9}  {'95 % interval':>19}  "
+          f"{'CPU ms':>7}  {'vs plain':>9}")
+    for name in doc["step_ms"]:
+        cells = []
+        for key in ("step_ms", "step_cpu_ms"):
+            values, plain = doc[key][name], doc[key]["plain"]
+            ratios = [v / p for v, p in zip(values, plain)]
+            low, high = ((r - 1) * 100 for r in bootstrap_interval(ratios))
+            cells.append((statistics.median(values), (statistics.median(ratios) - 1) * 100, low, high))
+        (wall, wall_pct, low, high), (own, own_pct, _low, _high) = cells
+        print(f"{name:<44}  {wall:>8.3f}  {wall_pct:>+8.2f}%  {low:>+7.2f} to {high:>+6.2f} %  {own:>7.3f}  "
+              f"{own_pct:>+8.2f}%")
+    for key, what in (("step_ms", "wall"), ("step_cpu_ms", "CPU")):
+        ratios = [f / r for f, r in zip(doc[key][FALLBACK_STEPS[2]], doc[key][FALLBACK_STEPS[1]])]
         low, high = ((r - 1) * 100 for r in bootstrap_interval(ratios))
-        print(f"{name:<44}  {statistics.median(values):>9.3f}  {(statistics.median(ratios) - 1) * 100:>+12.2f}%  "
-              f"{low:+.2f} % to {high:+.2f} %")
-    with_fb = [f / r for f, r in zip(step_ms[FALLBACK_STEPS[2]], step_ms[FALLBACK_STEPS[1]])]
-    print(f"the fallback's own share of a step: {(statistics.median(with_fb) - 1) * 100:+.2f} % (recorded with "
-          f"against recorded without, paired by round)")
+        print(f"the fallback's own share of a step, {what} time: {(statistics.median(ratios) - 1) * 100:+.2f} % "
+              f"(95 % interval {low:+.2f} to {high:+.2f} %; recorded with it against without, paired by round)")
     seen = doc["binding_wrap_saw"]
     print(f"wrapping ProcessGroup.allreduce/broadcast/allgather in Python saw {len(seen)} of DDP's collectives "
           f"(constructor and one step)")
