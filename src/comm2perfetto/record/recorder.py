@@ -133,8 +133,6 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
         thread.call = None
 
         try:
-            if rec._extras:
-                rec._extras_after(cid, synced)
             if not call.single and counter is not None:  # several collectives, or a p2p op
                 raw_after = counter()
                 if not call.collective:
@@ -149,6 +147,8 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec._append(data)
             except (ValueError, TypeError):
                 rec.log.write_bytes(data)
+            if rec._extras:  # after `e`: with --sync the return is the enqueue, and `d` follows the synchronisation
+                rec._extras_after(cid, synced)
             # Async work stays pending until its future completes. A functional collective returns an
             # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
             # Work on a GPU gets no `d` record: its future completes at enqueue (Work.get_future's docstring:
