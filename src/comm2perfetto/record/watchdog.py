@@ -1,8 +1,9 @@
 """Stall detection and job-wide stack dumps through the job's c10d store.
 
 A daemon thread per rank wakes every second. When one of this rank's recorded calls has been pending longer
-than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees, Flight Recorder's
-``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the
+than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees and async NCCL
+work, Flight Recorder shows a group's first unfinished collective or send/recv unchanged for that long: on
+NCCL, an unfinished operation on groups whose status has not changed for that long), the rank records the
 stall, writes every thread's Python stack and a Flight Recorder dump, and publishes the stall in the store
 (``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the new generation and does the same,
 whatever its main thread is doing: the rank everybody waits for is usually busy outside any collective
@@ -142,8 +143,10 @@ class Watchdog:
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's
         collectives, NCCL's async work): a group whose first unfinished collective, or send/recv, stays the
-        same for longer than the threshold."""
-        unfinished = self._recorder.flight.unfinished()
+        same for longer than the threshold (on NCCL: since the groups' status last changed, see
+        ``FlightRecorderDumps.unfinished``)."""
+        flight = self._recorder.flight
+        unfinished = flight.unfinished(self._stall_ns) if flight is not None else None
         if unfinished is None:  # groups still changing: Flight Recorder is not read, nothing is concluded
             return
         watched = {(key, seq) for key, seq in unfinished.items()}
@@ -151,11 +154,11 @@ class Watchdog:
             if item not in watched:  # it completed: the group moved on
                 del self._fr_first_seen[item]
         for item in watched:
-            since = self._fr_first_seen.setdefault(item, now)
+            since = self._fr_first_seen.setdefault(item, flight.since(*item) or now)
             if now - since > self._stall_ns and item not in self._fr_reported:
                 self._fr_reported.add(item)
                 (kind, pg_id, counter), seq = item
-                found = self._recorder.flight.active_entry(kind, pg_id, seq, counter)
+                found = flight.active_entry(kind, pg_id, seq, counter)
                 if found is not None and counter == "coll" and self._recorder.completed_on_cpu(found[1], seq):
                     continue  # gloo's status lagging behind a call the patch layer saw return
                 op, group = (found[0], found[2] or found[1]) if found is not None else ("collective", f"pg_id {pg_id}")
