@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import os
 import pickle
@@ -386,7 +387,7 @@ def entry_for(entries: Any, seq: int | None, p2p: bool = False) -> dict[str, Any
     ``is_p2p: false`` and repeats the last collective's seq (torch 2.11, H200 run): it counts for the p2p seq of
     the send/recv right before it, never for that collective."""
     values = sorted(entries.values() if isinstance(entries, dict) else entries, key=lambda e: e.get("record_id", 0))
-    closes_p2p = {id(e) for before, e in zip(values, values[1:])
+    closes_p2p = {id(e) for before, e in itertools.pairwise(values)
                   if "coalesced" in str(e.get("profiling_name")) and before.get("is_p2p")
                   and before.get("p2p_seq_id") == e.get("p2p_seq_id")}
     field = "p2p_seq_id" if p2p else "collective_seq_id"
@@ -696,17 +697,22 @@ def pending() -> None:
     else:
         # A batch whose call returned only after the hold (the first send/recv of a pair connects inside
         # ncclGroupEnd: the first run's batch did) is never pending in Flight Recorder, its closing entry's CUDA
-        # events being recorded after that call returned: the patch layer reports the call instead.
+        # events being recorded after that call returned; the patch layer reports the call instead, and while a
+        # call it sees is stalled the watchdog does not look at Flight Recorder, so the all_reduce is not
+        # reported from there either.
         batch_s = issued.get("batch_call_s")
         figure("pending.call_seconds", {"all_reduce": issued.get("all_reduce_call_s"), "batch": batch_s})
-        batch_held = isinstance(batch_s, (int, float)) and batch_s > hold / 2
-        coll = any("nccl:all_reduce" in ln for ln in stall_lines)
-        p2p = any(re.search(r"batch_isend_irecv" if batch_held else r"nccl:(send|recv)", ln) for ln in stall_lines)
-        check("pending: stall detected from Flight Recorder, per counter (collective and p2p)",
-              len([s for s in own if s[1] == "fr_pending"]) >= (1 if batch_held or not P2P["ok"] else 2) and coll
-              and (p2p or not P2P["ok"]),
-              f"{len(own)} stall records {[s[1] for s in own]}; batch call {batch_s} s"
-              f"{' (held: its p2p counter cannot be pending in FR)' if batch_held else ''}; lines: {stall_lines}")
+        fr = [s for s in own if s[1] == "fr_pending"]
+        if isinstance(batch_s, (int, float)) and batch_s > hold / 2:
+            check("pending: stall detected (the batch call held the CPU: by the patch layer)",
+                  any("batch_isend_irecv" in ln for ln in stall_lines),
+                  f"batch call {batch_s} s; {len(own)} stall records {[s[1] for s in own]}; lines: {stall_lines}")
+        else:
+            coll = any("nccl:all_reduce" in ln for ln in stall_lines)
+            p2p = any(re.search(r"nccl:(send|recv)", ln) for ln in stall_lines)
+            check("pending: stall detected from Flight Recorder, per counter (collective and p2p)",
+                  len(fr) >= (2 if P2P["ok"] else 1) and coll and (p2p or not P2P["ok"]),
+                  f"{len(own)} stall records {[s[1] for s in own]}; batch call {batch_s} s; lines: {stall_lines}")
     t_issued, t_done = issued.get("t_ns"), completed.get("t_ns")
     if t_issued and t_done:
         late = [s for s in log.stalls if s[0] > t_done + 1.5e9]
@@ -1038,7 +1044,8 @@ def write_summary() -> str:
     keys = ["cost.per_call_us", "cost.nccl_timing", "cost.periodic_dumps_ddp_step_ms",
             "cost.periodic_dump_us_per_collective", "pytest.outcomes",
             "healthy.step_ms", "sync.step_ms", "healthy.kineto", "userprof.kineto", "healthy.collective_slice_sources",
-            "healthy.gpu_slice_classes", "healthy.fr_p2p_states", "pending.stall_lines", "pending.watchdog_view_after",
+            "healthy.gpu_slice_classes", "healthy.fr_p2p_states", "pending.call_seconds", "pending.stall_lines",
+            "pending.watchdog_view_after", "pending.rows", "pending.verdict_for_issue_21",
             "p2pidle.watchdog_view", "graph.dumps_rel_capture_s", "graph.warnings", "graph.fr", "userprof.report"]
     for key in keys:
         if key in figures:

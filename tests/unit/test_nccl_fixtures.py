@@ -128,8 +128,9 @@ def test_no_false_stall_on_the_idle_p2p_job_and_one_ring_read():
             return 4
 
     class _World:
-        pg_map = {_Group(): None}
-        group_count = 1
+        def __init__(self) -> None:
+            self.pg_map = {_Group(): None}
+            self.group_count = 1
 
     class _C10d:
         _world = _World()

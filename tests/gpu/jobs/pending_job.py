@@ -4,8 +4,9 @@ On a GPU (world size 1): after two settling all_reduces and a warm-up send/recv 
 ``torch.cuda._sleep`` kernel holds the current stream for ``--hold`` seconds (calibrated here), and an async
 all_reduce and a batch_isend_irecv (to itself) are issued behind it: NCCL enqueues them at once (their futures
 complete at enqueue), their work waits for the kernel. The main thread polls ``is_completed()``, as a training
-loop between steps would, so the recorder's watchdog runs. Once everything completed the job stays idle for ``--after`` seconds: a stall reported then
-would be a false one. On the CPU (gloo, world size 2) rank 1 joins ``--hold`` seconds late instead.
+loop between steps would, so the recorder's watchdog runs. Once everything completed the job stays idle for
+``--after`` seconds: a stall reported then would be a false one. On the CPU (gloo, world size 2) rank 1 joins
+``--hold`` seconds late instead.
 
 ``--hold 0`` is the control: the same calls complete at once, and the idle time after them must show no stall.
 At the end the job prints what the recorder's watchdog sees in Flight Recorder then (``unfinished()``, the
