@@ -405,6 +405,15 @@ class Job:
     def ranks_with_data(self) -> tuple[int, ...]:
         return tuple(sorted(self.ranks))
 
+    def groups_in_order(self) -> list[ProcessGroup]:
+        """The process groups in the order c10d created them, the one order diagnose and the trace use: c10d
+        numbers the groups it names itself as it creates them (``"0"`` is the default group), so those come
+        first, by number; groups named otherwise follow, by uid."""
+        def key(g: ProcessGroup) -> tuple[int, int, str]:
+            return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
+
+        return sorted(self.groups.values(), key=key)
+
     def iter_collectives(self) -> Iterator[Collective]:
         for cols in self.collectives.values():
             yield from cols

@@ -66,7 +66,7 @@ def test_every_rank_waiting_names_the_last_to_arrive(tmp_path):
     ))
     (f,) = d.findings
     assert (d.status, f.kind, f.culprit_ranks, f.seq) == ("stuck", "stuck_all_joined", (1,), 7)
-    assert "The last to arrive was rank 1, 1.5 s after the first." in f.detail
+    assert "The last to arrive was rank 1, 1.50 s after the first." in f.detail
 
 
 def test_different_ops_at_one_seq_blame_the_minority(tmp_path):

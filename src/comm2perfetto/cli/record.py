@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         if watcher is not None:
             watcher.stop()
     _write_job_file(config, command, started, ending)
-    _print_summary(config.out_dir, ending.status, (time.time_ns() - started) / 1e9)
+    _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status
 
 
@@ -241,12 +241,13 @@ def _write_job_file(config: RecordConfig, command: list[str], started: int, endi
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 
-def _print_summary(out_dir: str, status: int, seconds: float) -> None:
+def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
+    from comm2perfetto.render.words import duration
     from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
 
     summary = summarize(out_dir)
     err = sys.stderr
-    print(f"comm2perfetto: job exited with status {status} after {seconds:.1f} s; "
+    print(f"comm2perfetto: job exited with status {status} after {duration(elapsed_ns)}; "
           f"recorded {summary.ranks} rank(s) into {out_dir}", file=err)
     if summary.ranks == 0:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "

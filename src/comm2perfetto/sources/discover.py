@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from comm2perfetto.model import Skipped
+from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
@@ -321,7 +322,7 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
             gaps = [abs(t - ref[s]) for s, t in times.items() if s in ref]
             if len(gaps) >= 2 and min(gaps) > MIXED_GAP_NS:
                 problems.append(f"ranks {ref_rank} and {rank} issued the same collectives of group {key[0]} "
-                                f"{min(gaps) / 1e9:.0f} s apart or more (dumps of different runs)")
+                                f"{duration(min(gaps))} apart or more (dumps of different runs)")
                 return
 
 
