@@ -27,7 +27,6 @@ from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.render.words import duration, rank_list, ranks_text, size
-from comm2perfetto.sources.discover import SourceError
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
@@ -72,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else default_output(args.paths)
     if out.is_dir():
         raise UserError(f"-o {out}: that is a folder; name the trace file, e.g. -o {out / 'job.pftrace'}")
-    try:
-        format_for(out)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    format_for(out)
     check_writable(out)
     preview = Path(args.preview) if args.preview else None
     if preview is not None:
@@ -93,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align, read_traces=not args.no_profiler,
                        trace_ranks=trace_ranks_option(args))
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
     finally:
         progress.finish()
     with Phase("diagnosing"):

@@ -99,10 +99,7 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError("--on-stall-timeout must be positive")
     if args.on_stall and (args.no_live_verdict or stall is None):
         raise UserError("--on-stall needs the live verdict: drop --no-live-verdict and --stall-after off")
-    try:
-        out_dir = check_out_dir(args.out or default_out_dir())
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    out_dir = check_out_dir(args.out or default_out_dir())
     # A run id the user (or a multi-node launcher script) set is kept: every node's `record` then writes the same.
     run_id = os.environ.get(ENV_RUN_ID) or time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,

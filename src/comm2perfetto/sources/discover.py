@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
@@ -46,7 +47,7 @@ FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job
 VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
-class SourceError(Exception):
+class SourceError(Comm2PerfettoError):
     """Input the user must fix (wrong path, nothing usable, mixed jobs): one clear message."""
 
 

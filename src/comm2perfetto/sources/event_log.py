@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -44,7 +45,7 @@ FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 
 
-class EventLogError(ValueError):
+class EventLogError(Comm2PerfettoError, ValueError):
     """The file is not a readable comm2perfetto event log."""
 
 

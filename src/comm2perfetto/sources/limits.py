@@ -14,6 +14,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from comm2perfetto.errors import Comm2PerfettoError
+
 # The largest world size (and so the largest rank + 1) accepted: above the largest jobs run today (about
 # 100,000 GPUs), and small enough that a per-rank table of it costs megabytes, not gigabytes.
 MAX_WORLD_SIZE = 1 << 17
@@ -34,7 +36,7 @@ MAX_JOB_NS = 366 * 86_400 * 10**9
 _INFLATE_CHUNK = 1 << 24
 
 
-class TooLargeError(ValueError):
+class TooLargeError(Comm2PerfettoError, ValueError):
     """A file (or its gzip content) larger than ``MAX_FILE_BYTES``."""
 
 

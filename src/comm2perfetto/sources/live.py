@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     TooLargeError,
     count_ok,
@@ -36,7 +37,7 @@ MAX_FRAMES = 16
 MAX_GROUPS = 64
 
 
-class LiveSnapshotError(ValueError):
+class LiveSnapshotError(Comm2PerfettoError, ValueError):
     """The file is not a usable live snapshot."""
 
 

@@ -14,8 +14,10 @@ import io
 import pickle
 from typing import Any
 
+from comm2perfetto.errors import Comm2PerfettoError
 
-class UnsafePickleError(pickle.UnpicklingError):
+
+class UnsafePickleError(Comm2PerfettoError, pickle.UnpicklingError):
     """The pickle asked for a class or function: refused."""
 
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
+
 MAX_SHOWN = 20
 _SEQ_CLEARED, _SEQ_NEEDS = 1, 2
 _UNITS = {1: "ns", 2: "count", 3: "bytes"}
@@ -41,7 +43,7 @@ _TYPE_BEGIN, _TYPE_END, _TYPE_INSTANT, _TYPE_COUNTER = 1, 2, 3, 4
 _BOOTTIME, _REALTIME = 6, 1
 
 
-class TraceRuleError(Exception):
+class TraceRuleError(Comm2PerfettoError):
     """A trace breaks TrackEvent rules; ``problems`` lists every one."""
 
     def __init__(self, path: str, problems: list[str]) -> None:

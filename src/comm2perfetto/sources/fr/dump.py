@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
@@ -47,7 +48,7 @@ _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 _STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
 
 
-class FrFormatError(ValueError):
+class FrFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Flight Recorder dump."""
 
 
