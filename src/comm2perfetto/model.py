@@ -1,4 +1,12 @@
-"""The loaded job: plain frozen data shared by merge, report and diagnose. Never imports torch.
+"""The loaded job: plain frozen data that ``sources/`` and ``match.py`` build and every product reads
+(``diagnose/``, ``report/``, ``trace/``, ``render/``, the ``cli/`` commands). Never imports torch.
+
+``Job`` is one job matched across its ranks: its ``ProcessGroup``s (in one order, ``Job.groups_in_order``),
+one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
+``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
+skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
+to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``, and
+``FrEntry`` (one Flight Recorder entry, for tools that want every entry).
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".

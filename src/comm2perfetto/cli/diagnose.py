@@ -31,6 +31,8 @@ from comm2perfetto.diagnose.findings import STATUS_EXIT
 from comm2perfetto.match import load_job
 from comm2perfetto.render.diagnosis_text import render_text
 
+__all__ = ["add_parser", "run"]
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

@@ -33,6 +33,8 @@ from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
 
+__all__ = ["add_parser", "run"]
+
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
 
 

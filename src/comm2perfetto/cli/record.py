@@ -27,6 +27,8 @@ from comm2perfetto.record.config import (
     parse_step_range,
 )
 
+__all__ = ["add_output_dir", "add_parser", "run"]
+
 BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
 
 

@@ -28,6 +28,8 @@ from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
 
+__all__ = ["add_parser", "run"]
+
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
 

@@ -69,6 +69,8 @@ from comm2perfetto.model import (
 )
 from comm2perfetto.render.words import duration, ranks_text
 
+__all__ = ["diagnose", "verdict_status"]
+
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
 

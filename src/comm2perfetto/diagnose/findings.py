@@ -8,6 +8,9 @@ from typing import Any
 
 from comm2perfetto.model import ClockAlignment, Skipped
 
+__all__ = ["DESYNC_KINDS", "DTYPE_MISMATCH", "MISSING_RANKS", "NO_COLLECTIVES", "NO_DUMP", "OP_MISMATCH", "ORDER",
+           "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STATUS_EXIT", "STUCK_ALL_JOINED", "Diagnosis", "Finding"]
+
 MISSING_RANKS = "missing_ranks"
 OP_MISMATCH = "op_mismatch"
 SIZE_MISMATCH = "size_mismatch"

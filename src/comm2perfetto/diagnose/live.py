@@ -33,6 +33,8 @@ from comm2perfetto.diagnose.findings import (
 from comm2perfetto.model import ClockAlignment
 from comm2perfetto.render.words import duration, ranks_text
 
+__all__ = ["live_diagnosis"]
+
 _WAITING, _MISSING, _ISSUED, _SILENT, _UNKNOWN = "waiting", "missing", "issued", "silent", "unknown"
 
 

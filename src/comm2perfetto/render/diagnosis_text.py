@@ -17,6 +17,8 @@ from typing import TextIO
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
 from comm2perfetto.render.words import duration, rank_list, ranks_text
 
+__all__ = ["render_text"]
+
 MAX_SKIPPED_SHOWN = 5
 
 _HEADLINE = {

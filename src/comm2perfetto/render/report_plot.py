@@ -47,6 +47,8 @@ from comm2perfetto.render.report_text import (
     rank_sort_key,
 )
 
+__all__ = ["SUFFIXES", "PlotDependencyError", "render_html", "write_plot"]
+
 SUFFIXES = (".html", ".png", ".svg")
 MATPLOTLIB_HINT = ("writing {suffix} needs matplotlib: pip install 'comm2perfetto[plot]' "
                    "(or write --plot report.html, which needs nothing)")

@@ -31,6 +31,9 @@ from typing import Any
 
 from comm2perfetto.render.words import duration, ranks_text, size, three_digits
 
+__all__ = ["MISSING", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key",
+           "render_text", "table"]
+
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
 RANKS_EACH_END = 8

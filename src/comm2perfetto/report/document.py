@@ -21,6 +21,8 @@ from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
 
+__all__ = ["VERSION", "build_report", "steps_text"]
+
 VERSION = 1
 
 

@@ -41,6 +41,9 @@ from comm2perfetto.sources.kineto.reader import KinetoTrace, gunzip_head, sniff_
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
+__all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover", "drop_traces", "dumps_world",
+           "load_sources"]
+
 HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"

@@ -41,6 +41,9 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log",
+           "read_stacks"]
+
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 

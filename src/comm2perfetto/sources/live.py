@@ -31,6 +31,8 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["LiveSnapshotError", "read_snapshot"]
+
 FORMAT = "comm2perfetto-live"
 MAX_BYTES = 256 << 20  # a snapshot of 100,000 ranks is a few tens of MB
 MAX_FRAMES = 16

@@ -11,6 +11,8 @@ from pathlib import Path
 from comm2perfetto.errors import OptionError
 from comm2perfetto.trace.sink import TraceSink
 
+__all__ = ["JSON_SUFFIXES", "PERFETTO_SUFFIXES", "format_for", "open_writer"]
+
 PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 JSON_SUFFIXES = (".json", ".json.gz")
 

@@ -40,6 +40,9 @@ from types import MappingProxyType
 
 from comm2perfetto.render.words import duration
 
+__all__ = ["COLOURS", "KINDS", "PreviewLayout", "PreviewRow", "PreviewStats", "preview_layout", "render_preview",
+           "time_ticks"]
+
 KINDS = ("compute", "comm", "stalled", "missing", "mismatch")
 
 RGB = tuple[int, int, int]

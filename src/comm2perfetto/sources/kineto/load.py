@@ -18,6 +18,8 @@ from comm2perfetto.model import Skipped
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import KinetoFormatError, KinetoTrace, read_kineto
 
+__all__ = ["check_against_job", "load_traces", "parse_trace_ranks", "trace_rank", "trace_span"]
+
 # Traces and dumps whose times lie further apart than this are not one job: no training job runs for a month
 # without a restart, and a folder mixing a 2023 profile with today's dumps is the mistake this catches.
 MAX_JOB_SPAN_NS = 30 * 86_400 * 10**9
