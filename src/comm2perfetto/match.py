@@ -56,8 +56,6 @@ from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
 from comm2perfetto.sources.fr.ingest import FrRankTrace, GroupTrack
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
-__all__ = ["build_job", "find_collective", "load_job"]
-
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
 LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv", "send_object_list",

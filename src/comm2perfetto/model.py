@@ -23,6 +23,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
+    from comm2perfetto.sources.event_log import RankLog
 
 # Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
 COMPLETED = "completed"
@@ -396,7 +400,7 @@ class Job:
     clock: ClockAlignment
     skipped: tuple[Skipped, ...] = ()
     notes: tuple[str, ...] = ()
-    logs: Mapping[int, object] = field(default_factory=_empty, repr=False, compare=False)  # rank -> RankLog
+    logs: Mapping[int, RankLog] = field(default_factory=_empty, repr=False, compare=False)  # the recorder's logs
     stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
     job_info: Mapping | None = None  # the job file written last (see ``jobs``)
     jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)

@@ -92,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
-        sys.stdout = None  # type: ignore[assignment]  # keep the interpreter's final flush quiet
+        sys.stdout = None  # keep the interpreter's final flush quiet
     return STATUS_EXIT[result.status]

@@ -230,13 +230,14 @@ def _end_group(pgid: int) -> bool:
 
 
 def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding) -> None:
+    host, pid = socket.gethostname(), os.getpid()
     job = {
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
-        "host": socket.gethostname(), "pid": os.getpid(),
+        "host": host, "pid": pid,
         "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
         "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
     }
-    with open(os.path.join(config.out_dir, layout.job_file(job["host"], job["pid"])), "wb") as f:
+    with open(os.path.join(config.out_dir, layout.job_file(host, pid)), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 

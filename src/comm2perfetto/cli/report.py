@@ -154,7 +154,7 @@ def _emit(doc: dict, fmt: str, out: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `report DIR | head`
-        sys.stdout = None  # type: ignore[assignment]
+        sys.stdout = None
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,7 +163,7 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
 
 
 def _walk(root: Path) -> list[Path]:
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
@@ -429,7 +429,7 @@ def _load_fr(
             continue
         per_rank[rank].append(f)
     n = _worker_count(len(per_rank), workers) if not keep_entries else 1
-    results = None
+    results: Iterable[_RankLoad] | None = None
     if n > 1:
         try:
             results = list(_load_parallel(per_rank, n, with_stacks))
@@ -465,6 +465,10 @@ def _worker_count(ranks: int, requested: int | None) -> int:
     if ranks < PARALLEL_MIN_RANKS or not sys.platform.startswith("linux"):
         return 1
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+# What reading one rank's dumps gives: (rank, its columns or None, a conflict, what was skipped, the stacks used).
+_RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]
 
 
 def _load_rank(
@@ -513,7 +517,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     return rank, trace, conflict, skipped, used
 
 
-def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool):
+def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool) -> Iterator[_RankLoad]:
     import multiprocessing
 
     tasks = [(rank, per_rank[rank], with_stacks) for rank in sorted(per_rank)]

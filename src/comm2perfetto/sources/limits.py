@@ -12,7 +12,7 @@ import os
 import stat
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from comm2perfetto.errors import Comm2PerfettoError
 
@@ -99,7 +99,8 @@ def rank_ok(value: Any, world: int | None = None) -> bool:
     return type(value) is int and 0 <= value < (world if world else MAX_WORLD_SIZE)
 
 
-def world_ok(value: Any) -> bool:
+def world_ok(value: Any) -> TypeGuard[int]:
+    """A world size: an int in [1, MAX_WORLD_SIZE]."""
     return type(value) is int and 1 <= value <= MAX_WORLD_SIZE
 
 

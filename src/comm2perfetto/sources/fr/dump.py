@@ -312,7 +312,7 @@ def to_fr_entry(rank: int, e: dict[str, Any], stacks: StackTable, signatures: Si
         op_id=int(get("op_id", seq) or 0), backend=backend,
         signature=signatures.from_raw(str(pg[0]), seq if not is_p2p else -1, raw),
         peer_group_rank=(dst if op == "send" else src) if op in P2P_OPS else None,
-        state=_STATE_NAMES.get(get("state"), UNKNOWN), time_created_ns=get("time_created_ns"),
+        state=_STATE_NAMES.get(str(get("state")), UNKNOWN), time_created_ns=get("time_created_ns"),
         time_started_ns=get("time_discovered_started_ns") or None,
         time_completed_ns=get("time_discovered_completed_ns") or None,
         duration_ns=int(duration * 1e6) if isinstance(duration, (int, float)) else None, is_p2p=is_p2p,

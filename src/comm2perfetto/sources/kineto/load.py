@@ -44,9 +44,9 @@ def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int
         if key in given:
             return given[key], distributed_info(path, gzipped)[1], "--trace-rank"
     resolved = path.resolve()
-    for key, rank in given.items():
+    for key, given_rank in given.items():
         if Path(key).resolve() == resolved:
-            return rank, distributed_info(path, gzipped)[1], "--trace-rank"
+            return given_rank, distributed_info(path, gzipped)[1], "--trace-rank"
     rank, world = distributed_info(path, gzipped)
     if rank is not None:
         return rank, world, "distributedInfo"
