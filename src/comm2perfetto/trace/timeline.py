@@ -29,6 +29,7 @@ from typing import Any
 
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site, tensor_bytes
+from comm2perfetto.render.words import duration
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers, plan_markers
 from comm2perfetto.trace.preview import PreviewRow
@@ -139,7 +140,7 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
     parts = [f"world size {job.world_size}" if job.world_size else "world size unknown",
              f"diagnose: {diagnosis.status}"]
     if job.clock.residual_skew_ns is not None:
-        parts.append(f"residual clock skew {job.clock.residual_skew_ns / 1000:.1f} us")
+        parts.append(f"residual clock skew {duration(job.clock.residual_skew_ns)}")
     if selection.note:
         parts.append(selection.note)
     return "; ".join(parts)
@@ -380,7 +381,7 @@ class _RankWriter:
                  info.backend]
         method = self.job.clock.method.get(self.rank)
         if method:
-            parts.append(f"clock {method} ({self.offset / 1000:+.1f} us)")
+            parts.append(f"clock {method} ({'+' if self.offset >= 0 else ''}{duration(self.offset)})")
         if info.closed_cleanly is False:
             parts.append("log not closed cleanly: the rank died or was killed")
         return ", ".join(p for p in parts if p)
@@ -394,7 +395,8 @@ class _RankWriter:
 
     def _collectives(self) -> list[tuple[str, list[Item]]]:
         out = []
-        for uid, group in _ordered_groups(self.job):
+        for group in self.job.groups_in_order():
+            uid = group.uid
             if self.rank not in group.ranks:
                 continue
             items: list[Item] = []
@@ -903,11 +905,3 @@ def _thread_name(what: str, tid: Any, names: dict[int, str]) -> str:
     if sum(1 for other in names.values() if other == name) > 1:
         return f"{what} ({name}, thread {tid})"
     return f"{what} ({name})"
-
-
-def _ordered_groups(job: Job) -> list[tuple[str, Any]]:
-    def key(item: tuple[str, Any]) -> tuple:
-        g = item[1]
-        return (0 if g.name == "0" else 1, len(g.ranks) * -1, g.name)
-
-    return sorted(job.groups.items(), key=key)

@@ -35,10 +35,13 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
+
+__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name", "stack_for"]
 
 P2P_OPS = frozenset({"send", "recv"})
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
@@ -47,7 +50,7 @@ _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 _STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
 
 
-class FrFormatError(ValueError):
+class FrFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Flight Recorder dump."""
 
 
@@ -309,7 +312,7 @@ def to_fr_entry(rank: int, e: dict[str, Any], stacks: StackTable, signatures: Si
         op_id=int(get("op_id", seq) or 0), backend=backend,
         signature=signatures.from_raw(str(pg[0]), seq if not is_p2p else -1, raw),
         peer_group_rank=(dst if op == "send" else src) if op in P2P_OPS else None,
-        state=_STATE_NAMES.get(get("state"), UNKNOWN), time_created_ns=get("time_created_ns"),
+        state=_STATE_NAMES.get(str(get("state")), UNKNOWN), time_created_ns=get("time_created_ns"),
         time_started_ns=get("time_discovered_started_ns") or None,
         time_completed_ns=get("time_discovered_completed_ns") or None,
         duration_ns=int(duration * 1e6) if isinstance(duration, (int, float)) else None, is_p2p=is_p2p,

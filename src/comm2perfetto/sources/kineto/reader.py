@@ -57,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS, HTA_COMM_KERNELS
 from comm2perfetto.sources.limits import MAX_TIME_NS, MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
 
@@ -99,7 +100,7 @@ ArgValue = str | int | float | bool
 _NO_ARGS: Mapping[str, ArgValue] = MappingProxyType({})
 
 
-class KinetoFormatError(ValueError):
+class KinetoFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Kineto trace."""
 
 
