@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from comm2perfetto.cli import main
-from factories import FrJob, steady_job
+from support.factories import FrJob, steady_job
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -20,7 +20,7 @@ from comm2perfetto.sources.discover import (
     discover,
     load_sources,
 )
-from factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
+from support.factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
 def _kineto_doc(rank: int) -> dict:

@@ -6,7 +6,7 @@ from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
-from factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
+from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
 def _diagnose(tmp_path, job: FrJob | None = None, **kw):

@@ -25,8 +25,8 @@ from comm2perfetto.sources.kineto.reader import (
     sniff_kineto,
     us_to_ns,
 )
-from factories import T0_NS
-from kineto_fixtures import (
+from support.factories import T0_NS
+from support.kineto_fixtures import (
     COMM,
     COMPUTE,
     COMPUTE_STREAM,

@@ -19,8 +19,8 @@ from comm2perfetto.report.intervals import Measured, clip, difference, envelope,
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
-from factories import T0_NS, EventLog, FrJob
-from kineto_fixtures import KinetoDoc
+from support.factories import T0_NS, EventLog, FrJob
+from support.kineto_fixtures import KinetoDoc
 
 # --- intervals ---------------------------------------------------------------------------------------------
 
@@ -339,8 +339,9 @@ def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
 
 def test_span_reader_agrees_with_the_event_reader(tmp_path):
     """read_kineto_spans (report's fast path) keeps exactly the times read_kineto's events have."""
+    from support.kineto_fixtures import training_doc
+
     from comm2perfetto.sources.kineto.reader import _COMM_NAME, read_kineto, read_kineto_spans
-    from kineto_fixtures import training_doc
 
     doc, _scene = training_doc()
     path = doc.write(tmp_path / "rank0.json.gz")
@@ -359,8 +360,9 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
 
 def test_span_reader_skips_the_cpu_side_of_a_gpu_trace(tmp_path):
     """Report uses kernels alone when a trace has them: the CPU ops are not read, the rest is as before."""
+    from support.kineto_fixtures import training_doc
+
     from comm2perfetto.sources.kineto.reader import read_kineto_spans
-    from kineto_fixtures import training_doc
 
     path = training_doc()[0].write(tmp_path / "rank0.json.gz")
     everything, fast = read_kineto_spans(path, cpu=True), read_kineto_spans(path)

@@ -10,7 +10,7 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
-from factories import FrJob
+from support.factories import FrJob
 
 fr_builder = pytest.importorskip("torch.distributed.flight_recorder.components.builder")
 from torch.distributed.flight_recorder.components.config_manager import JobConfig  # noqa: E402
