@@ -72,7 +72,7 @@ def report(tmp_path_factory):
            str(ROOT / "examples" / "ddp_train.py"), "--steps", "4"]
     proc = subprocess.Popen(record_cmd(rec, job, ["--profile-steps", "2-4"]), env=job_env(), cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, err = communicate(proc, 180)
+    _, err = communicate(proc, 180)
     assert proc.returncode == 0, err
     page, doc = tmp / "report.html", tmp / "report.json"
     done = subprocess.run([sys.executable, "-m", "comm2perfetto", "report", str(rec), "--steps", "2-4",

@@ -224,8 +224,9 @@ def test_a_stall_the_job_recovered_from_still_names_the_late_rank(tmp_path):
 
 
 def test_compare_rules():
-    s = lambda op, i, o=None, d=("Float",), src="fr": Signature(op, i, d, o if o is not None else i,  # noqa: E731
-                                                                 d if src == "fr" else None, src)
+    def s(op, i, o=None, d=("Float",), src="fr"):
+        return Signature(op, i, d, o if o is not None else i, d if src == "fr" else None, src)
+
     # all_to_all: per-rank sizes may differ (uneven splits).
     assert compare(s("all_to_all_single", ((8,),)), s("all_to_all_single", ((6,),)), 2) is None
     # gather: only the root has outputs.
