@@ -71,7 +71,7 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
                           gpu_timing=gpu_timing, run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
     session.configure(config)
     bootstrap.install_hooks()
-    if started:
+    if started and dist is not None:
         session.on_default_group(dist.distributed_c10d._get_default_group())
     return out_dir
 
