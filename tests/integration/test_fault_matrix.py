@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobResult, RunningJob, job_env, record_cmd, torchrun
+from support.jobs import JobResult, RunningJob, job_env, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 

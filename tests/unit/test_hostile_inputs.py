@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, TooLargeError, gunzip_bounded, read_bounded
-from hostile import (
+from support.hostile import (
     CliRun,
     copy_recording,
     edit_entries,
@@ -37,7 +37,7 @@ COMMANDS = ("diagnose", "merge", "report")
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from hostile import RECORDING
+    from support.hostile import RECORDING
 
     warm_up(RECORDING, tmp_path_factory.mktemp("warm") / "job.pftrace")
 

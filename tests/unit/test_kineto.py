@@ -25,8 +25,8 @@ from comm2perfetto.sources.kineto.reader import (
     sniff_kineto,
     us_to_ns,
 )
-from factories import T0_NS
-from kineto_fixtures import (
+from support.factories import T0_NS
+from support.kineto_fixtures import (
     COMM,
     COMPUTE,
     COMPUTE_STREAM,
@@ -161,7 +161,8 @@ def test_only_the_args_worth_showing_are_kept(tmp_path):
     assert moved_or_dropped <= raw.keys() and not moved_or_dropped & got.args.keys()
     assert dict(got.args) == {k: v for k, v in raw.items() if k not in moved_or_dropped}
     rpc_raw = next(ev for ev in scene.cpu_kept if ev["name"] == "record_param_comms")
-    rpc = next(ev for ev in trace.cpu_ops if ev.name == "record_param_comms" and ev.args["Seq"] == rpc_raw["args"]["Seq"])
+    rpc = next(ev for ev in trace.cpu_ops
+               if ev.name == "record_param_comms" and ev.args["Seq"] == rpc_raw["args"]["Seq"])
     assert rpc.args["Collective name"] == "allreduce" and "Process Group Ranks" not in rpc.args
     assert rpc.external_id == rpc_raw["args"]["External id"] and rpc.correlation is None
     launch = next(ev for ev in trace.cpu_ops if ev.name == "cudaLaunchKernel")

@@ -16,8 +16,8 @@ from comm2perfetto.sources.kineto.comm_kernels import comm_family
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import classify_gpu, gpu_step_spans, launch_steps, read_kineto
 from comm2perfetto.trace.check import check_trace
-from factories import T0_NS, steady_job
-from kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job
+from support.factories import T0_NS, steady_job
+from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

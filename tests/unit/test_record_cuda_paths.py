@@ -142,6 +142,6 @@ def test_during_a_capture_calls_are_marked_and_nothing_is_dumped(tmp_path, fr_en
     from comm2perfetto.match import load_job
 
     job = load_job([out])
-    ((uid, cols),) = job.collectives.items()
+    ((_, cols),) = job.collectives.items()
     # The captured call's seq (2) has only Flight Recorder's entry, which gloo records; the log adds nothing.
     assert [(c.seq, c.sources[0]) for c in cols] == [(1, "fr+log"), (2, "fr"), (3, "fr+log")]

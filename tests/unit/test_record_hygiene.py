@@ -34,7 +34,9 @@ def test_after_the_leaks():
 
 
 def test_leaks_fail_the_test_that_caused_them(tmp_path, clean_env):
-    shutil.copy(Path(__file__).parent.parent / "conftest.py", tmp_path / "conftest.py")
+    tests = Path(__file__).parent.parent
+    shutil.copy(tests / "conftest.py", tmp_path / "conftest.py")
+    shutil.copytree(tests / "support", tmp_path / "support")  # the conftest's helpers, found beside it
     (tmp_path / "test_leaky.py").write_text(LEAKY_TESTS)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "test_leaky.py"],
                           cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=120, check=False)
