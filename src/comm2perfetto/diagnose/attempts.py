@@ -76,7 +76,7 @@ def attempts_text(attempt: int | None, others: Sequence[AttemptEnd], about: str 
     if attempt is None or (attempt == 0 and not others):
         return None
     every = sorted([attempt, *(a.attempt for a in others)])
-    which = "the last" if attempt == every[-1] else "one"
+    which = "the last" if attempt == every[-1] else "not the last"
     text = (f"torchrun restarted the job: {about} is about attempt {attempt}, {which} of attempts "
             f"{', '.join(map(str, every))}.")
     if not others:
