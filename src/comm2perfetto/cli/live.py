@@ -8,7 +8,7 @@ JSON on stdin and its path in ``COMM2PERFETTO_VERDICT``. The command runs in a s
 after ``--on-stall-timeout`` seconds, and whatever it does only reaches ``.live/on-stall.log``: the job never
 waits for it. The event written and handed to the command::
 
-    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1,
+    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1, "attempt": 0,
      "t_ns": 1795313447406614332, "folder": "/home/me/run1", "verdict": {...diagnose --format json...}}
 
 ``event`` is ``stall`` or ``resolved`` (then ``verdict`` is the one that was resolved).
