@@ -258,8 +258,8 @@ def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
     print(f"comm2perfetto: job exited with status {status} after {duration(elapsed_ns)}; "
           f"recorded {summary.ranks} rank(s) into {out_dir}", file=err)
     if len(attempts) > 1:
-        print(f"  torchrun restarted the job: attempts {', '.join(map(str, attempts))} kept apart (attempt k >= 1 "
-              f"in {os.path.join(out_dir, 'attemptK')}); the counts below are attempt {last}'s", file=err)
+        print(f"  torchrun restarted the job: attempts {', '.join(map(str, attempts))} kept apart, the last in "
+              f"{attempts[last]}; the counts below are its own", file=err)
     if summary.ranks == 0:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "
               "Is comm2perfetto installed in the job's Python?", file=err)
