@@ -412,6 +412,9 @@ class Job:
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
     resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
+    attempt: int = 0
+    attempts: tuple[int, ...] = (0,)
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:

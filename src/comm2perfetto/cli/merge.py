@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.match import load_job
@@ -63,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
     add_trace_rank_option(p)
+    add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -90,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args))
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt)
     finally:
         progress.finish()
     with Phase("diagnosing"):
-        diagnosis = diagnose(job, now_ns=time.time_ns())
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args, trace_ranks_option(args))
         markers = plan_markers(job, diagnosis)
         selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
@@ -267,6 +270,9 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
             + "  (comm2perfetto diagnose for details)")
     else:
         lines.append(f"  findings: none ({_NO_FINDINGS[diagnosis.status]})")
+    attempts = attempts_text(diagnosis.attempt, diagnosis.other_attempts, "this trace")
+    if attempts is not None:
+        lines.append(f"  attempts: {attempts}")
     for note in summary.notes[:5]:
         lines.append(f"  note: {note}")
     if job.skipped:

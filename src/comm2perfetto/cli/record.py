@@ -140,6 +140,12 @@ def run(args: argparse.Namespace) -> int:
                             f"choose a new folder with -o or pass --overwrite")
         for path in existing:
             os.remove(path)
+        for folder in list(layout.attempt_folders(config.out_dir).values())[1:]:
+            for empty in (os.path.join(folder, layout.LIVE_DIR), folder):
+                try:
+                    os.rmdir(empty)
+                except OSError:
+                    pass  # holds files of the user's: left as they are
     env, warnings = child_environment(config)
     for warning in warnings:
         print(f"comm2perfetto: {warning}", file=sys.stderr)
@@ -245,10 +251,15 @@ def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
     from comm2perfetto.render.words import duration
     from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
 
-    summary = summarize(out_dir)
+    attempts = layout.attempt_folders(out_dir)
+    last = max(attempts)
+    summary = summarize(attempts[last])
     err = sys.stderr
     print(f"comm2perfetto: job exited with status {status} after {duration(elapsed_ns)}; "
           f"recorded {summary.ranks} rank(s) into {out_dir}", file=err)
+    if len(attempts) > 1:
+        print(f"  torchrun restarted the job: attempts {', '.join(map(str, attempts))} kept apart, the last in "
+              f"{attempts[last]}; the counts below are its own", file=err)
     if summary.ranks == 0:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "
               "Is comm2perfetto installed in the job's Python?", file=err)

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -64,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
+    add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # profiler traces are listed here and read below, as spans and communication events, in workers
         src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
-                           trace_ranks=trace_ranks_option(args))
+                           trace_ranks=trace_ranks_option(args), attempt=args.attempt)
         if args.no_profiler:
             drop_traces(src)
     finally:
@@ -115,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
     elif args.hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
+    attempts = attempts_note(src.attempt, src.attempts, args, trace_ranks_option(args), "this report")
+    if attempts is not None:
+        doc["notes"].insert(0, attempts)
     doc["notes"].extend(job.notes if job is not None else src.notes)
     doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from comm2perfetto.model import ClockAlignment, Skipped
+
+if TYPE_CHECKING:
+    from comm2perfetto.diagnose.attempts import AttemptEnd
 
 __all__ = ["DESYNC_KINDS", "DTYPE_MISMATCH", "MISSING_RANKS", "NO_COLLECTIVES", "NO_DUMP", "OP_MISMATCH", "ORDER",
            "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STATUS_EXIT", "STUCK_ALL_JOINED", "Diagnosis", "Finding"]
@@ -73,6 +76,10 @@ class Diagnosis:
     notes: tuple[str, ...]
     clock: ClockAlignment
     groups_checked: tuple[str, ...]
+    # A job torchrun restarted: the attempt this verdict is about (None: no restart seen) and how each other
+    # attempt ended (diagnose/attempts.py).
+    attempt: int | None = None
+    other_attempts: tuple[AttemptEnd, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -92,5 +99,7 @@ class Diagnosis:
                 "method": {str(r): m for r, m in sorted(clock.method.items())},
                 "residual_skew_ns": clock.residual_skew_ns, "samples": clock.samples,
             },
+            "attempt": self.attempt,
+            "other_attempts": [a.to_json() for a in self.other_attempts],
         }
 

@@ -94,6 +94,15 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
     return warnings
 
 
+def follow_attempt(env: dict[str, str] | os._Environ, out_dir: str, attempt_dir: str) -> None:
+    """Point torch's own timeout dumps at this attempt's folder when they went to the recording folder (the
+    launcher set that before torchrun started any attempt); torch reads the prefix at its first dump."""
+    ours = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
+    for key in DUMP_PREFIX_ENV_VARS:
+        if env.get(key) == ours:
+            env[key] = os.path.join(os.path.abspath(attempt_dir), layout.TORCH_DUMP_PREFIX)
+
+
 def ring_in_effect(env: dict[str, str] | os._Environ) -> int:
     """The Flight Recorder ring size torch took from ``env`` (its default when no variable is set)."""
     for key in BUFFER_ENV_VARS:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
 from comm2perfetto.render.words import duration, rank_list, ranks_text
 
@@ -40,6 +41,9 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
     if n:
         head += f": {n} finding{'s' if n > 1 else ''}"
     out.write(f"{head} ({world}, data from {ranks_text(d.ranks_with_data)})\n")
+    attempts = attempts_text(d.attempt, d.other_attempts)
+    if attempts is not None:
+        out.write("\n" + _wrap(attempts, ""))
     for i, f in enumerate(d.findings, 1):
         out.write("\n")
         _finding(i, f, out)

@@ -11,6 +11,10 @@ Files are told apart by their first bytes, never by their names (which vary: ``n
     job.json                                                        -> the recorder's job summary
     {"format": "comm2perfetto-stall-verdict"...                     -> record's live verdict (not read)
 
+A folder named ``attempt<k>`` below a path given holds attempt k of a job torchrun restarted (the files
+above any such folder are attempt 0; see ``layout.attempt_dir``). One attempt is read at a time, the last
+by default: its files, and the job files, which describe the whole run.
+
 Unreadable, truncated or unknown files are skipped and listed; nothing usable at all is an error. Only
 regular files are opened, none is read beyond ``limits.MAX_FILE_BYTES`` (after gzip), and a rank outside the
 job's world (from a file name, a header or a stacks file) is not taken as a rank: see ``limits.py``.
@@ -29,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto import layout
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
@@ -63,6 +68,7 @@ class FoundFile:
     path: Path
     kind: str
     gzipped: bool = False
+    attempt: int = 0  # torchrun's attempt: from an ``attempt<k>`` folder below the path given, else 0
 
 
 @dataclass(slots=True)
@@ -81,6 +87,8 @@ class Sources:
     notes: list[str] = field(default_factory=list)
     stack_table: StackTable = field(default_factory=StackTable)
     signatures: SignatureTable = field(default_factory=SignatureTable)
+    attempt: int = 0  # the attempt loaded (of a job torchrun restarted; 0 for one never restarted)
+    attempts: tuple[int, ...] = (0,)  # every attempt the paths hold files of
 
     @property
     def ranks(self) -> set[int]:
@@ -128,8 +136,14 @@ def _classify_json(head: bytes, name: str) -> str | None:
 
 def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped]]:
     """Walk the given folders (or files) recursively; classify every file by its first bytes."""
+    found, skipped = _discover(paths)
+    return found, [s for s, _attempt in skipped]
+
+
+def _discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[tuple[Skipped, int]]]:
+    """``discover``, with the attempt of each file skipped."""
     found: list[FoundFile] = []
-    skipped: list[Skipped] = []
+    skipped: list[tuple[Skipped, int]] = []
     seen: set[Path] = set()  # `diagnose run1 run1/` or a folder and a file in it: each file is read once
     for root in paths:
         root = Path(root)
@@ -137,9 +151,10 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
             raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
         candidates = [root] if root.is_file() else _walk(root)
         for path in candidates:
+            attempt = _attempt_below(root, path)
             problem = regular_file_problem(path)
             if problem is not None:
-                skipped.append(Skipped(str(path), problem))
+                skipped.append((Skipped(str(path), problem), attempt))
                 continue
             real = path.resolve()
             if real in seen:
@@ -149,17 +164,51 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
                 with open(path, "rb") as fh:
                     head = fh.read(HEAD_BYTES)
             except OSError as exc:
-                skipped.append(Skipped(str(path), f"cannot read ({exc.strerror})"))
+                skipped.append((Skipped(str(path), f"cannot read ({exc.strerror})"), attempt))
                 continue
             if not head:
-                skipped.append(Skipped(str(path), "empty file"))
+                skipped.append((Skipped(str(path), "empty file"), attempt))
                 continue
             kind = classify(head, path.name)
             if kind is None:
-                skipped.append(Skipped(str(path), "unknown format (not a dump, log, stacks or trace file)"))
+                skipped.append((Skipped(str(path), "unknown format (not a dump, log, stacks or trace file)"),
+                                attempt))
                 continue
-            found.append(FoundFile(path, kind, head[:2] == b"\x1f\x8b"))
+            found.append(FoundFile(path, kind, head[:2] == b"\x1f\x8b", attempt))
     return found, skipped
+
+
+def _attempt_below(root: Path, path: Path) -> int:
+    """The attempt the innermost ``attempt<k>`` folder between ``root`` and ``path`` names, else 0. The
+    root's own name does not count: a recording folder the user named ``attempt3`` is no attempt."""
+    try:
+        parts = path.parent.relative_to(root).parts
+    except ValueError:  # root is the file itself
+        return 0
+    for name in reversed(parts):
+        attempt = layout.attempt_of_folder(name)
+        if attempt is not None:
+            return attempt
+    return 0
+
+
+# What torchrun's restart makes anew in each attempt; job files describe the whole run.
+_ATTEMPT_KINDS = (FR, EVENT_LOG, STACKS, KINETO)
+# A job file's fields that tell how the whole run ended: its last attempt's ending, none of an earlier one's.
+_RUN_END_FIELDS = ("exit_status", "signal", "signal_ns", "killed_leftovers")
+
+
+def _pick_attempt(found: list[FoundFile], attempt: int | None,
+                  paths: Sequence[str | Path]) -> tuple[int, tuple[int, ...]]:
+    """(the attempt to read, every attempt found): ``attempt``, or the last one by default."""
+    attempts = tuple(sorted({f.attempt for f in found if f.kind in _ATTEMPT_KINDS})) or (0,)
+    if attempt is None:
+        return attempts[-1], attempts
+    if attempt not in attempts:
+        where = ", ".join(str(p) for p in paths)
+        raise SourceError(f"--attempt {attempt}: {where} holds no files of attempt {attempt} (attempts found: "
+                          f"{', '.join(map(str, attempts))}; torchrun's attempt k >= 1 is the folder attempt<k>)")
+    return attempt, attempts
 
 
 def _walk(root: Path) -> list[Path]:
@@ -173,9 +222,12 @@ def _walk(root: Path) -> list[Path]:
 def load_sources(
     paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
-    trace_ranks: Mapping[str, int] | None = None,
+    trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Sources:
-    """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
+    """Discover and load every file of one attempt; raises SourceError when nothing is usable or jobs are mixed.
+
+    ``attempt``: which of a restarted job's attempts to read (``attempt<k>`` folders; see ``_attempt_below``),
+    default the last; the others are only listed (``Sources.attempts``).
 
     Profiler traces are a source like the others (traces alone are a job): ranked (``trace_ranks``, from
     ``--trace-rank``, first; see ``sources.kineto.load``) and, with ``read_traces``, read whole into
@@ -187,11 +239,13 @@ def load_sources(
     CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides). ``progress(done, total)``
     is called as ranks' dumps are read.
     """
-    found, skipped = discover(paths)
-    src = Sources(skipped=skipped)
+    found, skipped = _discover(paths)
+    chosen, attempts = _pick_attempt(found, attempt, paths)
+    src = Sources(skipped=[s for s, a in skipped if a == chosen], attempt=chosen, attempts=attempts)
     by_kind: dict[str, list[FoundFile]] = defaultdict(list)
     for f in found:
-        by_kind[f.kind].append(f)
+        if f.attempt == chosen or f.kind not in _ATTEMPT_KINDS:
+            by_kind[f.kind].append(f)
     problems: list[str] = []  # mixed-job evidence
 
     for f in by_kind[EVENT_LOG]:
@@ -226,7 +280,10 @@ def load_sources(
             src.skipped.append(Skipped(str(f.path), "unreadable job.json"))
             continue
         if isinstance(info, dict):
-            src.jobs.append(dict(_plain_fields(info), _path=str(f.path)))
+            fields = _plain_fields(info)
+            if chosen != attempts[-1]:  # torchrun restarted after this attempt: the run's end is not its own
+                fields = {k: v for k, v in fields.items() if k not in _RUN_END_FIELDS}
+            src.jobs.append(dict(fields, _path=str(f.path)))
 
     src.kineto, src.traces, trace_skipped, trace_problems, trace_world = load_traces(
         by_kind[KINETO], trace_ranks or {}, read_traces)

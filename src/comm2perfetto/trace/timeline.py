@@ -27,6 +27,7 @@ from operator import getitem, gt, is_not, itemgetter, not_, sub
 from types import MappingProxyType
 from typing import Any
 
+from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, Signature, call_site, tensor_bytes
 from comm2perfetto.render.words import duration
@@ -141,6 +142,9 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
              f"diagnose: {diagnosis.status}"]
     if job.clock.residual_skew_ns is not None:
         parts.append(f"residual clock skew {duration(job.clock.residual_skew_ns)}")
+    attempts = attempts_text(diagnosis.attempt, diagnosis.other_attempts, "this trace")
+    if attempts is not None:
+        parts.append(attempts)
     if selection.note:
         parts.append(selection.note)
     return "; ".join(parts)
