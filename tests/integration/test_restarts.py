@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_fault_matrix import diagnose, verdict
 
 from comm2perfetto.sources.event_log import read_event_log
-from conftest import JobResult, RunningJob, kill_tree
+from support.jobs import JobResult, RunningJob, kill_tree
+from support.verdicts import diagnose, verdict
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from factories import T0_NS, EventLog
 
 from comm2perfetto import layout
 from comm2perfetto.cli import main
@@ -19,7 +20,6 @@ from comm2perfetto.diagnose.attempts import AttemptEnd, attempt_end, attempts_te
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError, load_sources
-from factories import T0_NS, EventLog
 
 S = 10**9
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6306"
