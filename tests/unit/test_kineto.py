@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.sources.kineto.reader import (
-    KinetoEvent,
-    KinetoFormatError,
-    classify_gpu,
-    normalise_kind,
-    read_kineto,
-    sniff_kineto,
-    us_to_ns,
-)
+from comm2perfetto.sources.kineto.classify import classify_gpu, normalise_kind
+from comm2perfetto.sources.kineto.events import KinetoEvent
+from comm2perfetto.sources.kineto.fields import us_to_ns
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto, sniff_kineto
 from factories import T0_NS
 from kineto_fixtures import (
     COMM,

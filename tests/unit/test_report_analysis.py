@@ -339,7 +339,8 @@ def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
 
 def test_span_reader_agrees_with_the_event_reader(tmp_path):
     """read_kineto_spans (report's fast path) keeps exactly the times read_kineto's events have."""
-    from comm2perfetto.sources.kineto.reader import _COMM_NAME, read_kineto, read_kineto_spans
+    from comm2perfetto.sources.kineto.classify import COMM_NAME
+    from comm2perfetto.sources.kineto.reader import read_kineto, read_kineto_spans
     from kineto_fixtures import training_doc
 
     doc, _scene = training_doc()
@@ -351,7 +352,7 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
     assert spans.gpu["comm"] and spans.gpu["compute"] and spans.gpu["memory"]
     compute = sorted((e.t_begin_ns, e.t_end_ns) for e in full.cpu_ops
                      if e.kind in ("cpu_op", "user_annotation") and not e.name.startswith("ProfilerStep#")
-                     and not _COMM_NAME.search(e.name))
+                     and not COMM_NAME.search(e.name))
     assert sorted(spans.cpu_compute) == compute and compute
     assert sorted(spans.comm) == sorted((e.t_begin_ns, e.t_begin_ns + e.duration_ns) for e in full.comm_events)
     assert spans.steps == full.steps and spans.event_count == full.event_count

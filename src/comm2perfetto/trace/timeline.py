@@ -551,7 +551,7 @@ class _RankWriter:
 
     def _profiler_steps(self) -> None:
         """The traces' ``ProfilerStep#n`` as the CPU ran them, and the same steps on the GPU: from the first
-        kernel launched in the step to the first of the next step's (``sources.kineto.reader.gpu_step_spans``)."""
+        kernel launched in the step to the first of the next step's (``sources.kineto.steps.gpu_step_spans``)."""
         cpu: list[Item] = []
         gpu: list[Item] = []
         for trace in self.job.traces.get(self.rank, ()):

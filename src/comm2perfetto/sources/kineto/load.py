@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from comm2perfetto.model import Skipped
+from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
-from comm2perfetto.sources.kineto.reader import KinetoFormatError, KinetoTrace, read_kineto
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto
 
 # Traces and dumps whose times lie further apart than this are not one job: no training job runs for a month
 # without a restart, and a folder mixing a 2023 profile with today's dumps is the mistake this catches.
@@ -40,9 +41,9 @@ def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int
         if key in given:
             return given[key], distributed_info(path, gzipped)[1], "--trace-rank"
     resolved = path.resolve()
-    for key, rank in given.items():
+    for key, given_rank in given.items():
         if Path(key).resolve() == resolved:
-            return rank, distributed_info(path, gzipped)[1], "--trace-rank"
+            return given_rank, distributed_info(path, gzipped)[1], "--trace-rank"
     rank, world = distributed_info(path, gzipped)
     if rank is not None:
         return rank, world, "distributedInfo"
