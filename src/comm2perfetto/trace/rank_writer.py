@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter, sub
 from typing import Any
 
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup, Signature
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, ProcessGroup, Signature
+from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
@@ -23,7 +24,7 @@ __all__ = ["Item", "RankWriter", "everything"]
 
 # An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
 # SharedArgs or None, (flow_start, flow_step, flow_end)).
-Item = tuple[int, Any, str, Any, str, SharedArgs | None, tuple[tuple[int, ...], ...]]
+Item = tuple[int, Any, str, Any, str, SharedArgs | None, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
 def everything(begin: int, end: int) -> bool:
@@ -61,6 +62,8 @@ class RankWriter:
     # The order of these calls is the order of the tracks in the rank's process.
     def write(self, sink: TraceSink, uuid: Callable[[], int]) -> tuple[int, int] | None:
         log = self.job.logs.get(self.rank)
+        if not isinstance(log, RankLog):  # what Job.logs holds (model.py types it ``object``)
+            log = None
         self._steps(log)
         group_items = self._collectives()
         for label, items in group_items:
@@ -149,6 +152,7 @@ class RankWriter:
         mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
         get = itemgetter(i)
         arrive, ends = list(map(get, table.arrive)), list(map(get, table.ends))
+        odd: Sequence[int]
         if self.window is not None:
             odd = range(len(arrive))
         else:
@@ -173,7 +177,7 @@ class RankWriter:
                 self.comm += [(begin, end) for begin, end in zip(begins, stops) if end > begin]
         for k in odd:
             slices[k] = self._collective_slice(table.rows[k], i, stalled, mismatched)
-        items += filter(None, slices) if odd else slices
+        items += filter(None, slices) if odd else slices  # type: ignore[arg-type]  # no None without odd ones
 
     def _collective_slice(self, row: Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
                           ) -> Item | None:
@@ -215,7 +219,7 @@ class RankWriter:
             self.comm.append((begin, end))
         return (begin, stop, sig.op, args, "collective", shared, NO_FLOWS)
 
-    def _p2p(self, tr, kind: str, op, peer: int, uid: str, items: list[Item]) -> None:
+    def _p2p(self, tr: P2PTransfer, kind: str, op: P2POp, peer: int, uid: str, items: list[Item]) -> None:
         begin, end = op.t_arrive_ns, op.t_end_ns
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return
@@ -257,16 +261,17 @@ class RankWriter:
 
     # --- the recorder's own view -----------------------------------------------------------------------------
 
-    def _steps(self, log) -> None:
+    def _steps(self, log: RankLog | None) -> None:
         if (log is None or not log.steps) and self.kineto:
             self._profiler_steps()
             return
         bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
+        log_end = self._log_end(log) if log is not None else None
         items: list[Item] = []
         for (step, t), nxt in zip(bounds, bounds[1:] + [None]):
             end = nxt[1] if nxt is not None else None
             if end is None:
-                end = self._log_end(log)
+                end = log_end
             if end is None or end < t or not self.inside(t, end):
                 continue
             items.append((t, end, f"step {step}", {"step": step}, "step", None, NO_FLOWS))
@@ -288,17 +293,17 @@ class RankWriter:
         self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the next "
                               "step's first kernel", gpu))
 
-    def _log_end(self, log) -> int | None:
+    def _log_end(self, log: RankLog) -> int | None:
         times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
         times += [r.t_end_ns or r.t_begin_ns for r in log.ranges[-1:]]
         return max(times) + self.offset if times else None
 
-    def _python_calls(self, log) -> None:
+    def _python_calls(self, log: RankLog) -> None:
         by_thread: dict[int, list[Item]] = defaultdict(list)
         log_end = self._log_end(log)
         for call in log.calls:
             begin = call.t_call_ns + self.offset
-            end = call.t_return_ns + self.offset if call.t_return_ns is not None else None
+            end: Any = call.t_return_ns + self.offset if call.t_return_ns is not None else None  # or UNCLOSED
             args: dict[str, Any] = {"seq": call.seq if call.seq is not None else -1, "async": call.is_async,
                                     "step": call.step}
             if call.site:
@@ -322,7 +327,7 @@ class RankWriter:
                 args["error"] = call.error
             if end is None:
                 # Never returned: stalled there if diagnose says this rank is stuck, else its data ends here.
-                if self._stuck_in(call):
+                if self._stuck_in(call, log):
                     args["state"] = "stalled"
                     end = UNCLOSED
                 else:
@@ -336,16 +341,15 @@ class RankWriter:
             self.families.append((_thread_name("python calls", tid, log.thread_names),
                                   "torch.distributed calls as the patch layer saw them: from call to return", items))
 
-    def _stuck_in(self, call) -> bool:
-        groups = self.job.logs[self.rank].groups
-        g = groups.get(call.gid)
+    def _stuck_in(self, call: Call, log: RankLog) -> bool:
+        g = log.groups.get(call.gid)
         for (uid, seq), waits in self.markers.stalled.items():
             if self.rank in waits and g is not None and self.job.groups[uid].name == g.name and (
                     call.seq is None or call.seq <= seq <= (call.seq_last or call.seq)):
                 return True
         return False
 
-    def _ranges(self, log) -> None:
+    def _ranges(self, log: RankLog) -> None:
         by_thread: dict[int, list[Item]] = defaultdict(list)
         log_end = self._log_end(log)
         for rng in log.ranges:
@@ -365,11 +369,11 @@ class RankWriter:
             self.families.append((_thread_name("ranges", tid, log.thread_names),
                                   "NVTX and comm2perfetto.range() ranges", items))
 
-    def _recorder_events(self, log) -> None:
+    def _recorder_events(self, log: RankLog) -> None:
         items: list[Item] = []
         for s in log.stalls:
             t = s.t_ns + self.offset
-            args = {"reason": s.reason}
+            args: dict[str, Any] = {"reason": s.reason}
             if s.trigger_rank is not None:
                 args["trigger_rank"] = s.trigger_rank
             if s.stacks_file:

@@ -44,10 +44,11 @@ def known(values: tuple[int | None, ...]) -> Sequence[int]:
 
     ``all()`` tests truth, faster than ``None in``: a time of 0 only sends it the slow way.
     """
-    return values if all(values) else [v for v in values if v is not None]
+    # all() true: no None in values (mypy cannot narrow a tuple's items)
+    return values if all(values) else [v for v in values if v is not None]  # type: ignore[return-value]
 
 
-def rank_at(pick: Callable[..., Any], arrive: tuple[int, ...], ranks: tuple[int, ...]) -> int:
+def rank_at(pick: Callable[..., Any], arrive: Sequence[int | None], ranks: Sequence[int]) -> int:
     """``pick(zip(arrive, ranks))[1]`` for ``pick`` min or max: C-speed scans unless arrivals tie."""
     t = pick(arrive)
     if arrive.count(t) == 1:
@@ -74,7 +75,7 @@ class SiteCache:
             return site
 
 
-class _Common(dict):  # type: ignore[type-arg]
+class _Common(dict[tuple[str | None, int | None, str | None, int | None], SharedArgs]):
     """What every rank's slice of one collective (with one signature) shares, built once.
 
     ``args`` and ``first`` (the first rank's arrival); as a dict, ``(state, stack id, source)`` -> those args
@@ -187,7 +188,8 @@ class GroupTable:
             arrive, ends = arrive.copy(), ends.copy()
             for k in missing:
                 arrive[k] = ends[k] = 0
-        odd.update(itertools.compress(positions, map(gt, arrive, ends)))
+        # no None left: all() was true, or they were set to 0 above
+        odd.update(itertools.compress(positions, map(gt, arrive, ends)))  # type: ignore[arg-type]
         return sorted(odd)
 
 

@@ -160,7 +160,8 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
             continue
         begin = min(arrivals)
         ends = c.end_ns
-        end = max(ends) if (all(ends) or None not in ends) and c.completed_everywhere else None
+        # the max only where no end is None (mypy cannot narrow a tuple's items)
+        end = max(ends) if (all(ends) or None not in ends) and c.completed_everywhere else None  # type: ignore[type-var]
         if not inside(begin, end if end is not None else begin):
             continue
         deltas[begin] += 1
