@@ -154,42 +154,6 @@ class Signature:
 
 
 @dataclass(frozen=True, slots=True)
-class FrEntry:
-    """One Flight Recorder entry, normalised over format versions (built on demand, see ``FrRankTrace``).
-
-    Raw (format 2.10, pickle)::
-
-        {'record_id': 0, 'pg_id': 0, 'process_group': ('0', 'default_pg'), 'collective_seq_id': 1,
-         'p2p_seq_id': 0, 'op_id': 1, 'profiling_name': 'gloo:all_reduce', 'time_created_ns': 17953...,
-         'input_sizes': [[4]], 'input_dtypes': ['Float'], 'output_sizes': [[4]], 'output_dtypes': ['Float'],
-         'state': 'scheduled', 'time_discovered_started_ns': None, 'time_discovered_completed_ns': None,
-         'retired': True, 'timeout_ms': 1800000, 'is_p2p': False, 'frames': [...], 'thread_id': '1396...'}
-    """
-
-    rank: int
-    record_id: int
-    pg_id: int
-    pg_name: str
-    pg_desc: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    backend: str
-    signature: Signature
-    peer_group_rank: int | None  # for send/recv: the other side, numbered inside the group
-    state: str
-    time_created_ns: int | None
-    time_started_ns: int | None  # watchdog discovery: a late upper bound
-    time_completed_ns: int | None  # watchdog discovery: a late upper bound
-    duration_ns: int | None
-    is_p2p: bool
-    retired: bool | None
-    timeout_ms: int | None
-    thread_id: int | None
-    stack: Stack
-
-
-@dataclass(frozen=True, slots=True)
 class CollectivePart:
     """One rank's share of a collective (built on demand by ``Collective.part``)."""
 

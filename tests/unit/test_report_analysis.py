@@ -15,7 +15,7 @@ from comm2perfetto.model import Signature
 from comm2perfetto.report.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
 from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
 from comm2perfetto.report.document import _profiled_note, build_report, steps_text
-from comm2perfetto.report.intervals import Measured, clip, difference, envelope, intersection, length, union
+from comm2perfetto.report.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
@@ -47,7 +47,6 @@ def test_interval_algebra_matches_point_sets(seed):
     assert _covered(intersection(a, b)) == _covered(a) & _covered(b)
     assert _covered(difference(a, b)) == _covered(a) - _covered(b)
     assert length(intersection(a, b)) == len(_covered(a) & _covered(b))
-    assert _covered(clip(a, 50, 120)) == {t for t in _covered(a) if 50 <= t < 120}
     measured = Measured(a)
     for _ in range(20):
         lo = rnd.randint(-10, 250)

@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,7 +159,7 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
 
 
 def _walk(root: Path) -> list[Path]:
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
@@ -167,7 +167,7 @@ def _walk(root: Path) -> list[Path]:
 
 
 def load_sources(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
     trace_ranks: Mapping[str, int] | None = None,
 ) -> Sources:
@@ -229,7 +229,7 @@ def load_sources(
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
-    _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
+    _load_fr(by_kind[FR], src, problems, with_stacks, workers, progress)
     _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
@@ -403,7 +403,7 @@ MAX_WORKERS = 8
 
 
 def _load_fr(
-    files: list[FoundFile], src: Sources, problems: list[str], keep_entries: bool, with_stacks: bool,
+    files: list[FoundFile], src: Sources, problems: list[str], with_stacks: bool,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Load FR dumps rank by rank; each rank's raw dicts are dropped once its columns are built.
@@ -424,8 +424,8 @@ def _load_fr(
                                                     f"world size accepted ({MAX_WORLD_SIZE:,})"))
             continue
         per_rank[rank].append(f)
-    n = _worker_count(len(per_rank), workers) if not keep_entries else 1
-    results = None
+    n = _worker_count(len(per_rank), workers)
+    results: Iterable[tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]] | None = None
     if n > 1:
         try:
             results = list(_load_parallel(per_rank, n, with_stacks))
@@ -434,7 +434,7 @@ def _load_fr(
             n = 1
     if results is None:
         results = (
-            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, keep_entries, with_stacks)
+            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, with_stacks)
             for rank in sorted(per_rank)
         )
     for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
@@ -464,8 +464,7 @@ def _worker_count(ranks: int, requested: int | None) -> int:
 
 
 def _load_rank(
-    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, keep_entries: bool,
-    with_stacks: bool,
+    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, with_stacks: bool,
 ) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
     """Read and normalise one rank's dumps: (trace or None, snapshot conflict, skipped files, stacks used)."""
     skipped: list[Skipped] = []
@@ -478,7 +477,7 @@ def _load_rank(
     if not dumps:
         return None, None, skipped, {}
     try:
-        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, keep_entries, with_stacks)
+        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, with_stacks)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
         # RecursionError: a pickle can hold a list that contains itself, which comparing never finishes
         skipped.extend(Skipped(str(d.path), f"malformed Flight Recorder entries ({type(exc).__name__})")
@@ -499,7 +498,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
         _worker_tables = (StackTable(), SignatureTable())
     stacks, signatures = _worker_tables
     rank, files, with_stacks = task
-    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, False, with_stacks)
+    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, with_stacks)
     used: dict[int, Any] = {}
     if trace is not None and with_stacks:
         for track in trace.groups.values():

@@ -5,7 +5,6 @@ Kineto's float microseconds (``"ts": 4464633909866.391``), ints written as numbe
 
 from __future__ import annotations
 
-import math
 import re
 from math import ceil, floor
 from typing import Any
@@ -13,34 +12,7 @@ from typing import Any
 from comm2perfetto.sources.kineto.events import Span
 from comm2perfetto.sources.limits import MAX_TIME_NS
 
-__all__ = ["int_or_none", "on_stream", "span_ns", "span_whole_us", "stream_from_tid", "us_to_ns"]
-
-def us_to_ns(value: Any) -> int | None:
-    """Kineto microseconds -> integer nanoseconds, rounded; None for anything but a finite number.
-
-    ``ts`` is written to the nanosecond (three decimals) but parsed as a float, within half an ulp of the
-    decimal. Around today's ts (~2**42 us) ``int(ts * 1000)`` is a nanosecond short for about 1 value in 170, and
-    ``round(ts * 1000)`` off for 1 in 340 (the product's own rounding adds to the float's error; e.g.
-    ``4453700846418.643``). Splitting off the whole microseconds first (an exact subtraction) and rounding only
-    the fraction gives back the written nanoseconds for every ts < 2**43 us (101.8 days). Kineto's base time is
-    the start of the 7889238-second (91.3-day) interval the process started in (libkineto ChromeTraceBaseTime),
-    so ts stays below that unless the trace is taken over ten days after that interval ended; past 2**43 us the
-    float itself has 2 ns steps.
-
-    >>> us_to_ns(4464633909866.391), us_to_ns(12), us_to_ns("x")
-    (4464633909866391, 12000, None)
-    """
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        whole = math.floor(value)  # an int
-        ns = whole * 1000 + round((value - whole) * 1000)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        ns = value * 1000
-    else:
-        return None
-    return ns if -MAX_TIME_NS <= ns <= MAX_TIME_NS else None  # 1e100 is a number, not a time
-
+__all__ = ["int_or_none", "on_stream", "span_ns", "span_whole_us", "stream_from_tid"]
 
 def int_or_none(value: Any) -> int | None:
     """An int field that may be written as a number or a digit string (``"Seq": "5"``)."""
@@ -68,8 +40,21 @@ def on_stream(ev: dict[str, Any]) -> bool:
 
 
 def span_ns(ts: Any, dur: Any, base: int) -> Span | None:
-    """(begin, end) in ns from Kineto's microsecond ts and dur; None when either is not a finite number or dur
-    is negative (floor() refuses None, strings, NaN and infinities)."""
+    """(begin, end) in integer ns from Kineto's microsecond ts and dur (``base``: ``baseTimeNanoseconds``); None
+    when either is not a finite number or dur is negative (floor() refuses None, strings, NaN and infinities).
+
+    ``ts`` is written to the nanosecond (three decimals) but parsed as a float, within half an ulp of the
+    decimal. Around today's ts (~2**42 us) ``int(ts * 1000)`` is a nanosecond short for about 1 value in 170, and
+    ``round(ts * 1000)`` off for 1 in 340 (the product's own rounding adds to the float's error; e.g.
+    ``4453700846418.643``). Splitting off the whole microseconds first (an exact subtraction) and rounding only
+    the fraction gives back the written nanoseconds for every ts < 2**43 us (101.8 days). Kineto's base time is
+    the start of the 7889238-second (91.3-day) interval the process started in (libkineto ChromeTraceBaseTime),
+    so ts stays below that unless the trace is taken over ten days after that interval ended; past 2**43 us the
+    float itself has 2 ns steps.
+
+    >>> span_ns(4464633909866.391, 12.5, 0), span_ns("x", 1.0, 0)
+    ((4464633909866391, 4464633909878891), None)
+    """
     try:
         whole = floor(ts)
         begin = base + whole * 1000 + round((ts - whole) * 1000)
