@@ -27,13 +27,14 @@ What is kept, per trace (the raw dicts are dropped once read):
 - ``comm_events``: every event whose name says communication (``c10d::allreduce_`` on the calling thread,
   ``gloo:all_reduce`` on gloo's worker thread, ``record_param_comms``, NCCL kernels), on any thread.
 - ``cpu_ops``: CPU-side events (``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime`` ...) of
-  the *training threads*: see ``is_training_thread`` for the rule.
+  the *training threads*: see ``classify.is_training_thread`` for the rule.
 - ``gpu_events``: kernels, memcpy and memset on GPU streams, each classified comm / memory / compute as
-  Holistic Trace Analysis (HTA) does (``classify_gpu``); ``gpu_annotations``: the ``gpu_user_annotation``
-  ranges Kineto projects onto streams (kept apart: they would otherwise count as kernels).
+  Holistic Trace Analysis (HTA) does (``classify.classify_gpu``); ``gpu_annotations``: the
+  ``gpu_user_annotation`` ranges Kineto projects onto streams (kept apart: they would otherwise count as
+  kernels).
 - ``steps``: ``(n, begin_ns, end_ns)`` of each ``ProfilerStep#n`` annotation on a training thread. Only
   profilers run with a ``schedule`` (which call ``prof.step()``) write them; a plain ``profile()`` window
-  (``comm2perfetto record --profile-steps``) has none.
+  (``comm2perfetto record --profile-steps``) has none (``steps.profiler_steps``).
 
 Events with a missing or malformed name, time or duration are skipped; only a file that cannot be read as a
 Kineto trace at all raises ``KinetoFormatError``.
@@ -60,7 +61,6 @@ __all__ = ["KinetoFormatError", "gunzip_head", "read_kineto", "read_kineto_spans
 
 class KinetoFormatError(ValueError):
     """The file is not a readable Kineto trace."""
-
 
 
 def sniff_kineto(head: bytes) -> bool:
