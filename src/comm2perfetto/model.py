@@ -1,4 +1,11 @@
-"""The loaded job: plain frozen data shared by merge, report and diagnose. Never imports torch.
+"""The loaded job: plain frozen data that ``sources/`` and ``match.py`` build and every product reads
+(``diagnose/``, ``report/``, ``trace/``, ``render/``, the ``cli/`` commands). Never imports torch.
+
+``Job`` is one job matched across its ranks: its ``ProcessGroup``s (in one order, ``Job.groups_in_order``),
+one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
+``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
+skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
+to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -15,6 +22,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
+    from comm2perfetto.sources.event_log import RankLog
 
 # Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
 COMPLETED = "completed"
@@ -352,7 +363,7 @@ class Job:
     clock: ClockAlignment
     skipped: tuple[Skipped, ...] = ()
     notes: tuple[str, ...] = ()
-    logs: Mapping[int, object] = field(default_factory=_empty, repr=False, compare=False)  # rank -> RankLog
+    logs: Mapping[int, RankLog] = field(default_factory=_empty, repr=False, compare=False)  # the recorder's logs
     stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
     job_info: Mapping | None = None  # the job file written last (see ``jobs``)
     jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)
@@ -368,6 +379,15 @@ class Job:
     @property
     def ranks_with_data(self) -> tuple[int, ...]:
         return tuple(sorted(self.ranks))
+
+    def groups_in_order(self) -> list[ProcessGroup]:
+        """The process groups in the order c10d created them, the one order diagnose and the trace use: c10d
+        numbers the groups it names itself as it creates them (``"0"`` is the default group), so those come
+        first, by number; groups named otherwise follow, by uid."""
+        def key(g: ProcessGroup) -> tuple[int, int, str]:
+            return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
+
+        return sorted(self.groups.values(), key=key)
 
     def iter_collectives(self) -> Iterator[Collective]:
         for cols in self.collectives.values():

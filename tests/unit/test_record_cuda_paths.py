@@ -108,10 +108,10 @@ def test_sync_waits_on_the_calls_device_and_logs_completion(tmp_path, fr_env, sy
 
 def _bound(name: str):
     """The patch layer's reading of torch's ``name`` (its argument positions)."""
-    from comm2perfetto.record import patch
+    from comm2perfetto.record import ops
 
-    spec = next(s for s in patch.OPS if s.name == name)
-    return patch.BoundSpec(spec, tuple(inspect.signature(getattr(dist.distributed_c10d, name).__wrapped__).parameters))
+    spec = next(s for s in ops.OPS if s.name == name)
+    return ops.BoundSpec(spec, tuple(inspect.signature(getattr(dist.distributed_c10d, name).__wrapped__).parameters))
 
 
 def test_during_a_capture_calls_are_marked_and_nothing_is_dumped(tmp_path, fr_env):

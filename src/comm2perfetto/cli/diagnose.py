@@ -30,7 +30,8 @@ from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT
 from comm2perfetto.match import load_job
 from comm2perfetto.render.diagnosis_text import render_text
-from comm2perfetto.sources.discover import SourceError
+
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
         # Stacks are read on demand: a report shows a handful.
         job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
                        trace_ranks=trace_ranks_option(args))
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
     finally:
         progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
@@ -93,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
-        sys.stdout = None  # type: ignore[assignment]  # keep the interpreter's final flush quiet
+        sys.stdout = None  # keep the interpreter's final flush quiet
     return STATUS_EXIT[result.status]

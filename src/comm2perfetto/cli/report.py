@@ -22,11 +22,13 @@ from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
-from comm2perfetto.render.report_plot import PlotDependencyError, write_plot
+from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
 from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
-from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
+from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
+
+__all__ = ["add_parser", "run"]
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
@@ -89,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
                            trace_ranks=trace_ranks_option(args))
         if args.no_profiler:
             drop_traces(src)
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
     finally:
         progress.finish()
     kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()}
@@ -101,10 +101,7 @@ def run(args: argparse.Namespace) -> int:
                                  hta_scope=args.hta_scope, collectives=True)
     finally:
         progress.finish()
-    try:
-        adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
+    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
     job = None
     if src.fr or src.logs or src.traces:
         from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
@@ -124,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
     if plot is not None:
         try:
             write_plot(doc, plot)
-        except PlotDependencyError as exc:
-            raise UserError(str(exc)) from None
         except OSError as exc:
             raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
     _emit(doc, fmt, out)
@@ -159,7 +154,7 @@ def _emit(doc: dict, fmt: str, out: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `report DIR | head`
-        sys.stdout = None  # type: ignore[assignment]
+        sys.stdout = None
 
 
 def parse_steps(text: str) -> tuple[int, int]:

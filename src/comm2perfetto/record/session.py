@@ -16,13 +16,17 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from comm2perfetto import layout
 from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
 from comm2perfetto.record.flight import FlightRecorderDumps, unsupported_torch
 from comm2perfetto.record.log import EventLog
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.recorder import Recorder
 
 _config: RecordConfig | None = None
 _parts: dict[str, Any] = {}
@@ -36,7 +40,7 @@ def configure(config: RecordConfig | None) -> None:
     _config = config
 
 
-def active_recorder() -> Any:
+def active_recorder() -> Recorder | None:
     """This process's recorder from start to stop, also after a fault cleared ``state.recorder``: its log and
     Flight Recorder dumps outlive the patch layer."""
     return _parts.get("recorder")
@@ -45,7 +49,9 @@ def active_recorder() -> Any:
 def on_default_group(pg: Any) -> None:
     """Called right after torch creates the default process group."""
     if state.recorder is not None:
-        state.recorder.default_group = pg  # the job re-created its default group
+        rec = active_recorder()  # the same recorder: start() sets both
+        if rec is not None:
+            rec.default_group = pg  # the job re-created its default group
         return
     if _config is None:
         return
@@ -54,6 +60,43 @@ def on_default_group(pg: Any) -> None:
     except Exception as exc:
         print(f"comm2perfetto: recording not started in pid {os.getpid()}: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)
+
+
+# --- the hooks the patch layer puts around c10d's own functions (bootstrap.py hands them over) ----------------
+
+def _default_group_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``_update_default_pg``: every way of creating the default group (init_process_group,
+    init_device_mesh, elastic re-init) goes through it, so recording starts right after."""
+
+    @functools.wraps(original)
+    def update_default_pg(pg: Any) -> Any:
+        result = original(pg)
+        if pg is not None:
+            on_default_group(pg)
+        return result
+
+    return update_default_pg
+
+
+def _destroy_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Dump Flight Recorder before the default group goes away (its entries may go with it)."""
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        rec = active_recorder()  # also after a fault disabled the wrappers: FR dumps go on
+        group = args[0] if args else kwargs.get("group")
+        if rec is not None and group is None:
+            rec.dump_flight_recorder("destroy")
+        return original(*args, **kwargs)
+
+    return destroy_process_group
+
+
+# c10d's function -> the hook that replaces it.
+HOOKS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "_update_default_pg": _default_group_hook,
+    "destroy_process_group": _destroy_hook,
+}
 
 
 def start(config: RecordConfig, pg: Any) -> None:

@@ -24,6 +24,9 @@ from typing import Any
 
 from comm2perfetto.render.report_text import rank_sort_key
 
+__all__ = ["COLLECTIVE_COLUMNS", "MODULE_COLUMNS", "RANK_COLUMNS", "STEP_COLUMNS", "render_csv", "render_csv_stdout",
+           "write_csv"]
+
 TIME_KEYS = ("span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s", "idle_s",
              "comm_to_compute", "overlap_pct")
 RANK_COLUMNS = ("rank", "basis", *TIME_KEYS, "sources")

@@ -13,12 +13,15 @@ import bisect
 from collections.abc import Callable, Mapping
 
 from comm2perfetto.model import Collective, Job
+from comm2perfetto.render.words import ranks_text
 from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
 from comm2perfetto.report.intervals import Span, union
 from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
+
+__all__ = ["VERSION", "build_report", "steps_text"]
 
 VERSION = 1
 
@@ -91,11 +94,12 @@ def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:
     notes = []
     cpu = [r for r, a in activities.items() if a.basis == "cpu"]
     if cpu and len(cpu) < len(activities):
-        notes.append(f"ranks {_ranks_text(cpu)} have no GPU kernels in their profiler traces: their figures come "
-                     "from CPU intervals and do not compare with the GPU ranks'")
+        notes.append(f"the profiler traces of {ranks_text(cpu)} have no GPU kernels: the figures of "
+                     f"{'this rank' if len(cpu) == 1 else 'these ranks'} come from CPU intervals and do not compare "
+                     "with the GPU ranks'")
     empty = [r for r, a in activities.items() if a.span is None]
     if empty:
-        notes.append(f"ranks {_ranks_text(empty)}: no timed compute or communication recorded")
+        notes.append(f"{ranks_text(empty)}: no timed compute or communication recorded")
     elif cpu and not any(a.compute for a in activities.values()):
         notes.append("no compute intervals: record with --profile-steps, or wrap compute in comm2perfetto.range() "
                      "or NVTX ranges, to see overlap")
@@ -142,7 +146,3 @@ def _untimed_note(collectives: list[dict], bases: set[str]) -> list[str]:
     return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
             f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
             f"they count in the collectives table but not in its durations{where}"]
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks[:16])) + ("..." if len(ranks) > 16 else "")

@@ -22,14 +22,16 @@ import os
 import socket
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
+from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
@@ -40,13 +42,16 @@ from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
+__all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover", "drop_traces", "dumps_world",
+           "load_sources"]
+
 HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"
 VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
-class SourceError(Exception):
+class SourceError(Comm2PerfettoError):
     """Input the user must fix (wrong path, nothing usable, mixed jobs): one clear message."""
 
 
@@ -322,7 +327,7 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
             gaps = [abs(t - ref[s]) for s, t in times.items() if s in ref]
             if len(gaps) >= 2 and min(gaps) > MIXED_GAP_NS:
                 problems.append(f"ranks {ref_rank} and {rank} issued the same collectives of group {key[0]} "
-                                f"{min(gaps) / 1e9:.0f} s apart or more (dumps of different runs)")
+                                f"{duration(min(gaps))} apart or more (dumps of different runs)")
                 return
 
 
@@ -425,7 +430,7 @@ def _load_fr(
             continue
         per_rank[rank].append(f)
     n = _worker_count(len(per_rank), workers)
-    results: Iterable[tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]] | None = None
+    results: Iterable[_RankLoad] | None = None
     if n > 1:
         try:
             results = list(_load_parallel(per_rank, n, with_stacks))
@@ -461,6 +466,10 @@ def _worker_count(ranks: int, requested: int | None) -> int:
     if ranks < PARALLEL_MIN_RANKS or not sys.platform.startswith("linux"):
         return 1
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+# What reading one rank's dumps gives: (rank, its columns or None, a conflict, what was skipped, the stacks used).
+_RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]
 
 
 def _load_rank(
@@ -508,7 +517,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     return rank, trace, conflict, skipped, used
 
 
-def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool):
+def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool) -> Iterator[_RankLoad]:
     import multiprocessing
 
     tasks = [(rank, per_rank[rank], with_stacks) for rank in sorted(per_rank)]

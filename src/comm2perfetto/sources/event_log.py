@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -40,11 +41,14 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log",
+           "read_stacks"]
+
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 
 
-class EventLogError(ValueError):
+class EventLogError(Comm2PerfettoError, ValueError):
     """The file is not a readable comm2perfetto event log."""
 
 

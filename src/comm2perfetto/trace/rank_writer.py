@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter, sub
 from typing import Any
 
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, ProcessGroup, Signature
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature
+from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers
@@ -33,15 +34,14 @@ def everything(begin: int, end: int) -> bool:
 
 
 class RankWriter:
-    """Lays out one rank's tracks (``write``); ``groups``: the job's process groups in the order of their
-    tracks, ``flows``/``p2p_flows``/``sites``/``tables``: what the job's ranks share, built once."""
+    """Lays out one rank's tracks (``write``); ``flows``/``p2p_flows``/``sites``/``tables``: what the job's
+    ranks share, built once."""
 
-    def __init__(self, job: Job, rank: int, groups: Sequence[tuple[str, ProcessGroup]], markers: Markers,
-                 flows: Mapping[str, Mapping[int, Flow]],
+    def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: SiteCache,
                  tables: dict[str, GroupTable], inside: Callable[[int, int], bool] | None,
                  kineto: bool, preview: bool) -> None:
-        self.job, self.rank, self.groups, self.markers = job, rank, groups, markers
+        self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
         self.inside = inside or everything
@@ -62,8 +62,6 @@ class RankWriter:
     # The order of these calls is the order of the tracks in the rank's process.
     def write(self, sink: TraceSink, uuid: Callable[[], int]) -> tuple[int, int] | None:
         log = self.job.logs.get(self.rank)
-        if not isinstance(log, RankLog):  # what Job.logs holds (model.py types it ``object``)
-            log = None
         self._steps(log)
         group_items = self._collectives()
         for label, items in group_items:
@@ -107,7 +105,7 @@ class RankWriter:
                  info.backend]
         method = self.job.clock.method.get(self.rank)
         if method:
-            parts.append(f"clock {method} ({self.offset / 1000:+.1f} us)")
+            parts.append(f"clock {method} ({'+' if self.offset >= 0 else ''}{duration(self.offset)})")
         if info.closed_cleanly is False:
             parts.append("log not closed cleanly: the rank died or was killed")
         return ", ".join(p for p in parts if p)
@@ -121,7 +119,8 @@ class RankWriter:
 
     def _collectives(self) -> list[tuple[str, list[Item]]]:
         out = []
-        for uid, group in self.groups:
+        for group in self.job.groups_in_order():
+            uid = group.uid
             if self.rank not in group.ranks:
                 continue
             items: list[Item] = []

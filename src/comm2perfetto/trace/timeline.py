@@ -25,10 +25,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
 
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import Collective, Job
+from comm2perfetto.render.words import duration
 from comm2perfetto.trace.markers import Markers, plan_markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
@@ -104,11 +104,10 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sink.process(job_pid, pid=1, name="job", description=_job_description(job, diagnosis, selection),
                  sort_index=0)
     _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or everything)
-    groups = _ordered_groups(job)
     sites = SiteCache(job)
     tables: dict[str, GroupTable] = {}  # per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
-        writer = RankWriter(job, rank, groups, markers, flows, p2p_flows, sites, tables, inside, kineto, preview)
+        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview)
         span = writer.write(sink, uuid)
         if span is not None:
             lo, hi = span
@@ -129,7 +128,7 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
     parts = [f"world size {job.world_size}" if job.world_size else "world size unknown",
              f"diagnose: {diagnosis.status}"]
     if job.clock.residual_skew_ns is not None:
-        parts.append(f"residual clock skew {job.clock.residual_skew_ns / 1000:.1f} us")
+        parts.append(f"residual clock skew {duration(job.clock.residual_skew_ns)}")
     if selection.note:
         parts.append(selection.note)
     return "; ".join(parts)
@@ -257,13 +256,3 @@ def _p2p_flows(job: Job, shown: set[int], inside: Callable[[int, int], bool] | N
                 continue
             out[(uid, tr.src, tr.dst, tr.index)] = (fid(), "send" if ts <= tr_ else "recv")
     return out
-
-
-
-
-def _ordered_groups(job: Job) -> list[tuple[str, Any]]:
-    def key(item: tuple[str, Any]) -> tuple:
-        g = item[1]
-        return (0 if g.name == "0" else 1, len(g.ranks) * -1, g.name)
-
-    return sorted(job.groups.items(), key=key)

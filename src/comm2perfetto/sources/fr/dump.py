@@ -35,16 +35,19 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Stack
 from comm2perfetto.sources.fr.tables import StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
+__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name", "stack_for"]
+
 P2P_OPS = frozenset({"send", "recv"})
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 
 
-class FrFormatError(ValueError):
+class FrFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Flight Recorder dump."""
 
 

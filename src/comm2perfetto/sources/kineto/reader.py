@@ -50,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.kineto.events import KinetoSpans, KinetoTrace
 from comm2perfetto.sources.kineto.fields import int_or_none
 from comm2perfetto.sources.kineto.parse import EventParser
@@ -59,7 +60,7 @@ from comm2perfetto.sources.limits import MAX_TIME_NS, MAX_TRACE_BYTES, TooLargeE
 __all__ = ["KinetoFormatError", "gunzip_head", "read_kineto", "read_kineto_spans", "sniff_kineto"]
 
 
-class KinetoFormatError(ValueError):
+class KinetoFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Kineto trace."""
 
 
