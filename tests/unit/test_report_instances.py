@@ -74,3 +74,23 @@ def test_the_saved_report_reader_knows_the_contracts_names():
     assert report_json.VERSION == VERSION
     assert report_json.FIGURES == tuple(Breakdown(0, 0, 0, 0, 0).as_dict())
     assert report_json.INSTANCE_COLUMNS == INSTANCE_COLUMNS
+
+
+def test_every_table_puts_a_collective_in_the_same_step(tmp_path):
+    """Rank 1 reaches each step 4 ms after rank 0. The all_reduce rank 0 issues 1 ms into its step 3 arrives
+    while rank 1 is still in step 2: it is step 3's (where the first arrival falls, on the rank that arrived
+    first), in the samples, the collectives table and the module table alike."""
+    for rank in (0, 1):
+        log = EventLog(rank=rank, world=2)
+        log.group(0, "0", "default_pg", [0, 1])
+        for step in (1, 2, 3):
+            start = T0_NS + step * 10 * MS + rank * 4 * MS
+            log.step(step, start)
+            log.call("all_reduce", T0_NS + step * 10 * MS + MS + rank * 3 * MS, seq=step, shapes=[[4]],
+                     dtypes=["Float"], nbytes=16, step=step, module="Net", pass_="backward")
+        log.close(T0_NS + 40 * MS)
+        log.write(tmp_path)
+    doc = build_report(load_job([tmp_path]), {}, steps=(1, 2))
+    [row] = doc["collectives"]
+    assert row["instances"]["step"] == [1, 2] and row["count"] == 2
+    assert [m["count"] for m in doc["modules"]] == [2]

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
-from comm2perfetto.report.intervals import Span, union
 from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
@@ -42,9 +41,10 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
         b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
         parts.append(b)
         per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
-    keep = _inside(union(w for ws in windows.values() for w in ws)) if steps is not None else None
+    step_of = _step_finder(activities)
+    keep = _in_steps(step_of, steps) if steps is not None else None
     bases = {a.basis for a in activities.values()}
-    collectives = collective_table(job, keep, _step_finder(activities)) if job is not None else []
+    collectives = collective_table(job, keep, step_of) if job is not None else []
     doc = {
         "version": VERSION,
         "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
@@ -76,17 +76,14 @@ def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | 
             for n, parts in sorted(by_step.items())]
 
 
-def _inside(windows: list[Span]) -> Callable[[Collective], bool]:
-    """Whether a collective's first arrival falls in one of the (disjoint, sorted) windows."""
-    begins = [b for b, _ in windows]
+def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int]) -> Callable[[Collective], bool]:
+    """Whether a collective belongs to one of steps A..B (``_step_finder``: where its first arrival falls), so
+    that every table counts a collective in the same step."""
+    first, last = steps
 
     def keep(c: Collective) -> bool:
-        known = [t for t in c.arrive_ns if t is not None]
-        if not known:
-            return False
-        t = min(known)
-        i = bisect.bisect_right(begins, t) - 1
-        return i >= 0 and t < windows[i][1]
+        step = step_of(c)
+        return step is not None and first <= step <= last
 
     return keep
 
