@@ -19,6 +19,7 @@ def _line(metric="exposed_comm", section="job", verdict="regressed", *, change=0
     (" job.step_time > 2.5ms , collective.count>0 ", [("job", "step_time", True, 0.0025, False),
                                                      ("collective", "count", True, 0.0, False)]),
     ("bytes>1KB", [(None, "bytes", True, 1024.0, False)]),
+    ("bytes>0,duration>0", [(None, "bytes", True, 0.0, False), (None, "duration", True, 0.0, False)]),
     ("overlap<-5pp", [(None, "overlap", False, -5.0, False)]),
     ("comm_to_compute>0.2", [(None, "comm_to_compute", True, 0.2, False)]),
     ("busbw<-0.5GB/s", [(None, "busbw", False, -0.5, False)]),

@@ -127,6 +127,8 @@ def _threshold(where: str, name: str, value: float, unit: str) -> tuple[float, b
         return value, False
     if unit == "%":
         return value / 100, True
+    if unit == "" and value == 0:
+        return 0.0, False  # nothing is nothing in any unit
     scales = _UNITS[metric.unit]
     if unit == "" and "" not in scales:
         raise GateError(f"{where}: give {name}'s threshold a unit: %, {', '.join(scales)}")

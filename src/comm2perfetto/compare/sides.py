@@ -85,7 +85,7 @@ def layout_notes(base: Side, new: Side) -> list[str]:
         notes.append(f"the figures come from different bases: {base.doc.get('basis')} in BASE, "
                      f"{new.doc.get('basis')} in NEW (docs/report.md): their times do not compare closely")
     for side in (base, new):
-        if side.saved and side.wanted is not None:
+        if side.saved and side.wanted is not None and len(side.steps) < len(side.doc.get("steps") or []):
             notes.append(f"{side.role} is a saved report: its module and straggler tables cover the steps it was "
                          f"saved with, not only steps {side.wanted[0]}-{side.wanted[1]}")
     if bool(base.steps) != bool(new.steps):
