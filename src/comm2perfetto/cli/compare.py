@@ -13,8 +13,8 @@ import sys
 import zlib
 from pathlib import Path
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.output import Renderers, emit
+from comm2perfetto.cli import UserError, exit_status
+from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.report import build_document
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -26,7 +26,6 @@ from comm2perfetto.render.compare_plot import write_html
 from comm2perfetto.render.compare_text import render_text
 from comm2perfetto.sources.report_json import ReportFormatError, TooLargeError, check_report, read_report_json
 
-_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 EXAMPLE = ("comm2perfetto compare base/ new/ --steps 5-24 --fail-on 'exposed_comm>5%,busbw<-10%' "
            "--plot compare.html")
 
@@ -70,15 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
-    out = Path(args.output) if args.output else None
-    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
-    if out is not None:
-        check_writable(out)
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        if plot.suffix.lower() != ".html":
-            raise UserError(f"--plot writes .html: not {plot.name!r}")
-        check_writable(plot)
+    out, fmt, plot = output_options(args, (".html",))
     base_steps, new_steps, by_position = parse_step_ranges(args.steps)
     min_change = parse_min_change(args.min_change)
     try:

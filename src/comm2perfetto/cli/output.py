@@ -5,6 +5,7 @@ The renderers differ by command; where the text goes, how errors read and what i
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.cli import UserError
+from comm2perfetto.cli import UserError, check_writable
+
+FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,21 @@ class Renderers:
     text: Callable[[dict], str]
     csv_stdout: Callable[[dict], str]
     write_csv: Callable[[dict, Path], list[Path]]
+
+
+def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> tuple[Path | None, str, Path | None]:
+    """``-o``, ``--format`` and ``--plot``, checked before the (long) loading: (output file or None for stdout,
+    format: ``--format``, else ``-o``'s suffix, else text; plot file or None)."""
+    out = Path(args.output) if args.output else None
+    fmt = args.format or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
+    if out is not None:
+        check_writable(out)
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        if plot.suffix.lower() not in plot_suffixes:
+            raise UserError(f"--plot writes {', '.join(plot_suffixes)}: not {plot.name!r}")
+        check_writable(plot)
+    return out, fmt, plot
 
 
 def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Renderers) -> None:

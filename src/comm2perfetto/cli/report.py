@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.output import Renderers, emit
+from comm2perfetto.cli import UserError, exit_status
+from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -27,7 +27,6 @@ from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
 
-_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
 
 
@@ -68,15 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
-    out = Path(args.output) if args.output else None
-    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
-    if out is not None:
-        check_writable(out)
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise UserError(f"--plot writes {', '.join(PLOT_SUFFIXES)}: not {plot.name!r}")
-        check_writable(plot)
+    out, fmt, plot = output_options(args, PLOT_SUFFIXES)
     steps = parse_steps(args.steps) if args.steps else None
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
