@@ -76,7 +76,7 @@ def build_comparison(base: Side, new: Side, *, min_change: float = MIN_CHANGE, c
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
-        "notes": [],
+        "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc.get("notes") or []],
     }
 
 
@@ -114,7 +114,7 @@ def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Li
 def _collective_lines(judge: _Judge, base: Side, new: Side, groups: list[GroupMatch],
                       step_time: float | None) -> list[Line]:
     """Per matched group and op: the totals over every size when there are several sizes, then each size
-    bucket's count, bytes, duration, bus bandwidth and skew (with the rank that arrived last most often)."""
+    bucket's count, bytes, duration, bus bandwidth and skew (with the rank the others waited for)."""
     base_cs, new_cs = collective_samples(base), collective_samples(new)
     lines: list[Line] = []
     for g in groups:

@@ -10,7 +10,7 @@ Each metric has a *kind*, which says how noise is told apart:
 
 and a *scale*, the size a change is measured against: ``step`` (a time inside the step, as a share of BASE's
 median step time: exposed communication that grew by 2 ms in a 40 ms step grew by 5 %), ``base`` (its own
-BASE value: a collective 20 % slower) or ``absolute`` (a percentage or a ratio, whose change is read as it
+BASE value: a bus bandwidth 20 % lower, a count per step that doubled) or ``absolute`` (a percentage or a ratio, whose change is read as it
 is: overlap in percentage points, comm/compute in its own units).
 
 Verdicts, with ``margin`` the smallest change that counts (``--min-change``: 10 % by default; 10 points for a
@@ -34,7 +34,7 @@ from comm2perfetto.compare.statistics import CONFIDENCE, median, shift
 
 REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE, NEW, GONE = (
     "regressed", "improved", "unchanged", "inconclusive", "new", "gone")
-VERDICTS = (REGRESSED, IMPROVED, NEW, GONE, INCONCLUSIVE, UNCHANGED)  # the order lines are listed in
+VERDICTS = (REGRESSED, IMPROVED, NEW, GONE, INCONCLUSIVE, UNCHANGED)  # the order the summary counts them in
 SAMPLED, EXACT = "sampled", "exact"
 STEP, BASE, ABSOLUTE = "step", "base", "absolute"
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from comm2perfetto.render.compare_text import (
-    LEGEND,
     change_text,
+    context_text,
     headline,
     interval_text,
+    legend_text,
     metric_text,
     value_text,
     what_text,
@@ -100,13 +101,15 @@ def _pair_tooltip(step: Mapping[str, Any]) -> str:
 
 def lines_table(lines: Sequence[Mapping[str, Any]], with_what: bool = True) -> str:
     """The lines as an HTML table, each row classed (and coloured) by its verdict."""
-    header = [*(["what"] if with_what else []), "metric", "BASE", "NEW", "change", "interval", "verdict"]
-    head = "".join(f'<th{" class=text" if i < 1 + with_what else ""}>{_e(h)}</th>' for i, h in enumerate(header))
+    header = [*(["what"] if with_what else []), "metric", "BASE", "NEW", "change", "interval", "verdict", ""]
+    left = {*range(1 + with_what), len(header) - 1}  # what, metric and the context read as text
+    head = "".join(f'<th{" class=text" if i in left else ""}>{_e(h)}</th>' for i, h in enumerate(header))
     rows = []
     for line in lines:
         cells = [*([what_text(line)] if with_what else []), metric_text(line), value_text(line["base"], line["unit"]),
-                 value_text(line["new"], line["unit"]), change_text(line), interval_text(line), line["verdict"]]
-        tds = "".join(f'<td{" class=text" if i < 1 + with_what else ""}>{_e(c)}</td>' for i, c in enumerate(cells))
+                 value_text(line["new"], line["unit"]), change_text(line), interval_text(line), line["verdict"],
+                 context_text(line)]
+        tds = "".join(f'<td{" class=text" if i in left else ""}>{_e(c)}</td>' for i, c in enumerate(cells))
         rows.append(f'<tr class="{_e(line["verdict"])}">{tds}</tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -142,9 +145,7 @@ def render_html(doc: Doc) -> str:
         if mine:
             body.append(f"<details><summary>every {section} line ({len(mine)})</summary>{lines_table(mine)}"
                         "</details>")
-    legend = LEGEND.format(confidence=f"{100 * (doc.get('confidence') or 0):g}%",
-                           margin=f"{doc.get('min_change_pct', 0):g}% (or points)")
-    notes = [*(doc.get("notes") or []), legend]
+    notes = [*(doc.get("notes") or []), legend_text(doc)]
     body += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>comm2perfetto compare</title><style>{STYLE}{COMPARE_STYLE}</style></head>\n<body>\n"

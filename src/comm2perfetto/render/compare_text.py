@@ -228,12 +228,15 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
 
 def _notes(doc: Doc, width: int) -> list[str]:
     notes: Sequence[str] = doc.get("notes") or []
-    legend = LEGEND.format(confidence=f"{100 * (doc.get('confidence') or 0):g}%",
-                           margin=f"{doc.get('min_change_pct', 0):g}% (or points)")
     lines = ["notes"] if notes else []
     for note in notes:
         lines += textwrap.wrap(str(note), width, initial_indent="- ", subsequent_indent="  ")
-    return [*lines, *textwrap.wrap(legend, width)]
+    return lines
+
+
+def legend_text(doc: Doc) -> str:
+    return LEGEND.format(confidence=f"{100 * (doc.get('confidence') or 0):g}%",
+                         margin=f"{doc.get('min_change_pct', 0):g}% (or points)")
 
 
 def render_text(doc: Doc, *, width: int = 120) -> str:
@@ -242,7 +245,7 @@ def render_text(doc: Doc, *, width: int = 120) -> str:
     per_step = bool((doc.get("base") or {}).get("steps")) and bool((doc.get("new") or {}).get("steps"))
     sections = [_header(doc, width), _job_section(lines, width, per_step),
                 *(_changes_section(s, lines, width) for s in SECTION_TITLES),
-                _steps_section(doc, width), _notes(doc, width)]
+                _steps_section(doc, width), _notes(doc, width), textwrap.wrap(legend_text(doc), width)]
     text = "\n\n".join("\n".join(line.rstrip() for line in s) for s in sections if s)
     return text + "\n"
 
