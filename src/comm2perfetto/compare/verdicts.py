@@ -10,8 +10,8 @@ Each metric has a *kind*, which says how noise is told apart:
 
 and a *scale*, the size a change is measured against: ``step`` (a time inside the step, as a share of BASE's
 median step time: exposed communication that grew by 2 ms in a 40 ms step grew by 5 %), ``base`` (its own
-BASE value: a bus bandwidth 20 % lower, a count per step that doubled) or ``absolute`` (a percentage or a ratio, whose change is read as it
-is: overlap in percentage points, comm/compute in its own units).
+BASE value: a bus bandwidth 20 % lower, a count per step that doubled) or ``absolute`` (a percentage or a
+ratio, whose change is read as it is: overlap in percentage points, comm/compute in its own units).
 
 Verdicts, with ``margin`` the smallest change that counts (``--min-change``: 10 % by default; 10 points for a
 percentage, 0.1 for a ratio):
