@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
     with Phase("diagnosing"):
-        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args,
+        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args.paths, args.force,
                                trace_ranks_option(args))
     if fmt == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
