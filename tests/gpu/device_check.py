@@ -463,7 +463,8 @@ def healthy() -> Job:
           gpu_only=True)
     entries = fr_latest(job)
     e = entry_for(entries, first.get("seq"))
-    check("healthy: Flight Recorder has the async all_reduce completed", e is not None and e.get("state") == "completed",
+    check("healthy: Flight Recorder has the async all_reduce completed",
+          e is not None and e.get("state") == "completed",
           f"seq {first.get('seq')}: state={e and e.get('state')} retired={e and e.get('retired')} "
           f"discovered_completed={e and e.get('time_discovered_completed_ns')}", gpu_only=True)
     coll = [e for e in entries.values() if not e.get("is_p2p")]
@@ -472,7 +473,8 @@ def healthy() -> Job:
                                   "states": sorted({str(e.get('state')) for e in entries.values()})})
     retired = [e for e in coll if e.get("retired")]
     timed = [e for e in retired if isinstance(e.get("duration_ms"), float)]
-    check("healthy: duration_ms on every retired NCCL collective (timing on)", bool(retired) and len(timed) == len(retired),
+    check("healthy: duration_ms on every retired NCCL collective (timing on)",
+          bool(retired) and len(timed) == len(retired),
           f"{len(timed)} of {len(retired)} retired collectives have duration_ms; e.g. "
           f"{[round(x['duration_ms'], 4) for x in timed[:5]]}", gpu_only=True)
     # Ops inside a coalesced group get entries without events (never completed, never retired); the closing
@@ -734,17 +736,19 @@ def pending() -> None:
           f"duration_ms {e_end and e_end.get('duration_ms')}", gpu_only=True)
     live_verdict = read_json(verdict)
     figure("pending.live_verdict", (live_verdict or {}).get("verdict"))
+    held = (live_verdict or {}).get("verdict") or {}
     check("pending: live verdict written while the work was held", live_verdict is not None,
-          f"status {((live_verdict or {}).get('verdict') or {}).get('status')}, findings "
-          f"{[(f.get('kind'), f.get('op'), f.get('seq')) for f in ((live_verdict or {}).get('verdict') or {}).get('findings', [])]}")
+          f"status {held.get('status')}, findings "
+          f"{[(f.get('kind'), f.get('op'), f.get('seq')) for f in held.get('findings', [])]}")
     figure("pending.diagnose_live", live_doc and {"status": live_doc.get("status"),
                                                   "findings": [(f.get("kind"), f.get("op"), f.get("seq"))
                                                                for f in live_doc.get("findings", [])]})
+    named = [(f.get("kind"), f.get("op"), f.get("seq"), f.get("detail", "")[:120])
+             for f in (live_doc or {}).get("findings", [])]
     check("pending: diagnose on the live folder names the held collective",
           live_doc is not None and any(f.get("op") in ("all_reduce",) or "send" in str(f.get("op"))
                                        for f in live_doc.get("findings", [])),
-          f"{live_doc and live_doc.get('status')}: "
-          f"{[(f.get('kind'), f.get('op'), f.get('seq'), f.get('detail', '')[:120]) for f in (live_doc or {}).get('findings', [])]}")
+          f"{live_doc and live_doc.get('status')}: {named}")
     got = readers(job)
     d = got.get("diagnose") or {}
     figure("pending.diagnose_after", {"status": d.get("status"), "findings": [
@@ -896,7 +900,8 @@ def costs() -> None:
     check("costs: ran", rc == 0, f"exit {rc}; {' | '.join(err[-4:])}")
     a = doc.get("per_call") or {}
     if a:
-        figure("cost.per_call_us", {"torch": round(a["torch"]["median_us"], 2), "recorded": round(a["recorded"]["median_us"], 2),
+        figure("cost.per_call_us", {"torch": round(a["torch"]["median_us"], 2),
+                                    "recorded": round(a["recorded"]["median_us"], 2),
                                     "overhead_median": round(a["overhead_median_us"], 2),
                                     "overhead_block_median": round(a["overhead_block_median_us"], 2),
                                     "overhead_mean": round(a["overhead_mean_us"], 2), "calls": a["torch"]["calls"]})
@@ -919,7 +924,8 @@ def costs() -> None:
         ring = b.get("entries_in_ring")
         if periodic and isinstance(ring, int) and ring > 1:
             # one periodic dump per half ring of collectives: its cost spread over them
-            figure("cost.periodic_dump_us_per_collective", round(sorted(periodic)[len(periodic) // 2] * 1000 / (ring // 2), 3))
+            median_ms = sorted(periodic)[len(periodic) // 2]
+            figure("cost.periodic_dump_us_per_collective", round(median_ms * 1000 / (ring // 2), 3))
     c = doc.get("nccl_timing") or {}
     if c:
         figure("cost.nccl_timing", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in c.items()
@@ -937,7 +943,8 @@ def costs() -> None:
 
 def pytest_figures(log_path: str) -> None:
     text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
-    m = re.search(r"DDP step: ([0-9.]+) ms with the default ring, ([0-9.]+) ms with a 64-entry ring.*?: ([0-9.]+)x", text)
+    m = re.search(r"DDP step: ([0-9.]+) ms with the default ring, ([0-9.]+) ms with a 64-entry ring.*?: ([0-9.]+)x",
+                  text)
     if m:
         figure("cost.periodic_dumps_ddp_step_ms", {"ring_20000": float(m.group(1)), "ring_64": float(m.group(2)),
                                                    "ratio": float(m.group(3))})
@@ -1040,7 +1047,8 @@ def write_summary() -> str:
                      f"(GIL held; None: shorter than a tick):")
         for kind, v in (dumps.get("by_kind") or {}).items():
             lines.append(f"    {kind}: {v.get('wall_ms')} / {v.get('max_tick_gap_ms')}"
-                         + (f" bytes {v['bytes']}" if v.get("bytes") else "") + (f" ERROR {v['error']}" if v.get("error") else ""))
+                         + (f" bytes {v['bytes']}" if v.get("bytes") else "")
+                         + (f" ERROR {v['error']}" if v.get("error") else ""))
     keys = ["cost.per_call_us", "cost.nccl_timing", "cost.periodic_dumps_ddp_step_ms",
             "cost.periodic_dump_us_per_collective", "pytest.outcomes",
             "healthy.step_ms", "sync.step_ms", "healthy.kineto", "userprof.kineto", "healthy.collective_slice_sources",

@@ -8,7 +8,7 @@ JSON on stdin and its path in ``COMM2PERFETTO_VERDICT``. The command runs in a s
 after ``--on-stall-timeout`` seconds, and whatever it does only reaches ``.live/on-stall.log``: the job never
 waits for it. The event written and handed to the command::
 
-    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1,
+    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1, "attempt": 0,
      "t_ns": 1795313447406614332, "folder": "/home/me/run1", "verdict": {...diagnose --format json...}}
 
 ``event`` is ``stall`` or ``resolved`` (then ``verdict`` is the one that was resolved).
@@ -50,6 +50,7 @@ class StallWatcher:
         self._hook_timeout_s = hook_timeout_s
         self._err = err if err is not None else sys.stderr
         self._poll_s = poll_s
+        self._attempt = 0
         self._handled: set[int] = set()
         self._open: set[int] = set()
         self._resolved: set[int] = set()
@@ -85,15 +86,23 @@ class StallWatcher:
                 return
 
     def poll(self) -> None:
+        # Under torchrun's restarts the latest attempt gathers in its own folder (layout.attempt_dir), with
+        # stall generations of its own: a new attempt starts the watching afresh.
+        attempt, folder = max(layout.attempt_folders(self._out_dir).items())
+        if attempt != self._attempt:
+            self._attempt = attempt
+            self._handled, self._open, self._resolved = set(), set(), set()
+            self._shown_key, self._shown = None, None
+        watched = os.path.join(folder, layout.LIVE_DIR)
         try:
-            names = sorted(os.listdir(self._live_dir))
+            names = sorted(os.listdir(watched))
         except OSError:
             return
         for name in names:
             m = _SNAPSHOT.match(name)
             if m and int(m[1]) not in self._handled:
                 self._handled.add(int(m[1]))
-                self._on_snapshot(int(m[1]), os.path.join(self._live_dir, name))
+                self._on_snapshot(int(m[1]), os.path.join(watched, name))
         for name in names:
             m = _RESOLVED.match(name)
             if m and int(m[1]) in self._handled and int(m[1]) not in self._resolved:
@@ -121,12 +130,13 @@ class StallWatcher:
         self._shown_key, self._shown = key, verdict
         text = io.StringIO()
         render_text(diagnosis, text)
-        self._say(f"live verdict at stall {gen} (the job is still running):\n{text.getvalue()}".rstrip())
+        attempt = f" of attempt {self._attempt} (torchrun restarted the job)" if self._attempt else ""
+        self._say(f"live verdict at stall {gen}{attempt} (the job is still running):\n{text.getvalue()}".rstrip())
         self._publish("stall", gen, verdict)
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
-        doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "t_ns": time.time_ns(),
-               "folder": os.path.abspath(self._out_dir), "verdict": verdict}
+        doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "attempt": self._attempt,
+               "t_ns": time.time_ns(), "folder": os.path.abspath(self._out_dir), "verdict": verdict}
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
         path = os.path.join(self._out_dir, layout.STALL_VERDICT_FILE)
         layout.write_whole(path, data)

@@ -43,8 +43,6 @@ from comm2perfetto.diagnose.findings import (
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
-    ranks_text,
-    secs_text,
 )
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
@@ -69,6 +67,9 @@ from comm2perfetto.model import (
     Signature,
     call_site,
 )
+from comm2perfetto.render.words import duration, ranks_text
+
+__all__ = ["diagnose", "verdict_status"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
@@ -78,7 +79,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     weigh it against how the ranks ended (``endings``): a dead rank, an interruption, a job still
     running. ``now_ns`` (the reader's clock) lets a log written on another host count as running while its
     heartbeats are recent, and a pending collective as stuck only past the stall threshold."""
-    groups = [g for g in _ordered_groups(job) if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
+    groups = [g for g in job.groups_in_order() if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
     notes = list(job.notes)
     ends = rank_ends(job, now_ns)
     interrupted_at = interruption_ns(job, ends)
@@ -158,13 +159,6 @@ def _signals_text(job: Job, ends: Mapping[int, RankEnd]) -> str:
     if got:
         parts.append(f"{ranks_text(got)} received it")
     return "; ".join(parts) or "a signal"
-
-
-def _ordered_groups(job: Job) -> list[ProcessGroup]:
-    def key(g: ProcessGroup) -> tuple:
-        return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
-
-    return sorted(job.groups.values(), key=key)
 
 
 # --- the end of the data ---------------------------------------------------------------------------------
@@ -248,7 +242,7 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         first = min((t for t in c.arrive_ns if t is not None), default=None)
         known = [t for t in arrivals if t is not None]
         if known and first is not None:
-            late = (f" {ranks_text(missing).capitalize()} issued {c.op} #{c.seq} {secs_text(max(known) - first)} after "
+            late = (f" {ranks_text(missing).capitalize()} issued {c.op} #{c.seq} {duration(max(known) - first)} after "
                     "the first rank, and the job went on.")
     op = c.op
     verb = "had not issued" if at_ns is not None else "never issued"
@@ -420,7 +414,7 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     first = min((t for t in c.arrive_ns if t is not None), default=None)
     late = ""
     if arr is not None and first is not None and arr > first:
-        late = f", {secs_text(arr - first)} after the first"
+        late = f", {duration(arr - first)} after the first"
     sites = _sites(job, c, [slowest] + [r for r in ranks if r != slowest])
     if at_ns is None:
         not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
@@ -475,8 +469,8 @@ def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
 
 def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     detail = (
-        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler trace); "
-        "the verdict covers the other ranks only."
+        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler "
+        "trace); the verdict covers the other ranks only."
     )
     action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
     return Finding(
@@ -568,7 +562,7 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
     assert op is not None
     if why == "size":
         assert tr.send is not None and tr.recv is not None
-        culprits = (tr.src, tr.dst)
+        culprits: tuple[int, ...] = (tr.src, tr.dst)
         detail = (
             f"Send #{tr.index} from rank {tr.src} to rank {tr.dst} on {group.label} carries "
             f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."

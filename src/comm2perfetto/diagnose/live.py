@@ -29,10 +29,11 @@ from comm2perfetto.diagnose.findings import (
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
-    ranks_text,
-    secs_text,
 )
 from comm2perfetto.model import ClockAlignment
+from comm2perfetto.render.words import duration, ranks_text
+
+__all__ = ["live_diagnosis"]
 
 _WAITING, _MISSING, _ISSUED, _SILENT, _UNKNOWN = "waiting", "missing", "issued", "silent", "unknown"
 
@@ -162,7 +163,7 @@ def _stuck(common: dict, waiting: list[int], pending: Mapping[int, dict], ranks:
     late = pending[slowest]["since_ns"] - common["t_ns"]
     detail = (f"Every rank of {common['process_group']} issued {common['op']} #{common['seq']} and "
               f"{ranks_text(waiting)} {'are' if len(waiting) > 1 else 'is'} still waiting in it. The last to "
-              f"arrive was rank {slowest}" + (f", {secs_text(late)} after the first." if late > 0 else "."))
+              f"arrive was rank {slowest}" + (f", {duration(late)} after the first." if late > 0 else "."))
     action = (f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
               "if every rank looks healthy, suspect the network between them.")
     return Finding(kind=STUCK_ALL_JOINED, ranks_joined=tuple(waiting), ranks_missing=(), culprit_ranks=(slowest,),

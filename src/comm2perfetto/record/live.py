@@ -42,7 +42,7 @@ import orjson
 from comm2perfetto import layout
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
 RANK_KEY = "comm2perfetto/live/{}/{}"
 COUNT_KEY = "comm2perfetto/live/{}/count"
@@ -56,7 +56,7 @@ MAX_GROUPS = 64
 MAX_TEXT = 200
 
 
-def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None) -> dict[str, Any]:
+def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None) -> dict[str, Any]:
     """What this rank is doing now, for the live verdict: bounded in size whatever the job does."""
     groups: dict[str, dict[str, Any]] = {}
     for info in rec.groups()[:MAX_GROUPS]:
@@ -90,7 +90,7 @@ def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None) -> di
 def main_stack(internal: tuple[str, ...], limit: int = MAX_FRAMES) -> list[str]:
     """The main thread's Python stack, innermost first, as ``file:line func``, frames of torch and of the
     recorder left out (``internal``: their path prefixes), so the first line is where user code is."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)  # running, so it has an ident
     out: list[str] = []
     while frame is not None and len(out) < limit:
         code = frame.f_code
@@ -107,7 +107,7 @@ class LiveVerdict:
     (it returns at once while no stall is open), ``resolved(gen)`` when the call that triggered it completed.
     """
 
-    def __init__(self, rec: Recorder, store: Any, out_dir: str, world_size: int, local_rank: int | None,
+    def __init__(self, rec: RecorderView, store: Any, out_dir: str, world_size: int, local_rank: int | None,
                  clock: Any = time.monotonic) -> None:
         self._rec = rec
         self._store = store

@@ -26,13 +26,13 @@ import orjson
 from comm2perfetto import layout
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
 _originals: dict[str, Any] = {}
 
 
 class ProfilerCapture:
-    def __init__(self, recorder: Recorder, out_dir: str, steps: tuple[int, int] | None) -> None:
+    def __init__(self, recorder: RecorderView, out_dir: str, steps: tuple[int, int] | None) -> None:
         self._recorder = recorder
         self._out_dir = out_dir
         self._steps = steps

@@ -148,7 +148,7 @@ def main() -> None:
     original = dist.all_reduce
     original_batch = dist.batch_isend_irecv
     comm2perfetto.enable(args.out, fr_buffer=args.ring)  # before the group: ring size and NCCL timing apply
-    rank, world, device = setup()
+    rank, _, device = setup()
     recording = dist.all_reduce
     figures["patched"] = recording is not original
     tensor = torch.ones(1, device=device)
