@@ -385,8 +385,7 @@ def _ingest(
     return backend
 
 
-def _batch_closers_as_p2p(names: Sequence, pgs: Sequence, p2ps: Sequence, p2p_seqs: Sequence,
-                          parts: dict) -> Sequence:
+def _batch_closers_as_p2p(names: Sequence, pgs: Sequence, p2ps: tuple, p2p_seqs: Sequence, parts: dict) -> tuple:
     """The ``is_p2p`` column with the closing entry of each batched send/recv counted as p2p.
 
     NCCL records each op of a ``batch_isend_irecv`` (``is_p2p``, never completed nor retired: it has no CUDA
