@@ -29,16 +29,18 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.diagnose.endings import RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
+from comm2perfetto.diagnose import waits
+from comm2perfetto.diagnose.endings import EXITED, RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
 from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
     DTYPE_MISMATCH,
     MISSING_RANKS,
     NO_DUMP,
     OP_MISMATCH,
-    ORDER,
     P2P_MISMATCH,
     RANK_DIED,
+    RANK_FROZEN,
+    ROOT_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
@@ -46,6 +48,7 @@ from comm2perfetto.diagnose.findings import (
     ranks_text,
     secs_text,
 )
+from comm2perfetto.diagnose.roots import arrange
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.diagnose.weigh import (
@@ -53,6 +56,8 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    frozen_findings,
+    frozen_ranks,
     in_progress,
     no_collectives,
 )
@@ -75,22 +80,26 @@ MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
 def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diagnosis:
     """Find, per process group, the first collective that did not complete on all its ranks, and why; then
-    weigh it against how the ranks ended (``endings``): a dead rank, an interruption, a job still
-    running. ``now_ns`` (the reader's clock) lets a log written on another host count as running while its
-    heartbeats are recent, and a pending collective as stuck only past the stall threshold."""
+    weigh it against how the ranks ended (``endings``): a dead rank, a frozen one, an interruption, a job still
+    running; then arrange the findings by the wait-for graph (``roots``): root causes first. ``now_ns`` (the
+    reader's clock) lets a log written on another host count as running while its heartbeats are recent, and
+    a pending collective as stuck only past the stall threshold."""
     groups = [g for g in _ordered_groups(job) if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
     notes = list(job.notes)
-    ends = rank_ends(job, now_ns)
+    ends = dict(rank_ends(job, now_ns))
+    frozen = frozen_ranks(job, ends, now_ns)
+    ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
     dead = died_first(job, ends, interrupted_at, notes)
+    halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     for group in groups:
         f = _end_state(job, group)
         if f is not None:
             findings.append(f)
-        findings.extend(_p2p_findings(job, group))
-    if interrupted_at is not None:  # what a dead rank caused is not the interruption's doing
-        findings = [f for f in findings if set(f.culprit_ranks) & set(dead)
+        findings.extend(_p2p_findings(job, group, notes))
+    if interrupted_at is not None:  # what a dead or frozen rank caused is not the interruption's doing
+        findings = [f for f in findings if set(f.culprit_ranks) & halted
                     or not caused_by_interruption(job, f, interrupted_at, notes)]
     running = [r for r, e in ends.items() if e.how == RUNNING]
     if running:
@@ -103,12 +112,15 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                 break  # one resolved stall explains the rest; later ones repeat it
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
         findings = dead_ranks(job, groups, dead, ends, findings)
+    if frozen:
+        findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
-    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
+    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.suspect_ranks) for f in findings):
         findings.append(_no_dump_alone(job, absent))
     if not findings and not any_matched(job, groups):
         findings.append(no_collectives(job, groups))
-    findings.sort(key=lambda f: (ORDER[f.kind], f.resolved, f.t_ns if f.t_ns is not None else 0))
+    states = {r: _state(r, job, ends, dead, frozen) for r in _world(job, groups)}
+    findings = arrange(findings, states, order=history_order(job), halted=frozenset(halted))
     for j in job.jobs:
         status = j.get("exit_status")
         if isinstance(status, int) and status != 0:
@@ -127,14 +139,59 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     )
 
 
+def _world(job: Job, groups: Sequence[ProcessGroup]) -> set[int]:
+    out = set(range(job.world_size or 0)) | set(job.ranks)
+    for g in groups:
+        out.update(g.ranks)
+    return out
+
+
+def _state(rank: int, job: Job, ends: Mapping[int, RankEnd], dead: Mapping[int, RankEnd],
+           frozen: Mapping[int, RankEnd]) -> str:
+    """Where a rank is when it is blocked in no wait (``waits``)."""
+    if rank not in job.ranks:
+        return waits.NO_DATA
+    if rank in frozen:
+        return waits.FROZEN
+    if rank in dead:
+        return waits.DEAD
+    end = ends.get(rank)
+    return waits.EXITED if end is not None and end.how == EXITED else waits.OUTSIDE
+
+
+def history_order(job: Job) -> waits.Order:
+    """``waits.Order`` from the job's history: whether a rank's own earlier collectives put one group's before
+    another's (see ``waits.precedes``)."""
+    cache: dict[tuple[int, str], list[tuple[int, int]]] = {}
+
+    def issues(rank: int, uid: str) -> list[tuple[int, int]]:
+        if (rank, uid) not in cache:
+            out = []
+            for c in job.collectives.get(uid, ()):
+                i = c.ranks.index(rank) if rank in c.ranks else -1
+                t = c.arrive_ns[i] if i >= 0 and c.signatures[i] is not None else None
+                if t is not None:
+                    out.append((c.seq, t))
+            cache[(rank, uid)] = out
+        return cache[(rank, uid)]
+
+    def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
+        if waits.COLLECTIVE != first.kind or waits.COLLECTIVE != then.kind or first.seq is None or then.seq is None:
+            return None
+        return waits.precedes(issues(rank, first.group), issues(rank, then.group), first.seq, then.seq)
+
+    return order
+
+
 def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
-    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first."""
-    kinds = {f.kind for f in findings}
+    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first. A stall that
+    resolved (the job went on) is reported, and is no problem: ``ok``."""
+    kinds = {f.kind for f in findings if not f.resolved}
     if kinds & set(DESYNC_KINDS):
         return "desync"
     if RANK_DIED in kinds:
         return "crashed"
-    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED}:
+    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED, RANK_FROZEN}:
         return "stuck"
     if kinds:
         return "incomplete"
@@ -264,6 +321,15 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         f"Look at what {ranks_text(missing)} {'were' if len(missing) > 1 else 'was'} doing instead ({shown} "
         f"above): a rank that skips or delays a collective the others issue hangs the group."
     )
+    if resolved:
+        action = (f"Look at what {ranks_text(missing)} {'were' if len(missing) > 1 else 'was'} doing instead ({shown} "
+                  "above): a rank that delays a collective makes the others wait (`--fail-on late` makes this "
+                  "exit 1).")
+    elif all(_exited(job, r) for r in missing):
+        theirs = "their processes" if len(missing) > 1 else "its process"
+        action = (f"Find out why {ranks_text(missing)} ended {theirs} "
+                  "early (a return or sys.exit on that rank only): its peers waited for a collective it would "
+                  "never issue.")
     t = min((x for x in c.arrive_ns if x is not None), default=None)
     return Finding(
         kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
@@ -271,6 +337,11 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
         t_ns=at_ns if at_ns is not None else t,
     )
+
+
+def _exited(job: Job, rank: int) -> bool:
+    info = job.ranks.get(rank)
+    return info is not None and bool(info.closed_cleanly) and not info.endings
 
 
 def _what_rank_did(job: Job, rank: int, c: Collective, at_ns: int | None) -> tuple[str, dict | None]:
@@ -313,6 +384,9 @@ def _what_rank_did(job: Job, rank: int, c: Collective, at_ns: int | None) -> tup
                 "call_site": frame.site if frame else None}
     if pending:
         text += f" At the end of its log it was inside {pending}."
+    info = job.ranks.get(rank)
+    if at_ns is None and info is not None and _exited(job, rank):
+        text += f" Then its process exited ({info.closed_reason}), without issuing {c.op} #{c.seq}."
     return text, last
 
 
@@ -356,8 +430,8 @@ def _site_list(sites: Mapping[int, str]) -> str:
 
 # --- mismatches ------------------------------------------------------------------------------------------
 
-_KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH}
-_SEVERITY = {"op": 0, "size": 1, "dtype": 2}
+_KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH, "root": ROOT_MISMATCH}
+_SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 
 
 def _mismatch(job: Job, c: Collective) -> Finding | None:
@@ -384,13 +458,15 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
     sites = _sites(job, c, culprits[:3] + sorted(majority)[:1])
-    what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes"}[worst]
+    what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
+            "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
     detail = f"Ranks issued {what} as {c.op} #{c.seq} on {group.label}: {described}."
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
+    same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
     action = (
-        f"Make {ranks_text(culprits)} issue the same {'collective' if worst == 'op' else 'tensor ' + worst} as "
+        f"Make {ranks_text(culprits)} issue the same {same} as "
         f"{ranks_text(sorted(majority))} at this point: the code paths diverge before {c.op} #{c.seq}."
     )
     return Finding(
@@ -459,8 +535,8 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding
     )
     return Finding(
         kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
-        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=tuple(no_data), detail=detail,
-        action=action, call_sites=_sites(job, c, joined),
+        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(), suspect_ranks=tuple(no_data),
+        detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
     )
 
@@ -481,7 +557,7 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
     return Finding(
         kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
-        ranks_missing=tuple(absent), culprit_ranks=tuple(absent), detail=detail, action=action,
+        ranks_missing=tuple(absent), culprit_ranks=(), suspect_ranks=tuple(absent), detail=detail, action=action,
     )
 
 
@@ -544,7 +620,13 @@ def _went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
 # --- point to point --------------------------------------------------------------------------------------
 
 
-def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
+MAX_P2P_FINDINGS = 8  # per group: unmatched sends and receives told one by one, the rest counted in a note
+
+
+def _p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Finding]:
+    """Every send without its receive, and every receive without its send (or with other sizes), earliest
+    first: a pipeline's faults come in pairs (a rank that skips a send leaves a recv waiting, and the send
+    its own peer then cannot deliver)."""
     transfers = job.p2p.get(group.uid, ())
     bad: list[tuple[P2PTransfer, str]] = []
     for tr in transfers:
@@ -561,23 +643,30 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
         if cov is not None and cov.has_fr and cov.first_seq > 0 and not cov.has_log:
             continue  # the peer's ring buffer wrapped: its side may have been overwritten
         bad.append((tr, "unmatched"))
-    if not bad:
-        return []
-    tr, why = min(bad, key=lambda b: _p2p_time(b[0]))
+    bad.sort(key=lambda b: _p2p_time(b[0]))
+    if len(bad) > MAX_P2P_FINDINGS:
+        notes.append(f"{len(bad) - MAX_P2P_FINDINGS} more unmatched sends or receives on {group.label} after the "
+                     f"first {MAX_P2P_FINDINGS} (not told one by one)")
+    return [_p2p_finding(job, group, tr, why) for tr, why in bad[:MAX_P2P_FINDINGS]]
+
+
+def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Finding:
     op = tr.send or tr.recv
     assert op is not None
+    nth = _ordinal(tr.index + 1)
+    seq = f", p2p seq {op.seq}" if op.seq is not None else ""
     if why == "size":
         assert tr.send is not None and tr.recv is not None
-        culprits = (tr.src, tr.dst)
+        culprits: tuple[int, ...] = (tr.src, tr.dst)
         detail = (
-            f"Send #{tr.index} from rank {tr.src} to rank {tr.dst} on {group.label} carries "
+            f"The {nth} send from rank {tr.src} to rank {tr.dst} on {group.label}{seq} carries "
             f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."
         )
         action = "Make the sender's and the receiver's tensors the same size."
     elif tr.send is not None:
         culprits = (tr.dst,)
         detail = (
-            f"Rank {tr.src} sent to rank {tr.dst} on {group.label} (send #{tr.index} to it, "
+            f"Rank {tr.src} sent to rank {tr.dst} on {group.label} (its {nth} send to it{seq}, "
             f"{tr.send.signature.describe()}) but rank {tr.dst} never posted the matching recv."
         )
         action = f"Make rank {tr.dst} post a recv from rank {tr.src} for this send (or drop the send)."
@@ -585,7 +674,7 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
         assert tr.recv is not None
         culprits = (tr.src,)
         detail = (
-            f"Rank {tr.dst} waits to receive from rank {tr.src} on {group.label} (recv #{tr.index} from it) "
+            f"Rank {tr.dst} waits to receive from rank {tr.src} on {group.label} (its {nth} recv from it{seq}) "
             f"but rank {tr.src} never sent it."
         )
         action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
@@ -596,13 +685,19 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
             if frame is not None:
                 sites[p.rank] = frame.site
     joined = tuple(sorted(p.rank for p in (tr.send, tr.recv) if p is not None))
-    return [Finding(
-        kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=None, op=op.kind,
+    return Finding(
+        kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=op.seq, op=op.kind,
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
         culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
         stacks={r: s for r in culprits if (s := stall_stack(job, r))},
         evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
-    )]
+    )
+
+
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``11th``, ``22nd``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _numel(sizes) -> int:
