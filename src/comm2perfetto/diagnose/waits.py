@@ -264,8 +264,9 @@ def _cycle_root(cycle: tuple[int, ...], edges: Mapping[int, Sequence[tuple[int, 
 
 def waits_of(positions: Mapping[int, Position], members: Mapping[str, Sequence[int]]) -> list[Wait]:
     """The waits of ranks' positions. A member reached a collective when it is blocked in it or has issued it
-    (``issued``); a rank without a position, or whose state is not known to be past it, is waited for. A send
-    is reached when the peer is blocked in the matching recv, and the reverse. Earliest-issued first."""
+    (``issued``); a rank without a position, or whose counter is short of it, is waited for, and so is a frozen
+    or dead member that reached it; a member whose counter is not known is not (no evidence). A send is
+    reached when the peer is blocked in the matching recv, and the reverse."""
     by_key: dict[tuple, list[tuple[int, Op]]] = {}
     for rank, pos in sorted(positions.items()):
         for op in pos.ops:
@@ -294,11 +295,12 @@ def _key(rank: int, op: Op) -> tuple:
 
 
 def _issued(pos: Position | None, op: Op) -> bool:
-    """The rank is known to have issued this collective (and not to have stopped in it)."""
-    if pos is None or pos.state in (NO_DATA, FROZEN, DEAD):
+    """The rank is not known to be short of this collective: it issued it, or its counter is not known (no
+    evidence either way). A rank without a position is waited for (no data)."""
+    if pos is None:
         return False
     n = pos.issued.get(op.group)
-    return n is not None and op.seq is not None and n >= op.seq
+    return n is None or op.seq is None or n >= op.seq
 
 
 # --- order history ----------------------------------------------------------------------------------------
@@ -342,6 +344,18 @@ def _lowest_known(seqs_by_time: Sequence[tuple[int, int]]) -> int:
     """Before the first collective the history holds: the one before it, if it is the group's first."""
     first_seq = seqs_by_time[0][0]
     return first_seq - 1 if first_seq <= 1 else -1
+
+
+def recent_order(positions: Mapping[int, Position]) -> Order:
+    """``Order`` from the recent issues each position carries (``Position.recent``)."""
+    def order(rank: int, first: Op, then: Op) -> bool | None:
+        pos = positions.get(rank)
+        if pos is None or first.kind != COLLECTIVE or then.kind != COLLECTIVE or first.seq is None \
+                or then.seq is None:
+            return None
+        return precedes(pos.recent.get(first.group, ()), pos.recent.get(then.group, ()), first.seq, then.seq)
+
+    return order
 
 
 def recent_by_group(issues: Iterable[tuple[str, int, int]], keep: int = 8) -> dict[str, list[tuple[int, int]]]:

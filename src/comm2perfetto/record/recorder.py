@@ -155,9 +155,12 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
             # "for GPU work, fut.done() returns true only whether the operation has been enqueued"), so only
             # Flight Recorder's state tells when it is done.
             if result is not None and not call.functional and not rec._sync and rec._cpu_work(call, args, kwargs):
-                futures = _futures_of(result if isinstance(result, list) else (result,))
+                works = result if isinstance(result, list) else (result,)
+                futures = _futures_of(works)
                 if futures:
                     rec._on_completion(record, futures)
+                elif not call.collective:  # gloo's p2p work has no future: watched until it is done
+                    rec._p2p_works[cid] = (record, works)
         except Exception as exc:
             rec.fault(exc)
         return result
@@ -252,6 +255,9 @@ class Recorder:
         # Async calls whose work has not completed: cid -> the call's `b` record. A call still running is its
         # thread's ``ThreadState.call`` instead (in_flight()), so a synchronous call costs no bookkeeping.
         self.pending: dict[int, list] = {}
+        # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works), until
+        # in_flight() finds the works completed.
+        self._p2p_works: dict[int, tuple[list, Any]] = {}
         self.steps = StepCounter(self)
         self.modules = ModuleTracker(self.fault) if config.modules else None
         self._attributed = False  # a recorded call ran inside a module or in backward
@@ -514,12 +520,21 @@ class Recorder:
         """The `b` records (cid, t, op, gid, seq ...) of the calls not completed, oldest first: calls running
         on some thread and async calls whose work is pending."""
         records = dict(self.pending)
+        for cid, (watched, works) in list(self._p2p_works.items()):
+            if _works_done(works):
+                self._p2p_works.pop(cid, None)
+            else:
+                records[cid] = watched
         for ref in state.all_threads.valuerefs():
             thread = ref()
             record = thread.call if thread is not None else None
             if record is not None:
                 records[record[1]] = record
         return [records[cid] for cid in sorted(records)]
+
+    def p2p_works_pending(self) -> set[int]:
+        """The cids of sends and receives that returned and whose work is not done (see ``in_flight``)."""
+        return set(self._p2p_works)
 
     def check_module_tracking(self, step: int) -> None:
         """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
@@ -623,6 +638,16 @@ def _futures_of(works: Any) -> list[Any]:
         except (AttributeError, RuntimeError):  # "Work::getFuture not implemented"
             return []
     return futures
+
+
+def _works_done(works: Any) -> bool:
+    for work in works:
+        try:
+            if not work.is_completed():
+                return False
+        except (AttributeError, RuntimeError):  # not a Work, or its group is gone: nothing to wait for
+            continue
+    return True
 
 
 def _internal_roots(torch: Any) -> tuple[str, ...]:

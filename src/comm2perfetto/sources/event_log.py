@@ -35,6 +35,7 @@ from comm2perfetto.sources.limits import (
     opt_time_ok,
     rank_ok,
     read_bounded,
+    regular_file_problem,
     shown,
     time_ok,
     world_ok,
@@ -208,6 +209,22 @@ def read_event_log(path: str | Path) -> RankLog:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
+
+
+def read_header(path: str | Path, limit: int = 1 << 16) -> dict[str, Any] | None:
+    """The checked header of an event log (its first line), or None when the file is not one (yet): what
+    `record` needs to find a rank's process (``host``, ``pid``) without reading a whole log."""
+    if regular_file_problem(Path(path)) is not None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(limit)
+        header = orjson.loads(first)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        return None
+    return _checked_header(header)
 
 
 def _opt_int(v: Any) -> bool:

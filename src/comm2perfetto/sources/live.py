@@ -6,7 +6,9 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
     {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": 2, "gathered_ns": ..., "ranks": [
       {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"],
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
-                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"}}}}]}
+                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
+                        "p2p": [{"op": "irecv", "peer": 1, "since_ns": ...}],
+                        "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
 
 Never imports torch.
 """
@@ -34,6 +36,8 @@ FORMAT = "comm2perfetto-live"
 MAX_BYTES = 256 << 20  # a snapshot of 100,000 ranks is a few tens of MB
 MAX_FRAMES = 16
 MAX_GROUPS = 64
+MAX_RECENT = 16
+MAX_P2P = 64
 
 
 class LiveSnapshotError(ValueError):
@@ -84,11 +88,28 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
             "ranks": [r for r in members[:world] if rank_ok(r, world)],
             "issued": issued if count_ok(issued) else None,
             "pending": _pending(g.get("pending")),
+            "p2p": [p for p in map(lambda q: _p2p(q, world), _list(g.get("p2p"))[:MAX_P2P]) if p is not None],
+            "recent": [[x[0], x[1]] for x in _list(g.get("recent"))[-MAX_RECENT:]
+                       if isinstance(x, list) and len(x) == 2 and count_ok(x[0]) and time_ok(x[1])],
         }
     stack = raw.get("stack") if isinstance(raw.get("stack"), list) else []
     return {"rank": rank, "host": str(raw.get("host") or "")[:200], "groups": groups,
             "stack": [str(line)[:200] for line in stack[:MAX_FRAMES]],
             "step": raw.get("step") if count_ok(raw.get("step")) else None}
+
+
+def _list(raw: Any) -> list:
+    return raw if isinstance(raw, list) else []
+
+
+def _p2p(raw: Any, world: int) -> dict[str, Any] | None:
+    """A send or receive a rank is inside: ``{"op": "irecv", "peer": 1, "since_ns": ...}``."""
+    if not isinstance(raw, dict):
+        return None
+    op, peer, since = raw.get("op"), raw.get("peer"), raw.get("since_ns")
+    if not isinstance(op, str) or not rank_ok(peer, world) or not time_ok(since):
+        return None
+    return {"op": op[:100], "peer": peer, "since_ns": since}
 
 
 def _pending(raw: Any) -> dict[str, Any] | None:
