@@ -94,6 +94,7 @@ def _position(rank: int, summary: Mapping[str, Any]) -> Position:
     ops: list[Op] = []
     issued: dict[str, int] = {}
     recent: dict[str, list[tuple[int, int]]] = {}
+    p2p_issued: dict[tuple[str, str, int], int] = {}
     for name, g in (summary.get("groups") or {}).items():
         if g.get("issued") is not None:
             issued[name] = g["issued"]
@@ -101,10 +102,12 @@ def _position(rank: int, summary: Mapping[str, Any]) -> Position:
         if p is not None:
             ops.append(Op(name, COLLECTIVE, p["seq"], p["op"]))
         for q in g.get("p2p") or ():
-            ops.append(Op(name, SEND if q["op"] in SENDS else RECV, None, q["op"], peer=q["peer"]))
+            ops.append(Op(name, SEND if q["op"] in SENDS else RECV, q.get("n"), q["op"], peer=q["peer"]))
         if g.get("recent"):
             recent[name] = [(x[0], x[1]) for x in g["recent"]]
-    return Position(rank, BLOCKED if ops else OUTSIDE, tuple(ops), issued, recent)
+        for kind, peer, n in g.get("p2p_issued") or ():
+            p2p_issued[(name, SEND if kind in SENDS else RECV, peer)] = n
+    return Position(rank, BLOCKED if ops else OUTSIDE, tuple(ops), issued, recent, p2p_issued)
 
 
 def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str, list[int]]]:

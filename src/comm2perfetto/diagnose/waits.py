@@ -77,15 +77,18 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Where one rank is: ``state``, the operations it is blocked in (``ops``), and per group how many
-    collectives it has issued (``issued``; a group missing: not known), the recent ones with their issue times
-    (``recent``: group -> ((seq, t_ns), ...), oldest first) for ``order``."""
+    """Where one rank is: ``state``, the operations it is blocked in (``ops``; a send or recv's ``seq`` is its
+    1-based index among the rank's ops of that kind to that peer), and per group how many collectives it has
+    issued (``issued``; a group missing: not known), the recent ones with their issue times (``recent``: group ->
+    ((seq, t_ns), ...), oldest first) for ``order``, and how many sends and recvs it issued per peer
+    (``p2p_issued``: (group, "send"/"recv", peer) -> count)."""
 
     rank: int
     state: str
     ops: tuple[Op, ...] = ()
     issued: Mapping[str, int] = field(default_factory=dict)
     recent: Mapping[str, Sequence[tuple[int, int]]] = field(default_factory=dict)
+    p2p_issued: Mapping[tuple[str, str, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +285,10 @@ def waits_of(positions: Mapping[int, Position], members: Mapping[str, Sequence[i
                             and (p := positions.get(m)) is not None and p.state in (FROZEN, DEAD)]
         else:  # both sides hold the same key when both are blocked in the transfer: it is matched
             src, dst = key[2], key[3]
-            waiting_for = [r for r in (src, dst) if r is not None and r not in blocked]
+            peer = dst if op.kind == SEND else src
+            if peer is None or (peer not in blocked and _posted(positions.get(peer), op, holders[0][0])):
+                continue  # the other side issued its part: done, or moving (gloo's unwaited works stay "pending")
+            waiting_for = [r for r in (src, dst) if r not in blocked]
         out.append(Wait(op, blocked, tuple(sorted(waiting_for))))
     return out
 
@@ -291,7 +297,19 @@ def _key(rank: int, op: Op) -> tuple:
     if op.kind == COLLECTIVE:
         return (op.group, COLLECTIVE, op.seq)
     src, dst = (rank, op.peer) if op.kind == SEND else (op.peer, rank)
-    return (op.group, "p2p", src, dst)
+    return (op.group, "p2p", src, dst, op.seq)
+
+
+def _posted(peer: Position | None, op: Op, rank: int) -> bool:
+    """The peer issued its side of ``rank``'s send or recv (the i-th send from A to B pairs with B's i-th recv
+    from A): by its counts, or by a matching op it is in with a later index."""
+    if peer is None or op.seq is None:
+        return False
+    other = RECV if op.kind == SEND else SEND
+    if peer.p2p_issued.get((op.group, other, rank), 0) >= op.seq:
+        return True
+    return any(o.kind == other and o.peer == rank and o.group == op.group and o.seq is not None and o.seq >= op.seq
+               for o in peer.ops)
 
 
 def _issued(pos: Position | None, op: Op) -> bool:

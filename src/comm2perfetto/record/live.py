@@ -9,7 +9,7 @@ stall that several ranks detected at once is gathered complete under each of its
 
 Rank 0 gathers every rank's summary (waiting at most ``GATHER_WAIT_S`` for ranks that do not answer) into one
 snapshot, writes it into its output folder (``.live/stall.<gen>.json``) and publishes it under
-``comm2perfetto/live/<gen>/all``. No single rank is required: when no snapshot is published ``GATHER_WAIT_S``
+``comm2perfetto/live/<gen>/all``. No single rank is required: when no snapshot is published ``TAKEOVER_S``
 after rank 0's deadline (rank 0 is itself the stuck rank), the first other rank to claim the generation
 (``comm2perfetto/live/<gen>/claim``) gathers instead. The lowest rank of every (host, folder) that answered
 copies the snapshot into its folder. ``comm2perfetto record``, watching the folder, turns a snapshot into the
@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.record.recorder import p2p_keys
 
 if TYPE_CHECKING:
     from comm2perfetto.record.recorder import Recorder
@@ -61,6 +62,7 @@ CLAIM_KEY = "comm2perfetto/live/{}/claim"
 OPEN_KEY = "comm2perfetto/live/{}/open"
 
 GATHER_WAIT_S = 5.0  # how long rank 0 waits for ranks whose watchdog has not answered yet
+TAKEOVER_S = 2.0  # after that, how long the other ranks give rank 0 to publish before one of them gathers
 MAX_LIVE_STALLS = 5  # stalls a job reports live; later ones are in the dumps as usual
 MAX_FRAMES = 16
 MAX_GROUPS = 64
@@ -91,12 +93,13 @@ def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None, folde
         if entry is None:
             continue
         if seq is None:  # a send, a recv, a batch of them: one per peer
-            pairs = record[6] if isinstance(record[6], list) else [[op, record[6]]]
-            for kind, peer in pairs[:MAX_P2P]:
-                if isinstance(peer, int) and len(entry["p2p"]) < MAX_P2P:
-                    entry["p2p"].append({"op": str(kind), "peer": peer, "since_ns": t_begin})
+            keys = p2p_keys(record)
+            at = returned.get(cid) or [rec.p2p_counts.get(key, 0) + 1 for key in keys]  # not counted yet
+            for (_, kind, peer), n in list(zip(keys, at))[:MAX_P2P]:
+                if len(entry["p2p"]) < MAX_P2P:
+                    entry["p2p"].append({"op": kind, "peer": peer, "n": n, "since_ns": t_begin})
             if cid not in returned and entry["issued"] is not None:
-                entry["issued"] -= len(pairs)  # gloo's counter advanced as the call began; it is no collective
+                entry["issued"] -= len(record[6]) if isinstance(record[6], list) else 1  # gloo counts p2p too
             continue
         if entry["pending"] is None or seq < entry["pending"]["seq"]:
             entry["pending"] = {"op": op, "seq": seq, "since_ns": t_begin, "source": "patch"}
@@ -108,6 +111,10 @@ def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None, folde
     for name, issues in recent_issues(rec).items():
         if name in groups:
             groups[name]["recent"] = issues
+    for (gid, kind, peer), n in list(rec.p2p_counts.items()):
+        entry = groups.get(rec.group_name(gid))
+        if entry is not None and len(entry.setdefault("p2p_issued", [])) < MAX_P2P:
+            entry["p2p_issued"].append([kind, peer, n])
     return {
         "rank": rec.rank, "host": socket.gethostname()[:MAX_TEXT], "folder": folder[:1000], "pid": os.getpid(),
         "t_ns": time.time_ns(), "step": rec.steps.current, "groups": groups,
@@ -205,7 +212,7 @@ class LiveVerdict:
                 del self._open[gen]
                 continue
             first = self._rec.rank == 0  # the usual gatherer; any other rank when it does not answer
-            due = since + GATHER_WAIT_S * (1 if first else 2)
+            due = since + GATHER_WAIT_S + (0 if first else TAKEOVER_S)
             if (first and self._store.add(COUNT_KEY.format(gen), 0) >= self._world) or now >= due:
                 if self._store.add(CLAIM_KEY.format(gen), 1) == 1:
                     self._write_snapshot(gen, self._gather(gen))

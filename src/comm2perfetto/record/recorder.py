@@ -141,7 +141,7 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                     info.p2p_consumed += raw_after - raw_seq
                 seq = raw_after - info.p2p_consumed
             if not call.collective:
-                rec._count_p2p(call, record, args, kwargs)
+                p2p_at = rec._count_p2p(call, record, args, kwargs)
             if not async_op:
                 info.returned = seq
             data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
@@ -160,7 +160,7 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 if futures:
                     rec._on_completion(record, futures)
                 elif not call.collective:  # gloo's p2p work has no future: watched until it is done
-                    rec._p2p_works[cid] = (record, works)
+                    rec._p2p_works[cid] = (record, works, p2p_at)
         except Exception as exc:
             rec.fault(exc)
         return result
@@ -255,9 +255,10 @@ class Recorder:
         # Async calls whose work has not completed: cid -> the call's `b` record. A call still running is its
         # thread's ``ThreadState.call`` instead (in_flight()), so a synchronous call costs no bookkeeping.
         self.pending: dict[int, list] = {}
-        # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works), until
-        # in_flight() finds the works completed.
-        self._p2p_works: dict[int, tuple[list, Any]] = {}
+        # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works, each op's
+        # index among its kind to its peer), until in_flight() finds the works completed.
+        self._p2p_works: dict[int, tuple[list, Any, list[int]]] = {}
+        self.p2p_counts: dict[tuple[int, str, int], int] = {}  # (gid, "send"/"recv", peer) -> ops issued
         self.steps = StepCounter(self)
         self.modules = ModuleTracker(self.fault) if config.modules else None
         self._attributed = False  # a recorded call ran inside a module or in backward
@@ -334,12 +335,18 @@ class Recorder:
         for future in futures:
             future.add_done_callback(done)
 
-    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> None:
-        """Count a point-to-point call's ops on a GPU for the dump schedule: each takes a Flight Recorder slot
-        that no collective counter shows (gloo's send/recv are not in Flight Recorder at all)."""
+    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> list[int]:
+        """Count a point-to-point call's ops: per group, direction and peer, for the live verdict (the i-th send
+        from A to B pairs with B's i-th recv from A); on a GPU also for the dump schedule, as each takes a Flight
+        Recorder slot that no collective counter shows (gloo's send/recv are not in Flight Recorder at all)."""
+        peers = record[6]
+        at = []
+        for key in p2p_keys(record):
+            at.append(self.p2p_counts.get(key, 0) + 1)
+            self.p2p_counts[key] = at[-1]
         if self.flight is not None and not self._cpu_work(call, args, kwargs):
-            peers = record[6]
             self.flight.p2p_issued += len(peers) if isinstance(peers, list) else 1
+        return at
 
     def _cpu_work(self, call: BoundSpec, args: tuple, kwargs: dict) -> bool:
         """Whether the call's work runs on the CPU (gloo), where a work's future completes with the work.
@@ -520,7 +527,7 @@ class Recorder:
         """The `b` records (cid, t, op, gid, seq ...) of the calls not completed, oldest first: calls running
         on some thread and async calls whose work is pending."""
         records = dict(self.pending)
-        for cid, (watched, works) in list(self._p2p_works.items()):
+        for cid, (watched, works, _) in list(self._p2p_works.items()):
             if _works_done(works):
                 self._p2p_works.pop(cid, None)
             else:
@@ -532,9 +539,10 @@ class Recorder:
                 records[record[1]] = record
         return [records[cid] for cid in sorted(records)]
 
-    def p2p_works_pending(self) -> set[int]:
-        """The cids of sends and receives that returned and whose work is not done (see ``in_flight``)."""
-        return set(self._p2p_works)
+    def p2p_works_pending(self) -> dict[int, list[int]]:
+        """Sends and receives that returned and whose work is not done (see ``in_flight``): cid -> each op's
+        index among this rank's ops of its kind to its peer (1-based, in ``p2p_keys`` order)."""
+        return {cid: at for cid, (_, _, at) in list(self._p2p_works.items())}
 
     def check_module_tracking(self, step: int) -> None:
         """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
@@ -638,6 +646,19 @@ def _futures_of(works: Any) -> list[Any]:
         except (AttributeError, RuntimeError):  # "Work::getFuture not implemented"
             return []
     return futures
+
+
+_P2P_KIND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv", "send_object_list": "send",
+             "recv_object_list": "recv"}
+
+
+def p2p_keys(record: list) -> list[tuple[int, str, int]]:
+    """(gid, "send"/"recv", peer) of each op of a point-to-point call's `b` record (a batch lists
+    ``[op, peer]`` pairs); a recv from any source (peer None) has none."""
+    peers = record[6]
+    pairs = peers if isinstance(peers, list) else [(record[3], peers)]
+    return [(record[4], _P2P_KIND[str(op)], peer) for op, peer in pairs
+            if isinstance(peer, int) and str(op) in _P2P_KIND]
 
 
 def _works_done(works: Any) -> bool:

@@ -7,7 +7,8 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
       {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"],
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
                         "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
-                        "p2p": [{"op": "irecv", "peer": 1, "since_ns": ...}],
+                        "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
+                        "p2p_issued": [["send", 1, 3], ["recv", 1, 2]],
                         "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
 
 Never imports torch.
@@ -91,6 +92,9 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
             "p2p": [p for p in map(lambda q: _p2p(q, world), _list(g.get("p2p"))[:MAX_P2P]) if p is not None],
             "recent": [[x[0], x[1]] for x in _list(g.get("recent"))[-MAX_RECENT:]
                        if isinstance(x, list) and len(x) == 2 and count_ok(x[0]) and time_ok(x[1])],
+            "p2p_issued": [[x[0], x[1], x[2]] for x in _list(g.get("p2p_issued"))[:MAX_P2P]
+                           if isinstance(x, list) and len(x) == 3 and x[0] in ("send", "recv")
+                           and rank_ok(x[1], world) and count_ok(x[2])],
         }
     stack = raw.get("stack") if isinstance(raw.get("stack"), list) else []
     return {"rank": rank, "host": str(raw.get("host") or "")[:200], "groups": groups,
@@ -106,10 +110,10 @@ def _p2p(raw: Any, world: int) -> dict[str, Any] | None:
     """A send or receive a rank is inside: ``{"op": "irecv", "peer": 1, "since_ns": ...}``."""
     if not isinstance(raw, dict):
         return None
-    op, peer, since = raw.get("op"), raw.get("peer"), raw.get("since_ns")
+    op, peer, since, n = raw.get("op"), raw.get("peer"), raw.get("since_ns"), raw.get("n")
     if not isinstance(op, str) or not rank_ok(peer, world) or not time_ok(since):
         return None
-    return {"op": op[:100], "peer": peer, "since_ns": since}
+    return {"op": op[:100], "peer": peer, "n": n if count_ok(n) else None, "since_ns": since}
 
 
 def _pending(raw: Any) -> dict[str, Any] | None:
