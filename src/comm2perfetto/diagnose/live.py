@@ -8,7 +8,8 @@ and how many collectives it has issued per group. It sees less than ``diagnose``
 so it only says what positions prove:
 
 - a member whose group counter shows it has not issued the collective others wait in: ``missing_ranks``;
-- members waiting at one sequence number with different ops: ``op_mismatch``, culprit the minority;
+- members waiting at one sequence number with different ops: ``op_mismatch``, culprit the minority (with
+  one op and different roots, a broadcast's src for instance: ``root_mismatch``);
 - every member waiting: ``stuck_all_joined``, the last to arrive named as the slowest;
 - a send or recv whose peer is not in the matching one: ``p2p_mismatch``;
 - ranks waiting on each other across groups: ``order_mismatch`` (from the order of each rank's recent
@@ -33,6 +34,7 @@ from comm2perfetto.diagnose.findings import (
     OP_MISMATCH,
     P2P_MISMATCH,
     RANK_FROZEN,
+    ROOT_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
@@ -159,7 +161,7 @@ def _finding(w: Wait, labels: Mapping[str, str], ranks: Mapping[int, dict], sile
     ops = Counter(_pending_op(ranks, r, op.group) for r in waiting)
     name = ops.most_common(1)[0][0]
     common["op"] = name
-    if len(ops) > 1:
+    if len(ops) > 1 or len({_root(ranks, r, op.group) for r in waiting} - {None}) > 1:
         return _op_mismatch(common, waiting, ranks)
     if not w.waits_for:
         return _stuck(common, waiting, ranks)
@@ -213,19 +215,31 @@ def _blocked_elsewhere(summary: Mapping[str, Any], group: str) -> str:
     return ""
 
 
+def _root(ranks: Mapping[int, dict], rank: int, group: str) -> int | None:
+    root = ranks[rank]["groups"][group]["pending"].get("root")
+    return root if isinstance(root, int) else None
+
+
 def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
-    by_op: dict[str, list[int]] = {}
+    """Different ops at one sequence number, or one rooted op with different roots: the minority is the
+    culprit (on a tie, the ranks that differ from the lowest)."""
+    by_op: dict[tuple[str, int | None], list[int]] = {}
     for r in waiting:
-        by_op.setdefault(_pending_op(ranks, r, common["group_uid"]), []).append(r)
+        by_op.setdefault((_pending_op(ranks, r, common["group_uid"]), _root(ranks, r, common["group_uid"])),
+                         []).append(r)
     clusters = sorted(by_op.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     culprits = sorted(r for _, rs in clusters[1:] for r in rs)
-    described = "; ".join(f"{ranks_text(rs)}: {op}" for op, rs in clusters)
-    detail = (f"Ranks issued different collectives as #{common['seq']} on {common['process_group']}: "
-              f"{described}.")
-    action = f"Make {ranks_text(culprits)} issue the same collective as the others at this point."
+    same_op = len({op for (op, _), _ in clusters}) == 1
+    described = "; ".join(f"{ranks_text(rs)}: {op}" + (f" root {root}" if root is not None else "")
+                          for (op, root), rs in clusters)
+    what = "different roots (src/dst)" if same_op else "different collectives"
+    detail = f"Ranks issued {what} as #{common['seq']} on {common['process_group']}: {described}."
+    action = (f"Make {ranks_text(culprits)} issue the same {'root' if same_op else 'collective'} as the others at "
+              "this point.")
     sites = _sites(ranks, waiting[:4])
-    return Finding(kind=OP_MISMATCH, ranks_joined=tuple(waiting), ranks_missing=(), culprit_ranks=tuple(culprits),
-                   detail=detail, action=action, call_sites=sites, stacks=_stacks(ranks, culprits), **common)
+    return Finding(kind=ROOT_MISMATCH if same_op else OP_MISMATCH, ranks_joined=tuple(waiting), ranks_missing=(),
+                   culprit_ranks=tuple(culprits), detail=detail, action=action, call_sites=sites,
+                   stacks=_stacks(ranks, culprits), **common)
 
 
 def _stuck(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:

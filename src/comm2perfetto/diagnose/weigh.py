@@ -112,13 +112,13 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
     out = {}
     for rank, (t, state) in seen.items():
         info, end = job.ranks.get(rank), ends.get(rank)
-        if info is None or end is None or info.last_ns is None or not info.heartbeats:
-            continue
+        if info is None or end is None or info.last_ns is None or (state != "stopped" and not info.heartbeats):
+            continue  # a log without heartbeats can be quiet while its rank works; a stopped process cannot
         if end.how not in (DIED, RUNNING, UNKNOWN) or t - info.last_ns < FROZEN_GAP_NS or _recording_off(job, rank):
             continue  # it ended by itself, or by a signal it handled; or it is fine
-        how = "was stopped (SIGSTOP, process state T)" if state == "stopped" else "still existed"
+        how = "stopped (SIGSTOP, process state T)" if state == "stopped" else "running"
         out[rank] = RankEnd(rank, FROZEN, info.last_ns,
-                            f"its process {how} {secs_text(t - info.last_ns)} after its last record")
+                            f"its process was seen {how} {secs_text(t - info.last_ns)} after its last record")
     return out
 
 

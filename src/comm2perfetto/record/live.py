@@ -29,12 +29,14 @@ A rank summary::
 
     {"rank": 1, "host": "node07", "folder": "/home/me/run1", "pid": 4242, "t_ns": 1795313447406614332, "step": 3,
      "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 3, "pending": null, "p2p": [],
-                      "recent": [[2, 1795313441406614332], [3, 1795313442406614332]]}},
+                      "recent": [[2, 1795313441406614332], [3, 1795313442406614332]], "p2p_issued": []}},
      "stack": ["hang_missing_rank.py:36 load_next_shard", "hang_missing_rank.py:55 run", ...]}
 
 ``pending`` is ``{"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"}`` for a rank waiting in
-a collective (``source`` ``fr`` for one only Flight Recorder sees, such as DDP's); ``p2p`` lists
-``{"op": "irecv", "peer": 2, "since_ns": ...}`` for each send or receive it is inside or whose work is pending.
+a collective (``source`` ``fr`` for one only Flight Recorder sees, such as DDP's; ``"root": 0``, its src or
+dst, for a rooted one); ``p2p`` lists ``{"op": "recv", "peer": 2, "n": 3, "since_ns": ...}`` for each send or
+receive it is inside or whose work is pending (``n``: its index among the rank's recvs from rank 2), and
+``p2p_issued`` ``[["send", 1, 3], ...]`` how many of each it issued per peer.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None, folde
             continue
         if entry["pending"] is None or seq < entry["pending"]["seq"]:
             entry["pending"] = {"op": op, "seq": seq, "since_ns": t_begin, "source": "patch"}
+            if isinstance(record[6], int):  # a broadcast's src, a reduce's dst...
+                entry["pending"]["root"] = record[6]
     for name, pending in (fr_pending or {}).items():
         entry = groups.setdefault(name, {"desc": pending.get("desc", ""), "ranks": [], "issued": None,
                                          "pending": None, "p2p": [], "recent": []})

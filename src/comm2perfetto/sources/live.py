@@ -122,4 +122,7 @@ def _pending(raw: Any) -> dict[str, Any] | None:
     op, seq, since = raw.get("op"), raw.get("seq"), raw.get("since_ns")
     if not isinstance(op, str) or not count_ok(seq) or not time_ok(since):
         return None
-    return {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    out = {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    if rank_ok(raw.get("root")):
+        out["root"] = raw["root"]
+    return out
