@@ -140,6 +140,9 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
             ends.setdefault(rank, {}).update(by_key)
         reference = 0 if 0 in ends or not ends else min(ends)
         clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
+        # Plain dumps carry no measurement: their completed collectives show a skew of seconds, if any.
+        clock = refine(clock, _fr_ends(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
+                       only_assumed=True)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
@@ -537,6 +540,23 @@ def parse_site(site: str) -> Frame:
 
 
 # --- clock, coverage -------------------------------------------------------------------------------------
+
+
+FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog poll: only a larger skew is fixed
+
+
+def _fr_ends(tracks: dict[tuple[int, str], _Track],
+             logs: Mapping[int, object]) -> dict[int, dict[tuple[str, int], int]]:
+    """When each rank's Flight Recorder saw its collectives complete (NCCL's watchdog: a late bound), for the
+    ranks without an event log; gloo's entries never complete, so none there."""
+    out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    for (rank, uid), tr in tracks.items():
+        if rank in logs or tr.sources is not None:
+            continue
+        for seq, state, end in zip(tr.seqs, tr.states, tr.end):
+            if state == COMPLETED and end is not None:
+                out[rank][(uid, seq)] = end
+    return out
 
 
 def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:

@@ -66,6 +66,8 @@ from comm2perfetto.model import (
     FAILED,
     NOT_DONE_STATES,
     PENDING,
+    SCHEDULED,
+    STARTED,
     Collective,
     Coverage,
     Job,
@@ -73,6 +75,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     Signature,
     call_site,
+    op_family,
 )
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
@@ -94,7 +97,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     for group in groups:
-        f = _end_state(job, group)
+        f = _end_state(job, group, notes)
         if f is not None:
             findings.append(f)
         findings.extend(_p2p_findings(job, group, notes))
@@ -248,37 +251,77 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
     return _UNKNOWN
 
 
-def _end_state(job: Job, group: ProcessGroup) -> Finding | None:
+def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | None:
     cols = job.collectives.get(group.uid, ())
     if not cols:
         return None
     covs = [job.coverage.get((r, group.uid)) for r in group.ranks]
     start = max((c.first_seq for c in covs if c is not None), default=0)
     n = len(group.ranks)
+    horizon = _stale_dumps(job, group, cols)
     for c in cols:
         if c.seq < start:
             continue
+        beyond = {r for r, h in horizon.items() if c.seq >= h}  # their dump is too old to speak about c
         sigs = c.signatures
         all_present = all(sigs)  # signatures are always truthy; None marks a rank without a record
-        if all_present and sigs.count(sigs[0]) == n:
+        if all_present and sigs.count(sigs[0]) == n and not beyond:
             if set(c.states).isdisjoint(NOT_DONE_STATES):
                 continue
             return _stuck(job, c, group)
-        statuses = [_member_status(job, c, i, covs[i]) for i in range(n)]
+        statuses = [_NO_DATA if r in beyond else _member_status(job, c, i, covs[i]) for i, r in enumerate(c.ranks)]
         missing = [r for r, s in zip(group.ranks, statuses) if s == _MISSING]
         if missing:
             return _missing(job, c, missing, statuses)
+        joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
+        done = joined_states.isdisjoint(NOT_DONE_STATES)
         mismatch = _mismatch(job, c)
         if mismatch is not None:
-            return mismatch
-        joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
-        if joined_states.isdisjoint(NOT_DONE_STATES):
+            if not (done and all_present and _harmless(c)):
+                return mismatch
+            notes.append(f"{c.op} #{c.seq} on {group.label} completed on every rank although the ranks described "
+                         f"it differently ({mismatch.detail.split(': ', 1)[-1].rstrip('.')}): the same collective "
+                         "and element counts in other shapes or through another API, harmless here")
+        if done:
             continue
         no_data = [r for r, s in zip(group.ranks, statuses) if s == _NO_DATA]
         if no_data:
-            return _waiting_for_no_dump(job, c, no_data)
+            return _waiting_for_no_dump(job, c, no_data, {r: horizon[r] for r in no_data if r in horizon})
         return _stuck(job, c, group)
     return None
+
+
+def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
+    """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
+    collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
+    without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
+    out: dict[int, int] = {}
+    for i, rank in enumerate(group.ranks):
+        cov = job.coverage.get((rank, group.uid))
+        if cov is None or not cov.has_fr or cov.has_log:
+            continue
+        tail = [c for c in cols if c.signatures[i] is not None and c.seq <= cov.last_seq][-MAX_EXPLAINED:]
+        stale = []
+        for c in reversed(tail):
+            if c.states[i] not in (STARTED, SCHEDULED) or COMPLETED not in c.states:
+                break
+            stale.append(c.seq)
+        if len(stale) >= 2:
+            out[rank] = min(stale)
+    return out
+
+
+def _harmless(c: Collective) -> bool:
+    """Ranks that differ only where it cannot matter: one collective (op family, root), the same element
+    counts and dtypes, other shapes or another API (``all_gather`` and ``all_gather_into_tensor``)."""
+    def key(sig: Signature | None) -> tuple:
+        if sig is None:
+            return ()
+        if sig.parts:
+            return tuple(key(p) for p in sig.parts)
+        return (op_family(sig.op), sig.root, _numel(sig.input_sizes or ()), _numel(sig.output_sizes or ()),
+                tuple(sorted(set(sig.input_dtypes or ()))))
+    return len({key(sig) for sig in c.signatures}) == 1
 
 
 def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], at_ns: int | None = None,
@@ -449,7 +492,7 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
         else:
             clusters.append((sig, [r]))
     if len(clusters) < 2:
-        return None
+        return _all_to_all_totals(job, c)
     # Largest cluster wins; on a tie, the one holding the lowest rank (torchfrtrace's reference rank).
     clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))
     ref, majority = clusters[0]
@@ -473,6 +516,41 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
         kind=kind, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
         ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
         action=action, call_sites=sites, evidence={"variants": variants},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+    )
+
+
+def _all_to_all_totals(job: Job, c: Collective) -> Finding | None:
+    """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
+    adds up to what they receive. When it does not, the ranks whose (sent, received) counts differ from most
+    ranks' are the culprits (on a tie, those that differ from the lowest rank)."""
+    if op_family(c.op) != "all_to_all":
+        return None
+    counts: dict[int, tuple[int, int]] = {}
+    for r, sig in zip(c.ranks, c.signatures):
+        if sig is None or sig.input_sizes is None or sig.output_sizes is None or sig.source != "fr":
+            return None
+        counts[r] = (_numel(sig.input_sizes), _numel(sig.output_sizes))
+    sent, received = sum(a for a, _ in counts.values()), sum(b for _, b in counts.values())
+    by_count: dict[tuple[int, int], list[int]] = {}
+    for r, pair in counts.items():
+        by_count.setdefault(pair, []).append(r)
+    if sent == received or len(by_count) < 2:
+        return None
+    clusters = sorted(by_count.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    culprits = sorted(r for _, rs in clusters[1:] for r in rs)
+    described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
+    detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "
+              f"and receive {received:,}, which an all-to-all cannot do ({described}).")
+    sites = _sites(job, c, culprits[:3] + sorted(clusters[0][1])[:1])
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    return Finding(
+        kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
+        action=f"Make the split sizes of {ranks_text(culprits)} agree with what the other ranks send to them "
+               "and expect from them.",
+        call_sites=sites, evidence={"counts": {str(r): list(v) for r, v in sorted(counts.items())}},
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
     )
 
@@ -521,23 +599,33 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     )
 
 
-def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding:
+def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
+                         stale: Mapping[int, int] | None = None) -> Finding:
     group = c.group
     joined = list(c.joined_ranks)
-    detail = (
-        f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
-        f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
-        "cannot be told."
-    )
-    action = (
-        f"Find out what happened to {ranks_text(no_data)} (crashed or killed before dumping? look at its log "
-        "and exit status), and collect its Flight Recorder dump next time."
-    )
+    if stale:
+        why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
+                        "the others completed)" for r, seq in sorted(stale.items()))
+        detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
+                  f"{group.label}; {why}, so whether {ranks_text(no_data)} issued it cannot be told.")
+        action = (f"Look at {ranks_text(no_data)} first, and collect a fresh dump of it (TORCH_FR_DUMP_TEMP_FILE, "
+                  "or `comm2perfetto record`, which dumps every rank at a stall).")
+    else:
+        detail = (
+            f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
+            f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
+            "cannot be told."
+        )
+        action = (
+            f"Find out what happened to {ranks_text(no_data)} (crashed or killed before dumping? look at its log "
+            "and exit status), and collect its Flight Recorder dump next time."
+        )
     return Finding(
         kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
         ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(), suspect_ranks=tuple(no_data),
         detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
     )
 
 

@@ -38,6 +38,7 @@ from comm2perfetto.diagnose.findings import (
 from comm2perfetto.diagnose.waits import (
     COLLECTIVE,
     CYCLE,
+    NO_DATA,
     OPERATION,
     RANK,
     RECV,
@@ -83,6 +84,10 @@ def arrange(findings: Sequence[Finding], states: Mapping[int, str], order: Order
     ``NO_DATA`` ...); ``order``: whether a rank's history puts one operation before another; ``halted``: ranks
     that died or froze."""
     items = list(findings)
+    states = dict(states)
+    for f in items:  # a rank a finding says nothing is known of (no data, a stale dump) is a suspect
+        if f.kind == NO_DUMP:
+            states.update({r: NO_DATA for r in f.ranks_missing})
     waits: dict[int, Wait] = {}
     for i in sorted(range(len(items)), key=lambda i: (_t(items[i]), ORDER[items[i].kind])):
         w = wait_of(items[i], halted)
