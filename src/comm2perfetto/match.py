@@ -720,10 +720,10 @@ class LazyStacks:
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._cache: dict[tuple[int, str, int], tuple] = {}
+        self._cache: dict[tuple[int, str, int, bool], tuple] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int) -> tuple:
-        key = (rank, pg_name, seq)
+    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> tuple:
+        key = (rank, pg_name, seq, p2p)
         if key not in self._cache:
             dumps = []
             for path in self._files.get(rank, ()):
@@ -731,7 +731,7 @@ class LazyStacks:
                     dumps.append(read_fr_dump(path))  # bounded and gunzipped as at load
                 except ValueError:
                     continue  # it was readable a moment ago; without it there is just no stack
-            self._cache[key] = stack_for(dumps, self._table, pg_name, seq)
+            self._cache[key] = stack_for(dumps, self._table, pg_name, seq, p2p)
         return self._cache[key]
 
 

@@ -413,8 +413,8 @@ class Job:
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
     # rank -> that rank's profiler traces, read (sources.kineto.reader.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
-    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
-    resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
+    resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:
@@ -432,6 +432,15 @@ class Job:
             return self.stack(sid)
         if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
             return self.resolver(rank, c.group.name, c.seq)
+        return ()
+
+    def p2p_stack(self, op: P2POp) -> Stack:
+        """The call stack of a send or recv (read from its rank's dump now if it was loaded lazily)."""
+        if op.stack_id is not None:
+            return self.stack(op.stack_id)
+        group = self.groups.get(op.group_uid)
+        if self.resolver is not None and op.source == "fr" and op.seq is not None and group is not None:
+            return self.resolver(op.rank, group.name, op.seq, True)
         return ()
 
     def stack(self, stack_id: int | None) -> Stack:

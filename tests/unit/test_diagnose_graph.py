@@ -90,9 +90,10 @@ def test_every_unmatched_send_and_recv_is_told_and_the_waits_lead_to_the_rank_th
     job.p2p(0, "send", 1, [[4]], state="started")  # rank 1 receives from 2 instead
     job.p2p(1, "recv", 2, [[4]], state="started")  # rank 2 never sends
     job.write(tmp_path)
-    d = diagnose(load_job([tmp_path]))
+    d = diagnose(load_job([tmp_path], with_stacks=False))  # as the command loads: stacks read on demand
     assert _found(d) == [("p2p_mismatch", 1, (2,), (), None), ("p2p_mismatch", 1, (), (), 1)]
     assert "its 1st recv from it, p2p seq 1" in d.findings[0].detail
+    assert (d.findings[0].call_sites, d.findings[1].call_sites) == ({1: "pipe.py:20"}, {0: "pipe.py:20"})
     assert d.findings[1].action == "This wait follows from [1]: act on that first."
 
 

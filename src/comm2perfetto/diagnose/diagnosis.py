@@ -769,7 +769,7 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
     sites: dict[int, str] = {}
     for p in (tr.send, tr.recv):
         if p is not None:
-            frame = call_site(job.stack(p.stack_id))
+            frame = call_site(job.p2p_stack(p))
             if frame is not None:
                 sites[p.rank] = frame.site
     joined = tuple(sorted(p.rank for p in (tr.send, tr.recv) if p is not None))
