@@ -7,7 +7,9 @@ SIGINT/SIGTERM to ``comm2perfetto record`` while healthy and while hung (torchru
 user brings: one node's folder alone, dumps holding no entries, dumps cut in half, two jobs mixed, the same
 path given twice, a two-node job recorded by one ``record`` per node. One recorded job serves several
 assertions where it honestly can (the running job is then interrupted; the hung job's rank 0 folder is the
-"one node" view). README's Reliability section reports these figures.
+"one node" view). Then the shapes of real training jobs (issue 21: several groups and a device mesh, pipeline
+and batched p2p, a broadcast root, frozen ranks, an early exit, a late rank), each checked for diagnose's
+verdict and the live verdict file's. README's Reliability section reports these figures.
 """
 
 from __future__ import annotations
