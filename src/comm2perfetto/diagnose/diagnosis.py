@@ -79,6 +79,7 @@ from comm2perfetto.model import (
 )
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
+STALE_TAIL = 8  # the last collectives of a rank's dump looked at for a dump older than the others'
 
 
 def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diagnosis:
@@ -169,13 +170,10 @@ def history_order(job: Job) -> waits.Order:
 
     def issues(rank: int, uid: str) -> list[tuple[int, int]]:
         if (rank, uid) not in cache:
-            out = []
-            for c in job.collectives.get(uid, ()):
-                i = c.ranks.index(rank) if rank in c.ranks else -1
-                t = c.arrive_ns[i] if i >= 0 and c.signatures[i] is not None else None
-                if t is not None:
-                    out.append((c.seq, t))
-            cache[(rank, uid)] = out
+            group = job.groups.get(uid)
+            i = group.ranks.index(rank) if group is not None and rank in group.ranks else -1
+            cache[(rank, uid)] = [(c.seq, t) for c in job.collectives.get(uid, ()) if i >= 0
+                                  and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
         return cache[(rank, uid)]
 
     def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
@@ -300,7 +298,7 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
             continue
-        tail = [c for c in cols if c.signatures[i] is not None and c.seq <= cov.last_seq][-MAX_EXPLAINED:]
+        tail = [c for c in cols if c.signatures[i] is not None and c.seq <= cov.last_seq][-STALE_TAIL:]
         stale = []
         for c in reversed(tail):
             if c.states[i] not in (STARTED, SCHEDULED) or COMPLETED not in c.states:

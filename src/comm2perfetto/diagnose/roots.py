@@ -72,8 +72,10 @@ def wait_of(f: Finding, halted: frozenset[int] = frozenset()) -> Wait | None:
         return Wait(op, f.ranks_joined, f.ranks_missing, ref=f)
     if f.kind in RANK_LEVEL:
         return Wait(op, f.ranks_joined, f.culprit_ranks, ref=f)
-    if f.kind == STUCK_ALL_JOINED or f.kind in DESYNC_KINDS:
+    if f.kind == STUCK_ALL_JOINED:  # every member issued it: it waits for none, but one that died or froze
         return Wait(op, f.ranks_joined, tuple(r for r in f.ranks_joined if r in halted), ref=f)
+    if f.kind in DESYNC_KINDS:  # a mismatch is a root of its own
+        return Wait(op, f.ranks_joined, (), ref=f)
     return None
 
 

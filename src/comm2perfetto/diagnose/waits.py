@@ -116,12 +116,14 @@ Order = Callable[[int, Op, Op], "bool | None"]
 
 @dataclass(frozen=True)
 class Graph:
-    """The waits, the ranks' states and the roots; ``blocked_by(wait)`` says which roots a wait leads to."""
+    """The waits, the ranks' states and the roots; ``blocked_by(wait)`` says which roots a wait leads to.
+    ``blocked_in``: the waits each rank is blocked in (the graph is ranks -> their waits -> the ranks those wait
+    for: linear in the waits' sizes, however many ranks wait for however many)."""
 
     states: Mapping[int, str]
     waits: tuple[Wait, ...]
     roots: tuple[Root, ...]
-    edges: Mapping[int, tuple[tuple[int, Wait], ...]]
+    blocked_in: Mapping[int, tuple[Wait, ...]]
 
     def blocked_by(self, wait: Wait) -> list[int]:
         """Indices (into ``roots``) of the roots this wait leads to, nearest first: following the waits from the
@@ -137,7 +139,8 @@ class Graph:
             for i, root in enumerate(self.roots):
                 if i not in out and _leads_to(root, rank):
                     out.append(i)
-            todo.extend(nxt for nxt, _ in self.edges.get(rank, ()))
+            for w in self.blocked_in.get(rank, ()):
+                todo.extend(w.waits_for)
         return out
 
 
@@ -152,20 +155,17 @@ def _leads_to(root: Root, rank: int) -> bool:
 def explain(states: Mapping[int, str], waits: Sequence[Wait], order: Order | None = None) -> Graph:
     """The graph of ``waits`` (earliest first: the first wait for a rank is the one its root is told with).
     ``states``: the state of ranks blocked in none of the waits (a rank missing: ``NO_DATA``, nothing known)."""
-    blocked = {r for w in waits for r in w.blocked}
-    all_states = {r: BLOCKED for r in blocked}
-    all_states.update({r: s for r, s in states.items() if r not in blocked})
-    edges: dict[int, list[tuple[int, Wait]]] = {}
+    blocked_in: dict[int, list[Wait]] = {}
     for w in waits:
         for b in w.blocked:
-            for m in w.waits_for:
-                if m != b:
-                    edges.setdefault(b, []).append((m, w))
+            blocked_in.setdefault(b, []).append(w)
+    all_states = {r: BLOCKED for r in blocked_in}
+    all_states.update({r: s for r, s in states.items() if r not in blocked_in})
     roots: list[Root] = []
     named: set[int] = set()
     for w in waits:
         for m in w.waits_for:
-            if m in blocked or m in named:
+            if m in blocked_in or m in named:
                 continue
             named.add(m)
             state = all_states.get(m, NO_DATA)
@@ -176,33 +176,41 @@ def explain(states: Mapping[int, str], waits: Sequence[Wait], order: Order | Non
     for w in waits:
         if not w.waits_for:
             roots.append(Root(OPERATION, (), wait=w))
-    for cycle in _cycles(sorted(blocked), edges):
-        roots.append(_cycle_root(cycle, edges, waits, order))
+    for cycle in _cycles(blocked_in):
+        roots.append(_cycle_root(cycle, blocked_in, order))
     return Graph(states=all_states, waits=tuple(waits), roots=tuple(roots),
-                 edges={r: tuple(es) for r, es in edges.items()})
+                 blocked_in={r: tuple(ws) for r, ws in blocked_in.items()})
 
 
-def _cycles(nodes: Sequence[int], edges: Mapping[int, Sequence[tuple[int, Wait]]]) -> list[tuple[int, ...]]:
-    """The strongly connected components of more than one rank (Tarjan's algorithm, iterative), each sorted,
-    in the order of their lowest rank."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
+def _cycles(blocked_in: Mapping[int, Sequence[Wait]]) -> list[tuple[int, ...]]:
+    """Sets of more than one rank that wait on each other: the strongly connected components (Tarjan's
+    algorithm, iterative) of the graph of ranks and waits (a rank leads to the waits it is blocked in, a wait to
+    the ranks it waits for), their ranks sorted, in the order of their lowest rank."""
+    waits = {id(w): w for ws in blocked_in.values() for w in ws}
+
+    def successors(node: tuple[str, int]) -> Sequence[tuple[str, int]]:
+        kind, key = node
+        if kind == "r":
+            return [("w", id(w)) for w in blocked_in.get(key, ())]
+        w = waits[key]
+        return [("r", m) for m in w.waits_for if m in blocked_in]  # a rank blocked in nothing ends a path
+
+    index: dict[tuple[str, int], int] = {}
+    low: dict[tuple[str, int], int] = {}
+    on_stack: set[tuple[str, int]] = set()
+    stack: list[tuple[str, int]] = []
     out: list[tuple[int, ...]] = []
-    counter = 0
-    for start in nodes:
-        if start in index:
+    for start in sorted(blocked_in):
+        if ("r", start) in index:
             continue
-        work = [(start, 0)]
+        work: list[tuple[tuple[str, int], int]] = [(("r", start), 0)]
         while work:
             node, i = work.pop()
             if i == 0:
-                index[node] = low[node] = counter
-                counter += 1
+                index[node] = low[node] = len(index)
                 stack.append(node)
                 on_stack.add(node)
-            nexts = [m for m, _ in edges.get(node, ())]
+            nexts = successors(node)
             recurse = False
             while i < len(nexts):
                 m = nexts[i]
@@ -217,46 +225,44 @@ def _cycles(nodes: Sequence[int], edges: Mapping[int, Sequence[tuple[int, Wait]]
             if recurse:
                 continue
             if low[node] == index[node]:
-                comp = []
+                ranks = []
                 while True:
                     m = stack.pop()
                     on_stack.discard(m)
-                    comp.append(m)
+                    if m[0] == "r":
+                        ranks.append(m[1])
                     if m == node:
                         break
-                if len(comp) > 1:
-                    out.append(tuple(sorted(comp)))
+                if len(ranks) > 1:
+                    out.append(tuple(sorted(ranks)))
             if work:
                 parent = work[-1][0]
                 low[parent] = min(low[parent], low[node])
     return sorted(out)
 
 
-def _cycle_root(cycle: tuple[int, ...], edges: Mapping[int, Sequence[tuple[int, Wait]]], waits: Sequence[Wait],
-                order: Order | None) -> Root:
+def _cycle_root(cycle: tuple[int, ...], blocked_in: Mapping[int, Sequence[Wait]], order: Order | None) -> Root:
     """Which ranks of a cycle deviate. For each wait of rank r on rank n inside the cycle, n is blocked in
     operations of its own although it has not reached r's: n deviates when its history puts r's operation
     first. Without an answer from history, a rank blocked in a send or recv waits, and the peer it waits for,
     blocked in a collective instead, deviates."""
     members = set(cycle)
-    own: dict[int, list[Wait]] = {r: [w for w in waits if r in w.blocked] for r in cycle}
+    inside = {id(w): w for r in cycle for w in blocked_in.get(r, ())}  # each wait once, however many wait in it
+    pairs = [(n, w) for w in inside.values() for n in w.waits_for if n in members]
     deviations: dict[int, tuple[Wait, Wait]] = {}
     if order is not None:
-        for r in cycle:
-            for n, w in edges.get(r, ()):
-                if n not in members or n in deviations:
-                    continue
-                for went in own[n]:
-                    if order(n, w.op, went.op) is True:
-                        deviations[n] = (w, went)
-                        break
+        for n, w in pairs:
+            if n in deviations:
+                continue
+            went = next((x for x in blocked_in[n] if order(n, w.op, x.op) is True), None)
+            if went is not None:
+                deviations[n] = (w, went)
     if not deviations:
-        for r in cycle:
-            for n, w in edges.get(r, ()):
-                if n in members and n not in deviations and w.op.kind in (SEND, RECV):
-                    instead = next((x for x in own[n] if x.op.kind == COLLECTIVE), None)
-                    if instead is not None:
-                        deviations[n] = (w, instead)
+        for n, w in pairs:
+            if n not in deviations and w.op.kind in (SEND, RECV):
+                instead = next((x for x in blocked_in[n] if x.op.kind == COLLECTIVE), None)
+                if instead is not None:
+                    deviations[n] = (w, instead)
     culprits = tuple(sorted(deviations))
     return Root(CYCLE, culprits, waits_for=cycle, suspects=() if culprits else cycle,
                 wait=deviations[culprits[0]][0] if culprits else None, deviations=deviations)
