@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli.live import StallWatcher
+from comm2perfetto.cli.live import StallWatcher, process_state
 from comm2perfetto.diagnose.live import live_diagnosis
 from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
 
@@ -314,7 +314,7 @@ def test_when_rank0_does_not_answer_another_rank_gathers_and_each_folder_gets_a_
 def test_generations_created_at_once_are_each_gathered_complete(live_ranks):
     """Ranks 0 and 1 detected one stall at once: generations 1 and 2. Every rank publishes under both, so
     neither gathering lists a waiting rank as one that did not answer."""
-    ranks, store, now, tmp = live_ranks
+    ranks, _store, _now, tmp = live_ranks
     ranks[0].on_stall(1, detected=True)
     ranks[1].on_stall(2, detected=True)  # it created 2 before it saw 1
     ranks[2].on_stall(2)
@@ -326,7 +326,7 @@ def test_generations_created_at_once_are_each_gathered_complete(live_ranks):
 
 
 def test_a_stall_several_ranks_detected_resolves_when_the_last_of_their_calls_does(live_ranks):
-    ranks, store, now, tmp = live_ranks
+    ranks = live_ranks[0]
     assert not ranks[0].still_open(0)
     ranks[0].on_stall(1, detected=True)
     assert ranks[1].still_open(1)
@@ -396,3 +396,54 @@ def test_a_failing_store_turns_the_live_verdict_off_not_the_recorder():
     dog._live_step(lambda: dog._live.on_stall(1))
     assert dog._live is None and not rec.faulted
     assert rec.warnings == ["live verdict off after an error: RuntimeError: store gone"]
+
+
+def test_the_most_complete_snapshot_of_one_stall_is_the_verdict_kept(tmp_path):
+    """Generation 1 was gathered before rank 2 answered; generation 2 of the same stall has every rank, and a
+    third generation fewer again: the printed verdict, the file and the hook carry generation 2's."""
+    err = io.StringIO()
+    watcher = StallWatcher(str(tmp_path), None, err=err)
+    waiting = (_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1)))
+    _write(tmp_path, layout.live_snapshot(1), _snapshot(*waiting))
+    watcher.poll()
+    _write(tmp_path, layout.live_snapshot(2), _snapshot(*waiting, _rank(2, 3)))
+    watcher.poll()
+    _write(tmp_path, layout.live_snapshot(3), _snapshot(waiting[0]))
+    watcher.poll()
+    watcher.stop()
+    assert err.getvalue().count("live verdict at stall") == 2  # the partial one, then the complete one
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["gen"], f["kind"], f["culprit_ranks"], f["suspect_ranks"]) == (2, "missing_ranks", [2], [])
+
+
+def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(proc.pid) != "stopped" and time.monotonic() < deadline:  # delivered asynchronously
+            time.sleep(0.01)
+        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+                  "host": socket.gethostname(), "pid": proc.pid}
+        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
+        err = io.StringIO()
+        watcher = StallWatcher(str(tmp_path), None, err=err)
+        _write(tmp_path, layout.live_snapshot(1), _snapshot(
+            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+        watcher.poll()
+        watcher.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"], f["seq"]) == (
+        "stuck", "rank_frozen", [2], 4)
+    assert "its process was alive at the stall" in f["detail"]
+    assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "stopped")]
