@@ -182,3 +182,15 @@ def test_signatures_show_output_sizes_roots_and_coalesced_members():
         Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",)),
         Signature("all_reduce", ((9,),), ("Float",), ((9,),), ("Float",))))
     assert coalesced.describe() == "allreduce_coalesced of 2 (all_reduce [[4]] Float, all_reduce [[9]] Float)"
+
+
+def test_a_coalesced_group_names_the_member_that_differs(tmp_path):
+    job = FrJob(world=2)
+    for r in job.ranks:
+        sizes = [[8]] if r == 0 else [[9]]
+        job.collective(r, "allreduce_coalesced", [], [], state="started",
+                       coalesced=[("all_reduce", [[4]], [[4]]), ("all_reduce", sizes, sizes)])
+    job.write(tmp_path)
+    (f,) = diagnose(load_job([tmp_path])).findings
+    assert (f.kind, f.culprit_ranks) == ("size_mismatch", (1,))
+    assert "The 2nd member differs: all_reduce [[8]] Float against all_reduce [[9]] Float." in f.detail

@@ -503,6 +503,9 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
             "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
     detail = f"Ranks issued {what} as {c.op} #{c.seq} on {group.label}: {described}."
+    member = _differing_member(ref, clusters[1][0], size)
+    if member:
+        detail += f" {member}"
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
     same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
@@ -516,6 +519,16 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
         action=action, call_sites=sites, evidence={"variants": variants},
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
     )
+
+
+def _differing_member(a: Signature, b: Signature, size: int) -> str:
+    """``The 2nd member differs: all_reduce [[8]] Float against all_reduce [[9]] Float.`` for coalesced groups."""
+    if not a.parts or not b.parts or len(a.parts) != len(b.parts):
+        return ""
+    for i, (pa, pb) in enumerate(zip(a.parts, b.parts)):
+        if compare(pa, pb, size) is not None:
+            return f"The {_ordinal(i + 1)} member differs: {pa.describe()} against {pb.describe()}."
+    return ""
 
 
 def _all_to_all_totals(job: Job, c: Collective) -> Finding | None:
