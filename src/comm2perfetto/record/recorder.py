@@ -257,7 +257,7 @@ class Recorder:
         self.pending: dict[int, list] = {}
         # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works, each op's
         # index among its kind to its peer), until in_flight() finds the works completed.
-        self._p2p_works: dict[int, tuple[list, Any, list[int]]] = {}
+        self._p2p_works: dict[int, tuple[list, Any, int | list[int]]] = {}
         self.p2p_counts: dict[tuple[int, str, int], int] = {}  # (gid, "send"/"recv", peer) -> ops issued
         self.steps = StepCounter(self)
         self.modules = ModuleTracker(self.fault) if config.modules else None
@@ -335,15 +335,23 @@ class Recorder:
         for future in futures:
             future.add_done_callback(done)
 
-    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> list[int]:
+    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> int | list[int]:
         """Count a point-to-point call's ops: per group, direction and peer, for the live verdict (the i-th send
         from A to B pairs with B's i-th recv from A); on a GPU also for the dump schedule, as each takes a Flight
-        Recorder slot that no collective counter shows (gloo's send/recv are not in Flight Recorder at all)."""
+        Recorder slot that no collective counter shows (gloo's send/recv are not in Flight Recorder at all).
+        Returns each op's 1-based index among the rank's ops of its kind to its peer: one for a send or recv, a
+        list for a batch (``p2p_keys`` order)."""
         peers = record[6]
-        at = []
-        for key in p2p_keys(record):
-            at.append(self.p2p_counts.get(key, 0) + 1)
-            self.p2p_counts[key] = at[-1]
+        counts = self.p2p_counts
+        at: int | list[int]
+        if peers.__class__ is int:  # the usual single send or recv: no list built
+            key = (record[4], _P2P_KIND.get(record[3], "recv"), peers)
+            at = counts[key] = counts.get(key, 0) + 1
+        else:
+            at = []
+            for key in p2p_keys(record):
+                n = counts[key] = counts.get(key, 0) + 1
+                at.append(n)
         if self.flight is not None and not self._cpu_work(call, args, kwargs):
             self.flight.p2p_issued += len(peers) if isinstance(peers, list) else 1
         return at
@@ -542,7 +550,7 @@ class Recorder:
     def p2p_works_pending(self) -> dict[int, list[int]]:
         """Sends and receives that returned and whose work is not done (see ``in_flight``): cid -> each op's
         index among this rank's ops of its kind to its peer (1-based, in ``p2p_keys`` order)."""
-        return {cid: at for cid, (_, _, at) in list(self._p2p_works.items())}
+        return {cid: at if isinstance(at, list) else [at] for cid, (_, _, at) in list(self._p2p_works.items())}
 
     def check_module_tracking(self, step: int) -> None:
         """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
