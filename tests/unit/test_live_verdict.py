@@ -447,3 +447,17 @@ def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_p
         "stuck", "rank_frozen", [2], 4)
     assert "its process was alive at the stall" in f["detail"]
     assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "stopped")]
+
+
+def test_the_last_heartbeat_of_a_log_still_written_is_found_past_its_padding(tmp_path):
+    from comm2perfetto.sources.event_log import last_heartbeat
+
+    lines = [{"kind": "header", "format": "comm2perfetto-events", "version": 1}, ["h", T0], ["b", 1, T0 + 5],
+             ["h", T0 + 10**9], ["w", T0 + 2 * 10**9, "some warning"]]
+    path = tmp_path / layout.event_log(0)
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines) + b"\0" * 4096)  # a live mapping's padding
+    assert last_heartbeat(path) == (T0 + 10**9, False)
+    path.write_bytes(path.read_bytes().replace(b"some warning", b"comm2perfetto: recording disabled on rank 0"))
+    assert last_heartbeat(path) == (T0 + 10**9, True)
+    (tmp_path / "empty").write_bytes(b"")
+    assert last_heartbeat(tmp_path / "empty") == (None, False)

@@ -137,22 +137,31 @@ class StallWatcher:
         self._publish("stall", gen, verdict)
 
     def _probe_silent(self, snapshot: dict[str, Any]) -> dict[int, dict[str, Any]]:
-        """Ranks that did not answer, whose process runs on this host: is it there (stopped, running) or gone?"""
-        from comm2perfetto.sources.event_log import read_header
+        """Ranks that did not answer, whose process runs on this host: frozen when it is stopped (SIGSTOP), or
+        running while its heartbeats stopped (the GIL held, stuck in C++). Every look goes to the job file."""
+        from comm2perfetto.diagnose.weigh import FROZEN_GAP_NS
+        from comm2perfetto.sources.event_log import last_heartbeat, read_header
 
         world = snapshot["world_size"] or 0
         answered = {s["rank"] for s in snapshot["ranks"]}
         here = socket.gethostname()
-        out = {}
+        frozen = {}
         for rank in sorted(set(range(world)) - answered)[:64]:
-            header = read_header(os.path.join(self._out_dir, layout.event_log(rank)))
+            path = os.path.join(self._out_dir, layout.event_log(rank))
+            header = read_header(path)
             if header is None or header.get("host") != here or not isinstance(header.get("pid"), int):
                 continue
             probe = {"rank": rank, "pid": header["pid"], "state": process_state(header["pid"]),
                      "t_ns": time.time_ns()}
             self.probes.append(probe)
-            out[rank] = probe
-        return out
+            if probe["state"] == "stopped":
+                frozen[rank] = dict(probe, detail="stopped (SIGSTOP, process state T)")
+            elif probe["state"] == "running":
+                last, recording_off = last_heartbeat(path)
+                if last is not None and not recording_off and probe["t_ns"] - last >= FROZEN_GAP_NS:
+                    frozen[rank] = dict(probe, detail=f"running, its heartbeats stopped "
+                                                      f"{(probe['t_ns'] - last) / 1e9:.1f} s before")
+        return frozen
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
         doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "t_ns": time.time_ns(),

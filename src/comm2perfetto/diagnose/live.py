@@ -65,8 +65,8 @@ NOTE = ("a live verdict, from each rank's position at the stall; `comm2perfetto 
 
 def live_diagnosis(snapshot: Mapping[str, Any], probes: Mapping[int, Mapping[str, Any]] | None = None) -> Diagnosis:
     """The verdict of one stall snapshot (``.live/stall.<gen>.json``, as ``sources.live.read_snapshot`` checked
-    it). ``probes``: what `record` saw of the processes of ranks that did not answer, by rank:
-    ``{"state": "stopped" | "running" | "gone", "t_ns": ...}``; alive means frozen."""
+    it). ``probes``: the ranks that did not answer whose process `record` found alive and making no progress
+    (frozen), by rank: ``{"state": "stopped", "detail": "stopped (SIGSTOP, process state T)", ...}``."""
     ranks = {s["rank"]: s for s in snapshot["ranks"]}
     world = snapshot["world_size"]
     groups = _groups(ranks, world)
@@ -74,7 +74,7 @@ def live_diagnosis(snapshot: Mapping[str, Any], probes: Mapping[int, Mapping[str
     labels = {name: desc or name for name, desc, _ in groups}
     positions = {r: _position(r, s) for r, s in ranks.items()}
     silent = sorted(set(range(world)) - set(ranks)) if world else []
-    frozen = {r: probes[r] for r in silent if probes and probes.get(r, {}).get("state") in ("stopped", "running")}
+    frozen = {r: probes[r] for r in silent if probes and r in probes}
     states = {r: FROZEN if r in frozen else NO_DATA for r in silent}
     states.update({r: p.state for r, p in positions.items()})
     findings = [f for w in waits_of(positions, members)
@@ -292,7 +292,7 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
     out = list(findings)
     for rank, probe in sorted(frozen.items()):
         wait = next((f for f in out if rank in f.ranks_missing and f.kind in (MISSING_RANKS, NO_DUMP)), None)
-        state = "stopped (SIGSTOP, process state T)" if probe.get("state") == "stopped" else "running"
+        state = probe.get("detail") or probe.get("state") or "alive"
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
         if wait is not None:

@@ -16,6 +16,7 @@ becomes model data; bad records are skipped and counted, one note per file.
 from __future__ import annotations
 
 import io
+import mmap
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -225,6 +226,27 @@ def read_header(path: str | Path, limit: int = 1 << 16) -> dict[str, Any] | None
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         return None
     return _checked_header(header)
+
+
+def last_heartbeat(path: str | Path) -> tuple[int | None, bool]:
+    """The time of the last heartbeat (``h`` record) of an event log still being written, and whether recording
+    was turned off on its rank (then heartbeats stop while the rank trains): found in the file's mapping
+    without parsing the log, which may be large. What `record` checks of a rank that did not answer a stall."""
+    if regular_file_problem(Path(path)) is not None:
+        return None, False
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            off = m.rfind(b'\n["h",')
+            line = m[off + 1:m.find(b"\n", off + 1)] if off >= 0 else b""
+            disabled = m.find(b"recording disabled") >= 0
+    except (OSError, ValueError):  # gone, or empty (a mapping of nothing)
+        return None, False
+    try:
+        record = orjson.loads(line) if line else None
+    except orjson.JSONDecodeError:
+        record = None
+    t = record[1] if isinstance(record, list) and len(record) > 1 else None
+    return (t if time_ok(t) else None), disabled
 
 
 def _opt_int(v: Any) -> bool:
