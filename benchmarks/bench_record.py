@@ -170,7 +170,8 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
             total += i
         return original(*args, **kwargs)
 
-    from comm2perfetto.record import patch
+    from comm2perfetto.record import ops
+    from comm2perfetto.record.recorder import recording_wrapper
 
     names_all = (UNPATCHED, PASSTHROUGH, BUSY, RECORDING, NOOP, NOOP_RECORDING)
     samples: dict[str, list[int]] = {name: [] for name in names_all}
@@ -180,7 +181,7 @@ def overhead_rank(rank: int, world_size: int, port: int, calls: int, block: int,
     record_dir = Path(work_dir) / f"record-ws{world_size}"
     comm2perfetto.enable(str(record_dir))  # the defaults a user gets
     recording = dist.all_reduce
-    recording_noop = patch._make_wrapper(next(s for s in patch.OPS if s.name == "all_reduce"), noop)
+    recording_noop = recording_wrapper(ops.bind(next(s for s in ops.OPS if s.name == "all_reduce"), noop), noop)
     variants = {UNPATCHED: original, PASSTHROUGH: passthrough, BUSY: busy_then_call, RECORDING: recording,
                 NOOP: noop, NOOP_RECORDING: recording_noop}
     names = list(variants)

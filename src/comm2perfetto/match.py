@@ -84,25 +84,26 @@ class _Track:
 
 
 def load_job(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None,
+    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
     ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
     needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
     ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
-    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``).
+    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``:
+    which attempt of a job torchrun restarted (default the last; see ``sources.discover``).
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
+        src = load_sources(paths, force=force, with_stacks=with_stacks,
                            workers=workers, progress=progress, read_traces=read_traces,
-                           trace_ranks=trace_ranks)
+                           trace_ranks=trace_ranks, attempt=attempt)
         if not read_traces:
             drop_traces(src)
         return build_job(src, lazy_stacks=not with_stacks, align=align)
@@ -168,6 +169,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
         resolver=LazyStacks(src) if lazy_stacks else None,
+        attempt=src.attempt,
+        attempts=src.attempts,
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
-from conftest import job_env
+from support.jobs import job_env
 
 pytestmark = pytest.mark.integration
 

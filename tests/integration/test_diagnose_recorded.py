@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import communicate, job_env, record_cmd, torchrun
+from support.jobs import communicate, job_env, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 

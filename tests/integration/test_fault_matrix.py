@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JobResult, RunningJob, job_env, record_cmd, torchrun
+from support.jobs import JobResult, RunningJob, job_env, record_cmd, torchrun
+from support.verdicts import diagnose, verdict
 
 pytestmark = pytest.mark.integration
 
@@ -93,18 +94,6 @@ def start(runner, *, mode: str, nproc: int = 2, steps: str = "8", launcher: str 
     runner.write(cwd, JOB)
     job = torchrun(nproc) if launcher == "torchrun" else bash_launcher(nproc)
     return runner.start_in(cwd, job, record_args=record_args, env=dict(MODE=mode, STEPS=steps, **env))
-
-
-def diagnose(*paths: Path | str, cwd: Path | None = None) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", *map(str, paths),
-                           "--format", "json"], capture_output=True, text=True, timeout=120, cwd=cwd)
-    assert proc.returncode != 2 or not proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout else {"error": proc.stderr}
-
-
-def verdict(doc: dict) -> tuple:
-    """(status, [(kind, seq, culprits)...]): what each case pins down exactly."""
-    return doc["status"], [(f["kind"], f["seq"], f["culprit_ranks"]) for f in doc["findings"]]
 
 
 def interrupt(running: RunningJob, signum: int) -> JobResult:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from comm2perfetto.trace.check import check_trace
-from conftest import communicate, job_env, kill_tree, record_cmd, torchrun
+from support.jobs import communicate, job_env, kill_tree, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 

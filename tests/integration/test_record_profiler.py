@@ -72,6 +72,10 @@ def test_profile_steps_window_is_saved(profiler_job, rank):
     # Steps 1 and 2 each ran one all_reduce inside the window; steps 0 and 3 ran outside it.
     all_reduces = [e for e in events if e.get("ph") == "X" and e.get("name") == "c10d::allreduce_"]
     assert len(all_reduces) == 2, sorted({e.get("name") for e in events})
+    # The window marks its steps as a scheduled profiler does, numbered as the job counts them: readers project
+    # them onto the GPU ("steps (GPU)") and report per step from them.
+    marked = sorted(e["name"] for e in events if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
+    assert marked == ["ProfilerStep#1", "ProfilerStep#2"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

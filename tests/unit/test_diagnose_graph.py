@@ -9,7 +9,7 @@ import json
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
-from factories import T0_NS, EventLog, FrJob, steady_job
+from support.factories import T0_NS, EventLog, FrJob, steady_job
 
 S = 10**9
 TIMEOUT = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 6000ms for recv operation"

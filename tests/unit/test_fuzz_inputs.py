@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostile import RECORDING, event_lines, load_dump, run_cli, save_dump, warm_up
+from support.hostile import RECORDING, event_lines, load_dump, run_cli, save_dump, warm_up
 
 EXAMPLES = int(os.environ.get("COMM2PERFETTO_FUZZ_EXAMPLES", "100"))
 GROUP_RANKS = {"pair_a": {0, 1}, "pair_b": {2, 3}}

@@ -6,7 +6,7 @@ from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
-from factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
+from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
 def _diagnose(tmp_path, job: FrJob | None = None, **kw):
@@ -135,7 +135,8 @@ def test_p2p_size_mismatch(tmp_path):
     job.p2p(0, "send", 1, [[16]])
     job.p2p(1, "recv", 0, [[8]])
     (f,) = _diagnose(tmp_path, job).findings
-    assert f.kind == "p2p_mismatch" and "the 1st send from rank 0 to rank 1 on default_pg, p2p seq 1" in f.detail.lower()
+    assert f.kind == "p2p_mismatch"
+    assert "the 1st send from rank 0 to rank 1 on default_pg, p2p seq 1" in f.detail.lower()
 
 
 def test_coalesced_collectives_compare_their_members(tmp_path):
@@ -226,8 +227,9 @@ def test_a_stall_the_job_recovered_from_still_names_the_late_rank(tmp_path):
 
 
 def test_compare_rules():
-    s = lambda op, i, o=None, d=("Float",), src="fr": Signature(op, i, d, o if o is not None else i,  # noqa: E731
-                                                                 d if src == "fr" else None, src)
+    def s(op, i, o=None, d=("Float",), src="fr"):
+        return Signature(op, i, d, o if o is not None else i, d if src == "fr" else None, src)
+
     # all_to_all: per-rank sizes may differ (uneven splits).
     assert compare(s("all_to_all_single", ((8,),)), s("all_to_all_single", ((6,),)), 2) is None
     # gather: only the root has outputs.

@@ -66,7 +66,7 @@ def test_every_rank_waiting_names_the_last_to_arrive(tmp_path):
     ))
     (f,) = d.findings
     assert (d.status, f.kind, f.culprit_ranks, f.seq) == ("stuck", "stuck_all_joined", (1,), 7)
-    assert "The last to arrive was rank 1, 1.5 s after the first." in f.detail
+    assert "The last to arrive was rank 1, 1.50 s after the first." in f.detail
 
 
 def test_different_ops_at_one_seq_blame_the_minority(tmp_path):
@@ -265,7 +265,7 @@ def _snapshot_ranks(path: Path) -> list[int]:
 
 
 def test_rank0_gathers_every_rank_and_the_other_node_copies_it(live_ranks):
-    ranks, store, now, tmp = live_ranks
+    ranks, _store, _now, tmp = live_ranks
     for r in (0, 1, 2):
         ranks[r].on_stall(1)
     for r in (0, 2):
@@ -282,7 +282,7 @@ def test_rank0_gathers_every_rank_and_the_other_node_copies_it(live_ranks):
 def test_rank0_waits_for_a_silent_rank_only_so_long(live_ranks):
     from comm2perfetto.record.live import GATHER_WAIT_S
 
-    ranks, store, now, tmp = live_ranks
+    ranks, _store, now, tmp = live_ranks
     ranks[0].on_stall(1)
     ranks[1].on_stall(1)  # rank 2 never answers
     ranks[0].tick()
@@ -338,7 +338,7 @@ def test_a_stall_several_ranks_detected_resolves_when_the_last_of_their_calls_do
 
 
 def test_nothing_is_asked_of_the_store_while_no_stall_is_open(live_ranks):
-    ranks, store, now, tmp = live_ranks
+    ranks, store, _now, _tmp = live_ranks
     for _ in range(100):
         for r in ranks.values():
             r.tick()
@@ -348,7 +348,7 @@ def test_nothing_is_asked_of_the_store_while_no_stall_is_open(live_ranks):
 def test_a_long_hang_reports_a_bounded_number_of_stalls(live_ranks):
     from comm2perfetto.record.live import MAX_LIVE_STALLS
 
-    ranks, store, now, tmp = live_ranks
+    ranks, store, _now, _tmp = live_ranks
     for gen in range(1, 3 * MAX_LIVE_STALLS):
         ranks[1].on_stall(gen)
     assert len([k for k in store.data if k.endswith("/1")]) == MAX_LIVE_STALLS
@@ -379,7 +379,9 @@ def test_a_failing_store_turns_the_live_verdict_off_not_the_recorder():
     class _Rec:
         rank = 0
         faulted = False
-        warnings: list = []
+
+        def __init__(self):
+            self.warnings: list[str] = []
 
         def warn(self, message):
             self.warnings.append(message)

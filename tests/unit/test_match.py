@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comm2perfetto.match import find_collective, load_job
 from comm2perfetto.model import COMPLETED, PENDING
-from factories import STEP_NS, T0_NS, EventLog, FrJob
+from support.factories import STEP_NS, T0_NS, EventLog, FrJob
 
 
 def test_one_collective_per_group_and_seq_with_per_rank_arrival(tmp_path):

@@ -108,10 +108,10 @@ def test_sync_waits_on_the_calls_device_and_logs_completion(tmp_path, fr_env, sy
 
 def _bound(name: str):
     """The patch layer's reading of torch's ``name`` (its argument positions)."""
-    from comm2perfetto.record import patch
+    from comm2perfetto.record import ops
 
-    spec = next(s for s in patch.OPS if s.name == name)
-    return patch.BoundSpec(spec, tuple(inspect.signature(getattr(dist.distributed_c10d, name).__wrapped__).parameters))
+    spec = next(s for s in ops.OPS if s.name == name)
+    return ops.BoundSpec(spec, tuple(inspect.signature(getattr(dist.distributed_c10d, name).__wrapped__).parameters))
 
 
 def test_during_a_capture_calls_are_marked_and_nothing_is_dumped(tmp_path, fr_env):
@@ -142,6 +142,6 @@ def test_during_a_capture_calls_are_marked_and_nothing_is_dumped(tmp_path, fr_en
     from comm2perfetto.match import load_job
 
     job = load_job([out])
-    ((uid, cols),) = job.collectives.items()
+    ((_, cols),) = job.collectives.items()
     # The captured call's seq (2) has only Flight Recorder's entry, which gloo records; the log adds nothing.
     assert [(c.seq, c.sources[0]) for c in cols] == [(1, "fr+log"), (2, "fr"), (3, "fr+log")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import pytest
 
@@ -293,7 +294,7 @@ def test_periodic_dumps_leave_stacks_out_and_count_point_to_point_slots(tmp_path
         rank = 0
 
         class log:
-            records: list = []
+            records: ClassVar[list] = []
 
             @classmethod
             def write(cls, r):

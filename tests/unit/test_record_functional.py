@@ -15,7 +15,8 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 
 import comm2perfetto
-from comm2perfetto.record import patch
+from comm2perfetto.record import ops, patch
+from comm2perfetto.record.bootstrap import install_functional_patches
 from comm2perfetto.sources.event_log import read_event_log
 
 # funcol.all_gather_single and reduce_scatter_single exist from torch 2.13; earlier, DTensor calls the *_tensor forms.
@@ -23,15 +24,15 @@ HAS_SINGLE = hasattr(funcol, "reduce_scatter_single")
 
 
 def test_install_and_uninstall_functional():
-    names = [spec.name for spec in patch.FUNCTIONAL_OPS if hasattr(funcol, spec.name)]
+    names = [spec.name for spec in ops.FUNCTIONAL_OPS if hasattr(funcol, spec.name)]
     assert {"all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
             "all_reduce_coalesced"} <= set(names)
     assert HAS_SINGLE == ({"all_gather_single", "reduce_scatter_single"} <= set(names))
     before = {name: getattr(funcol, name) for name in names}
-    patch.install_functional(funcol)
+    install_functional_patches(funcol)
     try:
         first = {name: getattr(funcol, name) for name in names}
-        patch.install_functional(funcol)  # idempotent: never a wrapper around a wrapper
+        install_functional_patches(funcol)  # idempotent: never a wrapper around a wrapper
         for name in names:
             assert getattr(funcol, name) is first[name] and first[name].__c2p_original__ is before[name], name
     finally:

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from comm2perfetto.record import patch
+from comm2perfetto.record import ops, patch
+from comm2perfetto.record.bootstrap import install_patches
 
 c10d = dist.distributed_c10d
 HOOKED = ("_update_default_pg", "destroy_process_group")
@@ -15,7 +16,7 @@ HOOKED = ("_update_default_pg", "destroy_process_group")
 
 @pytest.fixture
 def originals():
-    names = [spec.name for spec in patch.OPS if hasattr(c10d, spec.name)]
+    names = [spec.name for spec in ops.OPS if hasattr(c10d, spec.name)]
     before = {name: getattr(c10d, name) for name in [*names, *HOOKED]}
     before_dist = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
     yield names, before, before_dist
@@ -25,7 +26,7 @@ def originals():
 def test_install_wraps_every_op_in_both_modules(originals):
     names, before, before_dist = originals
     assert {"all_reduce", "broadcast", "send", "batch_isend_irecv", "all_gather_object"} <= set(names)
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
     assert patch.installed()
     for name in [*names, *HOOKED]:
         wrapper = getattr(c10d, name)
@@ -38,10 +39,10 @@ def test_install_wraps_every_op_in_both_modules(originals):
 
 def test_install_is_idempotent(originals):
     names, before, _ = originals
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
     first = {name: getattr(c10d, name) for name in names}
-    patch.install(c10d, dist)
-    patch.install(c10d)
+    install_patches(c10d, dist)
+    install_patches(c10d)
     assert {name: getattr(c10d, name) for name in names} == first
     for name in names:  # never a wrapper around a wrapper
         assert getattr(c10d, name).__c2p_original__ is before[name]
@@ -49,7 +50,7 @@ def test_install_is_idempotent(originals):
 
 def test_uninstall_restores_the_originals_everywhere(originals):
     _names, before, before_dist = originals
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
     patch.uninstall()
     assert not patch.installed()
     assert {name: getattr(c10d, name) for name in before} == before
@@ -57,13 +58,13 @@ def test_uninstall_restores_the_originals_everywhere(originals):
     patch.uninstall()  # twice is fine
     assert {name: getattr(c10d, name) for name in before} == before
     # And it can be installed again afterwards.
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
     assert dist.all_reduce.__c2p_original__ is before["all_reduce"]
 
 
 def test_uninstall_leaves_a_function_someone_else_replaced_since(originals):
     _, before, _ = originals
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
 
     def theirs(*args, **kwargs):
         return "theirs"
@@ -81,7 +82,7 @@ def test_uninstall_leaves_a_function_someone_else_replaced_since(originals):
 
 def test_wrappers_call_straight_through_when_not_recording(originals):
     """No recorder in this process: the wrapper behaves exactly as torch's function, errors included."""
-    patch.install(c10d, dist)
+    install_patches(c10d, dist)
     assert not dist.is_initialized()
     with pytest.raises(ValueError) as wrapped_error:
         dist.all_reduce(torch.ones(2))

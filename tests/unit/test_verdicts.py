@@ -11,7 +11,7 @@ from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.endings import DIED, EXCEPTION, PEER_LOST, RUNNING, SIGNALLED, rank_ends
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import MixedJobsError
-from factories import T0_NS, EventLog, FrJob, steady_job
+from support.factories import T0_NS, EventLog, FrJob, steady_job
 
 S = 10**9
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:39090: Connection reset by peer"

@@ -25,13 +25,15 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT, Diagnosis
 from comm2perfetto.match import load_job
 from comm2perfetto.render.diagnosis_text import render_text
-from comm2perfetto.sources.discover import SourceError
+
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="late: exit 1 also when the job got over a stall (a rank came late, status still ok), "
                         "for a CI gate that must catch slow ranks")
     add_trace_rank_option(p)
+    add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -72,16 +75,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Stacks are read on demand: a report shows a handful.
         job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
-                       trace_ranks=trace_ranks_option(args))
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt)
     finally:
         progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
     with Phase("diagnosing"):
-        result = diagnose(job, pg=args.pg, now_ns=time.time_ns())
+        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args.paths, args.force,
+                               trace_ranks_option(args))
     if fmt == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
     else:
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
-        sys.stdout = None  # type: ignore[assignment]  # keep the interpreter's final flush quiet
+        sys.stdout = None  # keep the interpreter's final flush quiet
     return _exit_status(result, args.fail_on)
 
 

@@ -13,7 +13,7 @@ resolved) it prints the verdict in diagnose's words, writes it to ``stall-verdic
 in a session of its own, is killed after ``--on-stall-timeout`` seconds, and whatever it does only reaches
 ``.live/on-stall.log``: the job never waits for it. The event written and handed to the command::
 
-    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1,
+    {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1, "attempt": 0,
      "t_ns": 1795313447406614332, "folder": "/home/me/run1", "verdict": {...diagnose --format json...}}
 
 ``event`` is ``stall`` or ``resolved`` (then ``verdict`` is the one that was resolved).
@@ -57,12 +57,14 @@ class StallWatcher:
         self._hook_timeout_s = hook_timeout_s
         self._err = err if err is not None else sys.stderr
         self._poll_s = poll_s
+        self._attempt = 0
         self._handled: set[int] = set()
         self._open: set[int] = set()
         self._resolved: set[int] = set()
         self._shown_key: Any = None
         self._shown: dict[str, Any] | None = None
         self._shown_answered = 0
+        self._folder = out_dir  # the latest attempt's folder (poll)
         self.probes: list[dict[str, Any]] = []  # what was seen of ranks that did not answer, for the job file
         # The user's command runs on a thread of its own, one event after the other (a stall is announced
         # before its resolution), so a slow command never holds up the watching.
@@ -94,15 +96,24 @@ class StallWatcher:
                 return
 
     def poll(self) -> None:
+        # Under torchrun's restarts the latest attempt gathers in its own folder (layout.attempt_dir), with
+        # stall generations of its own: a new attempt starts the watching afresh.
+        attempt, folder = max(layout.attempt_folders(self._out_dir).items())
+        if attempt != self._attempt:
+            self._attempt = attempt
+            self._handled, self._open, self._resolved = set(), set(), set()
+            self._shown_key, self._shown, self._shown_answered = None, None, 0
+        self._folder = folder
+        watched = os.path.join(folder, layout.LIVE_DIR)
         try:
-            names = sorted(os.listdir(self._live_dir))
+            names = sorted(os.listdir(watched))
         except OSError:
             return
         for name in names:
             m = _SNAPSHOT.match(name)
             if m and int(m[1]) not in self._handled:
                 self._handled.add(int(m[1]))
-                self._on_snapshot(int(m[1]), os.path.join(self._live_dir, name))
+                self._on_snapshot(int(m[1]), os.path.join(watched, name))
         for name in names:
             m = _RESOLVED.match(name)
             if m and int(m[1]) in self._handled and int(m[1]) not in self._resolved:
@@ -133,7 +144,8 @@ class StallWatcher:
         self._shown_key, self._shown, self._shown_answered = key, verdict, answered
         text = io.StringIO()
         render_text(diagnosis, text)
-        self._say(f"live verdict at stall {gen} (the job is still running):\n{text.getvalue()}".rstrip())
+        attempt = f" of attempt {self._attempt} (torchrun restarted the job)" if self._attempt else ""
+        self._say(f"live verdict at stall {gen}{attempt} (the job is still running):\n{text.getvalue()}".rstrip())
         self._publish("stall", gen, verdict)
 
     def _probe_silent(self, snapshot: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -147,12 +159,12 @@ class StallWatcher:
         here = socket.gethostname()
         frozen = {}
         for rank in sorted(set(range(world)) - answered)[:64]:
-            path = os.path.join(self._out_dir, layout.event_log(rank))
+            path = os.path.join(self._folder, layout.event_log(rank))  # the attempt's logs
             header = read_header(path)
             if header is None or header.get("host") != here or not isinstance(header.get("pid"), int):
                 continue
             probe = {"rank": rank, "pid": header["pid"], "state": process_state(header["pid"]),
-                     "t_ns": time.time_ns()}
+                     "t_ns": time.time_ns(), "attempt": self._attempt}
             self.probes.append(probe)
             if probe["state"] == "stopped":
                 frozen[rank] = dict(probe, detail="stopped (SIGSTOP, process state T)")
@@ -164,8 +176,8 @@ class StallWatcher:
         return frozen
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
-        doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "t_ns": time.time_ns(),
-               "folder": os.path.abspath(self._out_dir), "verdict": verdict}
+        doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "attempt": self._attempt,
+               "t_ns": time.time_ns(), "folder": os.path.abspath(self._out_dir), "verdict": verdict}
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
         path = os.path.join(self._out_dir, layout.STALL_VERDICT_FILE)
         layout.write_whole(path, data)
@@ -230,13 +242,15 @@ def stopped_ranks(out_dir: str) -> list[dict[str, Any]]:
 
     out = []
     here = socket.gethostname()
-    for path in sorted(glob.glob(os.path.join(out_dir, layout.EVENT_LOG_GLOB)))[:4096]:
+    attempt, folder = max(layout.attempt_folders(out_dir).items())  # torchrun's latest attempt: the one running
+    for path in sorted(glob.glob(os.path.join(folder, layout.EVENT_LOG_GLOB)))[:4096]:
         header = read_header(path)
         if header is None or header.get("host") != here or not isinstance(header.get("pid"), int) \
                 or not isinstance(header.get("rank"), int):
             continue
         if process_state(header["pid"]) == "stopped":
-            out.append({"rank": header["rank"], "pid": header["pid"], "state": "stopped", "t_ns": time.time_ns()})
+            out.append({"rank": header["rank"], "pid": header["pid"], "state": "stopped", "t_ns": time.time_ns(),
+                        "attempt": attempt})
     return out
 
 

@@ -45,8 +45,6 @@ from comm2perfetto.diagnose.findings import (
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
-    ranks_text,
-    secs_text,
 )
 from comm2perfetto.diagnose.roots import arrange
 from comm2perfetto.diagnose.signatures import compare
@@ -77,6 +75,9 @@ from comm2perfetto.model import (
     call_site,
     op_family,
 )
+from comm2perfetto.render.words import duration, ranks_text
+
+__all__ = ["diagnose", "verdict_status"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 STALE_TAIL = 8  # the last collectives of a rank's dump looked at for a dump older than the others'
@@ -88,7 +89,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     running; then arrange the findings by the wait-for graph (``roots``): root causes first. ``now_ns`` (the
     reader's clock) lets a log written on another host count as running while its heartbeats are recent, and
     a pending collective as stuck only past the stall threshold."""
-    groups = [g for g in _ordered_groups(job) if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
+    groups = [g for g in job.groups_in_order() if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
     notes = list(job.notes)
     ends = dict(rank_ends(job, now_ns))
     frozen = frozen_ranks(job, ends, now_ns)
@@ -218,13 +219,6 @@ def _signals_text(job: Job, ends: Mapping[int, RankEnd]) -> str:
     return "; ".join(parts) or "a signal"
 
 
-def _ordered_groups(job: Job) -> list[ProcessGroup]:
-    def key(g: ProcessGroup) -> tuple:
-        return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
-
-    return sorted(job.groups.values(), key=key)
-
-
 # --- the end of the data ---------------------------------------------------------------------------------
 
 
@@ -346,7 +340,7 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         first = min((t for t in c.arrive_ns if t is not None), default=None)
         known = [t for t in arrivals if t is not None]
         if known and first is not None:
-            late = (f" {ranks_text(missing).capitalize()} issued {c.op} #{c.seq} {secs_text(max(known) - first)} after "
+            late = (f" {ranks_text(missing).capitalize()} issued {c.op} #{c.seq} {duration(max(known) - first)} after "
                     "the first rank, and the job went on.")
     op = c.op
     verb = "had not issued" if at_ns is not None else "never issued"
@@ -585,7 +579,7 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     first = min((t for t in c.arrive_ns if t is not None), default=None)
     late = ""
     if arr is not None and first is not None and arr > first:
-        late = f", {secs_text(arr - first)} after the first"
+        late = f", {duration(arr - first)} after the first"
     sites = _sites(job, c, [slowest] + [r for r in ranks if r != slowest])
     if at_ns is None:
         not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
@@ -650,8 +644,8 @@ def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
 
 def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     detail = (
-        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler trace); "
-        "the verdict covers the other ranks only."
+        f"{ranks_text(absent)} of {job.world_size} left no data (no Flight Recorder dump, event log or profiler "
+        "trace); the verdict covers the other ranks only."
     )
     action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
     return Finding(

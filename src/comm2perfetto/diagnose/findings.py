@@ -1,12 +1,18 @@
-"""What diagnose reports: findings and the verdict, as data (``to_json`` is the contract), plus wording helpers."""
+"""What diagnose reports: findings and the verdict, as data (``to_json`` is the contract)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from comm2perfetto.model import ClockAlignment, Skipped
+
+if TYPE_CHECKING:
+    from comm2perfetto.diagnose.attempts import AttemptEnd
+
+__all__ = ["DESYNC_KINDS", "DTYPE_MISMATCH", "MISSING_RANKS", "NO_COLLECTIVES", "NO_DUMP", "OP_MISMATCH", "ORDER",
+           "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STATUS_EXIT", "STUCK_ALL_JOINED", "Diagnosis", "Finding"]
 
 MISSING_RANKS = "missing_ranks"
 OP_MISMATCH = "op_mismatch"
@@ -80,6 +86,10 @@ class Diagnosis:
     notes: tuple[str, ...]
     clock: ClockAlignment
     groups_checked: tuple[str, ...]
+    # A job torchrun restarted: the attempt this verdict is about (None: no restart seen) and how each other
+    # attempt ended (diagnose/attempts.py).
+    attempt: int | None = None
+    other_attempts: tuple[AttemptEnd, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -101,21 +111,7 @@ class Diagnosis:
                 "method": {str(r): m for r, m in sorted(clock.method.items())},
                 "residual_skew_ns": clock.residual_skew_ns, "samples": clock.samples,
             },
+            "attempt": self.attempt,
+            "other_attempts": [a.to_json() for a in self.other_attempts],
         }
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """``rank 2``, ``ranks 0, 1, 3``, ``12 ranks (0, 1, 2, 3, 4, ...)``."""
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
-    return "ranks " + ", ".join(map(str, ranks))
-
-
-def secs_text(ns: int) -> str:
-    """A duration for people: ``6.0 s``, ``12.5 ms``."""
-    s = ns / 1e9
-    return f"{s:.1f} s" if s >= 1 else f"{s * 1000:.1f} ms"
 

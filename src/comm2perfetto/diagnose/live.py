@@ -38,8 +38,6 @@ from comm2perfetto.diagnose.findings import (
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
-    ranks_text,
-    secs_text,
 )
 from comm2perfetto.diagnose.roots import arrange
 from comm2perfetto.diagnose.waits import (
@@ -57,6 +55,9 @@ from comm2perfetto.diagnose.waits import (
     waits_of,
 )
 from comm2perfetto.model import ClockAlignment
+from comm2perfetto.render.words import duration, ranks_text
+
+__all__ = ["live_diagnosis"]
 
 SENDS = ("send", "isend")
 NOTE = ("a live verdict, from each rank's position at the stall; `comm2perfetto diagnose` on the folder "
@@ -248,7 +249,7 @@ def _stuck(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Findi
     late = since[slowest] - (common["t_ns"] or since[slowest])
     detail = (f"Every rank of {common['process_group']} issued {common['op']} #{common['seq']} and "
               f"{ranks_text(waiting)} {'are' if len(waiting) > 1 else 'is'} still waiting in it. The last to "
-              f"arrive was rank {slowest}" + (f", {secs_text(late)} after the first." if late > 0 else "."))
+              f"arrive was rank {slowest}" + (f", {duration(late)} after the first." if late > 0 else "."))
     action = (f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
               "if every rank looks healthy, suspect the network between them.")
     return Finding(kind=STUCK_ALL_JOINED, ranks_joined=tuple(waiting), ranks_missing=(), culprit_ranks=(slowest,),

@@ -33,7 +33,6 @@ from comm2perfetto.diagnose.findings import (
     RANK_FROZEN,
     STUCK_ALL_JOINED,
     Finding,
-    ranks_text,
 )
 from comm2perfetto.diagnose.waits import (
     COLLECTIVE,
@@ -50,6 +49,7 @@ from comm2perfetto.diagnose.waits import (
     Wait,
     explain,
 )
+from comm2perfetto.render.words import ranks_text
 
 RANK_LEVEL = (RANK_DIED, RANK_FROZEN)
 

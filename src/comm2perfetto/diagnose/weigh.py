@@ -20,11 +20,10 @@ from comm2perfetto.diagnose.findings import (
     RANK_FROZEN,
     STUCK_ALL_JOINED,
     Finding,
-    ranks_text,
-    secs_text,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.model import NOT_DONE_STATES, Job, ProcessGroup
+from comm2perfetto.render.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
 # torchrun): a rank waiting since less than this before the first signal waits because of it.
@@ -66,13 +65,13 @@ def caused_by_interruption(job: Job, f: Finding, interrupted_at: int, notes: lis
                      f"({ranks_text(f.ranks_joined)} issued it {_relative(since - interrupted_at)} the first "
                      "signal): not a hang")
         return True
-    notes.append(f"the job was interrupted {secs_text(interrupted_at - since)} after {ranks_text(f.ranks_joined)} "
+    notes.append(f"the job was interrupted {duration(interrupted_at - since)} after {ranks_text(f.ranks_joined)} "
                  f"began waiting in {f.op} #{f.seq}: a hang the interruption ended")
     return False
 
 
 def _relative(ns: int) -> str:
-    return f"{secs_text(-ns)} before" if ns < 0 else f"{secs_text(ns)} after"
+    return f"{duration(-ns)} before" if ns < 0 else f"{duration(ns)} after"
 
 
 def in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> bool:
@@ -90,9 +89,10 @@ def in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> b
     threshold = min(thresholds) if thresholds else DEFAULT_STALL_NS
     if ref - since >= threshold:
         return False
-    notes.append(f"the job is still running: {ranks_text(f.ranks_joined)} {'have' if len(f.ranks_joined) > 1 else 'has'} "
-                 f"been in {f.op} #{f.seq} on {f.process_group} for {secs_text(max(0, ref - since))}, less than the "
-                 f"stall threshold ({secs_text(threshold)})")
+    verb = "have" if len(f.ranks_joined) > 1 else "has"
+    notes.append(f"the job is still running: {ranks_text(f.ranks_joined)} {verb} "
+                 f"been in {f.op} #{f.seq} on {f.process_group} for {duration(max(0, ref - since))}, less than the "
+                 f"stall threshold ({duration(threshold)})")
     return True
 
 
@@ -118,7 +118,7 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
             continue  # it ended by itself, or by a signal it handled; or it is fine
         how = "stopped (SIGSTOP, process state T)" if state == "stopped" else "running"
         out[rank] = RankEnd(rank, FROZEN, info.last_ns,
-                            f"its process was seen {how} {secs_text(t - info.last_ns)} after its last record")
+                            f"its process was seen {how} {duration(t - info.last_ns)} after its last record")
     return out
 
 
@@ -143,9 +143,9 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
         if not first:
-            notes.append(f"no rank closed its log ({ranks_text(sorted(dead))} stop within "
-                         f"{secs_text(latest - min(e.t_ns or latest for e in dead.values()))} of each other): the whole "
-                         "job was killed at once (or its processes run on another host)")
+            spread = latest - min(e.t_ns or latest for e in dead.values())
+            notes.append(f"no rank closed its log ({ranks_text(dead)} stop within {duration(spread)} of each "
+                         "other): the whole job was killed at once (or its processes run on another host)")
         return first
     return dead
 

@@ -5,6 +5,9 @@ start of every Python process of the job (torchrun's agent, each rank, DataLoade
 ``activate_from_env()``. That costs one small import and imports no torch: it only registers import hooks.
 Torch is patched when ``torch.distributed.distributed_c10d`` finishes importing, and recording starts when
 the default process group is created, so processes that never join a job are left alone.
+
+This is also where the patch layer is put together (``install_patches``): patch.py wraps the functions of
+ops.py with what it is handed, recorder.py's wrapper and session.py's hooks.
 """
 
 from __future__ import annotations
@@ -19,16 +22,26 @@ from typing import Any
 from comm2perfetto.record.config import RecordConfig
 
 
+def install_patches(c10d: ModuleType, dist: ModuleType | None = None) -> None:
+    """The patch layer over ``torch.distributed.distributed_c10d`` (and ``torch.distributed``, when given), put
+    together here: the recorder's wrapper around each op, the session's hooks around the default group's
+    creation and destruction. Idempotent; ``patch.uninstall()`` takes it off."""
+    from comm2perfetto.record import patch, session
+    from comm2perfetto.record.recorder import recording_wrapper
+
+    patch.install(c10d, dist, wrap=recording_wrapper, hooks=session.HOOKS)
+
+
+def install_functional_patches(funcol: ModuleType) -> None:
+    """The recorder's wrapper around each functional collective (``torch.distributed._functional_collectives``)."""
+    from comm2perfetto.record import patch
+    from comm2perfetto.record.recorder import recording_wrapper
+
+    patch.install_functional(funcol, wrap=recording_wrapper)
+
+
 def _patch_c10d(module: ModuleType) -> None:
-    from comm2perfetto.record import patch
-
-    patch.install(module, sys.modules.get("torch.distributed"))
-
-
-def _patch_functional(module: ModuleType) -> None:
-    from comm2perfetto.record import patch
-
-    patch.install_functional(module)
+    install_patches(module, sys.modules.get("torch.distributed"))
 
 
 def _mirror_nvtx(module: ModuleType) -> None:
@@ -46,7 +59,7 @@ def _mirror_torch_cuda_nvtx(module: ModuleType) -> None:
 # Module name -> what to do right after it has been executed.
 POST_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": _patch_c10d,
-    "torch.distributed._functional_collectives": _patch_functional,
+    "torch.distributed._functional_collectives": install_functional_patches,
     "nvtx": _mirror_nvtx,
     "torch.cuda.nvtx": _mirror_torch_cuda_nvtx,
 }

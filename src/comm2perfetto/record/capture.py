@@ -42,7 +42,9 @@ def install(torch: Any) -> None:
         finally:
             active = max(active - 1, 0)
 
-    for name, new, original in (("capture_begin", capture_begin, begin), ("capture_end", capture_end, end)):
+    replacements: tuple[tuple[str, Any, Any], ...] = (
+        ("capture_begin", capture_begin, begin), ("capture_end", capture_end, end))
+    for name, new, original in replacements:
         new.__wrapped__ = original
         new.__name__ = original.__name__
         setattr(graph, name, new)

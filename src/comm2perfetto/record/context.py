@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from comm2perfetto.record import state
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RankLog
 
 
 class StepCounter:
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: RankLog) -> None:
         self._recorder = recorder
         self.current = 0
         self.source: str | None = None

@@ -27,7 +27,7 @@ from comm2perfetto import layout
 from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RankLog
 
 BUFFER_ENV_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX_ENV_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -92,6 +92,15 @@ def prepare_environment(env: dict[str, str] | os._Environ, wanted: int, out_dir:
     if gpu_timing:
         env.setdefault(TIMING_ENV_VAR, "1")
     return warnings
+
+
+def follow_attempt(env: dict[str, str] | os._Environ, out_dir: str, attempt_dir: str) -> None:
+    """Point torch's own timeout dumps at this attempt's folder when they went to the recording folder (the
+    launcher set that before torchrun started any attempt); torch reads the prefix at its first dump."""
+    ours = os.path.join(os.path.abspath(out_dir), layout.TORCH_DUMP_PREFIX)
+    for key in DUMP_PREFIX_ENV_VARS:
+        if env.get(key) == ours:
+            env[key] = os.path.join(os.path.abspath(attempt_dir), layout.TORCH_DUMP_PREFIX)
 
 
 def ring_in_effect(env: dict[str, str] | os._Environ) -> int:
@@ -198,7 +207,7 @@ class FlightRecorderDumps:
     """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` when a group uses NCCL) into the output
     folder."""
 
-    def __init__(self, recorder: Recorder, out_dir: str, buffer_size: int) -> None:
+    def __init__(self, recorder: RankLog, out_dir: str, buffer_size: int) -> None:
         import torch._C._distributed_c10d as c10d_C
         import torch.distributed.distributed_c10d as c10d
 
@@ -330,6 +339,8 @@ class FlightRecorderDumps:
 
     def _active_entries(self, kind: str) -> list[dict]:
         dumper = self._generic_json if kind == "fr" else self._nccl_json
+        if dumper is None:  # a torch without that dump
+            return []
         try:
             return orjson.loads(dumper(True, True)).get("entries", [])
         except Exception:

@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.record.recorder import p2p_keys
+from comm2perfetto.record.ops import p2p_keys
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
 RANK_KEY = "comm2perfetto/live/{}/{}"
 COUNT_KEY = "comm2perfetto/live/{}/count"
@@ -74,7 +74,7 @@ MAX_P2P = 32  # per group: sends and receives a rank is inside
 TAIL_BYTES = 64 << 10  # of the event log read back for the recent collectives (a few hundred records)
 
 
-def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None, folder: str = "") -> dict[str, Any]:
+def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, folder: str = "") -> dict[str, Any]:
     """What this rank is doing now, for the live verdict: bounded in size whatever the job does."""
     groups: dict[str, dict[str, Any]] = {}
     counters: dict[str, int | None] = {}
@@ -126,7 +126,7 @@ def rank_summary(rec: Recorder, fr_pending: dict[str, dict] | None = None, folde
     }
 
 
-def recent_issues(rec: Recorder) -> dict[str, list[list[int]]]:
+def recent_issues(rec: RecorderView) -> dict[str, list[list[int]]]:
     """Per group, the last ``MAX_RECENT`` collectives this rank issued from Python, ``[seq, t_ns]`` oldest
     first, from the `b` records at the end of its own event log (no bookkeeping on the hot path)."""
     out: dict[str, list[list[int]]] = {}
@@ -147,8 +147,7 @@ def recent_issues(rec: Recorder) -> dict[str, list[list[int]]]:
 def main_stack(internal: tuple[str, ...], limit: int = MAX_FRAMES) -> list[str]:
     """The main thread's Python stack, innermost first, as ``file:line func``, frames of torch and of the
     recorder left out (``internal``: their path prefixes), so the first line is where user code is."""
-    main = threading.main_thread().ident
-    frame = sys._current_frames().get(main) if main is not None else None
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)  # running, so it has an ident
     out: list[str] = []
     while frame is not None and len(out) < limit:
         code = frame.f_code
@@ -167,7 +166,7 @@ class LiveVerdict:
     while no stall is open), ``still_open(gen)`` before a rank that detects a stall starts a new generation.
     """
 
-    def __init__(self, rec: Recorder, store: Any, out_dir: str, world_size: int, local_rank: int | None = None,
+    def __init__(self, rec: RecorderView, store: Any, out_dir: str, world_size: int, local_rank: int | None = None,
                  clock: Any = time.monotonic) -> None:
         self._rec = rec
         self._store = store

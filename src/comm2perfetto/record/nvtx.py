@@ -18,7 +18,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from comm2perfetto.record import state
 
@@ -159,7 +159,7 @@ class range:
         begin(self.name, "c2p")
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         end()
         emit_pop()
         return False

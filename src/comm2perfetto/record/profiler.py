@@ -5,8 +5,10 @@ Every finished Kineto trace passes through ``torch.profiler.profile._trace_ready
 ``rank<R>.kineto.<n>.json.gz`` after the user's handler ran, for profilers created before or after recording
 started, and also counts ``prof.step()`` calls as step boundaries.
 
-``--profile-steps A-B`` starts a profiler when step A begins and stops it when step B ends. Kineto runs one
-profiler at a time, so the window is skipped (with a warning in the log) while the user's own is active.
+``--profile-steps A-B`` starts a profiler when step A begins and stops it when step B ends, stepping it at each
+step in between so that its trace has ``ProfilerStep#A`` ... ``ProfilerStep#B`` (the steps readers project onto
+the GPU). Kineto runs one profiler at a time, so the window is skipped (with a warning in the log) while the
+user's own is active.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import orjson
 from comm2perfetto import layout
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
 _originals: dict[str, Any] = {}
 
 
 class ProfilerCapture:
-    def __init__(self, recorder: Recorder, out_dir: str, steps: tuple[int, int] | None) -> None:
+    def __init__(self, recorder: RecorderView, out_dir: str, steps: tuple[int, int] | None) -> None:
         self._recorder = recorder
         self._out_dir = out_dir
         self._steps = steps
@@ -89,13 +91,15 @@ class ProfilerCapture:
     def on_step(self, step: int) -> None:
         first, last = self._steps  # type: ignore[misc]
         if step == first and self._ours is None:
-            self._start_ours()
+            self._start_ours(first)
         elif step == last + 1 and self._ours is not None:
             self._stop_ours()
+        elif first < step <= last and self._ours is not None:
+            self._ours.step()  # ends ProfilerStep#(step - 1), opens ProfilerStep#step
 
-    def _start_ours(self) -> None:
+    def _start_ours(self, first: int) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
         if torch.autograd.profiler._is_profiler_enabled:
             self._recorder.warn("--profile-steps window skipped: another profiler is already running")
@@ -103,7 +107,10 @@ class ProfilerCapture:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        self._ours = profile(activities=activities)
+        # A schedule that always records makes the profiler mark its steps (torch records ProfilerStep#N
+        # only for a scheduled profiler); numbered from the window's first step, as the job counts them.
+        self._ours = profile(activities=activities, schedule=lambda _: ProfilerAction.RECORD)
+        self._ours.step_num = first
         self._ours.start()
 
     def _stop_ours(self) -> None:

@@ -1,9 +1,9 @@
 """The per-rank recorder: turns each patched call into log records, and owns the rank's output files.
 
-The hot path (``recording_wrapper``, the function patch.py puts in place of each torch function) does as
-little as it can: read the clock, the group's sequence counter, the input tensors' shapes and the caller's
-code location, and append one ``b`` record before and one ``e`` record after the call. Strings that repeat
-(call sites, contexts, argument signatures) are written once and referred to by id.
+The hot path (``recording_wrapper``, which bootstrap.py hands the patch layer to put in place of each torch
+function) does as little as it can: read the clock, the group's sequence counter, the input tensors' shapes and
+the caller's code location, and append one ``b`` record before and one ``e`` record after the call. Strings
+that repeat (call sites, contexts, argument signatures) are written once and referred to by id.
 
 Any exception inside the recorder goes to ``fault()``, which disables recording on this rank with one line
 on stderr and one ``w`` record; the user's call always runs.
@@ -27,9 +27,11 @@ from comm2perfetto.record import nvtx as nvtx_ranges
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
+from comm2perfetto.record.ops import P2P_KIND, p2p_keys
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.patch import BoundSpec
+    from comm2perfetto.record.flight import FlightRecorderDumps
+    from comm2perfetto.record.ops import BoundSpec
 
 _time_ns = time.time_ns
 _threads = state.threads
@@ -62,7 +64,10 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        rec = state.recorder
+        # The slot is typed by what the other parts use of a recorder (view.RecorderView); only session.start
+        # fills it, with a Recorder, whose own members the hot path reads. A local annotation costs nothing at
+        # run time, where cast() would be a call.
+        rec: Recorder | None = state.recorder  # type: ignore[assignment]
         if rec is None:
             return original(*args, **kwargs)
         thread = _threads.state
@@ -267,7 +272,7 @@ class Recorder:
         self._internal_roots = _internal_roots(torch)
         self._fault_at = os.environ.get(ENV_FAULT)
         self.faulted = False
-        self.flight = None  # set by session: record.flight.FlightRecorderDumps
+        self.flight: FlightRecorderDumps | None = None  # set by session
         self.cwd = os.getcwd()
 
     @property
@@ -345,7 +350,7 @@ class Recorder:
         counts = self.p2p_counts
         at: int | list[int]
         if peers.__class__ is int:  # the usual single send or recv: no list built
-            key = (record[4], _P2P_KIND.get(record[3], "recv"), peers)
+            key = (record[4], P2P_KIND.get(record[3], "recv"), peers)
             at = counts[key] = counts.get(key, 0) + 1
         else:
             at = []
@@ -394,10 +399,11 @@ class Recorder:
         return aid
 
     def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
-        if call.name == "batch_isend_irecv":
-            ops = args[0] if args else kwargs.get("p2p_op_list") or ()
-            return [[getattr(op.op, "__name__", str(op.op)), op.peer] for op in ops]
         n = len(args)
+        if call.p2p_ops:  # batch_isend_irecv: a list of P2POp, each with its own peer
+            pos, name = call.inputs[0]
+            ops = args[pos] if pos < n else kwargs.get(name) or ()
+            return [[getattr(op.op, "__name__", str(op.op)), op.peer] for op in ops]
         for pos, name, is_group_rank in call.peers:
             value = args[pos] if pos < n else kwargs.get(name)
             if value is not None:
@@ -423,12 +429,12 @@ class Recorder:
             return self.declare_group(group)
         if isinstance(group, (tuple, list)):
             key = (id(group[0]), group[1]) if isinstance(group, tuple) else tuple(group)
-            info = self._keyed_groups.get(key)
-            if info is None:
-                info = self._keyed_groups[key] = self.declare_group(_resolve_functional_group(self._c10d, group))
+            keyed = self._keyed_groups.get(key)
+            if keyed is None:
+                keyed = self._keyed_groups[key] = self.declare_group(_resolve_functional_group(self._c10d, group))
                 if isinstance(group, tuple):
                     self._pinned.append(group[0])  # the mesh, whose id() is in the key
-            return info
+            return keyed
         info = self._groups[id(group)] = self.declare_group(_resolve_functional_group(self._c10d, group))
         self._pinned.append(group)
         return info
@@ -654,19 +660,6 @@ def _futures_of(works: Any) -> list[Any]:
         except (AttributeError, RuntimeError):  # "Work::getFuture not implemented"
             return []
     return futures
-
-
-_P2P_KIND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv", "send_object_list": "send",
-             "recv_object_list": "recv"}
-
-
-def p2p_keys(record: list) -> list[tuple[int, str, int]]:
-    """(gid, "send"/"recv", peer) of each op of a point-to-point call's `b` record (a batch lists
-    ``[op, peer]`` pairs); a recv from any source (peer None) has none."""
-    peers = record[6]
-    pairs = peers if isinstance(peers, list) else [(record[3], peers)]
-    return [(record[4], _P2P_KIND[str(op)], peer) for op, peer in pairs
-            if isinstance(peer, int) and str(op) in _P2P_KIND]
 
 
 def _works_done(works: Any) -> bool:

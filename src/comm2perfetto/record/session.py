@@ -16,13 +16,17 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from comm2perfetto import layout
 from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
-from comm2perfetto.record.flight import FlightRecorderDumps, unsupported_torch
+from comm2perfetto.record.flight import FlightRecorderDumps, follow_attempt, unsupported_torch
 from comm2perfetto.record.log import EventLog
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.recorder import Recorder
 
 _config: RecordConfig | None = None
 _parts: dict[str, Any] = {}
@@ -36,7 +40,7 @@ def configure(config: RecordConfig | None) -> None:
     _config = config
 
 
-def active_recorder() -> Any:
+def active_recorder() -> Recorder | None:
     """This process's recorder from start to stop, also after a fault cleared ``state.recorder``: its log and
     Flight Recorder dumps outlive the patch layer."""
     return _parts.get("recorder")
@@ -45,7 +49,9 @@ def active_recorder() -> Any:
 def on_default_group(pg: Any) -> None:
     """Called right after torch creates the default process group."""
     if state.recorder is not None:
-        state.recorder.default_group = pg  # the job re-created its default group
+        rec = active_recorder()  # the same recorder: start() sets both
+        if rec is not None:
+            rec.default_group = pg  # the job re-created its default group
         return
     if _config is None:
         return
@@ -54,6 +60,43 @@ def on_default_group(pg: Any) -> None:
     except Exception as exc:
         print(f"comm2perfetto: recording not started in pid {os.getpid()}: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)
+
+
+# --- the hooks the patch layer puts around c10d's own functions (bootstrap.py hands them over) ----------------
+
+def _default_group_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``_update_default_pg``: every way of creating the default group (init_process_group,
+    init_device_mesh, elastic re-init) goes through it, so recording starts right after."""
+
+    @functools.wraps(original)
+    def update_default_pg(pg: Any) -> Any:
+        result = original(pg)
+        if pg is not None:
+            on_default_group(pg)
+        return result
+
+    return update_default_pg
+
+
+def _destroy_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Dump Flight Recorder before the default group goes away (its entries may go with it)."""
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        rec = active_recorder()  # also after a fault disabled the wrappers: FR dumps go on
+        group = args[0] if args else kwargs.get("group")
+        if rec is not None and group is None:
+            rec.dump_flight_recorder("destroy")
+        return original(*args, **kwargs)
+
+    return destroy_process_group
+
+
+# c10d's function -> the hook that replaces it.
+HOOKS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "_update_default_pg": _default_group_hook,
+    "destroy_process_group": _destroy_hook,
+}
 
 
 def start(config: RecordConfig, pg: Any) -> None:
@@ -70,32 +113,40 @@ def start(config: RecordConfig, pg: Any) -> None:
     if unsupported is not None:
         raise RuntimeError(unsupported)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    os.makedirs(config.out_dir, exist_ok=True)
-    log = EventLog(os.path.join(config.out_dir, layout.event_log(rank)))
+    # Under torchrun's restarts each attempt writes into a folder of its own (layout.attempt_dir).
+    attempt = layout.restart_count(os.environ)
+    out_dir = layout.attempt_dir(config.out_dir, attempt)
+    os.makedirs(out_dir, exist_ok=True)
+    if out_dir != config.out_dir:
+        follow_attempt(os.environ, config.out_dir, out_dir)
+    log = EventLog(os.path.join(out_dir, layout.event_log(rank)))
     log.write({
         "kind": "header", "format": "comm2perfetto-events", "version": 1,
         "rank": rank, "world_size": world_size, "local_rank": _int_env("LOCAL_RANK"),
         "host": socket.gethostname(), "pid": os.getpid(), "torch": torch.__version__,
         "backend": str(dist.get_backend()), "comm2perfetto": __version__, "run_id": config.run_id,
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "master": _master_endpoint(),
+        "attempt": attempt, "max_restarts": _int_env(layout.MAX_RESTARTS_ENV),
         "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "argv": sys.argv,
         "config": config.as_header(),
     })
     rec = Recorder(config, log, rank, world_size)
     rec.default_group = pg
     rec.declare_group(pg)
-    rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
+    rec.flight = FlightRecorderDumps(rec, out_dir, config.fr_buffer)
     rec.steps.install()
     capture.install(torch)
     rec.steps.listeners.append(rec.flight.at_step)
     if rec.modules is not None:
         rec.modules.install()
         rec.steps.listeners.append(rec.check_module_tracking)
-    profiler = ProfilerCapture(rec, config.out_dir, config.profile_steps)
+    profiler = ProfilerCapture(rec, out_dir, config.profile_steps)
     _parts["profiler"] = profiler
 
     try:
         store = c10d._get_default_store()
+        if attempt:  # torchrun's store outlives an attempt: keep a restarted attempt's keys apart
+            store = dist.PrefixStore(f"attempt{attempt}", store)
     except Exception:
         store = None
         rec.warn("no c10d store: clock offsets and job-wide stall dumps are off on this rank")
@@ -108,8 +159,8 @@ def start(config: RecordConfig, pg: Any) -> None:
     if store is not None and config.live and config.stall_after_s is not None:
         from comm2perfetto.record.live import LiveVerdict
 
-        live = LiveVerdict(rec, store, config.out_dir, world_size, _int_env("LOCAL_RANK"))
-    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir, live=live)
+        live = LiveVerdict(rec, store, out_dir, world_size, _int_env("LOCAL_RANK"))
+    watchdog = Watchdog(rec, store, config.stall_after_s, out_dir, live=live)
     watchdog.start()
     _parts["watchdog"] = watchdog
     _install_exit_handlers()

@@ -11,9 +11,9 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
-recorder: Recorder | None = None
+recorder: RecorderView | None = None  # a recorder.Recorder, set by session.start
 
 
 class ThreadState:

@@ -33,7 +33,7 @@ from comm2perfetto.record import capture
 
 if TYPE_CHECKING:
     from comm2perfetto.record.live import LiveVerdict
-    from comm2perfetto.record.recorder import Recorder
+    from comm2perfetto.record.view import RecorderView
 
 GEN_KEY = "comm2perfetto/stall_gen"
 STALL_KEY = "comm2perfetto/stall/{}"
@@ -43,7 +43,7 @@ JOIN_TIMEOUT_S = 5.0  # a tick takes milliseconds; a store call can wait longer,
 
 
 class Watchdog:
-    def __init__(self, recorder: Recorder, store: Any, stall_after_s: float | None, out_dir: str,
+    def __init__(self, recorder: RecorderView, store: Any, stall_after_s: float | None, out_dir: str,
                  interval_s: float = 1.0, live: LiveVerdict | None = None) -> None:
         self._recorder = recorder
         self._store = store
@@ -130,20 +130,24 @@ class Watchdog:
 
     def _check_resolved(self) -> None:
         """Tell the live verdict when a stall this rank detected is over: its call completed."""
-        if not self._open_stalls:
+        live = self._live
+        if not self._open_stalls or live is None:
             return
         in_flight = {record[1] for record in self._recorder.in_flight()}
         fr_items = set(self._fr_first_seen)
         for trigger, gen in list(self._open_stalls.items()):
             if trigger not in (in_flight if isinstance(trigger, int) else fr_items):
                 del self._open_stalls[trigger]
-                self._live.resolved(gen)
+                live.resolved(gen)
 
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's
         collectives, NCCL's async work): a group whose first unfinished collective, or send/recv, stays the
         same for longer than the threshold."""
-        unfinished = self._recorder.flight.unfinished()
+        flight = self._recorder.flight
+        if flight is None or self._stall_ns is None:  # tick() asks only with both
+            return
+        unfinished = flight.unfinished()
         if unfinished is None:  # groups still changing: Flight Recorder is not read, nothing is concluded
             return
         watched = {(key, seq) for key, seq in unfinished.items()}
@@ -155,7 +159,7 @@ class Watchdog:
             if now - since > self._stall_ns and item not in self._fr_reported:
                 self._fr_reported.add(item)
                 (kind, pg_id, counter), seq = item
-                found = self._recorder.flight.active_entry(kind, pg_id, seq, counter)
+                found = flight.active_entry(kind, pg_id, seq, counter)
                 if found is not None and counter == "coll" and self._recorder.completed_on_cpu(found[1], seq):
                     continue  # gloo's status lagging behind a call the patch layer saw return
                 op, group = (found[0], found[2] or found[1]) if found is not None else ("collective", f"pg_id {pg_id}")
@@ -233,7 +237,7 @@ class Watchdog:
         rec.dump_flight_recorder("stall")
 
 
-def write_stacks(rec: Recorder, out_dir: str, n: int, reason: str, trigger_rank: int | None) -> str:
+def write_stacks(rec: RecorderView, out_dir: str, n: int, reason: str, trigger_rank: int | None) -> str:
     """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -42,11 +43,14 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log",
+           "read_stacks"]
+
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 
 
-class EventLogError(ValueError):
+class EventLogError(Comm2PerfettoError, ValueError):
     """The file is not a readable comm2perfetto event log."""
 
 
@@ -261,10 +265,6 @@ def _str(v: Any) -> bool:
     return isinstance(v, str)
 
 
-def _list(v: Any) -> bool:
-    return isinstance(v, list)
-
-
 def _any(v: Any) -> bool:
     return True
 
@@ -322,7 +322,8 @@ _FIELDS: dict[str, tuple] = {
 
 
 _HEADER_FIELDS = {
-    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
+    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str,
+    "comm2perfetto": _str, "pid": count_ok,
     "local_rank": count_ok, "wall_ns": time_ok, "mono_ns": time_ok, "argv": _strs,
     "config": lambda v: isinstance(v, dict),
 }
@@ -378,7 +379,7 @@ class _Builder:
                 record = orjson.loads(line)
                 _check(record)
                 if self.window is not None:
-                    self._in_window(record)
+                    self._in_window(record, self.window)
                 self._apply(record)
             except (orjson.JSONDecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
                 bad += 1
@@ -395,9 +396,9 @@ class _Builder:
             self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
                                      f"({first})")
 
-    def _in_window(self, r: list) -> None:
+    def _in_window(self, r: list, window: tuple[int, int]) -> None:
         at = _TIME_AT.get(r[0])
-        if at is not None and r[at] is not None and not self.window[0] <= r[at] <= self.window[1]:
+        if at is not None and r[at] is not None and not window[0] <= r[at] <= window[1]:
             raise ValueError(f"{r[0]!r} record's time {shown(r[at])} is not within a year of the header's wall_ns")
 
     def _ended(self, begin: int, r: list, table: dict | None = None) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     TooLargeError,
     count_ok,
@@ -33,6 +34,8 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["LiveSnapshotError", "read_snapshot"]
+
 FORMAT = "comm2perfetto-live"
 MAX_BYTES = 256 << 20  # a snapshot of 100,000 ranks is a few tens of MB
 MAX_FRAMES = 16
@@ -41,7 +44,7 @@ MAX_RECENT = 16
 MAX_P2P = 64
 
 
-class LiveSnapshotError(ValueError):
+class LiveSnapshotError(Comm2PerfettoError, ValueError):
     """The file is not a usable live snapshot."""
 
 
@@ -61,7 +64,8 @@ def read_snapshot(path: str) -> dict[str, Any]:
         raise LiveSnapshotError(f"{path}: bad world_size {shown(world)}")
     ranks = []
     seen: set[int] = set()
-    for raw in doc.get("ranks") if isinstance(doc.get("ranks"), list) else ():
+    raw_ranks = doc.get("ranks")
+    for raw in raw_ranks if isinstance(raw_ranks, list) else ():
         summary = _rank_summary(raw, world)
         if summary is not None and summary["rank"] not in seen:
             seen.add(summary["rank"])
@@ -78,11 +82,12 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
     if not rank_ok(rank, world):
         return None
     groups = {}
-    raw_groups = raw.get("groups") if isinstance(raw.get("groups"), dict) else {}
-    for name, g in list(raw_groups.items())[:MAX_GROUPS]:
+    raw_groups = raw.get("groups")
+    for name, g in list(raw_groups.items() if isinstance(raw_groups, dict) else ())[:MAX_GROUPS]:
         if not isinstance(g, dict):
             continue
-        members = g.get("ranks") if isinstance(g.get("ranks"), list) else []
+        members = g.get("ranks")
+        members = members if isinstance(members, list) else []
         issued = g.get("issued")
         groups[str(name)] = {
             "desc": str(g.get("desc") or "")[:200],
@@ -96,7 +101,8 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
                            if isinstance(x, list) and len(x) == 3 and x[0] in ("send", "recv")
                            and rank_ok(x[1], world) and count_ok(x[2])],
         }
-    stack = raw.get("stack") if isinstance(raw.get("stack"), list) else []
+    stack = raw.get("stack")
+    stack = stack if isinstance(stack, list) else []
     return {"rank": rank, "host": str(raw.get("host") or "")[:200], "groups": groups,
             "stack": [str(line)[:200] for line in stack[:MAX_FRAMES]],
             "step": raw.get("step") if count_ok(raw.get("step")) else None}
