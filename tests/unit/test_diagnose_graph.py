@@ -74,7 +74,7 @@ def test_a_rank_seen_stopped_at_the_stall_is_frozen_not_dead(tmp_path):
     assert (d.status, _found(d)) == ("stuck", [("rank_frozen", 5, (1,), (), None)])
     (f,) = d.findings
     assert "stopped making progress" in f.detail and "its process was alive at the stall" in f.detail
-    assert "stopped (SIGSTOP, process state T) 9.0 s after its last record" in f.detail
+    assert "stopped (SIGSTOP, process state T) 9.00 s after its last record" in f.detail
     assert f.ranks_joined == (0, 2)
 
 
