@@ -19,21 +19,29 @@ OP_MISMATCH = "op_mismatch"
 SIZE_MISMATCH = "size_mismatch"
 DTYPE_MISMATCH = "dtype_mismatch"
 P2P_MISMATCH = "p2p_mismatch"
+ROOT_MISMATCH = "root_mismatch"  # a rooted collective (broadcast, reduce, gather, scatter) with different roots
+ORDER_MISMATCH = "order_mismatch"  # ranks waiting on each other: one issued two groups' collectives out of order
 STUCK_ALL_JOINED = "stuck_all_joined"
 NO_DUMP = "no_dump"
 RANK_DIED = "rank_died"
+RANK_FROZEN = "rank_frozen"  # its process existed at the stall but made no progress
 NO_COLLECTIVES = "no_collectives"
 
-DESYNC_KINDS = (OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, P2P_MISMATCH)
-ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (RANK_DIED, MISSING_RANKS, STUCK_ALL_JOINED, NO_DUMP,
-                                                    NO_COLLECTIVES))}
+DESYNC_KINDS = (OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, ROOT_MISMATCH, ORDER_MISMATCH, P2P_MISMATCH)
+ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (RANK_DIED, RANK_FROZEN, MISSING_RANKS, STUCK_ALL_JOINED,
+                                                    NO_DUMP, NO_COLLECTIVES))}
 # The verdicts, and the exit status diagnose gives each: 0 when nothing is wrong (so far).
 STATUS_EXIT = {"ok": 0, "interrupted": 0, "running": 0, "stuck": 1, "desync": 1, "crashed": 1, "incomplete": 1}
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One problem. ``call_sites`` and ``stacks`` are keyed by global rank."""
+    """One problem. ``call_sites`` and ``stacks`` are keyed by global rank.
+
+    ``culprit_ranks`` are root causes only (ranks nobody's wait explains, see ``waits``); ``suspect_ranks`` are
+    ranks the problem may come from that left no evidence (no data, no answer). A finding whose waits lead to
+    another finding's root is ``blocked_by`` it (its 1-based number in the diagnosis) and has no culprit.
+    """
 
     kind: str
     process_group: str
@@ -50,6 +58,8 @@ class Finding:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     resolved: bool = False
     t_ns: int | None = None  # when it happened (earliest arrival), aligned to rank 0
+    suspect_ranks: tuple[int, ...] = ()
+    blocked_by: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -59,7 +69,7 @@ class Finding:
             "detail": self.detail, "action": self.action,
             "call_sites": {str(r): s for r, s in sorted(self.call_sites.items())},
             "stacks": {str(r): list(s) for r, s in sorted(self.stacks.items())},
-            "resolved": self.resolved,
+            "resolved": self.resolved, "suspect_ranks": list(self.suspect_ranks), "blocked_by": self.blocked_by,
         }
         if self.evidence:
             out["evidence"] = dict(self.evidence)
@@ -90,6 +100,8 @@ class Diagnosis:
         clock = self.clock
         return {
             "status": self.status, "world_size": self.world_size, "ranks_with_data": list(self.ranks_with_data),
+            "culprit_ranks": sorted({r for f in self.findings if not f.resolved for r in f.culprit_ranks}),
+            "suspect_ranks": sorted({r for f in self.findings if not f.resolved for r in f.suspect_ranks}),
             "findings": [f.to_json() for f in self.findings],
             "groups_checked": list(self.groups_checked),
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
