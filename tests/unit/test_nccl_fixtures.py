@@ -63,9 +63,9 @@ def test_a_batched_send_recv_is_read_as_its_send_and_recv_with_the_closing_entry
 
 def test_the_held_all_reduce_is_named_and_the_batch_behind_it_completes():
     """``pending``: an async all_reduce (#3) and a batch_isend_irecv held ~6 s behind a long kernel, then
-    completed. On the device, diagnose named the closing entry (``coalesced #3``); the rows must be the
-    all_reduce and the send/recv. The verdict itself (a stall that resolved) is diagnose's (issue 21): here
-    only that no finding names anything but all_reduce #3."""
+    completed. On the device, diagnose named the closing entry (``coalesced #3``) and called the job stuck; the
+    rows must be the all_reduce and the send/recv, and the verdict a stall that resolved: ``ok``, with one
+    resolved finding on all_reduce #3 (world size 1: rank 0 waited on its own GPU work, nobody else is blamed)."""
     job = load_job([DATA / "pending"])
     assert [(c.seq, c.signatures[0].op, c.states[0]) for c in _only(job)] == [
         (1, "all_reduce", "completed"), (2, "all_reduce", "completed"), (3, "all_reduce", "completed"),
@@ -73,7 +73,11 @@ def test_the_held_all_reduce_is_named_and_the_batch_behind_it_completes():
     (transfers,) = job.p2p.values()
     assert [(t.send.state, t.recv.state) for t in transfers] == [("completed", "completed")]
     d = diagnose(job)
-    assert {(f.op, f.seq) for f in d.findings} <= {("all_reduce", 3)}
+    assert d.status == "ok"
+    assert [(f.process_group, f.op, f.seq, bool(f.resolved)) for f in d.findings] == [
+        ("default_pg", "all_reduce", 3, True)]
+    verdict = d.to_json()
+    assert verdict["suspect_ranks"] == [] and verdict["culprit_ranks"] == []  # a resolved stall blames nobody
 
 
 def test_the_live_folder_of_the_held_batch_names_the_all_reduce(tmp_path):
