@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from comm2perfetto.model import ClockAlignment, Skipped
 
-if TYPE_CHECKING:
-    from comm2perfetto.diagnose.attempts import AttemptEnd
-
 __all__ = ["DESYNC_KINDS", "DTYPE_MISMATCH", "MISSING_RANKS", "NO_COLLECTIVES", "NO_DUMP", "OP_MISMATCH", "ORDER",
-           "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STATUS_EXIT", "STUCK_ALL_JOINED", "Diagnosis", "Finding"]
+           "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STATUS_EXIT", "STUCK_ALL_JOINED", "AttemptEnd", "Diagnosis",
+           "Finding"]
 
 MISSING_RANKS = "missing_ranks"
 OP_MISMATCH = "op_mismatch"
@@ -74,6 +72,21 @@ class Finding:
         if self.evidence:
             out["evidence"] = dict(self.evidence)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """How one attempt ended: its own verdict's status and culprits, and a line saying what happened.
+    ``status`` is None when its files could not be read (``summary`` says why)."""
+
+    attempt: int
+    status: str | None
+    culprit_ranks: tuple[int, ...]
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "status": self.status, "culprit_ranks": list(self.culprit_ranks),
+                "summary": self.summary}
 
 
 @dataclass(frozen=True, slots=True)

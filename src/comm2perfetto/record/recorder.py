@@ -679,11 +679,10 @@ def _internal_roots(torch: Any) -> tuple[str, ...]:
     import contextlib
     import warnings
 
-    import comm2perfetto
-
-    package = os.path.dirname(comm2perfetto.__file__)
-    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.join(package, "record") + os.sep,
-             comm2perfetto.__file__, functools.__file__, contextlib.__file__, warnings.__file__]
+    record = os.path.dirname(__file__)  # as frames name their files (co_filename), not made absolute
+    package_init = os.path.join(os.path.dirname(record), "__init__.py")
+    roots = [os.path.dirname(torch.__file__) + os.sep, record + os.sep, package_init,
+             functools.__file__, contextlib.__file__, warnings.__file__]
     extensions = sys.modules.get("typing_extensions")
     if extensions is not None and extensions.__file__:
         roots.append(extensions.__file__)

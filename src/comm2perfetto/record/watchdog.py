@@ -243,7 +243,7 @@ def write_stacks(rec: RecorderView, out_dir: str, n: int, reason: str, trigger_r
     """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the recorder's own frames say nothing
+    ours = os.path.dirname(__file__) + os.sep  # the recorder's own frames, named as co_filename names them
     threads = []
     for tid, frame in sys._current_frames().items():
         if tid == me:
