@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for world in args.ranks:
             folder = root / f"r{world}"
             stats = synth.write_job(folder, world, steps=args.steps, layers=args.layers)
-            floor_s, floor_mib, _, _, floor_cpu = measure([sys.executable, "-c", _FLOOR, str(folder)], env)
+            floor_s, _, _, _, floor_cpu = measure([sys.executable, "-c", _FLOOR, str(folder)], env)
             out = root / f"r{world}.pftrace"
             merge_s, merge_mib, status, text, merge_cpu = measure(
                 [sys.executable, "-m", "comm2perfetto.cli", "merge", str(folder), "-o", str(out)], env)

@@ -13,8 +13,8 @@ Printed: wall time (process start to exit; HTA's without the temporal breakdown,
 peak RSS (the sum over the process and its workers: both tools parse ranks in forked workers, and pages a
 worker shares with its parent count in both) of each, the speedup, and the largest per-rank difference in
 overlap between report (``ranks[r].overlap_pct``) and HTA (``comp_comm_overlap_pctg``), and between report
-and the exact overlap the generator knows (every kernel, to the nanosecond). Targets: report at least 10x faster than HTA, within 0.5
-percentage points of it.
+and the exact overlap the generator knows (every kernel, to the nanosecond). Targets: report at least 10x
+faster than HTA, within 0.5 percentage points of it.
 
 HTA rounds every event inward to whole microseconds (ts up, end down) before it computes anything, so its
 overlap is lower than the exact one by about 0.5 points on these traces. The ``rounded`` column is report run

@@ -4,6 +4,8 @@ the readers that find them take them from, and how a file is written there. Neve
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 
 
 def write_whole(path: str, data: bytes) -> None:
@@ -40,6 +42,47 @@ def kineto(rank: int, n: int) -> str:
     return f"rank{rank}.kineto.{n}.json.gz"
 
 
+# torchrun's elastic restarts (``--max-restarts N``) start every worker again with this variable counting the
+# attempts from 0. Each attempt writes its files apart, under the same names: attempt 0 (and a job never
+# restarted) into the recording folder itself, attempt k >= 1 into its sub-folder ``attempt<k>``. A folder
+# holds a complete recording of its attempt; readers take the last attempt by default (docs/log-format.md).
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+MAX_RESTARTS_ENV = "TORCHELASTIC_MAX_RESTARTS"
+ATTEMPT_DIR_GLOB = "attempt[0-9]*"
+_ATTEMPT_DIR = re.compile(r"attempt([0-9]{1,6})")
+
+
+def restart_count(environ: Mapping[str, str]) -> int | None:
+    """torchrun's number for this attempt (``TORCHELASTIC_RESTART_COUNT``: 0 first), None outside torchrun."""
+    value = environ.get(RESTART_COUNT_ENV, "")
+    return int(value) if value.isdigit() and len(value) <= 6 else None
+
+
+def attempt_dir(out_dir: str, attempt: int | None) -> str:
+    """Where attempt ``attempt`` writes: ``out_dir`` for attempt 0 (or None), ``out_dir/attempt<k>`` after."""
+    return os.path.join(out_dir, f"attempt{attempt}") if attempt else out_dir
+
+
+def attempt_of_folder(name: str) -> int | None:
+    """``attempt2`` -> 2; any other folder name -> None."""
+    m = _ATTEMPT_DIR.fullmatch(name)
+    return int(m[1]) if m else None
+
+
+def attempt_folders(out_dir: str) -> dict[int, str]:
+    """The attempts' folders of a recording: ``{0: out_dir, 2: out_dir/attempt2}`` (0 always listed)."""
+    found = {0: out_dir}
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return found
+    for name in names:
+        attempt = attempt_of_folder(name)
+        if attempt and os.path.isdir(os.path.join(out_dir, name)):
+            found[attempt] = os.path.join(out_dir, name)
+    return dict(sorted(found.items()))
+
+
 LIVE_DIR = ".live"  # hidden: readers walking the folder skip it
 STALL_VERDICT_FILE = "stall-verdict.json"  # the latest live verdict, written by `comm2perfetto record`
 
@@ -57,7 +100,9 @@ EVENT_LOG_GLOB = "rank*.events.jsonl"
 FR_DUMP_GLOB = "rank*.fr*.pkl"
 STACKS_GLOB = "rank*.stacks.*.json"
 KINETO_GLOB = "rank*.kineto.*.json.gz"
-# Everything a recording writes: what --overwrite replaces.
+# Everything a recording writes: what --overwrite replaces (each attempt's files, in its folder, too).
 JOB_GLOB = "job.*.json"
-RECORDING_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*", JOB_FILE,
-                   JOB_GLOB, STALL_VERDICT_FILE, LIVE_DIR + "/stall.*.json")
+_ATTEMPT_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*",
+                  LIVE_DIR + "/stall.*.json")
+RECORDING_GLOBS = (*_ATTEMPT_GLOBS, JOB_FILE, JOB_GLOB, STALL_VERDICT_FILE,
+                   *(f"{ATTEMPT_DIR_GLOB}/{g}" for g in _ATTEMPT_GLOBS))

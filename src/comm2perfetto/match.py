@@ -29,7 +29,7 @@ import functools
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +39,7 @@ from comm2perfetto.model import (
     COMPLETED,
     FAILED,
     PENDING,
+    ROOTED_FAMILIES,
     UNKNOWN,
     ClockAlignment,
     Collective,
@@ -50,6 +51,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     RankInfo,
     Signature,
+    op_family,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
 from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
@@ -82,25 +84,26 @@ class _Track:
 
 
 def load_job(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None,
+    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
     ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
     needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
     ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
-    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``).
+    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``:
+    which attempt of a job torchrun restarted (default the last; see ``sources.discover``).
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
+        src = load_sources(paths, force=force, with_stacks=with_stacks,
                            workers=workers, progress=progress, read_traces=read_traces,
-                           trace_ranks=trace_ranks)
+                           trace_ranks=trace_ranks, attempt=attempt)
         if not read_traces:
             drop_traces(src)
         return build_job(src, lazy_stacks=not with_stacks, align=align)
@@ -140,6 +143,9 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
             ends.setdefault(rank, {}).update(by_key)
         reference = 0 if 0 in ends or not ends else min(ends)
         clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
+        # Plain dumps carry no measurement: their completed collectives show a skew of seconds, if any.
+        clock = refine(clock, _fr_ends(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
+                       only_assumed=True)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
@@ -165,6 +171,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
         resolver=LazyStacks(src) if lazy_stacks else None,
+        attempt=src.attempt,
+        attempts=src.attempts,
     )
 
 
@@ -269,7 +277,7 @@ def _fr_track(gt: GroupTrack) -> _Track:
 def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
     out = []
     counters: dict[tuple[str, int], int] = defaultdict(int)
-    for kind, peer_local, _p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
+    for kind, peer_local, p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
         if kind not in ("send", "recv") or peer_local is None:
             continue
         peer = group.global_rank(peer_local)
@@ -281,7 +289,7 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
         psig = Signature(kind, sizes, dtypes, None, None, "fr")
         i = counters[(kind, peer)]
         counters[(kind, peer)] += 1
-        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr"))
+        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr", p2p_seq))
     return out
 
 
@@ -325,7 +333,8 @@ def _merge_log(
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
-        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+        root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
+        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
             rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
@@ -376,8 +385,11 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
         else:  # both: FR's signature and start, the recorder's arrival and end
             assert fr is not None
             sig, state, t_call, t_end, site, precise = row
+            fr_sig = fr.sigs[i]
+            if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
+                fr_sig = replace(fr_sig, root=sig.root)
             values = (
-                fr.sigs[i], _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )
@@ -562,6 +574,23 @@ def parse_site(site: str) -> Frame:
 # --- clock, coverage -------------------------------------------------------------------------------------
 
 
+FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog poll: only a larger skew is fixed
+
+
+def _fr_ends(tracks: dict[tuple[int, str], _Track],
+             logs: Mapping[int, object]) -> dict[int, dict[tuple[str, int], int]]:
+    """When each rank's Flight Recorder saw its collectives complete (NCCL's watchdog: a late bound), for the
+    ranks without an event log; gloo's entries never complete, so none there."""
+    out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    for (rank, uid), tr in tracks.items():
+        if rank in logs or tr.sources is not None:
+            continue
+        for seq, state, end in zip(tr.seqs, tr.states, tr.end):
+            if state == COMPLETED and end is not None:
+                out[rank][(uid, seq)] = end
+    return out
+
+
 def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:
     out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for (rank, uid), tr in tracks.items():
@@ -675,7 +704,7 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
         if off:
             op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
                        op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
-                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source)
+                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source, op.seq)
         if op.kind == "send":
             sends[(op.rank, op.peer)].append(op)
         else:
@@ -723,10 +752,10 @@ class LazyStacks:
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._cache: dict[tuple[int, str, int], tuple] = {}
+        self._cache: dict[tuple[int, str, int, bool], tuple] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int) -> tuple:
-        key = (rank, pg_name, seq)
+    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> tuple:
+        key = (rank, pg_name, seq, p2p)
         if key not in self._cache:
             dumps = []
             for path in self._files.get(rank, ()):
@@ -734,7 +763,7 @@ class LazyStacks:
                     dumps.append(read_fr_dump(path))  # bounded and gunzipped as at load
                 except ValueError:
                     continue  # it was readable a moment ago; without it there is just no stack
-            self._cache[key] = stack_for(dumps, self._table, pg_name, seq)
+            self._cache[key] = stack_for(dumps, self._table, pg_name, seq, p2p)
         return self._cache[key]
 
 

@@ -1,4 +1,11 @@
-"""The loaded job: plain frozen data shared by merge, report and diagnose. Never imports torch.
+"""The loaded job: plain frozen data that ``sources/`` and ``match.py`` build and every product reads
+(``diagnose/``, ``report/``, ``trace/``, ``render/``, the ``cli/`` commands). Never imports torch.
+
+``Job`` is one job matched across its ranks: its ``ProcessGroup``s (in one order, ``Job.groups_in_order``),
+one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
+``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
+skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
+to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -15,6 +22,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
+    from comm2perfetto.sources.event_log import RankLog
 
 # Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
 COMPLETED = "completed"
@@ -67,6 +78,9 @@ _FAMILY = {
     "barrier": "barrier", "all_reduce_barrier": "barrier", "monitored_barrier": "barrier",
     "gather": "gather", "gather_object": "gather", "scatter": "scatter", "scatter_object_list": "scatter",
 }
+
+
+ROOTED_FAMILIES = frozenset({"broadcast", "reduce", "gather", "scatter"})  # ops that name a src or dst rank
 
 
 def op_family(op: str) -> str:
@@ -135,7 +149,8 @@ class Signature:
 
     ``source`` is ``fr`` (a Flight Recorder entry: exact op name, input and output sizes and dtypes) or
     ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
-    A coalesced group has one signature whose ``parts`` are its member ops, in issue order.
+    A coalesced group has one signature whose ``parts`` are its member ops, in issue order. ``root``: the global
+    rank a broadcast, reduce, gather or scatter names as its ``src``/``dst`` (from the recorder; None: unknown).
     """
 
     op: str
@@ -145,48 +160,22 @@ class Signature:
     output_dtypes: tuple[str, ...] | None
     source: str = "fr"
     parts: tuple[Signature, ...] = ()
+    root: int | None = None
 
     def describe(self) -> str:
-        """``all_reduce [[4]] Float`` for messages."""
+        """``all_reduce [[4]] Float``, ``broadcast [[4]] Float root 2`` for messages; outputs where they differ
+        in size from the inputs (``all_gather [[4]] Float -> [[8]]``)."""
+        if self.parts:  # a coalesced group: its members, which is where sizes differ
+            shown = ", ".join(p.describe() for p in self.parts[:4])
+            return f"{self.op} of {len(self.parts)} ({shown}{', ...' if len(self.parts) > 4 else ''})"
         sizes = [list(s) for s in self.input_sizes] if self.input_sizes is not None else "?"
         dtypes = ",".join(self.input_dtypes) if self.input_dtypes else ""
-        return f"{self.op} {sizes} {dtypes}".rstrip()
-
-
-@dataclass(frozen=True, slots=True)
-class FrEntry:
-    """One Flight Recorder entry, normalised over format versions (built on demand, see ``FrRankTrace``).
-
-    Raw (format 2.10, pickle)::
-
-        {'record_id': 0, 'pg_id': 0, 'process_group': ('0', 'default_pg'), 'collective_seq_id': 1,
-         'p2p_seq_id': 0, 'op_id': 1, 'profiling_name': 'gloo:all_reduce', 'time_created_ns': 17953...,
-         'input_sizes': [[4]], 'input_dtypes': ['Float'], 'output_sizes': [[4]], 'output_dtypes': ['Float'],
-         'state': 'scheduled', 'time_discovered_started_ns': None, 'time_discovered_completed_ns': None,
-         'retired': True, 'timeout_ms': 1800000, 'is_p2p': False, 'frames': [...], 'thread_id': '1396...'}
-    """
-
-    rank: int
-    record_id: int
-    pg_id: int
-    pg_name: str
-    pg_desc: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    backend: str
-    signature: Signature
-    peer_group_rank: int | None  # for send/recv: the other side, numbered inside the group
-    state: str
-    time_created_ns: int | None
-    time_started_ns: int | None  # watchdog discovery: a late upper bound
-    time_completed_ns: int | None  # watchdog discovery: a late upper bound
-    duration_ns: int | None
-    is_p2p: bool
-    retired: bool | None
-    timeout_ms: int | None
-    thread_id: int | None
-    stack: Stack
+        out = f"{self.op} {sizes} {dtypes}".rstrip()
+        if self.output_sizes is not None and self.input_sizes is not None and self.output_sizes != self.input_sizes:
+            out += f" -> {[list(s) for s in self.output_sizes]}"
+        if self.root is not None:
+            out += f" root {self.root}"
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +280,7 @@ class P2POp:
     t_end_ns: int | None
     stack_id: int | None
     source: str
+    seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +378,7 @@ class Job:
     clock: ClockAlignment
     skipped: tuple[Skipped, ...] = ()
     notes: tuple[str, ...] = ()
-    logs: Mapping[int, object] = field(default_factory=_empty, repr=False, compare=False)  # rank -> RankLog
+    logs: Mapping[int, RankLog] = field(default_factory=_empty, repr=False, compare=False)  # the recorder's logs
     stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
     job_info: Mapping | None = None  # the job file written last (see ``jobs``)
     jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)
@@ -396,14 +386,26 @@ class Job:
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
-    # rank -> that rank's profiler traces, read (sources.kineto.reader.KinetoTrace), for what draws their events
+    # rank -> that rank's profiler traces, read (sources.kineto.events.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
-    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
-    resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
+    resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
+    # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
+    attempt: int = 0
+    attempts: tuple[int, ...] = (0,)
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:
         return tuple(sorted(self.ranks))
+
+    def groups_in_order(self) -> list[ProcessGroup]:
+        """The process groups in the order c10d created them, the one order diagnose and the trace use: c10d
+        numbers the groups it names itself as it creates them (``"0"`` is the default group), so those come
+        first, by number; groups named otherwise follow, by uid."""
+        def key(g: ProcessGroup) -> tuple[int, int, str]:
+            return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
+
+        return sorted(self.groups.values(), key=key)
 
     def iter_collectives(self) -> Iterator[Collective]:
         for cols in self.collectives.values():
@@ -417,6 +419,15 @@ class Job:
             return self.stack(sid)
         if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
             return self.resolver(rank, c.group.name, c.seq)
+        return ()
+
+    def p2p_stack(self, op: P2POp) -> Stack:
+        """The call stack of a send or recv (read from its rank's dump now if it was loaded lazily)."""
+        if op.stack_id is not None:
+            return self.stack(op.stack_id)
+        group = self.groups.get(op.group_uid)
+        if self.resolver is not None and op.source == "fr" and op.seq is not None and group is not None:
+            return self.resolver(op.rank, group.name, op.seq, True)
         return ()
 
     def stack(self, stack_id: int | None) -> Stack:

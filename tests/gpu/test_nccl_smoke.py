@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
     pytest.skip("needs a CUDA GPU and NCCL", allow_module_level=True)
 
-from conftest import job_env  # noqa: E402
+from support.jobs import job_env  # noqa: E402  # after the skip: a machine without CUDA stops above
 
 pytestmark = pytest.mark.integration
 NPROC = min(torch.cuda.device_count(), 2)

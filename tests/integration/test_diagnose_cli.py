@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from comm2perfetto.cli import main
-from factories import FrJob, steady_job
+from support.factories import FrJob, steady_job
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -60,6 +60,7 @@ def test_output_file_gets_the_verdict_and_stderr_one_line(tmp_path, capsys):
 def test_text_puts_the_verdict_first(tmp_path, capsys):
     _missing_rank_job(tmp_path)
     code, out, _ = _run(capsys, str(tmp_path))
+    assert code == 1
     lines = out.splitlines()
     assert lines[0] == "STUCK: 1 finding (world size 4, data from ranks 0-3)"
     assert lines[2] == "[1] missing_ranks on default_pg: all_reduce #4"

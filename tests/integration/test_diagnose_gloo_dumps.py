@@ -15,7 +15,8 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
-from conftest import job_env, needs_gloo_flight_recorder
+from support.jobs import job_env
+from support.torch_features import needs_gloo_flight_recorder
 
 pytestmark = [pytest.mark.integration, needs_gloo_flight_recorder()]
 

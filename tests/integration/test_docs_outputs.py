@@ -1,4 +1,4 @@
-"""The outputs README.md and examples/README.md show are what the commands print (see tests/doc_outputs.py).
+"""The outputs README.md and examples/README.md show are what the commands print (see tests/support/doc_outputs.py).
 
 Each document's commands run in order, in one folder of their own (the recordings one block makes are read
 by the next), with ``examples/`` at hand as in a checkout; ``comm2perfetto`` and ``torchrun`` are this
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gloo_flight_recorder, job_env, kill_tree
-from doc_outputs import DOCS, doc_blocks, mismatch
+from support.doc_outputs import DOCS, doc_blocks, mismatch
+from support.jobs import job_env, kill_tree
+from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 

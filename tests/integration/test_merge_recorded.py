@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from comm2perfetto.trace.check import check_trace
-from conftest import communicate, gloo_flight_recorder, job_env, kill_tree, record_cmd, torchrun
+from support.jobs import communicate, job_env, kill_tree, record_cmd, torchrun
+from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 

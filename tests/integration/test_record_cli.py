@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import gloo_flight_recorder
+from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 

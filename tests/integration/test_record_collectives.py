@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import gloo_flight_recorder
+from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 

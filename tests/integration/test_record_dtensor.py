@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import communicate, job_env, record_cmd, torchrun
+from support.jobs import communicate, job_env, record_cmd, torchrun
 
 pytestmark = pytest.mark.integration
 # The example counts with CommDebugMode per module (torch.distributed.tensor.debug, from torch 2.5 on).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import gloo_flight_recorder, needs_gloo_flight_recorder
+from support.torch_features import gloo_flight_recorder, needs_gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import needs_gloo_flight_recorder
+from support.torch_features import needs_gloo_flight_recorder
 
 pytestmark = [pytest.mark.integration, needs_gloo_flight_recorder()]
 

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from conftest import torchrun
+from support.jobs import torchrun
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import JOB_TIMEOUT_S, torchrun
+from support.jobs import JOB_TIMEOUT_S, torchrun
 
 pytestmark = pytest.mark.integration
 

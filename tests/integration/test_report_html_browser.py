@@ -1,10 +1,15 @@
-"""``report --plot x.html`` of a real recording, opened in headless Chromium (tests/browser.py): the page loads
+"""``report --plot x.html`` of a real recording, opened in headless Chromium (tests/support/browser.py): the page loads
 with no console error, shows both charts and every table, and hovering a bar lands on a tooltip that carries
-that rank's numbers from the same report's JSON."""
+that rank's numbers from the same report's JSON.
+
+Chromium is Debian's ``chromium`` package, found on PATH; .ci/run installs it, no test does. Without it the
+module is skipped with that reason, except under CI (``CI`` set), where a missing browser fails the module:
+CI must run these checks, not skip them."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -12,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from browser import Browser
 from comm2perfetto.render.report_plot import rank_tooltip
-from conftest import communicate, job_env, record_cmd
+from support.browser import Browser, find_chromium
+from support.jobs import communicate, job_env, record_cmd
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # the first run may install chromium
+# the module's first test waits for its fixtures: a recorded DDP job, its report and a browser
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +52,18 @@ PAGE_FACTS = """(() => {
 
 
 @pytest.fixture(scope="module")
+def chromium() -> str:
+    """The browser's path; asked for first, so that a missing browser skips before the job is recorded."""
+    path = find_chromium()
+    if path is None:
+        reason = "no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: CI must run the browser checks")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """A 2-rank DDP run on gloo, steps 2-4 profiled, and its report as JSON and as the HTML page."""
     tmp = tmp_path_factory.mktemp("html")
@@ -54,7 +72,7 @@ def report(tmp_path_factory):
            str(ROOT / "examples" / "ddp_train.py"), "--steps", "4"]
     proc = subprocess.Popen(record_cmd(rec, job, ["--profile-steps", "2-4"]), env=job_env(), cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, err = communicate(proc, 180)
+    _, err = communicate(proc, 180)
     assert proc.returncode == 0, err
     page, doc = tmp / "report.html", tmp / "report.json"
     done = subprocess.run([sys.executable, "-m", "comm2perfetto", "report", str(rec), "--steps", "2-4",
@@ -65,11 +83,11 @@ def report(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(report, tmp_path_factory):
+def page(chromium, report, tmp_path_factory):
     """What Chromium shows of the page: its DOM facts, the errors it reported, and a screenshot."""
     html, _ = report
     shot = tmp_path_factory.mktemp("shot") / "report.png"
-    with Browser() as browser:
+    with Browser(chromium) as browser:
         browser.open(html.as_uri())
         facts = browser.evaluate(PAGE_FACTS)
         browser.evaluate("window.scrollTo(0, 0)")

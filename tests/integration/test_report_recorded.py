@@ -163,7 +163,7 @@ def test_bad_input(tmp_path, known_work):
 
 
 def test_profiler_traces_alone_are_enough(tmp_path):
-    from kineto_fixtures import KinetoDoc
+    from support.kineto_fixtures import KinetoDoc
 
     for rank in (0, 1):
         doc = KinetoDoc(rank=rank)

@@ -1,14 +1,18 @@
 """One convention across the subcommands: -o/--output, exit statuses in every --help, old spellings kept,
-and the commands that run torch saying so in one line when it is missing."""
+the commands that run torch saying so in one line when it is missing, and one root for the errors that exit 2."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+import comm2perfetto
 from comm2perfetto.cli import COMMANDS, build_parser, main
+from comm2perfetto.errors import Comm2PerfettoError
 
 
 def _help(capsys, *argv: str) -> str:
@@ -72,3 +76,38 @@ def test_demo_never_replaces_an_earlier_recording_silently(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already holds a recording" in err and "--overwrite" in err
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["rank0.events.jsonl"]
+
+
+def _error_classes() -> dict[str, type[BaseException]]:
+    """Every exception class the package defines (its scripts and the recorder's injected boot code aside)."""
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(comm2perfetto.__path__, "comm2perfetto."):
+        if info.name.endswith("__main__") or info.name.startswith(("comm2perfetto.examples",
+                                                                   "comm2perfetto.record._boot")):
+            continue
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == info.name:
+                found[f"{info.name}.{obj.__qualname__}"] = obj
+    return found
+
+
+def test_every_error_the_package_defines_has_the_one_root_and_keeps_its_builtin_base():
+    classes = _error_classes()
+    assert len(classes) >= 12, sorted(classes)  # the readers', the CLI's, the plot's, the trace check's
+    assert [name for name, cls in classes.items() if not issubclass(cls, Comm2PerfettoError)] == []
+    # callers that catch a reader's error by its built-in base (a bad file skipped on ValueError) still do
+    for name in ("sources.fr.dump.FrFormatError", "sources.event_log.EventLogError", "sources.limits.TooLargeError",
+                 "sources.kineto.reader.KinetoFormatError", "sources.live.LiveSnapshotError", "errors.OptionError"):
+        assert issubclass(classes[f"comm2perfetto.{name}"], ValueError), name
+    assert issubclass(classes["comm2perfetto.render.report_plot.PlotDependencyError"], ImportError)
+
+
+def test_an_error_of_the_root_from_any_layer_is_one_line_and_status_2(tmp_path, capsys):
+    out = tmp_path / "job.pftrace"
+    for argv, said in ((["merge", str(tmp_path), "-o", str(tmp_path / "job.txt")], "unknown output format"),
+                       (["merge", str(tmp_path), "-o", str(out), "--trace-rank", "a.json"], "expected FILE=RANK"),
+                       (["diagnose", str(tmp_path / "missing")], "no such file or folder")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"comm2perfetto {argv[0]}: error: ") and said in err and err.count("\n") == 1, err

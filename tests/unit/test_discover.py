@@ -20,7 +20,7 @@ from comm2perfetto.sources.discover import (
     discover,
     load_sources,
 )
-from factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
+from support.factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
 def _kineto_doc(rank: int) -> dict:
@@ -89,7 +89,8 @@ def test_a_dump_without_a_rank_in_its_name_is_skipped_with_advice(tmp_path):
 
 def test_a_folder_with_nothing_usable_is_an_error(tmp_path):
     (tmp_path / "readme.txt").write_text("nothing here")
-    with pytest.raises(SourceError, match="no Flight Recorder dump, comm2perfetto event log or profiler trace.*readme.txt"):
+    with pytest.raises(SourceError,
+                       match=r"no Flight Recorder dump, comm2perfetto event log or profiler trace.*readme\.txt"):
         load_job([tmp_path])
 
 
@@ -101,7 +102,7 @@ def test_a_missing_path_is_an_error(tmp_path):
 def test_dumps_of_different_world_sizes_are_refused_unless_forced(tmp_path):
     steady_job(world=2, steps=2).write(tmp_path, ranks=[0, 1])
     steady_job(world=4, steps=2).write(tmp_path / "other", ranks=[2, 3])
-    with pytest.raises(MixedJobsError, match="disagree on the default group .2 vs 4 ranks.*--force"):
+    with pytest.raises(MixedJobsError, match=r"disagree on the default group \(2 vs 4 ranks.*--force"):
         load_job([tmp_path])
     forced = load_job([tmp_path], force=True)
     assert any("--force" in n for n in forced.notes)

@@ -1,8 +1,8 @@
-"""The docs-drift check itself (tests/doc_outputs.py): what it forgives and what it catches."""
+"""The docs-drift check itself (tests/support/doc_outputs.py): what it forgives and what it catches."""
 
 from __future__ import annotations
 
-from doc_outputs import mismatch, normalise, parse_blocks
+from support.doc_outputs import mismatch, normalise, parse_blocks
 
 CWD = "/tmp/pytest-7/docs0"
 SHOWN = """\

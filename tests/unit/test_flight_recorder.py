@@ -11,7 +11,7 @@ from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN
 from comm2perfetto.sources.fr.dump import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
 from comm2perfetto.sources.fr.ingest import build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
-from factories import FrJob, steady_job
+from support.factories import FrJob, steady_job
 
 
 @pytest.mark.parametrize("name, rank", [

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostile import RECORDING, event_lines, load_dump, run_cli, save_dump, warm_up
+from support.hostile import RECORDING, event_lines, load_dump, run_cli, save_dump, warm_up
 
 EXAMPLES = int(os.environ.get("COMM2PERFETTO_FUZZ_EXAMPLES", "100"))
 GROUP_RANKS = {"pair_a": {0, 1}, "pair_b": {2, 3}}
@@ -231,7 +231,7 @@ def _check_isolation(rank: int, found: dict[str, set[tuple]], baseline: dict[str
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple]]:
     warm_up(RECORDING, tmp_path_factory.mktemp("warm") / "job.pftrace")
     run = run_cli(["diagnose", str(RECORDING), "--format", "json"])
-    assert run.rc == 1, run.explain()
+    assert run.rc == 0, run.explain()  # its stall resolved: reported, no problem left
     found = _findings(run.out)
     assert found["pair_a"] and not found["pair_b"], found  # what the recording is for (see its README)
     yield found

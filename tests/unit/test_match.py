@@ -6,7 +6,7 @@ import pytest
 
 from comm2perfetto.match import find_collective, load_job
 from comm2perfetto.model import COMPLETED, PENDING, UNKNOWN
-from factories import STEP_NS, T0_NS, EventLog, FrJob
+from support.factories import STEP_NS, T0_NS, EventLog, FrJob
 
 
 def test_one_collective_per_group_and_seq_with_per_rank_arrival(tmp_path):

@@ -11,7 +11,7 @@ from comm2perfetto.cli import main
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.trace.check import check_trace
 from comm2perfetto.trace.lanes import UNCLOSED, layout
-from factories import STEP_NS, T0_NS, EventLog, FrJob, steady_job
+from support.factories import STEP_NS, T0_NS, EventLog, FrJob, steady_job
 
 
 def _merge(capsys, *argv: str) -> tuple[int, str, str]:

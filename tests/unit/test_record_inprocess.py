@@ -17,7 +17,7 @@ import torch.distributed as dist
 import comm2perfetto
 from comm2perfetto.record import session
 from comm2perfetto.sources.event_log import read_event_log
-from conftest import gloo_flight_recorder
+from support.torch_features import gloo_flight_recorder
 
 
 class FakeNvtxLibrary:
@@ -57,7 +57,8 @@ def test_torch_cuda_nvtx_ranges_are_mirrored(tmp_path, monkeypatch, fr_env):
             with torch_nvtx.range("outer_{}", "torch"):
                 assert torch_nvtx.range_push("inner_torch") == 1  # the library's return value comes through
                 t = torch.ones(2)
-                dist.all_reduce(t); line = _here()
+                line = _here() + 1  # the next line: the call the log must point at
+                dist.all_reduce(t)
                 assert torch_nvtx.range_pop() == 0
             torch_nvtx.mark("torch_mark")
         finally:
@@ -207,8 +208,8 @@ def test_recorder_ranges_go_to_a_domain_of_their_own(tmp_path, monkeypatch, fr_e
         _init_one_rank()
         try:
             dist.all_reduce(torch.ones(2))
-            with pytest.raises(Exception):
-                dist.broadcast(torch.ones(2), src=5)  # no rank 5 in a one-rank group
+            with pytest.raises(RuntimeError, match="root rank"):
+                dist.broadcast(torch.ones(2), src=5)  # no rank 5 in a one-rank group: gloo refuses it
         finally:
             comm2perfetto.disable()
     finally:

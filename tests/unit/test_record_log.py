@@ -166,7 +166,7 @@ def test_reader_rejects_a_newer_version_and_says_what_to_do(tmp_path):
 
 def test_reader_names_a_missing_file(tmp_path):
     path = tmp_path / "missing.jsonl"
-    with pytest.raises(EventLogError, match="missing.jsonl: cannot read"):
+    with pytest.raises(EventLogError, match=r"missing\.jsonl: cannot read"):
         read_event_log(path)
 
 

@@ -4,7 +4,7 @@ instead of "1 stall stack dumps (0 stall(s) detected)"."""
 from __future__ import annotations
 
 from comm2perfetto.sources.summary import stacks_text, summarize
-from factories import T0_NS, EventLog
+from support.factories import T0_NS, EventLog
 
 
 def _node(tmp_path, stalls: list[str]):

@@ -6,6 +6,7 @@ Expected values are written as their derivation from the inputs, so a reader can
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -15,12 +16,12 @@ from comm2perfetto.model import Signature
 from comm2perfetto.report.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
 from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
 from comm2perfetto.report.document import _profiled_note, build_report, steps_text
-from comm2perfetto.report.intervals import Measured, clip, difference, envelope, intersection, length, union
+from comm2perfetto.report.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
-from factories import T0_NS, EventLog, FrJob
-from kineto_fixtures import KinetoDoc
+from support.factories import T0_NS, EventLog, FrJob
+from support.kineto_fixtures import KinetoDoc
 
 # --- intervals ---------------------------------------------------------------------------------------------
 
@@ -43,11 +44,10 @@ def test_interval_algebra_matches_point_sets(seed):
     raw_a, raw_b = spans(), spans()
     a, b = union(raw_a), union(raw_b)
     assert _covered(a) == _covered(raw_a) and _covered(b) == _covered(raw_b)
-    assert all(x[1] < y[0] for x, y in zip(a, a[1:])), "a union is disjoint, ordered, touching spans merged"
+    assert all(x[1] < y[0] for x, y in itertools.pairwise(a)), "a union is disjoint, ordered, touching spans merged"
     assert _covered(intersection(a, b)) == _covered(a) & _covered(b)
     assert _covered(difference(a, b)) == _covered(a) - _covered(b)
     assert length(intersection(a, b)) == len(_covered(a) & _covered(b))
-    assert _covered(clip(a, 50, 120)) == {t for t in _covered(a) if 50 <= t < 120}
     measured = Measured(a)
     for _ in range(20):
         lo = rnd.randint(-10, 250)
@@ -268,7 +268,7 @@ def test_nccl_gpu_durations_are_the_transfer_time(tmp_path):
 def test_stragglers_rank_the_last_arriver_first(tmp_path):
     job = _staggered_job(tmp_path)
     rows = straggler_table(job)
-    assert [r["rank"] for r in rows][0] == 3
+    assert rows[0]["rank"] == 3
     assert rows[0]["last_arrivals"] == 5 and rows[0]["matched"] == 5
     assert rows[0]["mean_lateness_s"] == pytest.approx(30_000e-9)
     by_rank = {r["rank"]: r for r in rows}
@@ -339,8 +339,9 @@ def test_module_table_keeps_collectives_issued_from_cpp(tmp_path):
 
 def test_span_reader_agrees_with_the_event_reader(tmp_path):
     """read_kineto_spans (report's fast path) keeps exactly the times read_kineto's events have."""
-    from comm2perfetto.sources.kineto.reader import _COMM_NAME, read_kineto, read_kineto_spans
-    from kineto_fixtures import training_doc
+    from comm2perfetto.sources.kineto.classify import COMM_NAME
+    from comm2perfetto.sources.kineto.reader import read_kineto, read_kineto_spans
+    from support.kineto_fixtures import training_doc
 
     doc, _scene = training_doc()
     path = doc.write(tmp_path / "rank0.json.gz")
@@ -351,7 +352,7 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
     assert spans.gpu["comm"] and spans.gpu["compute"] and spans.gpu["memory"]
     compute = sorted((e.t_begin_ns, e.t_end_ns) for e in full.cpu_ops
                      if e.kind in ("cpu_op", "user_annotation") and not e.name.startswith("ProfilerStep#")
-                     and not _COMM_NAME.search(e.name))
+                     and not COMM_NAME.search(e.name))
     assert sorted(spans.cpu_compute) == compute and compute
     assert sorted(spans.comm) == sorted((e.t_begin_ns, e.t_begin_ns + e.duration_ns) for e in full.comm_events)
     assert spans.steps == full.steps and spans.event_count == full.event_count
@@ -360,7 +361,7 @@ def test_span_reader_agrees_with_the_event_reader(tmp_path):
 def test_span_reader_skips_the_cpu_side_of_a_gpu_trace(tmp_path):
     """Report uses kernels alone when a trace has them: the CPU ops are not read, the rest is as before."""
     from comm2perfetto.sources.kineto.reader import read_kineto_spans
-    from kineto_fixtures import training_doc
+    from support.kineto_fixtures import training_doc
 
     path = training_doc()[0].write(tmp_path / "rank0.json.gz")
     everything, fast = read_kineto_spans(path, cpu=True), read_kineto_spans(path)

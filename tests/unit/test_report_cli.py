@@ -10,8 +10,8 @@ import pickle
 import pytest
 
 from comm2perfetto.cli import main
-from factories import T0_NS, FrJob, steady_job
-from kineto_fixtures import KinetoDoc
+from support.factories import T0_NS, FrJob, steady_job
+from support.kineto_fixtures import KinetoDoc
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 

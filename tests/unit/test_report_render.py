@@ -24,7 +24,7 @@ from comm2perfetto.render.report_csv import (
     write_csv,
 )
 from comm2perfetto.render.report_plot import PlotDependencyError, bar_segments, render_html, write_plot
-from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, rank_ranges, render_text
+from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, render_text
 
 # --- documents ----------------------------------------------------------------------------------------------
 
@@ -185,17 +185,17 @@ def parse_html(text: str) -> TreeBuilder:
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (None, "-"), (0, "0"), (1.2, "1.20s"), (12.345, "12.3s"), (1234.0, "1234s"), (0.35, "350ms"),
-    (0.07, "70.0ms"), (0.0042, "4.20ms"), (0.99996, "1.00s"), (0.00098, "980us"), (4.4e-5, "44.0us"),
-    (5e-7, "0.500us"), (-0.002, "-2.00ms"),
+    (None, "-"), (0, "0 s"), (1.2, "1.20 s"), (12.345, "12.3 s"), (1234.0, "1234 s"), (0.35, "350 ms"),
+    (0.07, "70.0 ms"), (0.0042, "4.20 ms"), (0.99996, "1.00 s"), (0.00098, "980 us"), (4.4e-5, "44.0 us"),
+    (5e-7, "500 ns"), (-0.002, "-2.00 ms"),
 ])
 def test_fmt_time(seconds: float | None, text: str) -> None:
     assert fmt_time(seconds) == text
 
 
 @pytest.mark.parametrize(("n", "text"), [
-    (None, "-"), (0, "0B"), (512, "512B"), (1024, "1.00KB"), (2048, "2.00KB"), (25 * 2**20, "25.0MB"),
-    (300 * 25 * 2**20, "7.32GB"),
+    (None, "-"), (0, "0 B"), (512, "512 B"), (1024, "1.00 KiB"), (2048, "2.00 KiB"), (25 * 2**20, "25.0 MiB"),
+    (300 * 25 * 2**20, "7.32 GiB"),
 ])
 def test_fmt_bytes(n: int | None, text: str) -> None:
     assert fmt_bytes(n) == text
@@ -207,11 +207,6 @@ def test_fmt_number(x: float | None, text: str) -> None:
     assert fmt_number(x) == text
 
 
-def test_rank_ranges() -> None:
-    assert rank_ranges(["3", "0", "1", "2", "5", "8", "9"]) == "0-3, 5, 8-9"
-    assert rank_ranges([]) == ""
-
-
 # --- text ---------------------------------------------------------------------------------------------------
 
 
@@ -219,17 +214,17 @@ def test_text_header_and_job_line() -> None:
     lines = render_text(make_doc()).splitlines()
     assert lines[0] == "comm2perfetto report: 4 ranks, basis gpu, 3 steps (3-5)"
     assert lines[1] == "  data: kineto gpu kernels, flight recorder (ranks 0-3)"
-    assert lines[2] == ("job: span 1.20s, comm/compute 0.40, overlap 52.9%, exposed comm 160ms"
+    assert lines[2] == ("job: span 1.20 s, comm/compute 0.40, overlap 52.9%, exposed comm 160 ms"
                         " (times: mean per rank)")
 
 
 def test_text_rank_table() -> None:
     rows = table_rows(section(render_text(make_doc()), "ranks"))
     assert list(rows) == ["0", "1", "2", "3", "job"]
-    assert rows["3"] == {"rank": "3", "span": "1.20s", "compute": "700ms", "comm": "450ms", "overlapped": "100ms",
-                         "exposed": "350ms", "idle": "150ms", "comm/compute": "0.64", "overlap": "22.2%"}
-    assert rows["2"]["exposed"] == "70.0ms"
-    assert rows["job"]["exposed"] == "160ms"
+    assert rows["3"] == {"rank": "3", "span": "1.20 s", "compute": "700 ms", "comm": "450 ms", "overlapped": "100 ms",
+                         "exposed": "350 ms", "idle": "150 ms", "comm/compute": "0.64", "overlap": "22.2%"}
+    assert rows["2"]["exposed"] == "70.0 ms"
+    assert rows["job"]["exposed"] == "160 ms"
     assert "basis" not in rows["0"]  # one basis for every rank: no column for it
 
 
@@ -238,7 +233,7 @@ def test_text_many_ranks_shows_worst_and_best() -> None:
     assert lines[0] == "ranks: the 8 with the most exposed comm and the 8 with the least, of 40, by exposed comm"
     rows = table_rows(lines)
     assert list(rows) == [str(r) for r in range(39, 31, -1)] + [str(r) for r in range(7, -1, -1)] + ["job"]
-    assert rows["39"]["exposed"] == "39.0ms"
+    assert rows["39"]["exposed"] == "39.0 ms"
     assert "  ... 24 ranks in between" in lines
 
 
@@ -263,7 +258,7 @@ def test_text_steps_elide_the_middle() -> None:
     lines = section(render_text(doc), "steps")
     rows = table_rows(lines)
     assert list(rows) == ["0", "1", "2", "3", "4", "25", "26", "27", "28", "29"]
-    assert rows["29"]["overlapped"] == "89.0ms"
+    assert rows["29"]["overlapped"] == "89.0 ms"
     assert "  ... 20 steps in between" in lines
 
 
@@ -271,9 +266,9 @@ def test_text_collectives_table() -> None:
     lines = section(render_text(make_doc()), "collectives")
     rows = table_rows(lines)
     assert rows["all_reduce"] == {
-        "op": "all_reduce", "group": "0 (default_pg)", "n": "4", "count": "300", "bytes": "7.32GB",
-        "total": "310ms", "mean": "1.03ms", "p50": "980us", "p99": "4.20ms", "algbw": "31.4", "busbw": "47.1",
-        "skew": "210us"}
+        "op": "all_reduce", "group": "0 (default_pg)", "n": "4", "count": "300", "bytes": "7.32 GiB",
+        "total": "310 ms", "mean": "1.03 ms", "p50": "980 us", "p99": "4.20 ms", "algbw": "31.4", "busbw": "47.1",
+        "skew": "210 us"}
     assert rows["all_gather_into_tensor"]["count"] == "40/48"  # 40 of 48 timed
     assert rows["barrier"]["algbw"] == rows["barrier"]["skew"] == "-"
     assert [r for r in rows][:3] == ["all_reduce", "all_gather_into_tensor", "barrier"]  # the document's order
@@ -291,8 +286,8 @@ def test_text_collectives_fit_the_width_by_shortening_the_group() -> None:
 
 def test_text_stragglers() -> None:
     rows = table_rows(section(render_text(make_doc()), "stragglers"))
-    assert rows["3"] == {"rank": "3", "matched": "350", "last": "301", "last %": "86.0%", "mean late": "3.10ms",
-                         "p99 late": "12.0ms"}
+    assert rows["3"] == {"rank": "3", "matched": "350", "last": "301", "last %": "86.0%", "mean late": "3.10 ms",
+                         "p99 late": "12.0 ms"}
     assert list(rows) == ["3", "0"]
 
 
@@ -309,18 +304,18 @@ def test_text_module_tree_has_subtotals() -> None:
     assert section(render_text(make_doc()), "modules")[1:] == [
         "MLPModule",
         "  FORWARD PASS",
-        "    all_reduce: 1, 2.00KB, 2 ranks",
-        "    broadcast: 1, 64B, 4 ranks",
+        "    all_reduce: 1, 2.00 KiB, 2 ranks",
+        "    broadcast: 1, 64 B, 4 ranks",
         "  BACKWARD PASS",
-        "    all_reduce: 3, 4.00KB, 4 ranks",
+        "    all_reduce: 3, 4.00 KiB, 4 ranks",
         "  net1",
         "    BACKWARD PASS",
-        "      all_reduce: 2, 2.00KB, 4 ranks",
+        "      all_reduce: 2, 2.00 KiB, 4 ranks",
         "  net2",
         "    FORWARD PASS",
-        "      all_reduce: 1, 2.00KB, 2 ranks",
+        "      all_reduce: 1, 2.00 KiB, 2 ranks",
         "    BACKWARD PASS",
-        "      all_reduce: 1, 2.00KB, 4 ranks",
+        "      all_reduce: 1, 2.00 KiB, 4 ranks",
     ]
 
 
@@ -498,8 +493,8 @@ def test_html_bar_widths_are_proportional() -> None:
 def test_html_bar_tooltip_has_the_ranks_numbers() -> None:
     _, svgs = charts(render_html(make_doc()))
     title = svgs[0].all("g", "rank")[3].all("title")[0].text
-    assert title == ("rank 3: span 1.20s; compute 700ms (600ms without comm); comm 450ms = 100ms overlapped"
-                     " + 350ms exposed; idle 150ms; comm/compute 0.64; overlap 22.2%")
+    assert title == ("rank 3: span 1.20 s; compute 700 ms (600 ms without comm); comm 450 ms = 100 ms overlapped"
+                     " + 350 ms exposed; idle 150 ms; comm/compute 0.64; overlap 22.2%")
 
 
 def test_html_heatmap_cells_runs_and_no_data() -> None:
@@ -511,11 +506,11 @@ def test_html_heatmap_cells_runs_and_no_data() -> None:
     grey = [c for c in cells if c.attrs["fill"] == report_plot.NO_DATA_COLOUR]
     assert len(grey) == 1 and grey[0].all("title")[0].text == "rank 0, barrier 0:3: no data"
     rank3 = cells[-3:]
-    assert [c.all("title")[0].text for c in rank3] == ["rank 3, all_reduce 0:1: 1.00ms late",
-                                                       "rank 3, all_reduce 0:2: 4.00ms late",
-                                                       "rank 3, barrier 0:3: 2.00ms late"]
+    assert [c.all("title")[0].text for c in rank3] == ["rank 3, all_reduce 0:1: 1.00 ms late",
+                                                       "rank 3, all_reduce 0:2: 4.00 ms late",
+                                                       "rank 3, barrier 0:3: 2.00 ms late"]
     assert rank3[1].attrs["fill"] == report_plot.level_colour(report_plot.HEAT_LEVELS - 1)
-    assert cells[0].all("title")[0].text == "rank 0, all_reduce 0:1 .. all_reduce 0:2 (2 collectives): 0 late"
+    assert cells[0].all("title")[0].text == "rank 0, all_reduce 0:1 .. all_reduce 0:2 (2 collectives): 0 s late"
     assert float(cells[0].attrs["width"]) == pytest.approx(2 * report_plot.PLOT_W / 3, abs=0.01)
     legend = svgs[1].all("rect", "swatch")
     assert len(legend) == report_plot.HEAT_LEVELS + 1  # the bins and "no data"
@@ -534,9 +529,9 @@ def test_html_tables() -> None:
     tables = tree.root.all("table")
     assert len(tables) == 4  # job summary, collectives, stragglers, modules
     summary = [td.text for td in tables[0].all("td")]
-    assert summary[:3] == ["4", "gpu", "1.20s"] and "160ms" in summary
+    assert summary[:3] == ["4", "gpu", "1.20 s"] and "160 ms" in summary
     first = [td.text for td in tables[1].all("tr")[1].all("td")]
-    assert first[:2] == ["all_reduce", "0 (default_pg)"] and "7.32GB" in first and "31.4" in first
+    assert first[:2] == ["all_reduce", "0 (default_pg)"] and "7.32 GiB" in first and "31.4" in first
 
 
 def test_html_escapes_text() -> None:

@@ -10,9 +10,10 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
-from factories import FrJob
+from support.factories import FrJob
 
 fr_builder = pytest.importorskip("torch.distributed.flight_recorder.components.builder")
+# imported only once the line above found torch's analyzer (it skips the module otherwise)
 from torch.distributed.flight_recorder.components.config_manager import JobConfig  # noqa: E402
 from torch.distributed.flight_recorder.components.loader import read_dir  # noqa: E402
 

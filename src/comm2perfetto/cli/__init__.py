@@ -1,10 +1,15 @@
 """The ``comm2perfetto`` command: the only place that parses arguments, prints and picks exit codes.
 
-Each subcommand lives in its own module here and exposes ``add_parser(subparsers)``, which registers the
-subcommand and sets ``func`` to a ``run(args) -> int`` function. Exit codes: 0 success, 1 a problem was found
-in the job (diagnose), record's the job's own, 2 usage or input error, 3 an internal error (a bug of
-comm2perfetto, never a verdict about the job): one line asking to report it, the traceback only with
-``COMM2PERFETTO_TRACEBACK=1``. Each subcommand's --help lists its own (``exit_status``).
+Each subcommand (``record``, ``merge``, ``diagnose``, ``report``, ``open``, ``demo``) lives in its own module here
+and exposes ``add_parser(subparsers)``, which registers the subcommand and sets ``func`` to a
+``run(args) -> int`` function; ``main`` imports only the module of the command run. ``live.py`` is record's
+live verdict, ``progress.py``, ``ranges.py`` and ``trace_rank.py`` what several commands share.
+
+Exit codes: 0 success, 1 a problem was found in the job (diagnose), record's the job's own, 2 usage or input
+error: any ``comm2perfetto.errors.Comm2PerfettoError`` (``UserError`` here, the readers' errors), printed by
+``main`` as one line, 3 an internal error (a bug of comm2perfetto, never a verdict about the job): one line
+asking to report it, the traceback only with ``COMM2PERFETTO_TRACEBACK=1``. Each subcommand's --help lists its
+own (``exit_status``).
 """
 
 from __future__ import annotations
@@ -18,16 +23,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from comm2perfetto import __version__
+from comm2perfetto.errors import Comm2PerfettoError
+
+__all__ = ["COMMANDS", "INTERNAL_ERROR", "USAGE_ERROR", "HelpFormatter", "UserError", "build_parser",
+           "check_writable", "exit_status", "main", "require_torch"]
 
 USAGE_ERROR = 2
 INTERNAL_ERROR = 3
 
 
-class UserError(Exception):
-    """An error the user can fix: printed as one line, exit status 2, never a traceback."""
+class UserError(Comm2PerfettoError):
+    """An error of the command line the user can fix (an option, an output that cannot be written): printed as
+    one line, exit status 2, never a traceback."""
 
 
-COMMANDS = ("record", "merge", "diagnose", "report", "open", "demo")
+COMMANDS = ("record", "merge", "diagnose", "report", "compare", "open", "demo")
 
 EXAMPLES = """\
 examples:
@@ -37,6 +47,7 @@ examples:
   comm2perfetto merge run1              one Perfetto trace of every rank: run1.pftrace
   comm2perfetto open run1.pftrace       load it in ui.perfetto.dev, served from this machine
   comm2perfetto report run1 --plot run1.html
+  comm2perfetto compare run1 run2 --fail-on 'exposed_comm>5%'   what changed, beyond noise; exit 1 if that did
 
 Each command's --help lists its options and exit statuses (2 is always a usage or input error)."""
 
@@ -103,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
-    except UserError as exc:
+    except Comm2PerfettoError as exc:  # UserError and every reader's error about the input: one line, never a traceback
         print(f"comm2perfetto {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:

@@ -14,6 +14,8 @@ from pathlib import Path
 from comm2perfetto.cli import UserError, exit_status, require_torch
 from comm2perfetto.cli.record import add_output_dir
 
+__all__ = ["add_parser", "run"]
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
 PROFILE_STEPS = "5-8"
 # What the example's processes would print that says nothing about the demo: torch's warning when NumPy is

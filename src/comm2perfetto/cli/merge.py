@@ -19,20 +19,23 @@ import time
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
-from comm2perfetto.diagnose.findings import Diagnosis, secs_text
+from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
-from comm2perfetto.render.words import rank_span
-from comm2perfetto.sources.discover import SourceError
+from comm2perfetto.render.words import duration, rank_list, ranks_text, size
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
+
+__all__ = ["add_parser", "run"]
 
 _UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
 
@@ -62,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
     add_trace_rank_option(p)
+    add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -72,10 +76,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else default_output(args.paths)
     if out.is_dir():
         raise UserError(f"-o {out}: that is a folder; name the trace file, e.g. -o {out / 'job.pftrace'}")
-    try:
-        format_for(out)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    format_for(out)
     check_writable(out)
     preview = Path(args.preview) if args.preview else None
     if preview is not None:
@@ -92,25 +93,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args))
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt)
     finally:
         progress.finish()
     with Phase("diagnosing"):
-        diagnosis = diagnose(job, now_ns=time.time_ns())
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args.paths, args.force,
+                                  trace_ranks_option(args))
         markers = plan_markers(job, diagnosis)
         selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
         raise UserError(f"--ranks {args.ranks}: none of these ranks is in the job "
-                        f"(ranks with data: {rank_span(job.ranks)})")
+                        f"(ranks with data: {rank_list(job.ranks)})")
     start, end = _job_span(job)
     window = None
     if window_rel is not None:
         if start is None or end is None:
             raise UserError("--window: the job has no timed events to measure the window from")
         if window_rel[0] > end - start:
-            raise UserError(f"--window {args.window}: the job's events end {secs_text(end - start)} after its first "
+            raise UserError(f"--window {args.window}: the job's events end {duration(end - start)} after its first "
                             "one; nothing falls in this window")
         window = (start + window_rel[0], start + window_rel[1])
 
@@ -236,7 +236,7 @@ def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, no
         notes.append(note)
     try:
         render_preview(path, summary.preview, summary.t_begin_ns, summary.t_end_ns,
-                       title=f"comm2perfetto: {len(summary.ranks)} ranks", notes=notes)
+                       title=f"comm2perfetto: {ranks_text(summary.ranks)}", notes=notes)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -253,14 +253,14 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
     span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
         summary.t_end_ns is not None else 0
     lines = [
-        (f"wrote {out} ({_size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
+        (f"wrote {out} ({size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
          f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
         (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}; collectives: {summary.collectives:,}"
-         f"{_in_window(job, window)}; p2p transfers: {summary.p2p:,}; time span: {secs_text(span)}"),
+         f"{_in_window(job, window)}; p2p transfers: {summary.p2p:,}; time span: {duration(span)}"),
     ]
     clock = job.clock
     if clock.residual_skew_ns is not None:
-        lines.append(f"  clocks aligned to rank 0; residual skew {clock.residual_skew_ns / 1000:.1f} us "
+        lines.append(f"  clocks aligned to rank 0; residual skew {duration(clock.residual_skew_ns)} "
                      f"({clock.samples} collective ends)")
     elif all(m == "none" for m in clock.method.values()):
         lines.append("  clocks: not aligned (--no-align): each rank on its own clock")
@@ -271,6 +271,9 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
             + "  (comm2perfetto diagnose for details)")
     else:
         lines.append(f"  findings: none ({_NO_FINDINGS[diagnosis.status]})")
+    attempts = attempts_text(diagnosis.attempt, diagnosis.other_attempts, "this trace")
+    if attempts is not None:
+        lines.append(f"  attempts: {attempts}")
     for note in summary.notes[:5]:
         lines.append(f"  note: {note}")
     if job.skipped:
@@ -291,12 +294,3 @@ def _in_window(job: Job, window: tuple[int, int] | None) -> str:
         times = [t for t in c.arrive_ns + c.end_ns if t is not None]
         inside += bool(times) and min(times) <= hi and max(times) >= lo
     return f" ({inside:,} in the window)"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
-

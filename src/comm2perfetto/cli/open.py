@@ -25,6 +25,8 @@ from urllib.parse import quote
 
 from comm2perfetto.cli import UserError, exit_status
 
+__all__ = ["UI", "add_parser", "deep_link", "make_server", "run", "serve_until_fetched"]
+
 UI = "https://ui.perfetto.dev"
 PORT = 9001  # the only port the UI's content security policy lets it fetch a trace from
 

@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -26,6 +28,8 @@ from comm2perfetto.record.config import (
     RecordConfig,
     parse_step_range,
 )
+
+__all__ = ["add_output_dir", "add_parser", "run"]
 
 BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
 
@@ -99,10 +103,7 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError("--on-stall-timeout must be positive")
     if args.on_stall and (args.no_live_verdict or stall is None):
         raise UserError("--on-stall needs the live verdict: drop --no-live-verdict and --stall-after off")
-    try:
-        out_dir = check_out_dir(args.out or default_out_dir())
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    out_dir = check_out_dir(args.out or default_out_dir())
     # A run id the user (or a multi-node launcher script) set is kept: every node's `record` then writes the same.
     run_id = os.environ.get(ENV_RUN_ID) or time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
@@ -141,26 +142,34 @@ def run(args: argparse.Namespace) -> int:
                             f"choose a new folder with -o or pass --overwrite")
         for path in existing:
             os.remove(path)
+        for folder in list(layout.attempt_folders(config.out_dir).values())[1:]:
+            for empty in (os.path.join(folder, layout.LIVE_DIR), folder):
+                try:
+                    os.rmdir(empty)
+                except OSError:
+                    pass  # holds files of the user's: left as they are
     env, warnings = child_environment(config)
     for warning in warnings:
         print(f"comm2perfetto: {warning}", file=sys.stderr)
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr)
     print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
+    from comm2perfetto.cli.live import StallWatcher, stopped_ranks
+
     started = time.time_ns()
     watcher = None
     if config.live and config.stall_after_s is not None:
-        from comm2perfetto.cli.live import StallWatcher
-
         watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
         watcher.start()
+    probes: list[dict] = []  # ranks' processes seen at a stall or a signal (frozen ones), for diagnose
     try:
-        ending = _run_forwarding_signals(command, env)
+        ending = _run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
     finally:
         if watcher is not None:
             watcher.stop()
-    _write_job_file(config, command, started, ending)
-    _print_summary(config.out_dir, ending.status, (time.time_ns() - started) / 1e9)
+            probes.extend(watcher.probes)
+    _write_job_file(config, command, started, ending, probes)
+    _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status
 
 
@@ -178,13 +187,15 @@ class JobEnding:
     killed_leftovers: bool = False
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> JobEnding:
+def _run_forwarding_signals(command: list[str], env: dict[str, str],
+                            on_first_signal: Callable[[], None] | None = None) -> JobEnding:
     """Run the job in its own session and process group; a signal to us goes to the whole group.
 
     Signalling the group, not only the launcher, reaches every rank also when the launcher is a shell script
     (``bash -c 'python a & python b & wait'``: a shell dies of SIGTERM and leaves its children running, and
     its background children ignore SIGINT). Once a signal came, the group gets SIGTERM after ``GRACE_S``
-    and SIGKILL after twice that, and we wait until none of its processes is left.
+    and SIGKILL after twice that, and we wait until none of its processes is left. ``on_first_signal`` runs
+    before the first signal is forwarded (to see which ranks are stopped before anything kills them).
     """
     try:
         child = subprocess.Popen(command, env=env, start_new_session=True)
@@ -195,6 +206,11 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> JobEndin
     def forward(signum: int, _frame: object) -> None:
         if ending.signal is None:
             ending.signal, ending.signal_ns = signal.Signals(signum).name, time.time_ns()
+            if on_first_signal is not None:
+                try:
+                    on_first_signal()
+                except Exception:  # looking is an extra: the signal goes on to the job regardless
+                    pass
         _signal_group(child.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -231,24 +247,33 @@ def _end_group(pgid: int) -> bool:
     return True
 
 
-def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding) -> None:
-    job = {
+def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding,
+                    probes: list[dict] | None = None) -> None:
+    host, pid = socket.gethostname(), os.getpid()
+    job: dict[str, Any] = {
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
-        "host": socket.gethostname(), "pid": os.getpid(),
+        "host": host, "pid": pid,
         "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
         "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
+        "probes": probes or [],
     }
-    with open(os.path.join(config.out_dir, layout.job_file(job["host"], job["pid"])), "wb") as f:
+    with open(os.path.join(config.out_dir, layout.job_file(host, pid)), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
 
 
-def _print_summary(out_dir: str, status: int, seconds: float) -> None:
+def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
+    from comm2perfetto.render.words import duration
     from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
 
-    summary = summarize(out_dir)
+    attempts = layout.attempt_folders(out_dir)
+    last = max(attempts)
+    summary = summarize(attempts[last])
     err = sys.stderr
-    print(f"comm2perfetto: job exited with status {status} after {seconds:.1f} s; "
+    print(f"comm2perfetto: job exited with status {status} after {duration(elapsed_ns)}; "
           f"recorded {summary.ranks} rank(s) into {out_dir}", file=err)
+    if len(attempts) > 1:
+        print(f"  torchrun restarted the job: attempts {', '.join(map(str, attempts))} kept apart, the last in "
+              f"{attempts[last]}; the counts below are its own", file=err)
     if summary.ranks == 0:
         print("comm2perfetto: no rank recorded anything: did the job call torch.distributed.init_process_group? "
               "Is comm2perfetto installed in the job's Python?", file=err)

@@ -14,21 +14,22 @@ import os
 import sys
 from pathlib import Path
 
-import orjson
-
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, exit_status
+from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
+from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
-from comm2perfetto.render.report_plot import PlotDependencyError, write_plot
+from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
 from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
-from comm2perfetto.sources.discover import SourceError, adopt_traces, drop_traces, load_sources
+from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
 
-_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
+__all__ = ["add_parser", "build_document", "run"]
+
 _MAX_PROFILE_WORKERS = 8
 
 
@@ -62,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
+    add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -69,42 +71,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
-    out = Path(args.output) if args.output else None
-    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
-    if out is not None:
-        check_writable(out)
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise UserError(f"--plot writes {', '.join(PLOT_SUFFIXES)}: not {plot.name!r}")
-        check_writable(plot)
+    out, fmt, plot = output_options(args, PLOT_SUFFIXES)
     steps = parse_steps(args.steps) if args.steps else None
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
+    doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
+                         hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
+                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt)
+    if plot is not None:
+        try:
+            write_plot(doc, plot)
+        except OSError as exc:
+            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
+    emit(doc, fmt, out, "report", Renderers(render_text, render_csv_stdout, write_csv))
+    if plot is not None:
+        print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
+    return 0
+
+
+def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
+                   profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
+                   trace_ranks: dict[str, int] | None = None, force: bool = False,
+                   attempt: int | None = None) -> dict:
+    """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
+    restarted job, ``attempt`` (default: the last), with a note on how the others ended. Input the user must
+    fix raises a ``Comm2PerfettoError``."""
     progress = Progress("reading dumps (ranks)")
     try:
         # profiler traces are listed here and read below, as spans and communication events, in workers
-        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
-                           trace_ranks=trace_ranks_option(args))
-        if args.no_profiler:
+        src = load_sources(paths, force=force, with_stacks=False, progress=progress, read_traces=False,
+                           trace_ranks=trace_ranks, attempt=attempt)
+        if not profiler:
             drop_traces(src)
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
     finally:
         progress.finish()
-    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()}
+    kineto = {} if not profiler else {r: [Path(p) for p in files] for r, files in src.kineto.items()}
     progress = Progress("reading profiler traces (ranks)")
     try:
         profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
-                                 progress=progress, whole_us=args.hta_rounding or args.hta_scope,
-                                 hta_scope=args.hta_scope, collectives=True)
+                                 progress=progress, whole_us=hta_rounding or hta_scope,
+                                 hta_scope=hta_scope, collectives=True)
     finally:
         progress.finish()
-    try:
-        adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
+    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
     job = None
     if src.fr or src.logs or src.traces:
         from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
@@ -112,54 +122,18 @@ def run(args: argparse.Namespace) -> int:
         with Phase("matching collectives across ranks"):
             job = build_job(src, lazy_stacks=True)
     with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job, profiles, steps=steps, depth=args.depth)
-    if args.hta_scope and profiles:
+        doc = build_report(job, profiles, steps=steps, depth=depth)
+    if hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
-    elif args.hta_rounding and profiles:
+    elif hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
+    attempts = attempts_note(src.attempt, src.attempts, paths, force, trace_ranks or {}, "this report")
+    if attempts is not None:
+        doc["notes"].insert(0, attempts)
     doc["notes"].extend(job.notes if job is not None else src.notes)
     doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
-
-    if plot is not None:
-        try:
-            write_plot(doc, plot)
-        except PlotDependencyError as exc:
-            raise UserError(str(exc)) from None
-        except OSError as exc:
-            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
-    _emit(doc, fmt, out)
-    if plot is not None:
-        print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
-    return 0
-
-
-def _emit(doc: dict, fmt: str, out: Path | None) -> None:
-    if fmt == "csv" and out is not None:
-        try:
-            written = write_csv(doc, out)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print("comm2perfetto report: wrote " + ", ".join(map(str, written)), file=sys.stderr)
-        return
-    if fmt == "json":
-        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
-    elif fmt == "csv":
-        text = render_csv_stdout(doc)
-    else:
-        text = render_text(doc)
-    if out is not None:
-        try:
-            out.write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print(f"comm2perfetto report: wrote {out}", file=sys.stderr)
-        return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `report DIR | head`
-        sys.stdout = None  # type: ignore[assignment]
+    return doc
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from comm2perfetto.cli import UserError
 from comm2perfetto.sources.kineto.load import parse_trace_ranks
 
 
@@ -16,7 +15,5 @@ def add_trace_rank_option(p: argparse.ArgumentParser) -> None:
 
 
 def trace_ranks_option(args: argparse.Namespace) -> dict[str, int]:
-    try:
-        return parse_trace_ranks(args.trace_rank)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    """``{FILE: RANK}``; a bad value raises ``OptionError``, which ``cli.main`` says in one line."""
+    return parse_trace_ranks(args.trace_rank)

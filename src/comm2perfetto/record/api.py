@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from comm2perfetto.errors import OptionError
 from comm2perfetto.record import state
 from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig
 from comm2perfetto.record.nvtx import range
@@ -24,11 +25,11 @@ def default_out_dir() -> str:
 def check_out_dir(path: str) -> str:
     """Create ``path`` if needed and prove it is writable. Returns the absolute path.
 
-    Raises ValueError with a message that says what to do.
+    Raises OptionError (a ValueError) with a message that says what to do.
     """
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{path} exists and is not a folder; choose another output folder with -o")
+        raise OptionError(f"{path} exists and is not a folder; choose another output folder with -o")
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".comm2perfetto-write-test-{os.getpid()}")
@@ -36,7 +37,7 @@ def check_out_dir(path: str) -> str:
             f.write(b"ok")
         os.remove(probe)
     except OSError as exc:
-        raise ValueError(f"cannot write to {path} ({exc.strerror}); choose another output folder with -o") \
+        raise OptionError(f"cannot write to {path} ({exc.strerror}); choose another output folder with -o") \
             from None
     return path
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from comm2perfetto import layout
 from comm2perfetto.record import capture, clock, state
 from comm2perfetto.record.config import RecordConfig
-from comm2perfetto.record.flight import FlightRecorderDumps
+from comm2perfetto.record.flight import FlightRecorderDumps, follow_attempt
 from comm2perfetto.record.log import EventLog
 from comm2perfetto.record.mechanisms import gloo_fallback_wanted, mechanisms, unsupported_torch
 
@@ -145,7 +145,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from comm2perfetto import __version__
+    from comm2perfetto._version import __version__
     from comm2perfetto.record.profiler import ProfilerCapture
     from comm2perfetto.record.recorder import Recorder
     from comm2perfetto.record.watchdog import Watchdog
@@ -154,32 +154,40 @@ def start(config: RecordConfig, pg: Any) -> None:
     if unsupported is not None:
         raise RuntimeError(unsupported)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    os.makedirs(config.out_dir, exist_ok=True)
-    log = EventLog(os.path.join(config.out_dir, layout.event_log(rank)))
+    # Under torchrun's restarts each attempt writes into a folder of its own (layout.attempt_dir).
+    attempt = layout.restart_count(os.environ)
+    out_dir = layout.attempt_dir(config.out_dir, attempt)
+    os.makedirs(out_dir, exist_ok=True)
+    if out_dir != config.out_dir:
+        follow_attempt(os.environ, config.out_dir, out_dir)
+    log = EventLog(os.path.join(out_dir, layout.event_log(rank)))
     log.write({
         "kind": "header", "format": "comm2perfetto-events", "version": 1,
         "rank": rank, "world_size": world_size, "local_rank": _int_env("LOCAL_RANK"),
         "host": socket.gethostname(), "pid": os.getpid(), "torch": torch.__version__,
         "backend": str(dist.get_backend()), "comm2perfetto": __version__, "run_id": config.run_id,
         "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "master": _master_endpoint(),
+        "attempt": attempt, "max_restarts": _int_env(layout.MAX_RESTARTS_ENV),
         "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "argv": sys.argv,
         "config": config.as_header(), "cpp_collectives": mechanisms(torch.__version__),
     })
     rec = Recorder(config, log, rank, world_size)
     rec.default_group = pg
     rec.declare_group(pg)
-    rec.flight = FlightRecorderDumps(rec, config.out_dir, config.fr_buffer)
+    rec.flight = FlightRecorderDumps(rec, out_dir, config.fr_buffer)
     rec.steps.install()
     capture.install(torch)
     rec.steps.listeners.append(rec.flight.at_step)
     if rec.modules is not None:
         rec.modules.install()
         rec.steps.listeners.append(rec.check_module_tracking)
-    profiler = ProfilerCapture(rec, config.out_dir, config.profile_steps)
+    profiler = ProfilerCapture(rec, out_dir, config.profile_steps)
     _parts["profiler"] = profiler
 
     try:
         store = c10d._get_default_store()
+        if attempt:  # torchrun's store outlives an attempt: keep a restarted attempt's keys apart
+            store = dist.PrefixStore(f"attempt{attempt}", store)
     except Exception:
         store = None
         rec.warn("no c10d store: clock offsets and job-wide stall dumps are off on this rank")
@@ -195,8 +203,8 @@ def start(config: RecordConfig, pg: Any) -> None:
     if store is not None and config.live and config.stall_after_s is not None:
         from comm2perfetto.record.live import LiveVerdict
 
-        live = LiveVerdict(rec, store, config.out_dir, world_size, _int_env("LOCAL_RANK"))
-    watchdog = Watchdog(rec, store, config.stall_after_s, config.out_dir, live=live)
+        live = LiveVerdict(rec, store, out_dir, world_size, _int_env("LOCAL_RANK"))
+    watchdog = Watchdog(rec, store, config.stall_after_s, out_dir, live=live)
     watchdog.start()
     _parts["watchdog"] = watchdog
     _install_exit_handlers()

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.render.words import rank_span
+from comm2perfetto.render.words import duration, rank_list, ranks_text
+
+__all__ = ["render_text"]
 
 MAX_SKIPPED_SHOWN = 5
 
@@ -32,13 +35,17 @@ _HEADLINE = {
 
 def render_text(d: Diagnosis, out: TextIO) -> None:
     """The same content as the JSON, for a person, most important first."""
-    ranks = rank_span(d.ranks_with_data)
     world = f"world size {d.world_size}" if d.world_size else "world size unknown"
     n = len(d.findings)
     head = _HEADLINE[d.status]
-    if n:
+    if n and d.status == "ok":  # only stalls the job got over
+        head += f"; {n} stall{'s' if n > 1 else ''} resolved"
+    elif n:
         head += f": {n} finding{'s' if n > 1 else ''}"
-    out.write(f"{head} ({world}, data from ranks {ranks})\n")
+    out.write(f"{head} ({world}, data from {ranks_text(d.ranks_with_data)})\n")
+    attempts = attempts_text(d.attempt, d.other_attempts)
+    if attempts is not None:
+        out.write("\n" + _wrap(attempts, ""))
     for i, f in enumerate(d.findings, 1):
         out.write("\n")
         _finding(i, f, out)
@@ -53,16 +60,20 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
     clock = d.clock
     if clock.residual_skew_ns is not None:
         out.write(f"\nClock: ranks aligned on {clock.samples} collective ends; residual skew "
-                  f"{clock.residual_skew_ns / 1000:.1f} us\n")
+                  f"{duration(clock.residual_skew_ns)}\n")
 
 
 def _finding(i: int, f: Finding, out: TextIO) -> None:
     where = f" on {f.process_group}" if f.process_group else ""
     what = f" {f.op} #{f.seq}" if f.seq is not None and f.op else (f" {f.op}" if f.op else "")
     tag = " (resolved: the job went on)" if f.resolved else ""
+    if f.blocked_by is not None:
+        tag += f" (blocked by [{f.blocked_by}])"
     out.write(f"[{i}] {f.kind}{where}:{what}{tag}\n")
     if f.culprit_ranks:
-        out.write(f"    culprit: {rank_span(f.culprit_ranks)}\n")
+        out.write(f"    culprit: {rank_list(f.culprit_ranks)}\n")
+    if f.suspect_ranks:
+        out.write(f"    suspect (no evidence from it): {rank_list(f.suspect_ranks)}\n")
     out.write(_wrap(f.detail, "    "))
     for rank, site in sorted(f.call_sites.items()):
         out.write(f"    call site, rank {rank}: {site}\n")

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.render.report_text import (
     MISSING,
     fmt_bytes,
@@ -45,6 +46,8 @@ from comm2perfetto.render.report_text import (
     fmt_time,
     rank_sort_key,
 )
+
+__all__ = ["SUFFIXES", "PlotDependencyError", "render_html", "write_plot"]
 
 SUFFIXES = (".html", ".png", ".svg")
 MATPLOTLIB_HINT = ("writing {suffix} needs matplotlib: pip install 'comm2perfetto[plot]' "
@@ -77,7 +80,7 @@ COLLECTIVE_LABEL_CHARS = 24
 Doc = Mapping[str, Any]
 
 
-class PlotDependencyError(ImportError):
+class PlotDependencyError(Comm2PerfettoError, ImportError):
     """A ``.png`` or ``.svg`` was asked for and matplotlib is not installed."""
 
 

@@ -4,8 +4,9 @@ Takes the plain dict and nothing else. Sections, in order: a header (rank count,
 came from) and the job summary line; the per-rank table (with a job row of means; over
 :data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
 per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
-tree; notes. Values are in human units (``us``/``ms``/``s``, ``KB``/``MB``/``GB``, bandwidth in GB/s, 3
-significant digits) and a missing value prints as ``-``. Same dict, same text; no trailing whitespace.
+tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.render.words`:
+``12.3 ms``, ``2.00 KiB``, ``ranks 0-3, 5``), bandwidth in GB/s with 3 significant digits, and a missing value
+prints as ``-``. Same dict, same text; no trailing whitespace.
 
 The small formatters (:func:`fmt_time`, :func:`fmt_bytes` ...) are shared with the HTML and chart writers.
 
@@ -23,11 +24,15 @@ Example::
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from comm2perfetto.render.words import duration, ranks_text, size, three_digits
+
+__all__ = ["MISSING", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key",
+           "render_text", "table"]
 
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
@@ -47,50 +52,23 @@ Row = Sequence[str] | str  # a str is a line of its own inside a table (an elisi
 # --- formatters ---------------------------------------------------------------------------------------------
 
 
-def _sig3(x: float) -> str:
-    """``x`` (>= 0) with 3 significant digits and never an exponent: 0.0512, 1.00, 12.3, 123, 1234."""
-    if x == 0:
-        return "0"
-    text = f"{x:#.3g}"  # "#" keeps trailing zeros: 1.00, not 1
-    if "e" not in text:
-        return text.rstrip(".")
-    return f"{x:.0f}" if x >= 1 else f"{x:.{2 - math.floor(math.log10(x))}f}"
-
-
-def _scaled(value: float, units: Sequence[tuple[float, str]]) -> str:
-    """``value`` in the first unit (largest first) in which it rounds to at least 1, with 3 digits."""
-    magnitude = abs(value)
-    sign = "-" if value < 0 else ""
-    for i, (scale, unit) in enumerate(units):
-        scaled = magnitude / scale
-        if scaled >= 0.9995 or i == len(units) - 1:  # 0.9996 s rounds to "1.00 s", not "1000 ms"
-            return f"{sign}{_sig3(scaled)}{unit}"
-    raise ValueError("no units given")
-
-
 def fmt_time(seconds: float | None) -> str:
-    """``"1.23s"``, ``"12.3ms"``, ``"456us"`` (compact, as torch.profiler prints); ``"0"``; ``"-"`` if unknown."""
-    if seconds is None:
-        return MISSING
-    if seconds == 0:
-        return "0"
-    return _scaled(seconds, ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")))
+    """A time of the document (seconds) as every view words it (:func:`words.duration`): ``"1.23 s"``,
+    ``"12.3 ms"``, ``"456 us"``, ``"0 s"``; ``"-"`` if unknown."""
+    return MISSING if seconds is None else duration(seconds * 1e9)
 
 
 def fmt_bytes(n: int | float | None) -> str:
-    """Binary multiples, like the rest of the tool: ``"512B"``, ``"2.00KB"``, ``"1.50GB"``."""
-    if n is None:
-        return MISSING
-    if abs(n) < 1024:
-        return f"{n:.0f}B"
-    return _scaled(n, ((1024.0**4, "TB"), (1024.0**3, "GB"), (1024.0**2, "MB"), (1024.0, "KB")))
+    """A size as every view words it (:func:`words.size`, binary multiples): ``"512 B"``, ``"2.00 KiB"``,
+    ``"1.50 GiB"``; ``"-"`` if unknown."""
+    return MISSING if n is None else size(n)
 
 
 def fmt_number(x: float | None) -> str:
     """3 significant digits for small numbers, whole numbers from 1000 up (GB/s, ratios)."""
     if x is None:
         return MISSING
-    return ("-" if x < 0 else "") + _sig3(abs(x))
+    return ("-" if x < 0 else "") + three_digits(abs(x))
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -113,19 +91,6 @@ def rank_sort_key(rank: str | int) -> tuple[int, int | str]:
     """Ranks are dict keys (strings) in the document: sort "10" after "9"."""
     text = str(rank)
     return (0, int(text)) if _is_int(text) else (1, text)
-
-
-def rank_ranges(ranks: Iterable[str | int]) -> str:
-    """``"0-3, 5, 8-9"``: consecutive numeric ranks folded into ranges."""
-    names = [str(r) for r in ranks]
-    runs: list[list[int]] = []  # [first, last]
-    for n in sorted({int(r) for r in names if _is_int(r)}):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
-    return ", ".join(parts + sorted({r for r in names if not _is_int(r)}))
 
 
 # --- tables -------------------------------------------------------------------------------------------------
@@ -179,10 +144,6 @@ def _time_cells(values: Mapping[str, Any]) -> list[str]:
     return [fmt(values.get(key)) for _, key, fmt in TIME_COLUMNS]
 
 
-def _ranks_word(ranks: Sequence[str]) -> str:
-    return "rank" if len(ranks) == 1 else "ranks"
-
-
 def _header(doc: Doc) -> list[str]:
     ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
     job = doc.get("job") or {}
@@ -197,7 +158,7 @@ def _header(doc: Doc) -> list[str]:
     for rank in sorted(ranks, key=rank_sort_key):
         by_sources.setdefault(tuple(ranks[rank].get("sources") or ()), []).append(rank)
     for sources, members in sorted(by_sources.items(), key=lambda kv: rank_sort_key(kv[1][0])):
-        lines.append(f"  data: {', '.join(sources) or 'none'} ({_ranks_word(members)} {rank_ranges(members)})")
+        lines.append(f"  data: {', '.join(sources) or 'none'} ({ranks_text(members)})")
     lines.append(
         f"job: span {fmt_time(job.get('span_s'))}, comm/compute {fmt_ratio(job.get('comm_to_compute'))}, "
         f"overlap {fmt_pct(job.get('overlap_pct'))}, exposed comm {fmt_time(job.get('exposed_comm_s'))}"
@@ -238,7 +199,7 @@ def _ranks_section(doc: Doc, width: int) -> list[str]:
     aligns = ">" + ("<" if mixed else "") + ">" * len(TIME_COLUMNS)
     lines = [title, *table(header, rows, aligns, width=width)]
     if unknown:
-        lines.append(f"  no values for {_ranks_word(unknown)} {rank_ranges(unknown)}")
+        lines.append(f"  no values for {ranks_text(unknown)}")
     return lines
 
 

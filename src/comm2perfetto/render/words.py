@@ -1,13 +1,108 @@
-"""How the same facts are worded in every view: rank lists, durations, sizes, the order of process groups."""
+"""How every view words the same facts: rank lists, durations and sizes.
+
+diagnose's findings and the live verdict, merge's summary, the report's text, CSV, HTML and PNG, the trace's
+annotations and the preview all call these, so one fact reads the same wherever it is shown::
+
+    rank_list([0, 1, 2, 3, 5, 8, 9])   -> "0-3, 5, 8, 9"     every rank, runs of three or more folded
+    ranks_text([2])                    -> "rank 2"           in a sentence
+    ranks_text([0, 1, 2, 3, 5])        -> "ranks 0-3, 5"
+    duration(12_500_000)               -> "12.5 ms"          nanoseconds in, as the model keeps times
+    size(54_477)                       -> "53.2 KiB"         binary multiples, named as such
+
+The order of process groups is a fact of the model: :meth:`comm2perfetto.model.Job.groups_in_order`.
+Standard library only and no import of comm2perfetto, so every layer may word things with it.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 
-def rank_span(ranks) -> str:
-    """``0-3`` for three or more consecutive ranks, else ``0, 1`` / ``1, 3, 7``; ``none`` for no rank."""
-    ranks = sorted(ranks)
-    if not ranks:
-        return "none"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
+__all__ = ["MAX_RANK_PARTS", "duration", "rank_list", "ranks_text", "size", "three_digits"]
+
+# A sentence names at most this many runs or single ranks ("ranks 0-3, 5, 9, ..."); the full list is the JSON's.
+MAX_RANK_PARTS = 6
+
+# Largest first. ASCII "us": the preview's font and every terminal have it.
+_TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "us"), (1.0, "ns"))
+# IEC binary multiples (1 KiB = 1024 B): tensors are sized in powers of two, and the names keep them apart from
+# the decimal GB/s of the report's bandwidths.
+_SIZE_UNITS = ((1024.0**4, "TiB"), (1024.0**3, "GiB"), (1024.0**2, "MiB"), (1024.0, "KiB"))
+
+
+def _rank_parts(ranks: Iterable[int | str]) -> tuple[list[str], int]:
+    """(``["0-3", "5", "8", "9"]``, how many distinct ranks). Ranks may be numbers or their text (the report's
+    keys); anything that is not a number goes last, as written."""
+    numbers: set[int] = set()
+    others: set[str] = set()
+    for r in ranks:
+        if isinstance(r, int) or r.isdigit():
+            numbers.add(int(r))
+        else:
+            others.add(r)
+    ordered = sorted(numbers)
+    parts: list[str] = []
+    start = 0
+    for i, n in enumerate(ordered):
+        if i + 1 < len(ordered) and ordered[i + 1] == n + 1:
+            continue  # the run goes on
+        run = ordered[start:i + 1]
+        parts.extend([f"{run[0]}-{run[-1]}"] if len(run) >= 3 else map(str, run))
+        start = i + 1
+    return parts + sorted(others), len(numbers) + len(others)
+
+
+def rank_list(ranks: Iterable[int | str]) -> str:
+    """Every rank, sorted, runs of three or more consecutive ranks folded: ``0-3, 5, 8, 9``; ``none``."""
+    parts, _ = _rank_parts(ranks)
+    return ", ".join(parts) if parts else "none"
+
+
+def ranks_text(ranks: Iterable[int | str]) -> str:
+    """Ranks in a sentence: ``rank 2``, ``ranks 0-3, 5``; past :data:`MAX_RANK_PARTS` runs and single ranks,
+    the count and the first ones: ``512 ranks (0, 2, 4, 6, 8, ...)``; ``no rank``."""
+    parts, count = _rank_parts(ranks)
+    if not parts:
+        return "no rank"
+    if count == 1:
+        return f"rank {parts[0]}"
+    if len(parts) > MAX_RANK_PARTS:
+        return f"{count} ranks ({', '.join(parts[:MAX_RANK_PARTS - 1])}, ...)"
+    return "ranks " + ", ".join(parts)
+
+
+def three_digits(x: float) -> str:
+    """``x`` (>= 0) with 3 significant digits and never an exponent: 0.0512, 1.00, 12.3, 123, 1234."""
+    if x == 0:
+        return "0"
+    text = f"{x:#.3g}"  # "#" keeps trailing zeros: 1.00, not 1
+    if "e" not in text:
+        return text.rstrip(".")
+    return f"{x:.0f}" if x >= 1 else f"{x:.{2 - math.floor(math.log10(x))}f}"
+
+
+def _scaled(value: float, units: Sequence[tuple[float, str]]) -> str:
+    """``value`` in the first unit (largest first) in which it rounds to at least 1, 3 digits, a space."""
+    magnitude = abs(value)
+    sign = "-" if value < 0 else ""
+    for i, (scale, unit) in enumerate(units):
+        scaled = magnitude / scale
+        if scaled >= 0.9995 or i == len(units) - 1:  # 0.9996 s rounds to "1.00 s", not "1000 ms"
+            return f"{sign}{three_digits(scaled)} {unit}"
+    raise ValueError("no units given")
+
+
+def duration(ns: float) -> str:
+    """A duration in nanoseconds, in SI units with 3 significant digits: ``850 us``, ``12.5 ms``, ``3.20 s``,
+    ``4500 s``; ``0 s``; a negative one keeps its sign. Times in seconds (the report's) go in as ``s * 1e9``."""
+    if ns == 0:
+        return "0 s"
+    return _scaled(ns, _TIME_UNITS)
+
+
+def size(n_bytes: float) -> str:
+    """A size in IEC binary multiples (1 KiB = 1024 B, 1 MiB = 1024 KiB ...), 3 significant digits:
+    ``512 B``, ``53.2 KiB``, ``1.50 MiB``."""
+    if abs(n_bytes) < 1024:
+        return f"{n_bytes:.0f} B"
+    return _scaled(n_bytes, _SIZE_UNITS)

@@ -11,6 +11,10 @@ Files are told apart by their first bytes, never by their names (which vary: ``n
     job.json                                                        -> the recorder's job summary
     {"format": "comm2perfetto-stall-verdict"...                     -> record's live verdict (not read)
 
+A folder named ``attempt<k>`` below a path given holds attempt k of a job torchrun restarted (the files
+above any such folder are attempt 0; see ``layout.attempt_dir``). One attempt is read at a time, the last
+by default: its files, and the job files, which describe the whole run.
+
 Unreadable, truncated or unknown files are skipped and listed; nothing usable at all is an error. Only
 regular files are opened, none is read beyond ``limits.MAX_FILE_BYTES`` (after gzip), and a rank outside the
 job's world (from a file name, a header or a stacks file) is not taken as a rank: see ``limits.py``.
@@ -22,22 +26,36 @@ import os
 import socket
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from comm2perfetto import layout
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
+from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
+from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
-from comm2perfetto.sources.kineto.reader import KinetoTrace, gunzip_head, sniff_kineto
-from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
+from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
+from comm2perfetto.sources.limits import (
+    MAX_FILE_BYTES,
+    MAX_WORLD_SIZE,
+    rank_ok,
+    read_bounded,
+    regular_file_problem,
+    time_ok,
+)
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
+
+__all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover", "drop_traces", "dumps_world",
+           "load_sources"]
 
 HEAD_BYTES = 8192
 
@@ -45,7 +63,7 @@ FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job
 VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
-class SourceError(Exception):
+class SourceError(Comm2PerfettoError):
     """Input the user must fix (wrong path, nothing usable, mixed jobs): one clear message."""
 
 
@@ -58,6 +76,7 @@ class FoundFile:
     path: Path
     kind: str
     gzipped: bool = False
+    attempt: int = 0  # torchrun's attempt: from an ``attempt<k>`` folder below the path given, else 0
 
 
 @dataclass(slots=True)
@@ -76,6 +95,8 @@ class Sources:
     notes: list[str] = field(default_factory=list)
     stack_table: StackTable = field(default_factory=StackTable)
     signatures: SignatureTable = field(default_factory=SignatureTable)
+    attempt: int = 0  # the attempt loaded (of a job torchrun restarted; 0 for one never restarted)
+    attempts: tuple[int, ...] = (0,)  # every attempt the paths hold files of
 
     @property
     def ranks(self) -> set[int]:
@@ -123,8 +144,14 @@ def _classify_json(head: bytes, name: str) -> str | None:
 
 def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped]]:
     """Walk the given folders (or files) recursively; classify every file by its first bytes."""
+    found, skipped = _discover(paths)
+    return found, [s for s, _attempt in skipped]
+
+
+def _discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[tuple[Skipped, int]]]:
+    """``discover``, with the attempt of each file skipped."""
     found: list[FoundFile] = []
-    skipped: list[Skipped] = []
+    skipped: list[tuple[Skipped, int]] = []
     seen: set[Path] = set()  # `diagnose run1 run1/` or a folder and a file in it: each file is read once
     for root in paths:
         root = Path(root)
@@ -132,9 +159,10 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
             raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
         candidates = [root] if root.is_file() else _walk(root)
         for path in candidates:
+            attempt = _attempt_below(root, path)
             problem = regular_file_problem(path)
             if problem is not None:
-                skipped.append(Skipped(str(path), problem))
+                skipped.append((Skipped(str(path), problem), attempt))
                 continue
             real = path.resolve()
             if real in seen:
@@ -144,21 +172,55 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
                 with open(path, "rb") as fh:
                     head = fh.read(HEAD_BYTES)
             except OSError as exc:
-                skipped.append(Skipped(str(path), f"cannot read ({exc.strerror})"))
+                skipped.append((Skipped(str(path), f"cannot read ({exc.strerror})"), attempt))
                 continue
             if not head:
-                skipped.append(Skipped(str(path), "empty file"))
+                skipped.append((Skipped(str(path), "empty file"), attempt))
                 continue
             kind = classify(head, path.name)
             if kind is None:
-                skipped.append(Skipped(str(path), "unknown format (not a dump, log, stacks or trace file)"))
+                skipped.append((Skipped(str(path), "unknown format (not a dump, log, stacks or trace file)"),
+                                attempt))
                 continue
-            found.append(FoundFile(path, kind, head[:2] == b"\x1f\x8b"))
+            found.append(FoundFile(path, kind, head[:2] == b"\x1f\x8b", attempt))
     return found, skipped
 
 
+def _attempt_below(root: Path, path: Path) -> int:
+    """The attempt the innermost ``attempt<k>`` folder between ``root`` and ``path`` names, else 0. The
+    root's own name does not count: a recording folder the user named ``attempt3`` is no attempt."""
+    try:
+        parts = path.parent.relative_to(root).parts
+    except ValueError:  # root is the file itself
+        return 0
+    for name in reversed(parts):
+        attempt = layout.attempt_of_folder(name)
+        if attempt is not None:
+            return attempt
+    return 0
+
+
+# What torchrun's restart makes anew in each attempt; job files describe the whole run.
+_ATTEMPT_KINDS = (FR, EVENT_LOG, STACKS, KINETO)
+# A job file's fields that tell how the whole run ended: its last attempt's ending, none of an earlier one's.
+_RUN_END_FIELDS = ("exit_status", "signal", "signal_ns", "killed_leftovers")
+
+
+def _pick_attempt(found: list[FoundFile], attempt: int | None,
+                  paths: Sequence[str | Path]) -> tuple[int, tuple[int, ...]]:
+    """(the attempt to read, every attempt found): ``attempt``, or the last one by default."""
+    attempts = tuple(sorted({f.attempt for f in found if f.kind in _ATTEMPT_KINDS})) or (0,)
+    if attempt is None:
+        return attempts[-1], attempts
+    if attempt not in attempts:
+        where = ", ".join(str(p) for p in paths)
+        raise SourceError(f"--attempt {attempt}: {where} holds no files of attempt {attempt} (attempts found: "
+                          f"{', '.join(map(str, attempts))}; torchrun's attempt k >= 1 is the folder attempt<k>)")
+    return attempt, attempts
+
+
 def _walk(root: Path) -> list[Path]:
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
@@ -166,11 +228,14 @@ def _walk(root: Path) -> list[Path]:
 
 
 def load_sources(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
-    trace_ranks: Mapping[str, int] | None = None,
+    trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Sources:
-    """Discover and load every file; raises SourceError when nothing is usable or jobs are mixed.
+    """Discover and load every file of one attempt; raises SourceError when nothing is usable or jobs are mixed.
+
+    ``attempt``: which of a restarted job's attempts to read (``attempt<k>`` folders; see ``_attempt_below``),
+    default the last; the others are only listed (``Sources.attempts``).
 
     Profiler traces are a source like the others (traces alone are a job): ranked (``trace_ranks``, from
     ``--trace-rank``, first; see ``sources.kineto.load``) and, with ``read_traces``, read whole into
@@ -182,11 +247,13 @@ def load_sources(
     CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides). ``progress(done, total)``
     is called as ranks' dumps are read.
     """
-    found, skipped = discover(paths)
-    src = Sources(skipped=skipped)
+    found, skipped = _discover(paths)
+    chosen, attempts = _pick_attempt(found, attempt, paths)
+    src = Sources(skipped=[s for s, a in skipped if a == chosen], attempt=chosen, attempts=attempts)
     by_kind: dict[str, list[FoundFile]] = defaultdict(list)
     for f in found:
-        by_kind[f.kind].append(f)
+        if f.attempt == chosen or f.kind not in _ATTEMPT_KINDS:
+            by_kind[f.kind].append(f)
     problems: list[str] = []  # mixed-job evidence
 
     for f in by_kind[EVENT_LOG]:
@@ -221,14 +288,17 @@ def load_sources(
             src.skipped.append(Skipped(str(f.path), "unreadable job.json"))
             continue
         if isinstance(info, dict):
-            src.jobs.append(dict(_plain_fields(info), _path=str(f.path)))
+            fields = _plain_fields(info)
+            if chosen != attempts[-1]:  # torchrun restarted after this attempt: the run's end is not its own
+                fields = {k: v for k, v in fields.items() if k not in _RUN_END_FIELDS}
+            src.jobs.append(dict(fields, probes=_probes(info.get("probes"), chosen), _path=str(f.path)))
 
     src.kineto, src.traces, trace_skipped, trace_problems, trace_world = load_traces(
         by_kind[KINETO], trace_ranks or {}, read_traces)
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
-    _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
+    _load_fr(by_kind[FR], src, problems, with_stacks, workers, progress)
     _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
@@ -253,6 +323,20 @@ def _plain_fields(info: dict[str, Any]) -> dict[str, Any]:
         return (isinstance(v, str) or v is None or (isinstance(v, int) and abs(v) < 1 << 63)
                 or (isinstance(v, list) and all(isinstance(x, str) for x in v)))
     return {k: v for k, v in info.items() if plain(v)}
+
+
+PROCESS_STATES = ("stopped", "running", "gone")
+
+
+def _probes(raw: Any, attempt: int) -> list[dict[str, Any]]:
+    """job.json's ``probes`` of one torchrun attempt, checked: what `record` saw of a rank's process at a stall or
+    a signal, e.g. ``[{"rank": 1, "pid": 4242, "state": "stopped", "t_ns": 1795313447406614332, "attempt": 0}]``."""
+    out = []
+    for p in raw[:4096] if isinstance(raw, list) else ():
+        if isinstance(p, dict) and rank_ok(p.get("rank")) and time_ok(p.get("t_ns")) \
+                and p.get("state") in PROCESS_STATES and p.get("attempt", 0) == attempt:
+            out.append({"rank": p["rank"], "t_ns": p["t_ns"], "state": p["state"]})
+    return out
 
 
 def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:
@@ -321,7 +405,7 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
             gaps = [abs(t - ref[s]) for s, t in times.items() if s in ref]
             if len(gaps) >= 2 and min(gaps) > MIXED_GAP_NS:
                 problems.append(f"ranks {ref_rank} and {rank} issued the same collectives of group {key[0]} "
-                                f"{min(gaps) / 1e9:.0f} s apart or more (dumps of different runs)")
+                                f"{duration(min(gaps))} apart or more (dumps of different runs)")
                 return
 
 
@@ -402,7 +486,7 @@ MAX_WORKERS = 8
 
 
 def _load_fr(
-    files: list[FoundFile], src: Sources, problems: list[str], keep_entries: bool, with_stacks: bool,
+    files: list[FoundFile], src: Sources, problems: list[str], with_stacks: bool,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Load FR dumps rank by rank; each rank's raw dicts are dropped once its columns are built.
@@ -423,8 +507,8 @@ def _load_fr(
                                                     f"world size accepted ({MAX_WORLD_SIZE:,})"))
             continue
         per_rank[rank].append(f)
-    n = _worker_count(len(per_rank), workers) if not keep_entries else 1
-    results = None
+    n = _worker_count(len(per_rank), workers)
+    results: Iterable[_RankLoad] | None = None
     if n > 1:
         try:
             results = list(_load_parallel(per_rank, n, with_stacks))
@@ -433,7 +517,7 @@ def _load_fr(
             n = 1
     if results is None:
         results = (
-            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, keep_entries, with_stacks)
+            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, with_stacks)
             for rank in sorted(per_rank)
         )
     for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
@@ -462,9 +546,12 @@ def _worker_count(ranks: int, requested: int | None) -> int:
     return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
 
 
+# What reading one rank's dumps gives: (rank, its columns or None, a conflict, what was skipped, the stacks used).
+_RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]
+
+
 def _load_rank(
-    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, keep_entries: bool,
-    with_stacks: bool,
+    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, with_stacks: bool,
 ) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
     """Read and normalise one rank's dumps: (trace or None, snapshot conflict, skipped files, stacks used)."""
     skipped: list[Skipped] = []
@@ -477,7 +564,7 @@ def _load_rank(
     if not dumps:
         return None, None, skipped, {}
     try:
-        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, keep_entries, with_stacks)
+        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, with_stacks)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
         # RecursionError: a pickle can hold a list that contains itself, which comparing never finishes
         skipped.extend(Skipped(str(d.path), f"malformed Flight Recorder entries ({type(exc).__name__})")
@@ -498,7 +585,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
         _worker_tables = (StackTable(), SignatureTable())
     stacks, signatures = _worker_tables
     rank, files, with_stacks = task
-    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, False, with_stacks)
+    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, with_stacks)
     used: dict[int, Any] = {}
     if trace is not None and with_stacks:
         for track in trace.groups.values():
@@ -508,7 +595,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     return rank, trace, conflict, skipped, used
 
 
-def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool):
+def _load_parallel(per_rank: dict[int, list[FoundFile]], workers: int, with_stacks: bool) -> Iterator[_RankLoad]:
     import multiprocessing
 
     tasks = [(rank, per_rank[rank], with_stacks) for rank in sorted(per_rank)]

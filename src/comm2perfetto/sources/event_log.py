@@ -16,6 +16,7 @@ becomes model data; bad records are skipped and counted, one note per file.
 from __future__ import annotations
 
 import io
+import mmap
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -35,16 +37,20 @@ from comm2perfetto.sources.limits import (
     opt_time_ok,
     rank_ok,
     read_bounded,
+    regular_file_problem,
     shown,
     time_ok,
     world_ok,
 )
 
+__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log",
+           "read_stacks"]
+
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 
 
-class EventLogError(ValueError):
+class EventLogError(Comm2PerfettoError, ValueError):
     """The file is not a readable comm2perfetto event log."""
 
 
@@ -214,6 +220,43 @@ def read_event_log(path: str | Path) -> RankLog:
     return log
 
 
+def read_header(path: str | Path, limit: int = 1 << 16) -> dict[str, Any] | None:
+    """The checked header of an event log (its first line), or None when the file is not one (yet): what
+    `record` needs to find a rank's process (``host``, ``pid``) without reading a whole log."""
+    if regular_file_problem(Path(path)) is not None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(limit)
+        header = orjson.loads(first)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        return None
+    return _checked_header(header)
+
+
+def last_heartbeat(path: str | Path) -> tuple[int | None, bool]:
+    """The time of the last heartbeat (``h`` record) of an event log still being written, and whether recording
+    was turned off on its rank (then heartbeats stop while the rank trains): found in the file's mapping
+    without parsing the log, which may be large. What `record` checks of a rank that did not answer a stall."""
+    if regular_file_problem(Path(path)) is not None:
+        return None, False
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            off = m.rfind(b'\n["h",')
+            line = m[off + 1:m.find(b"\n", off + 1)] if off >= 0 else b""
+            disabled = m.find(b"recording disabled") >= 0
+    except (OSError, ValueError):  # gone, or empty (a mapping of nothing)
+        return None, False
+    try:
+        record = orjson.loads(line) if line else None
+    except orjson.JSONDecodeError:
+        record = None
+    t = record[1] if isinstance(record, list) and len(record) > 1 else None
+    return (t if time_ok(t) else None), disabled
+
+
 def _opt_int(v: Any) -> bool:
     return v is None or is_int(v)
 
@@ -224,10 +267,6 @@ def _opt_str(v: Any) -> bool:
 
 def _str(v: Any) -> bool:
     return isinstance(v, str)
-
-
-def _list(v: Any) -> bool:
-    return isinstance(v, list)
 
 
 def _any(v: Any) -> bool:
@@ -287,7 +326,8 @@ _FIELDS: dict[str, tuple] = {
 
 
 _HEADER_FIELDS = {
-    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str, "comm2perfetto": _str, "pid": count_ok,
+    "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str,
+    "comm2perfetto": _str, "pid": count_ok,
     "local_rank": count_ok, "wall_ns": time_ok, "mono_ns": time_ok, "argv": _strs,
     "config": lambda v: isinstance(v, dict),
 }
@@ -343,7 +383,7 @@ class _Builder:
                 record = orjson.loads(line)
                 _check(record)
                 if self.window is not None:
-                    self._in_window(record)
+                    self._in_window(record, self.window)
                 self._apply(record)
             except (orjson.JSONDecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
                 bad += 1
@@ -360,9 +400,9 @@ class _Builder:
             self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
                                      f"({first})")
 
-    def _in_window(self, r: list) -> None:
+    def _in_window(self, r: list, window: tuple[int, int]) -> None:
         at = _TIME_AT.get(r[0])
-        if at is not None and r[at] is not None and not self.window[0] <= r[at] <= self.window[1]:
+        if at is not None and r[at] is not None and not window[0] <= r[at] <= window[1]:
             raise ValueError(f"{r[0]!r} record's time {shown(r[at])} is not within a year of the header's wall_ns")
 
     def _ended(self, begin: int, r: list, table: dict | None = None) -> Any:

@@ -12,7 +12,9 @@ import os
 import stat
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
+
+from comm2perfetto.errors import Comm2PerfettoError
 
 # The largest world size (and so the largest rank + 1) accepted: above the largest jobs run today (about
 # 100,000 GPUs), and small enough that a per-rank table of it costs megabytes, not gigabytes.
@@ -34,7 +36,7 @@ MAX_JOB_NS = 366 * 86_400 * 10**9
 _INFLATE_CHUNK = 1 << 24
 
 
-class TooLargeError(ValueError):
+class TooLargeError(Comm2PerfettoError, ValueError):
     """A file (or its gzip content) larger than ``MAX_FILE_BYTES``."""
 
 
@@ -97,7 +99,8 @@ def rank_ok(value: Any, world: int | None = None) -> bool:
     return type(value) is int and 0 <= value < (world if world else MAX_WORLD_SIZE)
 
 
-def world_ok(value: Any) -> bool:
+def world_ok(value: Any) -> TypeGuard[int]:
+    """A world size: an int in [1, MAX_WORLD_SIZE]."""
     return type(value) is int and 1 <= value <= MAX_WORLD_SIZE
 
 

@@ -6,7 +6,10 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
     {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": 2, "gathered_ns": ..., "ranks": [
       {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"],
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
-                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"}}}}]}
+                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
+                        "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
+                        "p2p_issued": [["send", 1, 3], ["recv", 1, 2]],
+                        "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
 
 Never imports torch.
 """
@@ -19,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.sources.limits import (
     TooLargeError,
     count_ok,
@@ -30,13 +34,17 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
+__all__ = ["LiveSnapshotError", "read_snapshot"]
+
 FORMAT = "comm2perfetto-live"
 MAX_BYTES = 256 << 20  # a snapshot of 100,000 ranks is a few tens of MB
 MAX_FRAMES = 16
 MAX_GROUPS = 64
+MAX_RECENT = 16
+MAX_P2P = 64
 
 
-class LiveSnapshotError(ValueError):
+class LiveSnapshotError(Comm2PerfettoError, ValueError):
     """The file is not a usable live snapshot."""
 
 
@@ -56,7 +64,8 @@ def read_snapshot(path: str) -> dict[str, Any]:
         raise LiveSnapshotError(f"{path}: bad world_size {shown(world)}")
     ranks = []
     seen: set[int] = set()
-    for raw in doc.get("ranks") if isinstance(doc.get("ranks"), list) else ():
+    raw_ranks = doc.get("ranks")
+    for raw in raw_ranks if isinstance(raw_ranks, list) else ():
         summary = _rank_summary(raw, world)
         if summary is not None and summary["rank"] not in seen:
             seen.add(summary["rank"])
@@ -73,22 +82,44 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
     if not rank_ok(rank, world):
         return None
     groups = {}
-    raw_groups = raw.get("groups") if isinstance(raw.get("groups"), dict) else {}
-    for name, g in list(raw_groups.items())[:MAX_GROUPS]:
+    raw_groups = raw.get("groups")
+    for name, g in list(raw_groups.items() if isinstance(raw_groups, dict) else ())[:MAX_GROUPS]:
         if not isinstance(g, dict):
             continue
-        members = g.get("ranks") if isinstance(g.get("ranks"), list) else []
+        members = g.get("ranks")
+        members = members if isinstance(members, list) else []
         issued = g.get("issued")
         groups[str(name)] = {
             "desc": str(g.get("desc") or "")[:200],
             "ranks": [r for r in members[:world] if rank_ok(r, world)],
             "issued": issued if count_ok(issued) else None,
             "pending": _pending(g.get("pending")),
+            "p2p": [p for p in map(lambda q: _p2p(q, world), _list(g.get("p2p"))[:MAX_P2P]) if p is not None],
+            "recent": [[x[0], x[1]] for x in _list(g.get("recent"))[-MAX_RECENT:]
+                       if isinstance(x, list) and len(x) == 2 and count_ok(x[0]) and time_ok(x[1])],
+            "p2p_issued": [[x[0], x[1], x[2]] for x in _list(g.get("p2p_issued"))[:MAX_P2P]
+                           if isinstance(x, list) and len(x) == 3 and x[0] in ("send", "recv")
+                           and rank_ok(x[1], world) and count_ok(x[2])],
         }
-    stack = raw.get("stack") if isinstance(raw.get("stack"), list) else []
+    stack = raw.get("stack")
+    stack = stack if isinstance(stack, list) else []
     return {"rank": rank, "host": str(raw.get("host") or "")[:200], "groups": groups,
             "stack": [str(line)[:200] for line in stack[:MAX_FRAMES]],
             "step": raw.get("step") if count_ok(raw.get("step")) else None}
+
+
+def _list(raw: Any) -> list:
+    return raw if isinstance(raw, list) else []
+
+
+def _p2p(raw: Any, world: int) -> dict[str, Any] | None:
+    """A send or receive a rank is inside: ``{"op": "irecv", "peer": 1, "since_ns": ...}``."""
+    if not isinstance(raw, dict):
+        return None
+    op, peer, since, n = raw.get("op"), raw.get("peer"), raw.get("since_ns"), raw.get("n")
+    if not isinstance(op, str) or not rank_ok(peer, world) or not time_ok(since):
+        return None
+    return {"op": op[:100], "peer": peer, "n": n if count_ok(n) else None, "since_ns": since}
 
 
 def _pending(raw: Any) -> dict[str, Any] | None:
@@ -97,4 +128,7 @@ def _pending(raw: Any) -> dict[str, Any] | None:
     op, seq, since = raw.get("op"), raw.get("seq"), raw.get("since_ns")
     if not isinstance(op, str) or not count_ok(seq) or not time_ok(since):
         return None
-    return {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    out = {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    if rank_ok(raw.get("root")):
+        out["root"] = raw["root"]
+    return out

@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from comm2perfetto.errors import Comm2PerfettoError
+
 MAX_SHOWN = 20
 _SEQ_CLEARED, _SEQ_NEEDS = 1, 2
 _UNITS = {1: "ns", 2: "count", 3: "bytes"}
@@ -41,7 +43,7 @@ _TYPE_BEGIN, _TYPE_END, _TYPE_INSTANT, _TYPE_COUNTER = 1, 2, 3, 4
 _BOOTTIME, _REALTIME = 6, 1
 
 
-class TraceRuleError(Exception):
+class TraceRuleError(Comm2PerfettoError):
     """A trace breaks TrackEvent rules; ``problems`` lists every one."""
 
     def __init__(self, path: str, problems: list[str]) -> None:
@@ -650,10 +652,11 @@ class _JsonDecoder:
             keys[track] = [(s.ts, s.sort_key, s.order) for s in items]
         flows: dict[int, list[tuple[_Slice, str]]] = defaultdict(list)
         for flow_id, phase, pid, tid, ts, order in flow_events:
-            track = self.uuids.get(("process", pid) if tid == pid else ("thread", pid, tid))
-            items = by_track.get(track, []) if track is not None else []
+            flow_track = self.uuids.get(("process", pid) if tid == pid else ("thread", pid, tid))
+            items = by_track.get(flow_track, []) if flow_track is not None else []
+            starts = keys.get(flow_track, []) if flow_track is not None else []
             # The last slice replayed before this flow event (flow events sort like B at their ts).
-            i = bisect.bisect_left(keys.get(track, []), (ts, 0, order)) - 1 if items else -1
+            i = bisect.bisect_left(starts, (ts, 0, order)) - 1 if items else -1
             found = items[i] if i >= 0 else None
             while found is not None and found.end is not None and found.end < ts:
                 found = found.parent

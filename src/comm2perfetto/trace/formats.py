@@ -8,21 +8,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from comm2perfetto.errors import OptionError
 from comm2perfetto.trace.sink import TraceSink
+
+__all__ = ["JSON_SUFFIXES", "PERFETTO_SUFFIXES", "format_for", "open_writer"]
 
 PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 JSON_SUFFIXES = (".json", ".json.gz")
 
 
 def format_for(path: str | Path) -> str:
-    """``"perfetto"`` or ``"json"``; ValueError naming the suffixes known."""
+    """``"perfetto"`` or ``"json"``; OptionError (a ValueError) naming the suffixes known."""
     name = str(path).lower()
     if name.endswith(PERFETTO_SUFFIXES):
         return "perfetto"
     if name.endswith(JSON_SUFFIXES):
         return "json"
     known = ", ".join(PERFETTO_SUFFIXES + JSON_SUFFIXES)
-    raise ValueError(f"unknown output format for {Path(path).name!r}: use one of {known}")
+    raise OptionError(f"unknown output format for {Path(path).name!r}: use one of {known}")
 
 
 def open_writer(path: str | Path, *, write_to: str | Path | None = None,

@@ -4,10 +4,10 @@ Standard library only: the PNG is written by hand (8-bit RGB, filter 0, zlib) an
 bitmap font defined below. Never imports torch.
 
 Picture, top to bottom: the title; the legend (one swatch per kind, plus "compute+comm" and "idle") and the
-caller's notes; a time axis labelled in seconds since ``t0``; one row per :class:`PreviewRow`, labelled in a
-left gutter; the time axis again under the rows. Rows are as tall as the count allows: up to
-:data:`MAX_ROW_PITCH` px for a few dozen rows, down to one pixel each for thousands (labels then go on every
-Nth row only, N a power of two so that node boundaries of 2^k GPUs get one).
+caller's notes; a time axis labelled with the time since ``t0`` (``0 s``, ``500 ms``, ``1.00 s``); one row per
+:class:`PreviewRow`, labelled in a left gutter; the time axis again under the rows. Rows are as tall as the
+count allows: up to :data:`MAX_ROW_PITCH` px for a few dozen rows, down to one pixel each for thousands (labels
+then go on every Nth row only, N a power of two so that node boundaries of 2^k GPUs get one).
 
 What a row shows, in the order it is drawn (later on top):
 
@@ -37,6 +37,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+
+from comm2perfetto.render.words import duration
+
+__all__ = ["COLOURS", "KINDS", "PreviewLayout", "PreviewRow", "PreviewStats", "preview_layout", "render_preview",
+           "time_ticks"]
 
 KINDS = ("compute", "comm", "stalled", "missing", "mismatch")
 
@@ -78,7 +83,7 @@ PLOT_BUDGET_H = 1200  # rows share about this many px; each gets at least 1 and 
 MAX_ROW_PITCH = 16
 MARK_W = 5  # px of a mark's coloured core; one outline px more on each side where the plot has room
 MARK_MIN_H = 5  # rows of 1-3 px would hide a mark as short as they are
-TICK_SPACING = 100  # at least this many px between time ticks, room for a label like "1234.5 s"
+TICK_SPACING = 100  # at least this many px between time ticks, room for a label like "12.5 ms"
 HATCH_PERIOD, HATCH_WIDTH = 6, 2  # stalled hatching: diagonal stripes HATCH_WIDTH of every HATCH_PERIOD px
 
 # Bits of the per-column code byte (see _row_tables). Kinds keep KINDS order: bit i is KINDS[i].
@@ -312,12 +317,6 @@ def preview_layout(rows: Sequence[PreviewRow], t0: int, t1: int, *, notes: Seque
     )
 
 
-def _seconds(ns: int) -> str:
-    """``ns`` as exact decimal seconds, no trailing zeros: 0 -> "0 s", 1_500_000_000 -> "1.5 s"."""
-    whole, frac = divmod(ns, 1_000_000_000)
-    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".") + " s" if frac else f"{whole} s"
-
-
 def time_ticks(layout: PreviewLayout) -> list[tuple[int, str]]:
     """``(x, label)`` of the time axis' ticks: a 1-2-5 step in ns, as many as fit TICK_SPACING apart."""
     dt = layout.t1 - layout.t0
@@ -326,7 +325,7 @@ def time_ticks(layout: PreviewLayout) -> list[tuple[int, str]]:
     while dt // step > most:
         k += 1
         step = (1, 2, 5)[k % 3] * 10 ** (k // 3)
-    return [(layout.x_of(layout.t0 + i * step), _seconds(i * step)) for i in range(dt // step + 1)]
+    return [(layout.x_of(layout.t0 + i * step), duration(i * step)) for i in range(dt // step + 1)]
 
 
 # --- drawing ----------------------------------------------------------------------------------------------
@@ -404,7 +403,8 @@ def _row_tables() -> dict[str, tuple[bytes, bytes, bytes]]:
     tables = {}
     for variant in ("top", "bottom", "thin"):
         cols = [_colour_of(code, variant) for code in range(256)]
-        tables[variant] = tuple(bytes(c[i] for c in cols) for i in range(3))
+        red, green, blue = (bytes(c[i] for c in cols) for i in range(3))
+        tables[variant] = (red, green, blue)
     return tables
 
 

@@ -1,11 +1,12 @@
 """A CUDA graph that captures all_reduces, then replays them: the recorder must touch no CUDA state meanwhile.
 
 ``--captured N`` all_reduces are captured (each after an ``add_(1)``, so the result after ``--replays R``
-replays is ``1 + R * N`` at world size 1): enough to pass half of a small Flight Recorder ring (``record --fr-buffer 64``), so a
-periodic dump is due while the capture is open; the capture also stays open ``--hold`` seconds (a CPU
-sleep, legal during a capture) so the watchdog ticks inside it. Under ``record --sync`` nothing may be
-synchronised during the capture either. Prints the capture's wall-clock window and the replay result.
-On the CPU (no CUDA graphs) the same calls run uncaptured, to exercise the driver's plumbing.
+replays is ``1 + R * N`` at world size 1): enough to pass half of a small Flight Recorder ring
+(``record --fr-buffer 64``), so a periodic dump is due while the capture is open; the capture also stays open
+``--hold`` seconds (a CPU sleep, legal during a capture) so the watchdog ticks inside it. Under
+``record --sync`` nothing may be synchronised during the capture either. Prints the capture's wall-clock
+window and the replay result. On the CPU (no CUDA graphs) the same calls run uncaptured, to exercise the
+driver's plumbing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main() -> None:
     p.add_argument("--after", type=float, default=1.5)
     args = p.parse_args()
 
-    rank, world, device = setup()
+    _, _, device = setup()
     x = torch.ones(1024, device=device)
     for _ in range(3):  # warm-up outside the capture (torch.cuda.graph's docs: on a side stream)
         dist.all_reduce(x)

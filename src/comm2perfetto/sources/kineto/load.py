@@ -13,9 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from comm2perfetto.errors import OptionError
 from comm2perfetto.model import Skipped
+from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
-from comm2perfetto.sources.kineto.reader import KinetoFormatError, KinetoTrace, read_kineto
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto
+
+__all__ = ["check_against_job", "load_traces", "parse_trace_ranks", "trace_rank", "trace_span"]
 
 # Traces and dumps whose times lie further apart than this are not one job: no training job runs for a month
 # without a restart, and a folder mixing a 2023 profile with today's dumps is the mistake this catches.
@@ -23,12 +27,13 @@ MAX_JOB_SPAN_NS = 30 * 86_400 * 10**9
 
 
 def parse_trace_ranks(values: list[str] | None) -> dict[str, int]:
-    """``["traces/a.json=3"]`` (``--trace-rank``) -> ``{"traces/a.json": 3}``; ValueError on a bad one."""
+    """``["traces/a.json=3"]`` (``--trace-rank``) -> ``{"traces/a.json": 3}``; OptionError (a ValueError) on a
+    bad one."""
     out: dict[str, int] = {}
     for value in values or ():
         path, sep, rank = value.rpartition("=")
         if not sep or not path or not rank.strip().isdigit():
-            raise ValueError(f"--trace-rank {value!r}: expected FILE=RANK, e.g. traces/worker7.json=7")
+            raise OptionError(f"--trace-rank {value!r}: expected FILE=RANK, e.g. traces/worker7.json=7")
         out[path] = int(rank)
     return out
 
@@ -40,9 +45,9 @@ def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int
         if key in given:
             return given[key], distributed_info(path, gzipped)[1], "--trace-rank"
     resolved = path.resolve()
-    for key, rank in given.items():
+    for key, given_rank in given.items():
         if Path(key).resolve() == resolved:
-            return rank, distributed_info(path, gzipped)[1], "--trace-rank"
+            return given_rank, distributed_info(path, gzipped)[1], "--trace-rank"
     rank, world = distributed_info(path, gzipped)
     if rank is not None:
         return rank, world, "distributedInfo"

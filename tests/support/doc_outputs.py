@@ -83,7 +83,7 @@ def _session(body: list[str]) -> list[Step]:
     return steps
 
 
-_QUANTITY = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:ns|us|ms|s|KB|MB|GB|B|%|x)(?![\w])")
+_QUANTITY = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:ns|us|ms|s|[KMGT]iB|KB|MB|GB|B|%|x)(?![\w])")
 _DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
 _SLICES = re.compile(r"\d[\d,]* (slices|instants)")
 _RUN_DATE = re.compile(r"comm2perfetto-\d{8}-\d{6}")

@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
-RECORDING = Path(__file__).parent / "data" / "recording" / "subgroups"
-SRC = Path(__file__).resolve().parents[1] / "src"
+RECORDING = Path(__file__).resolve().parents[1] / "data" / "recording" / "subgroups"
+SRC = Path(__file__).resolve().parents[2] / "src"
 MEMORY_LIMIT = 1 << 30  # address space a run may add to what it starts with
 TIME_LIMIT_S = 60.0
 
