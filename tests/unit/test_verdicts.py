@@ -181,14 +181,29 @@ def test_dumps_without_collectives_are_incomplete(tmp_path):
     assert "torch 2.4 to 2.7" in d.findings[0].detail and not d.healthy
 
 
-def test_logs_without_sequence_numbers_are_incomplete(tmp_path):
-    logs = [EventLog(rank=r, world=2) for r in (0, 1)]
+def test_logs_without_sequence_numbers_are_matched_by_order(tmp_path):
+    """A group whose backend keeps no sequence counter: its collectives meet by their order on each rank."""
+    logs = [EventLog(rank=r, world=2, backend="custom") for r in (0, 1)]
     for log in logs:
         log.group(0, "0", "default_pg", [0, 1])
         log.call("all_reduce", T0_NS, seq=None, shapes=[[4]], dtypes=["Float"])
         log.close(T0_NS + S)
     d, found, _ = _verdict(tmp_path, logs)
-    assert (d.status, found) == ("incomplete", [("no_collectives", None, ())])
+    assert (d.status, found) == ("ok", [])
+    assert any("matched across ranks by their order" in note for note in d.notes)
+
+
+def test_a_rank_that_never_issued_an_unnumbered_collective_is_named(tmp_path):
+    logs = [EventLog(rank=r, world=2, backend="custom") for r in (0, 1)]
+    for log in logs:
+        log.group(0, "0", "default_pg", [0, 1])
+        log.call("all_reduce", T0_NS, seq=None, shapes=[[4]], dtypes=["Float"])
+    logs[0].call("all_reduce", T0_NS + S, seq=None, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[0].stall(T0_NS + 3 * S)
+    for log in logs:
+        log.heartbeats(T0_NS + 5 * S)
+    d, found, _ = _verdict(tmp_path, logs, now_ns=T0_NS + 5 * S)
+    assert found == [("missing_ranks", 2, (1,))]
 
 
 def test_unreadable_dumps_count_as_ranks_without_data(tmp_path):
