@@ -214,10 +214,19 @@ def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
             site = rec._call_site(frame) if frame is not None else None
             backward = rec._graph_task_id() != -1
             ctx = rec._cpp_context(thread, backward) if thread.names or backward else 0
+            # One tensor (a DDP bucket): the patch layer's signature cache, by dtype and shape.
+            value = args[call.input_pos] if call.input_pos < len(args) else None
+            one = value[0] if value.__class__ is list and len(value) == 1 else None
+            shapes = rec._arg_ids.get(one.dtype) if one is not None else None
+            aid = shapes.get(one.shape) if shapes is not None else None
+            if aid is None:
+                aid = rec._arguments(call, args, {})
+                if one is not None and one.__class__ is rec._tensor_type:
+                    rec._arg_ids.setdefault(one.dtype, {})[one.shape] = aid
             cid = next(rec._cids)
             record = ["b", cid, t, call.name, info.gid, seq,
                       rec._peer(call, args, {}, group) if call.has_peer else None,
-                      True, thread.tid, site, ctx, rec.steps.current, rec._arguments(call, args, {}), 0, 1]
+                      True, thread.tid, site, ctx, rec.steps.current, aid, 0, 1]
             rec._write(record)
             synced = rec._extras_before(call, args, {}) if rec._extras else None
         except Exception as exc:
@@ -385,6 +394,9 @@ class Recorder:
     def _on_completion(self, record: list, futures: list[Any]) -> None:
         cid = record[1]
         self.pending[cid] = record  # before the callbacks: a future done already runs its callback at once
+        if len(futures) == 1:  # the usual case (and DDP's, through the dispatcher fallback): no counting
+            futures[0].add_done_callback(functools.partial(self._completed, cid))
+            return
         remaining = [len(futures)]
         lock = threading.Lock()
 
@@ -392,15 +404,20 @@ class Recorder:
             with lock:
                 remaining[0] -= 1
                 last = remaining[0] == 0
-            if last and state.recorder is self:
-                try:
-                    self._write(["d", cid, _time_ns()])
-                    self.pending.pop(cid, None)
-                except Exception as exc:
-                    self.fault(exc)
+            if last:
+                self._completed(cid, _future)
 
         for future in futures:
             future.add_done_callback(done)
+
+    def _completed(self, cid: int, _future: Any) -> None:
+        """The work of call ``cid`` completed (a future's callback, on the thread that completed it)."""
+        if state.recorder is self:
+            try:
+                self._write(["d", cid, _time_ns()])
+                self.pending.pop(cid, None)
+            except Exception as exc:
+                self.fault(exc)
 
     def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> int | list[int]:
         """Count a point-to-point call's ops: per group, direction and peer, for the live verdict (the i-th send
