@@ -217,8 +217,10 @@ def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
             # One tensor (a DDP bucket): the patch layer's signature cache, by dtype and shape.
             value = args[call.input_pos] if call.input_pos < len(args) else None
             one = value[0] if value.__class__ is list and len(value) == 1 else None
-            shapes = rec._arg_ids.get(one.dtype) if one is not None else None
-            aid = shapes.get(one.shape) if shapes is not None else None
+            aid = None
+            if one is not None:
+                shapes = rec._arg_ids.get(one.dtype)
+                aid = shapes.get(one.shape) if shapes is not None else None
             if aid is None:
                 aid = rec._arguments(call, args, {})
                 if one is not None and one.__class__ is rec._tensor_type:
