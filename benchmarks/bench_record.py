@@ -28,10 +28,11 @@ e) The dispatcher fallback (record/dispatch.py: what records DDP's C++-issued co
    2.4-2.7 have no Flight Recorder for it; forced on newer torch), at world size 1 in one process: per
    collective, ``ProcessGroup.allreduce`` of a 1-float tensor (how C++ callers reach c10d, no Python patch on
    the way) bare, through the kernel recording it, and ``dist.all_reduce`` recorded by the patch layer with and
-   without the kernel (which it then passes unrecorded); per DDP step, blocks of steps recorded with and without
-   the fallback against plain ones. The other hooks that see DDP's collectives are timed alongside: a
-   pass-through TorchDispatchMode around backward, DDP's Python all-reduce comm hook (on a second model), and
-   whether wrapping ``ProcessGroup.allreduce`` and friends in Python sees any of DDP's calls.
+   without the kernel (which it then passes unrecorded); per DDP step, against plain blocks of steps: each hook
+   that sees DDP's collectives passing through without recording (the fallback's kernel, a TorchDispatchMode
+   around backward, DDP's Python all-reduce comm hook on a second model: what the mechanism alone costs), then
+   recording without and with the fallback. Also whether wrapping ``ProcessGroup.allreduce`` and friends in
+   Python sees any of DDP's calls. Wall time, and CPU time (steadier on a shared machine).
 
     python benchmarks/bench_record.py                  # full run, a few minutes
     python benchmarks/bench_record.py --only patch     # one part: patch, modules, ddp, blocks or fallback
@@ -533,8 +534,10 @@ def measure_ddp_blocks(rounds: int, block: int, world_size: int = 1) -> None:
 
 FALLBACK_CALLS = ["bare C++-path call", "C++-path call, fallback recording", "dist.all_reduce, patch layer",
                   "dist.all_reduce, patch layer + fallback"]
-FALLBACK_STEPS = ["plain", "recorded, no fallback", "recorded, fallback", "dispatch mode around backward",
-                  "Python comm hook"]
+# The hooks that see DDP's collectives, each passing through without recording (what the mechanism alone costs),
+# then recording without and with the fallback.
+FALLBACK_STEPS = ["plain", "fallback kernel, passing through", "dispatch mode around backward", "Python comm hook",
+                  "recorded, no fallback", "recorded, fallback"]
 
 
 def _with_recording(out_dir: str, fallback: bool) -> Callable[[], None]:
@@ -558,6 +561,9 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from comm2perfetto.record import dispatch
+    from comm2perfetto.record.recorder import dispatcher_kernel
 
     sys.path.insert(0, str(DDP_SCRIPT.parent))
     from ddp_train import Net, train_step
@@ -620,12 +626,14 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
             loss.backward()
         o.step()  # type: ignore[attr-defined]
 
-    step_variants: dict[str, tuple[bool | None, str, Callable]] = {
-        FALLBACK_STEPS[0]: (None, "model", train_step),
-        FALLBACK_STEPS[1]: (False, "model", train_step),
-        FALLBACK_STEPS[2]: (True, "model", train_step),
-        FALLBACK_STEPS[3]: (None, "model", mode_step),
-        FALLBACK_STEPS[4]: (None, "hooked", train_step),
+    # name -> (recording: with the fallback or not, None for none; the model; the step; the bare kernel)
+    step_variants: dict[str, tuple[bool | None, str, Callable, bool]] = {
+        FALLBACK_STEPS[0]: (None, "model", train_step, False),
+        FALLBACK_STEPS[1]: (None, "model", train_step, True),
+        FALLBACK_STEPS[2]: (None, "model", mode_step, False),
+        FALLBACK_STEPS[3]: (None, "hooked", train_step, False),
+        FALLBACK_STEPS[4]: (False, "model", train_step, False),
+        FALLBACK_STEPS[5]: (True, "model", train_step, False),
     }
     # Wall time, and the process's CPU time (all threads: gloo's too, where completion callbacks run).
     step_ms: dict[str, list[float]] = {name: [] for name in step_variants}
@@ -634,9 +642,12 @@ def fallback_rank(rank: int, world_size: int, port: int, rounds: int, block: int
         shift = round_no % len(step_variants)  # no variant always first
         names = list(step_variants)[shift:] + list(step_variants)[:shift]
         for name in names:
-            fallback, which, step_fn = step_variants[name]
+            fallback, which, step_fn, bare_kernel = step_variants[name]
             m, o = models[which]
             stop = _with_recording(folder(), fallback) if fallback is not None else None
+            if bare_kernel:  # installed without a recorder: every call passes through
+                dispatch.install(dispatcher_kernel)
+                stop = dispatch.uninstall
             try:
                 for xb, yb in batches[:3]:
                     step_fn(m, o, xb, yb)
@@ -701,7 +712,7 @@ def measure_fallback(rounds: int, block: int, steps: int) -> None:
         print(f"{name:<44}  {wall:>8.3f}  {wall_pct:>+8.2f}%  {low:>+7.2f} to {high:>+6.2f} %  {own:>7.3f}  "
               f"{own_pct:>+8.2f}%")
     for key, what in (("step_ms", "wall"), ("step_cpu_ms", "CPU")):
-        ratios = [f / r for f, r in zip(doc[key][FALLBACK_STEPS[2]], doc[key][FALLBACK_STEPS[1]])]
+        ratios = [f / r for f, r in zip(doc[key][FALLBACK_STEPS[5]], doc[key][FALLBACK_STEPS[4]])]
         low, high = ((r - 1) * 100 for r in bootstrap_interval(ratios))
         print(f"the fallback's own share of a step, {what} time: {(statistics.median(ratios) - 1) * 100:+.2f} % "
               f"(95 % interval {low:+.2f} to {high:+.2f} %; recorded with it against without, paired by round)")
