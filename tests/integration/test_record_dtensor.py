@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from support.jobs import communicate, job_env, record_cmd, torchrun
+from support.torch_features import needs_gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 # The example counts with CommDebugMode per module (torch.distributed.tensor.debug, from torch 2.5 on).
@@ -83,6 +84,7 @@ def test_module_and_pass_agree_with_comm_debug_mode(recorded, rank):
         assert (c.shapes, c.dtypes, c.nbytes) == ([[4, 16]], ["Float"], 4 * 16 * 4)
 
 
+@needs_gloo_flight_recorder()
 def test_functional_calls_join_flight_recorder_by_sequence_number(recorded):
     for rank in (0, 1):
         log = _log(recorded, rank)

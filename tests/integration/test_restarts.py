@@ -24,6 +24,7 @@ import pytest
 
 from comm2perfetto.sources.event_log import read_event_log
 from support.jobs import JobResult, RunningJob, kill_tree
+from support.torch_features import gloo_flight_recorder
 from support.verdicts import diagnose, verdict
 
 pytestmark = pytest.mark.integration
@@ -136,8 +137,9 @@ def test_every_attempts_files_are_kept(healthy_after_restart):
     assert job.returncode == 0, job.explain()
     assert _attempt_of_logs(job.out) == {0: 0, 1: 0}
     assert _attempt_of_logs(job.out / "attempt1") == {0: 1, 1: 1}
-    for folder in (job.out, job.out / "attempt1"):
-        assert {p.name.split(".")[0] for p in folder.glob("rank*.fr.*.pkl")} == {"rank0", "rank1"}
+    for folder in (job.out, job.out / "attempt1"):  # torch 2.4-2.7 write no gloo dump
+        dumped = {p.name.split(".")[0] for p in folder.glob("rank*.fr.*.pkl")}
+        assert dumped == ({"rank0", "rank1"} if gloo_flight_recorder() else set())
     (ended,) = [e for e in read_event_log(job.out / "rank1.events.jsonl").endings if e.cause == "exception"]
     assert ended.detail == "RuntimeError: attempt 0 fails on rank 1"
     assert "torchrun restarted the job: attempts 0, 1 kept apart" in job.stderr

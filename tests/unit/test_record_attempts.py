@@ -16,6 +16,7 @@ import comm2perfetto
 from comm2perfetto import layout
 from comm2perfetto.record.flight import DUMP_PREFIX_ENV_VARS
 from comm2perfetto.sources.event_log import read_event_log
+from support.torch_features import gloo_flight_recorder
 
 
 def test_a_restarted_attempt_records_apart(tmp_path, monkeypatch, fr_env):
@@ -42,5 +43,5 @@ def test_a_restarted_attempt_records_apart(tmp_path, monkeypatch, fr_env):
     assert (log.header["attempt"], log.header["max_restarts"]) == (1, 3)
     assert [c.op for c in log.calls] == ["all_reduce"]
     assert log.stalls == []  # attempt 0's stall is not this attempt's
-    assert sorted(p.name for p in (out / "attempt1").glob("rank0.fr.*.pkl"))
+    assert bool(sorted((out / "attempt1").glob("rank0.fr.*.pkl"))) is gloo_flight_recorder()  # none on 2.4-2.7
     assert torch_dumps == str(out / "attempt1" / layout.TORCH_DUMP_PREFIX)

@@ -202,7 +202,7 @@ def test_a_rank_that_never_issued_an_unnumbered_collective_is_named(tmp_path):
     logs[0].stall(T0_NS + 3 * S)
     for log in logs:
         log.heartbeats(T0_NS + 5 * S)
-    d, found, _ = _verdict(tmp_path, logs, now_ns=T0_NS + 5 * S)
+    _d, found, _ = _verdict(tmp_path, logs, now_ns=T0_NS + 5 * S)
     assert found == [("missing_ranks", 2, (1,))]
 
 
