@@ -93,11 +93,12 @@ def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int
 
 def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective], int | None]:
     """The step of a collective: the step window, on the rank that arrived first, holding that arrival (None
-    outside every step, or when that rank has no steps)."""
+    outside every step, or when that rank has no steps). An arrival is ``Collective.ready_ns``: on the GPU
+    the first kernel's begin, which falls in the GPU's step windows (the steps of the ``gpu`` basis)."""
     starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
 
     def step_of(c: Collective) -> int | None:
-        known = [(t, r) for t, r in zip(c.arrive_ns, c.ranks) if t is not None]
+        known = [(t, r) for t, r in zip(c.ready_ns, c.ranks) if t is not None]
         if not known:
             return None
         t, rank = min(known)

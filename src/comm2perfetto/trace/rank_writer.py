@@ -40,7 +40,7 @@ class RankWriter:
     def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: SiteCache,
                  tables: dict[str, GroupTable], inside: Callable[[int, int], bool] | None,
-                 kineto: bool, preview: bool) -> None:
+                 kineto: bool, preview: bool, flow_ids: Callable[[], int] | None = None) -> None:
         self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
@@ -58,11 +58,18 @@ class RankWriter:
         self.stalled: list[int] = []
         self.marks: list[tuple[int, str, bool]] = []  # (t, kind, gone for good) for the preview
         self.last_activity: int | None = None  # the latest event of the rank's own (not the recorder's notes)
+        # The enqueue flows (see _enqueues): the GPU work's begin -> the CPU op's (begin, end); the CPU op's
+        # begin -> the flow id given to it once its collective's slice was drawn.
+        self.flow_ids = flow_ids
+        self.enqueued: dict[int, tuple[int, int]] = {}
+        self.enqueue_flows: dict[int, int] = {}
 
     # The order of these calls is the order of the tracks in the rank's process.
     def write(self, sink: TraceSink, uuid: Callable[[], int]) -> tuple[int, int] | None:
         log = self.job.logs.get(self.rank)
         self._steps(log)
+        if self.kineto and self.flow_ids is not None:
+            self._enqueues()
         group_items = self._collectives()
         for label, items in group_items:
             self.families.append((label, None, items))
@@ -176,7 +183,36 @@ class RankWriter:
                 self.comm += [(begin, end) for begin, end in zip(begins, stops) if end > begin]
         for k in odd:
             slices[k] = self._collective_slice(table.rows[k], i, stalled, mismatched)
+        if self.enqueued:
+            self._flow_from_enqueue(slices)
         items += filter(None, slices) if odd else slices  # type: ignore[arg-type]  # no None without odd ones
+
+    def _enqueues(self) -> None:
+        """Where the rank's traces show a collective's CPU enqueue (``record_param_comms``, drawn on its CPU ops
+        track) and the kernels it launched (the same ``External id``): the kernels' first begin, on the job's
+        clock, is where its slice on the group's track begins (``Collective.work_of``)."""
+        offset = self.offset
+        for trace in self.job.traces.get(self.rank, ()):
+            first: dict[int, int] = {}
+            for ev in trace.gpu_events:
+                if ev.klass == "comm" and ev.external_id is not None:
+                    first[ev.external_id] = min(first.get(ev.external_id, ev.t_begin_ns), ev.t_begin_ns)
+            if not first:
+                continue
+            for ev in trace.cpu_ops:
+                if ev.name == "record_param_comms" and ev.external_id in first:
+                    self.enqueued[first[ev.external_id] + offset] = (ev.t_begin_ns + offset,
+                                                                     ev.t_end_ns + offset)
+
+    def _flow_from_enqueue(self, slices: list[Item | None]) -> None:
+        """A flow from the CPU enqueue to each slice that is a collective's GPU work (see ``_enqueues``)."""
+        assert self.flow_ids is not None
+        for k, item in enumerate(slices):
+            cpu = self.enqueued.get(item[0]) if item is not None else None
+            if cpu is None or not self.inside(*cpu):
+                continue
+            fid = self.enqueue_flows[cpu[0]] = self.flow_ids()
+            slices[k] = (*item[:6], ((), (), (fid,)))  # type: ignore[index]
 
     def _collective_slice(self, row: Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
                           ) -> Item | None:
@@ -185,7 +221,7 @@ class RankWriter:
         sig = c.signatures[i]
         if sig is None:
             return None
-        arrive, end = c.arrive_ns[i], c.end_ns[i]
+        arrive, end = c.work_of(i)  # its GPU work where a trace shows it, else its arrival to its end
         begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return None
@@ -422,7 +458,8 @@ class RankWriter:
         klass = ev.klass
         if klass:
             args["class"] = klass
-        items.append((begin, end, ev.name, args, klass or ev.kind, None, NO_FLOWS))
+        fid = self.enqueue_flows.get(begin) if self.enqueue_flows and ev.name == "record_param_comms" else None
+        items.append((begin, end, ev.name, args, klass or ev.kind, None, NO_FLOWS if fid is None else ((fid,), (), ())))
         self._seen(begin, end)
         if klass == "comm":
             self.comm.append((begin, end))
