@@ -3,8 +3,9 @@
 A rank's *lateness* at a collective is its arrival minus the earliest arrival of that collective's ranks (on
 the aligned clock), an arrival being when the rank was ready to communicate (``Collective.ready_ns``): its
 first kernel's begin where profiler traces show every rank's (the GPU runs behind the CPU: what the others'
-kernels waited for is the last kernel to begin), else its call. A straggler arrives last often and late: ranked by how many collectives it arrived last
-at, then by mean lateness. Collectives with a rank missing (a hang) are diagnose's business, not counted here.
+kernels waited for is the last kernel to begin), else its call. A straggler arrives last often and late: ranked
+by how many collectives it arrived last at, then by mean lateness. Collectives with a rank missing (a hang) are
+diagnose's business, not counted here.
 """
 
 from __future__ import annotations
