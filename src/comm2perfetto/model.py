@@ -265,8 +265,9 @@ class Collective:
     def work_of(self, i: int) -> tuple[int | None, int | None]:
         """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it, else arrival to end."""
         begin = self.gpu_begin_ns[i] if self.gpu_begin_ns else None
-        if begin is not None and self.duration_ns and self.duration_ns[i] is not None:
-            return begin, begin + self.duration_ns[i]
+        gpu = self.duration_ns[i] if self.duration_ns else None
+        if begin is not None and gpu is not None:
+            return begin, begin + gpu
         return self.arrive_ns[i], self.end_ns[i]
 
     @property
