@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -30,6 +30,7 @@ from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import duration
+from comm2perfetto.report.classes import RankClasses
 from comm2perfetto.trace.markers import Markers, plan_markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
@@ -86,8 +87,11 @@ class TimelineSummary:
 
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
-                   progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
-    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end]."""
+                   progress: Callable[[int, int], None] | None = None,
+                   classes: Mapping[int, RankClasses] | None = None) -> TimelineSummary:
+    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end].
+    ``preview``: also lay out ``summary.preview``, each rank's ``classes`` (``report.classes.job_classes``: what
+    ``report`` measures) and diagnose's stalls and missing ranks."""
     markers = plan_markers(job, diagnosis)
     shown = set(selection.ranks)
     inside = _window_test(window)
@@ -121,7 +125,24 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
             summary.preview.append(writer.preview_row())
         if progress is not None:
             progress(n, len(selection.ranks))
+    if preview and summary.t_begin_ns is not None and summary.t_end_ns is not None:
+        window_ns = (summary.t_begin_ns, summary.t_end_ns)
+        summary.preview = [_preview_row(row, (classes or {}).get(rank), window_ns)
+                           for rank, row in zip(selection.ranks, summary.preview)]
     return summary
+
+
+def _preview_row(row: PreviewRow, classes: RankClasses | None, window: tuple[int, int]) -> PreviewRow:
+    """A rank's row of the preview: its classes (no data all along without any), then diagnose's marks."""
+    spans: list[tuple[int, int, str]] = []
+    if classes is not None:
+        for kind, union in (("compute", classes.compute), ("comm", classes.comm), ("memory", classes.memory)):
+            spans += [(b, e, kind) for b, e in union]
+        spans += [(t, t, "comm") for t in classes.instants]
+        spans += [(b, e, "nodata") for b, e in classes.no_data(*window)]
+    else:
+        spans.append((*window, "nodata"))
+    return PreviewRow(row.label, spans + list(row.spans), row.marks)
 
 
 # --- what the job process shows ----------------------------------------------------------------------------
