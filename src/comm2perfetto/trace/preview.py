@@ -33,7 +33,7 @@ Speed: each span is turned into a column range once and filled into a per-row, p
 assignment (the proportional kinds: its partial end columns and a difference array for the whole ones, summed
 at C speed); the kinds are then packed into one code byte per column (as bits of one big int, which costs
 nothing per column in Python) and mapped to RGB with ``bytes.translate``. No Python loop ever runs per pixel
-of a span, so 2 million spans take one to two seconds.
+of a span, so 2 million spans take two to three seconds (``benchmarks/bench_preview.py``).
 
 Example::
 
@@ -434,7 +434,9 @@ def _proportion(part: list[float], whole: list[int], w: int) -> int:
     column its spans' partial ends cover, ``whole`` a difference array of the columns they cover whole. A
     column is coloured where the running total of covered columns, rounded, goes up: as many columns as the
     spans cover, to the nearest one, each as near its time as the rounding allows."""
-    covered = map(min, map(add, part[:w], accumulate(whole[:w])), repeat(1.0))
+    covered = list(map(add, part[:w], accumulate(whole[:w])))
+    if max(covered) > 1.0:  # spans of one kind that overlap (unions never do): a column holds one at most
+        covered = list(map(min, covered, repeat(1.0)))
     levels = [0, *map(int, map((0.5).__add__, accumulate(covered)))]
     return int.from_bytes(bytes(map(sub, levels[1:], levels[:-1])), "big")
 
@@ -453,23 +455,31 @@ def _draw_rows(canvas: _Canvas, layout: PreviewLayout, rows: Sequence[PreviewRow
     pix = canvas.pix
     half = layout.bar_h // 2
     split = layout.bar_h >= 2
+    scale = w / dt  # columns per ns
     for i, row in enumerate(rows):
         cov = {k: bytearray(w) for k in KINDS}
-        parts: dict[str, tuple[list[float], list[int]]] = {}
+        parts = {k: ([0.0] * (w + 1), [0] * (w + 1)) for k in PROPORTIONAL}
         try:
             for b, e, kind in row.spans:
-                if e > b and kind in PROPORTIONAL:
-                    if e <= t0 or b >= t1:
-                        continue
-                    x0 = (max(b, t0) - t0) * w / dt
-                    x1 = (min(e, t1) - t0) * w / dt
-                    part, whole = parts.get(kind) or parts.setdefault(kind, ([0.0] * (w + 1), [0] * (w + 1)))
+                acc = parts.get(kind)
+                if acc is not None and e > b:  # the hot path of a busy row: tests inlined, no calls but int()
+                    if b < t0:
+                        if e <= t0:
+                            continue
+                        b = t0
+                    if e > t1:
+                        if b >= t1:
+                            continue
+                        e = t1
+                    x0, x1 = (b - t0) * scale, (e - t0) * scale
                     c0, c1 = int(x0), int(x1)
+                    part = acc[0]
                     if c0 == c1:
                         part[c0] += x1 - x0
                     else:
                         part[c0] += c0 + 1 - x0
                         part[c1] += x1 - c1
+                        whole = acc[1]
                         whole[c0 + 1] += 1
                         whole[c1] -= 1
                     continue
@@ -507,7 +517,7 @@ def _draw_rows(canvas: _Canvas, layout: PreviewLayout, rows: Sequence[PreviewRow
         code = 0
         for bit, kind in enumerate(KINDS):
             bits = int.from_bytes(cov[kind], "big")  # each byte is 0 or 1: the shift stays in it
-            if kind in parts:
+            if kind in parts and (any(parts[kind][1]) or any(parts[kind][0])):
                 bits |= _proportion(*parts[kind], w)
             code |= bits << bit
         y0 = layout.plot_y + i * layout.row_pitch
