@@ -5,6 +5,7 @@ parsers (``parse``, ``spans``) ask once per distinct name, category or thread an
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -46,6 +47,7 @@ BACKEND_ANNOTATION = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a trace has millions of CPU ops but a few thousand names
 def cpu_class(kind: str, name: str) -> str | None:
     """What a training thread's CPU event is to the ``cpu`` basis of ``report`` (and the trace's ``class``):
     ``"comm"`` for a communication op (``record_param_comms``, ``c10d::allreduce_``, the backend's own
