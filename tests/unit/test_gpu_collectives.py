@@ -87,8 +87,8 @@ def test_times_and_bandwidth_are_the_kernels(path, tmp_path):
 
 def test_tracelens_mi300_figures(tmp_path):
     """FACTS.md's figures: rank 0's 6 all_reduce kernels take 47.1 ms for 70,137,072 bytes, algbw 1.49 and busbw
-    2.60 GB/s; the broadcasts' kernels give 0.92 GB/s. The CPU enqueue to kernel end spans added up to 209 ms
-    in an 86.6 ms trace: the GPU queue, now a figure of its own."""
+    2.60 GB/s; the broadcasts' kernels give 0.92 GB/s. The all-reduces' CPU enqueue to kernel end spans added up
+    to 209 ms in an 86.6 ms trace: the GPU queue, now a figure of its own."""
     doc = _report(MI300, tmp_path)
     rows = {r["op"]: r for r in doc["collectives"]}
     reduce, bcast = rows["all_reduce"], rows["broadcast"]
