@@ -7,9 +7,9 @@ import argparse
 import dataclasses
 import time
 
-from comm2perfetto.diagnose.attempts import AttemptEnd, attempt_end, attempts_text
+from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
-from comm2perfetto.diagnose.findings import Diagnosis
+from comm2perfetto.diagnose.findings import AttemptEnd, Diagnosis
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
 
