@@ -51,6 +51,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     RankInfo,
     Signature,
+    gpu_backend,
     op_family,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
@@ -64,20 +65,6 @@ LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"
                            "recv_object_list"})
 # Backends whose synchronous calls return only once the collective completed (return == completion).
 CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
-# Communication libraries that run collectives as GPU kernels: a collective of theirs takes GPU time only.
-_GPU_LIBRARIES = ("nccl", "rccl", "xccl", "hccl")
-
-
-def gpu_backend(backend: str | None) -> bool:
-    """Whether a group's backend runs every collective on a GPU (``nccl``, ``cuda:nccl``), so that a CPU call's
-    return or Flight Recorder's discovery times say nothing of its duration; not a mixed
-    ``cpu:gloo,cuda:nccl``, whose CPU tensors go to gloo.
-
-    >>> gpu_backend("nccl"), gpu_backend("cpu:gloo,cuda:nccl"), gpu_backend("gloo"), gpu_backend(None)
-    (True, False, False, False)
-    """
-    return bool(backend) and all(any(lib in part for lib in _GPU_LIBRARIES)
-                                 for part in backend.lower().split(","))  # type: ignore[union-attr]
 
 
 @dataclass(slots=True)

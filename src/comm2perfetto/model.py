@@ -83,6 +83,22 @@ _FAMILY = {
 ROOTED_FAMILIES = frozenset({"broadcast", "reduce", "gather", "scatter"})  # ops that name a src or dst rank
 
 
+# Communication libraries that run collectives as GPU kernels: what they do takes GPU time only.
+_GPU_LIBRARIES = ("nccl", "rccl", "xccl", "hccl")
+
+
+def gpu_backend(backend: str | None) -> bool:
+    """Whether a group's backend runs every collective and send/recv on a GPU (``nccl``, ``cuda:nccl``), so that
+    a CPU call's return or Flight Recorder's discovery times say nothing of its duration; not a mixed
+    ``cpu:gloo,cuda:nccl``, whose CPU tensors go to gloo.
+
+    >>> gpu_backend("nccl"), gpu_backend("cpu:gloo,cuda:nccl"), gpu_backend("gloo"), gpu_backend(None)
+    (True, False, False, False)
+    """
+    return bool(backend) and all(any(lib in part for lib in _GPU_LIBRARIES)
+                                 for part in backend.lower().split(","))  # type: ignore[union-attr]
+
+
 def op_family(op: str) -> str:
     """The collective an op name stands for, whatever the source's spelling: ``_allgather_base`` -> ``all_gather``."""
     if any(op.startswith(p) for p in _ALL_TO_ALL):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import subprocess
 import sys
 from collections import defaultdict
@@ -136,3 +137,26 @@ def test_the_merged_trace_draws_each_collective_as_its_gpu_work(tmp_path):
         assert trace.tracks[start.track].name.startswith("cpu ops")
     starts = [trace.flows[e.flow_ids[0]][0].ts for e in slices]
     assert all(abs(t - base - q * 1000) <= 1 for t, q in zip(starts, enqueues))
+
+
+NCCL = Path(__file__).resolve().parents[1] / "data" / "nccl"
+
+
+def test_flight_recorder_gpu_times_are_the_time_on_a_real_h200_run():
+    """The H200 run of tests/data/nccl: the report's all_reduce transfer time was 35.6 ms (enqueue to the
+    watchdog's discovery) where Flight Recorder's duration_ms summed to 0.45 ms over the 13 retired entries.
+    Now the 13 are timed by their duration_ms and the 13 not yet retired are counted, untimed; without
+    TORCH_NCCL_ENABLE_TIMING nothing is timed."""
+    entries = [e for path in sorted((NCCL / "healthy").glob("rank0.fr-nccl.*.pkl"))
+               for e in pickle.loads(path.read_bytes())["entries"]]
+    reduces = [e for e in entries if e["profiling_name"] == "nccl:all_reduce"]
+    timed = [e["duration_ms"] for e in reduces if e.get("duration_ms") is not None]
+    doc = build_report(load_job([NCCL / "healthy"]), {})
+    [row] = [r for r in doc["collectives"] if r["op"] == "all_reduce"]
+    assert (row["count"], row["timed"]) == (len(reduces), len(timed)) == (26, 13)
+    assert row["transfer_s"] == pytest.approx(sum(timed) * 1e-3, rel=1e-6)
+    assert row["total_s"] == pytest.approx(sum(timed) * 1e-3, rel=1e-6)  # one rank: its GPU time is the duration
+    [p2p] = [r for r in doc["collectives"] if r["op"] == "send/recv"]  # enqueue to discovery: 158 ms in all
+    assert (p2p["count"], p2p["timed"], p2p["total_s"]) == (12, 0, None)
+    untimed = build_report(load_job([NCCL / "notiming"]), {})
+    assert untimed["collectives"] and all(r["timed"] == 0 for r in untimed["collectives"] if r["op"] != "send/recv")

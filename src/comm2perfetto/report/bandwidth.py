@@ -7,8 +7,9 @@ For one collective (a process group's seq, across its ranks), its time is its GP
   the last rank's kernel end (profiler traces), or the longest rank's GPU time (Flight Recorder's
   ``duration_ms`` with ``TORCH_NCCL_ENABLE_TIMING``, which the recorder sets): never from the CPU's enqueue,
   which counts the GPU's queue too, nor to Flight Recorder's completion times, which are when NCCL's
-  watchdog noticed (it polls every 100 ms). A GPU collective with neither is counted but not timed. On a
-  CPU backend (gloo), from the first rank's arrival to the last rank's completion;
+  watchdog noticed (it polls every 100 ms). A GPU collective with neither is counted but not timed, and so
+  is a send/recv on a GPU backend (nothing times its kernel yet). On a CPU backend (gloo), from the first
+  rank's arrival to the last rank's completion;
 - **transfer time**: the fastest rank's own duration (its GPU time, or its arrival to its completion). Every
   other rank's duration also holds the wait for the last to arrive, which is not the network's doing;
 - **queue delay** (``queue_mean_s``): per rank, from the CPU's enqueue to its first kernel's begin, where a
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from comm2perfetto.model import Collective, Job, Signature, op_family, span_timing, tensor_bytes
+from comm2perfetto.model import Collective, Job, Signature, gpu_backend, op_family, span_timing, tensor_bytes
 from comm2perfetto.report.intervals import NS
 
 _Number = TypeVar("_Number", int, float)
@@ -120,6 +121,7 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None,
                                 c.timing(), c.ready_skew_ns, c.last_ready_rank if len(c.arrive_ns) > 1 else None))
             row.queues += c.queue_ns()
     for uid, transfers in job.p2p.items() if keep is None else ():  # p2p has no step: left out of a step range
+        on_gpu = gpu_backend(job.groups[uid].backend)
         for t in transfers:
             ops = [op for op in (t.send, t.recv) if op is not None]
             if not ops:
@@ -131,8 +133,9 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None,
             skew = max(known)[0] - min(known)[0] if len(known) == 2 else None
             last = max(known)[1] if len(known) == 2 else None
             nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
-            _add(row, _Instance(None, None, nbytes, span_timing(arrive, tuple(op.t_end_ns for op in ops)), skew,
-                                last))
+            # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
+            timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+            _add(row, _Instance(None, None, nbytes, timing, skew, last))
     table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
     table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
     return table
