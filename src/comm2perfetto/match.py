@@ -51,6 +51,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     RankInfo,
     Signature,
+    gpu_backend,
     op_family,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
@@ -81,6 +82,7 @@ class _Track:
     log_sigs: list[Signature | None] | None = None
     log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
     durations: list[int | None] | None = None  # GPU time (FR's duration_ms) by row; None: no row has one
+    gpu_begins: list[int | None] | None = None  # the kernels' begin (profiler traces) by row; None: no row has one
 
 
 def load_job(
@@ -456,17 +458,23 @@ def _trace_signature(c: TraceCollective) -> Signature:
 
 def _join_trace_rows(track: _Track | None, rows: dict[int, TraceCollective]) -> _Track:
     """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
-    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner)."""
+    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner).
+    The kernels are the row's GPU time: their begin and first-begin-to-last-end (over Flight Recorder's
+    duration_ms, which times the same work with CUDA events but says nothing of when it began)."""
     if track is None:
         track = _Track([], [], [], [], [], [], [], [], [], {})
     index = {s: i for i, s in enumerate(track.seqs)}
     out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends))
-    if track.durations is not None:
-        out.durations = [track.durations[index[key]] if key in index else None
-                         for key in sorted(set(index) | set(rows))]
+    keys = sorted(set(index) | set(rows))
+    if track.durations is not None or any(c.on_gpu for c in rows.values()):
+        kernels = {key: c for key, c in rows.items() if c.on_gpu}
+        fr = track.durations or []
+        out.durations = [kernels[key].t_end_ns - kernels[key].t_begin_ns if key in kernels
+                         else fr[index[key]] if fr and key in index else None for key in keys]
+        out.gpu_begins = [kernels[key].t_begin_ns if key in kernels else None for key in keys]
     sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
     log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
-    for key in sorted(set(index) | set(rows)):
+    for key in keys:
         i, c = index.get(key), rows.get(key)
         if c is None:
             values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
@@ -663,11 +671,17 @@ def _collectives(
         cols["stack"].append(dense(tr.stack_ids))
         cols["source"].append(dense(tr.sources if tr.sources is not None else ["fr"] * len(tr.seqs)))
     out = []
-    # GPU times (NCCL with timing): only where some member has them, so other jobs pay nothing here
-    timed = None
+    # GPU times (profiler kernels, NCCL with timing): only where some member has them, so that other jobs pay
+    # nothing here
+    timed = begins = None
     if any(tr is not None and tr.durations is not None for _, tr in present):
         timed = list(zip(*(_densify(tr.seqs, lo, n)(tr.durations) if tr is not None and tr.seqs
                            and tr.durations is not None else empty for _, tr in present)))
+    if any(tr is not None and tr.gpu_begins is not None for _, tr in present):
+        begins = list(zip(*(_densify(tr.seqs, lo, n)(shift(tr.gpu_begins, clock.offset_ns.get(rank, 0)))
+                            if tr is not None and tr.seqs and tr.gpu_begins is not None else empty
+                            for rank, tr in present)))
+    on_gpu = timed is not None or gpu_backend(group.backend)
     rows = zip(*(zip(*cols[k]) for k in ("sig", "state", "arrive", "start", "end", "stack", "source")))
     for i, (sigs, states, arrive, start, end, stack, source) in enumerate(rows):
         if not any(sigs):  # no member recorded this seq (signatures are always truthy)
@@ -675,7 +689,8 @@ def _collectives(
         out.append(Collective(
             group=group, seq=lo + i, ranks=members, signatures=sigs, states=states, arrive_ns=arrive,
             start_ns=start, end_ns=end, stack_ids=stack, sources=source, stacks=stacks,
-            duration_ns=timed[i] if timed is not None else (),
+            duration_ns=timed[i] if timed is not None else (), gpu_begin_ns=begins[i] if begins is not None else (),
+            on_gpu=on_gpu,
         ))
     return tuple(out)
 

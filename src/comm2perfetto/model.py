@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -81,6 +81,22 @@ _FAMILY = {
 
 
 ROOTED_FAMILIES = frozenset({"broadcast", "reduce", "gather", "scatter"})  # ops that name a src or dst rank
+
+
+# Communication libraries that run collectives as GPU kernels: what they do takes GPU time only.
+_GPU_LIBRARIES = ("nccl", "rccl", "xccl", "hccl")
+
+
+def gpu_backend(backend: str | None) -> bool:
+    """Whether a group's backend runs every collective and send/recv on a GPU (``nccl``, ``cuda:nccl``), so that
+    a CPU call's return or Flight Recorder's discovery times say nothing of its duration; not a mixed
+    ``cpu:gloo,cuda:nccl``, whose CPU tensors go to gloo.
+
+    >>> gpu_backend("nccl"), gpu_backend("cpu:gloo,cuda:nccl"), gpu_backend("gloo"), gpu_backend(None)
+    (True, False, False, False)
+    """
+    return bool(backend) and all(any(lib in part for lib in _GPU_LIBRARIES)
+                                 for part in backend.lower().split(","))  # type: ignore[union-attr]
 
 
 def op_family(op: str) -> str:
@@ -213,9 +229,16 @@ class Collective:
     stack_ids: tuple[int | None, ...]
     sources: tuple[str | None, ...]
     stacks: tuple[Stack, ...] = field(repr=False, compare=False, default=())
-    # Each rank's GPU time of it (Flight Recorder's duration_ms: NCCL with TORCH_NCCL_ENABLE_TIMING), aligned
-    # with ``ranks``; () when no rank has one.
+    # Each rank's GPU time of it, aligned with ``ranks``; () when no rank has one: its communication kernels in
+    # a profiler trace (first begin to last end), else Flight Recorder's duration_ms (NCCL with
+    # TORCH_NCCL_ENABLE_TIMING).
     duration_ns: tuple[int | None, ...] = ()
+    # Each rank's GPU begin of it, where a profiler trace shows its kernels (its GPU work is then
+    # [gpu_begin, gpu_begin + duration]); () when no rank has one.
+    gpu_begin_ns: tuple[int | None, ...] = ()
+    # It runs on a GPU backend (NCCL ...) or some rank's GPU time is known: its time is then its GPU work only,
+    # never a CPU call or Flight Recorder's discovery times (the GPU queue and the watchdog's polling).
+    on_gpu: bool = False
 
     @property
     def op(self) -> str:
@@ -248,6 +271,77 @@ class Collective:
         return max(known) - min(known) if len(known) > 1 else None
 
     @property
+    def ready_ns(self) -> tuple[int | None, ...]:
+        """When each rank was ready to communicate: its GPU begin where every rank that joined has one (the
+        GPU runs behind the CPU, so the CPU's arrival order says nothing of who the others' kernels waited
+        for), else its arrival."""
+        begins = self.gpu_begin_ns
+        if begins and all(b is not None for b, s in zip(begins, self.signatures) if s is not None):
+            return begins
+        return self.arrive_ns
+
+    @property
+    def ready_skew_ns(self) -> int | None:
+        """The last ready rank's ``ready_ns`` minus the first's: the arrival skew, on the GPU where known."""
+        known = [t for t in self.ready_ns if t is not None]
+        return max(known) - min(known) if len(known) > 1 else None
+
+    @property
+    def last_ready_rank(self) -> int | None:
+        """The rank ready last (see ``ready_ns``), or None without times."""
+        known = [(t, r) for r, t in zip(self.ranks, self.ready_ns) if t is not None]
+        return max(known)[1] if known else None
+
+    def work_of(self, i: int) -> tuple[int | None, int | None]:
+        """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it, else arrival to end."""
+        begin = self.gpu_begin_ns[i] if self.gpu_begin_ns else None
+        gpu = self.duration_ns[i] if self.duration_ns else None
+        if begin is not None and gpu is not None:
+            return begin, begin + gpu
+        return self.arrive_ns[i], self.end_ns[i]
+
+    @property
+    def work_ns(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+        """Every rank's ``work_of``: (begins, ends), aligned with ``ranks``; arrivals and ends as they are where
+        no trace shows GPU work."""
+        if not self.gpu_begin_ns:
+            return self.arrive_ns, self.end_ns
+        begins, ends = zip(*map(self.work_of, range(len(self.ranks))))
+        return begins, ends
+
+    def timing(self) -> tuple[int, int] | None:
+        """(duration, transfer time) in ns; None when no rank's time is known.
+
+        On a GPU (``on_gpu``) only GPU times count: the duration runs from the first rank's kernel begin to the
+        last rank's kernel end (without begins: the longest rank's GPU time, which also runs from its begin
+        to the common end), the transfer time is the shortest rank's GPU time (the others' kernels also
+        waited for the late ranks). Otherwise from the first arrival to the last completion, and the transfer
+        time is the fastest rank's arrival to completion.
+
+        >>> g = ProcessGroup("0[0,1]", "0", "default_pg", (0, 1))
+        >>> s = Signature("all_reduce", ((4,),), ("Float",), None, None)
+        >>> c = Collective(g, 1, (0, 1), (s, s), ("completed",) * 2, (0, 50), (None, None), (400, 420), (None,) * 2,
+        ...                ("kineto",) * 2, duration_ns=(120, 40), gpu_begin_ns=(300, 380), on_gpu=True)
+        >>> c.timing(), c.ready_ns, c.work_of(1), c.queue_ns()
+        ((120, 40), (300, 380), (380, 420), [300, 330])
+        """
+        gpu = [d for d in self.duration_ns if d is not None]
+        if gpu:
+            spans = [(b, b + d) for b, d in zip(self.gpu_begin_ns, self.duration_ns)
+                     if b is not None and d is not None] if self.gpu_begin_ns else []
+            if len(spans) == len(gpu):
+                return max(e for _, e in spans) - min(b for b, _ in spans), min(gpu)
+            return max(gpu), min(gpu)
+        return None if self.on_gpu else span_timing(self.arrive_ns, self.end_ns)
+
+    def queue_ns(self) -> list[int]:
+        """Each rank's queue delay where a trace shows it: from its CPU enqueue (arrival) to its first kernel's
+        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's."""
+        if not self.gpu_begin_ns:
+            return []
+        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b >= a]
+
+    @property
     def completed_everywhere(self) -> bool:
         return self.states.count(COMPLETED) == len(self.states)
 
@@ -263,6 +357,19 @@ class Collective:
             t_start_ns=self.start_ns[i], t_end_ns=self.end_ns[i], call_site=call_site(stack), stack=stack,
             source=self.sources[i] or "",
         )
+
+
+def span_timing(arrive: Iterable[int | None], end: Iterable[int | None]) -> tuple[int, int] | None:
+    """(duration, transfer time) from per-rank arrivals and completions on the CPU: from the first arrival to
+    the last completion, and the fastest rank's arrival to completion; None when no rank has both.
+
+    >>> span_timing((0, 30, None), (100, 110, 90))
+    (110, 80)
+    """
+    pairs = [(a, e) for a, e in zip(arrive, end) if a is not None and e is not None and e >= a]
+    if not pairs:
+        return None
+    return max(e for _, e in pairs) - min(a for a, _ in pairs), min(e - a for a, e in pairs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
@@ -34,6 +36,9 @@ from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
+
+if TYPE_CHECKING:
+    from comm2perfetto.report.classes import RankClasses
 
 __all__ = ["add_parser", "run"]
 
@@ -124,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM/SIGHUP (a job scheduler's kill, a closed terminal) end the write like Ctrl-C, so the finally
     # below removes the partial file; one left by a SIGKILL is removed by the next merge to the same name.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    classes = _classes(job, selection.ranks, args.no_profiler) if preview is not None else None
     try:
         summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
-                                 preview=preview is not None, progress=progress)
+                                 preview=preview is not None, progress=progress, classes=classes)
         stats = sink.close()
         os.replace(temp, out)
     except OSError as exc:
@@ -141,6 +147,20 @@ def run(args: argparse.Namespace) -> int:
         _draw_preview(preview, summary, diagnosis, selection.note)
     _print_summary(out, job, diagnosis, summary, stats, preview, window)
     return 0
+
+
+def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, RankClasses]:
+    """What the preview draws of each rank: the classes ``report`` measures, from the same code and the same
+    reading of the profiler traces (``report.activity.read_profiles``, in as many workers as report uses), so
+    that the picture and the report's figures agree to a pixel."""
+    from comm2perfetto.report.activity import read_profiles  # only with --preview
+    from comm2perfetto.report.classes import job_classes
+
+    files = {} if no_profiler else {r: [Path(p) for p in job.ranks[r].kineto_files]
+                                    for r in ranks if r in job.ranks and job.ranks[r].kineto_files}
+    with Phase("classifying each rank's time for the preview"):
+        profiles = read_profiles(files, workers=min(len(files), os.cpu_count() or 1, 8))
+        return job_classes(job, profiles, ranks)
 
 
 def default_output(paths: list[str]) -> Path:

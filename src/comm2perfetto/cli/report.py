@@ -123,6 +123,7 @@ def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, de
             job = build_job(src, lazy_stacks=True)
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job, profiles, steps=steps, depth=depth)
+    doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
     if hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")

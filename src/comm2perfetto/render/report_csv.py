@@ -32,7 +32,8 @@ TIME_KEYS = ("span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm
 RANK_COLUMNS = ("rank", "basis", *TIME_KEYS, "sources")
 STEP_COLUMNS = ("step", "rank", *TIME_KEYS)
 COLLECTIVE_COLUMNS = ("op", "process_group", "group_size", "count", "timed", "bytes", "total_s", "mean_s",
-                      "p50_s", "p99_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_mean_s")
+                      "p50_s", "p99_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_mean_s",
+                      "queue_mean_s")
 MODULE_COLUMNS = ("path", "pass", "op", "count", "bytes", "ranks")
 SOURCES_SEPARATOR = "; "  # a rank's sources are a list: one cell, joined
 

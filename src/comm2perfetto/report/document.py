@@ -62,10 +62,22 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
                                                                          "lateness_s": []},
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
+        "clock": _clock(job),
         "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
         + _untimed_note(collectives, bases),
     }
     return doc
+
+
+def _clock(job: Job | None) -> dict:
+    """How the ranks' clocks were put on one: each rank's method (``measured``: the recorder's start-up
+    measurement; ``refined``: from collective ends; ``assumed``: nothing to go on; ``none``: not aligned), and
+    what is left of the skew where collective ends measure it."""
+    if job is None:
+        return {"residual_skew_s": None, "samples": 0, "methods": {}}
+    skew = job.clock.residual_skew_ns
+    return {"residual_skew_s": skew * 1e-9 if skew is not None else None, "samples": job.clock.samples,
+            "methods": {str(r): m for r, m in sorted(job.clock.method.items())}}
 
 
 def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:
@@ -93,11 +105,12 @@ def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int
 
 def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective], int | None]:
     """The step of a collective: the step window, on the rank that arrived first, holding that arrival (None
-    outside every step, or when that rank has no steps)."""
+    outside every step, or when that rank has no steps). An arrival is ``Collective.ready_ns``: on the GPU
+    the first kernel's begin, which falls in the GPU's step windows (the steps of the ``gpu`` basis)."""
     starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
 
     def step_of(c: Collective) -> int | None:
-        known = [(t, r) for t, r in zip(c.arrive_ns, c.ranks) if t is not None]
+        known = [(t, r) for t, r in zip(c.ready_ns, c.ranks) if t is not None]
         if not known:
             return None
         t, rank = min(known)

@@ -88,7 +88,7 @@ class _Common(dict[tuple[str | None, int | None, str | None, int | None], Shared
         super().__init__()
         self.sig, self.sites, self.flow = sig, sites, flow
         self.args = _collective_args(c, sig)
-        arrivals = known(c.arrive_ns)
+        arrivals = known(c.ready_ns)
         self.first = min(arrivals) if arrivals else None
         self.others: list[_Common] = []  # of ranks whose signature differs
 
@@ -137,8 +137,10 @@ class GroupTable:
         issued = [c for c, _, _ in self.rows]
         self.position = {c.seq: k for k, c in enumerate(issued)}
         self.signatures = [c.signatures for c in issued]
-        self.arrive = [c.arrive_ns for c in issued]
-        self.ends = [c.end_ns for c in issued]
+        # each rank's slice: its GPU work where a trace shows it, else its arrival to its end
+        work = [c.work_ns for c in issued]
+        self.arrive = [begins for begins, _ in work]
+        self.ends = [ends for _, ends in work]
         self.states = [c.states for c in issued]
         self.stack_ids = [c.stack_ids for c in issued]
         self.sources = [c.sources for c in issued]
@@ -196,7 +198,8 @@ class GroupTable:
 def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
     args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
                             **signature_args(sig)}
-    last = rank_at(max, c.arrive_ns, c.ranks) if c.ranks and all(c.arrive_ns) else c.last_arrival_rank
+    ready = c.ready_ns
+    last = rank_at(max, ready, c.ranks) if c.ranks and all(ready) else c.last_ready_rank
     if last is not None:
         args["last_arrival_rank"] = last
     return args
