@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import orjson
 import pytest
@@ -168,33 +167,3 @@ def test_reader_names_a_missing_file(tmp_path):
     path = tmp_path / "missing.jsonl"
     with pytest.raises(EventLogError, match=r"missing\.jsonl: cannot read"):
         read_event_log(path)
-
-
-class _SilentStore:
-    """A store where the awaited key never appears: the clock measurement polls until stopped."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def check(self, keys: list) -> bool:
-        self.calls += 1
-        return False
-
-    def set(self, key: str, value: str) -> None:
-        self.calls += 1
-
-
-@pytest.mark.parametrize("rank", [0, 1])
-def test_stopping_the_clock_measurement_ends_its_thread(rank):
-    """At stop no thread of the recorder may be left inside a store call (torch 2.4 aborted the process at exit
-    when one was)."""
-    from comm2perfetto.record import clock
-
-    store, reported = _SilentStore(), []
-    measurement = clock.start(store, rank, 2, lambda offset, rtt: reported.append((offset, rtt)))
-    deadline = time.monotonic() + 10
-    while store.calls < 3 and time.monotonic() < deadline:  # polling: rank 0 for a request, rank 1 for an answer
-        time.sleep(0.01)
-    measurement.stop()
-    assert not [t for t in threading.enumerate() if t.name == "comm2perfetto-clock"]
-    assert reported == ([(0, 0)] if rank == 0 else [])  # rank 1 reports nothing it did not measure

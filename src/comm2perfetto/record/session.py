@@ -214,12 +214,11 @@ def stop(reason: str, wait: bool = True) -> None:
     """Dump Flight Recorder, close the log and remove every hook. Safe to call twice."""
     # The recorder, also after a fault disabled its patch layer: its log and Flight Recorder still close.
     rec = _parts.pop("recorder", None)
-    watchdog = _parts.pop("watchdog", None)
-    if watchdog is not None:
-        watchdog.stop(wait)
-    measurement = _parts.pop("clock", None)
-    if measurement is not None:
-        measurement.stop(wait)
+    # First the recorder's threads: none may be left inside a store call when the interpreter finalises.
+    for name in ("clock", "watchdog"):
+        thread = _parts.pop(name, None)
+        if thread is not None:
+            thread.stop(wait)
     profiler = _parts.pop("profiler", None)
     if _parts.pop("fallback", None):
         from comm2perfetto.record import dispatch
