@@ -78,6 +78,16 @@ def test_different_ops_at_one_seq_blame_the_minority(tmp_path):
     assert "ranks 0, 2: all_reduce; rank 1: broadcast" in f.detail
 
 
+def test_a_group_torch_left_undescribed_goes_by_its_name(tmp_path):
+    """torch 2.4 reports ``undefined`` as the description of a group made without one (DeviceMesh's)."""
+    ranks = [_rank(r, 5 if r else 4, ("all_reduce", 5, 0.0) if r else None, group="4") for r in range(3)]
+    for summary in ranks:
+        summary["groups"]["4"]["desc"] = "undefined"
+    (f,) = _verdict(tmp_path, _snapshot(*ranks)).findings
+    assert (f.kind, f.process_group, f.culprit_ranks) == ("missing_ranks", "4", (0,))
+    assert "undefined" not in f.detail
+
+
 def test_a_rank_that_did_not_answer_is_a_suspect_not_a_culprit_by_guess(tmp_path):
     d = _verdict(tmp_path, _snapshot(_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.0))))
     (f,) = d.findings

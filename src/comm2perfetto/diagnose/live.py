@@ -119,7 +119,7 @@ def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str
     for summary in ranks.values():
         for name, g in (summary.get("groups") or {}).items():
             members = [r for r in g.get("ranks") or () if isinstance(r, int)]
-            desc = str(g.get("desc") or "")
+            desc = _description(g)
             if name not in seen or len(members) > len(seen[name][1]):
                 seen[name] = (desc or seen.get(name, ("", []))[0], members)
     out = []
@@ -203,6 +203,13 @@ def _missing(common: dict, waiting: list[int], missing: list[int], ranks: Mappin
                    action=action, call_sites=sites, stacks=_stacks(ranks, culprits), **common)
 
 
+def _description(group: Mapping[str, Any]) -> str:
+    """A group's description as a rank reported it, or "" where torch gave none (2.4 reports ``undefined`` for
+    groups made without one, DeviceMesh's included): the group then goes by its name, as model.Group.label."""
+    desc = str(group.get("desc") or "")
+    return "" if desc == "undefined" else desc
+
+
 def _blocked_elsewhere(summary: Mapping[str, Any], group: str) -> str:
     """``it was waiting in all_reduce #5 on 2`` when the rank is blocked in another group's operation."""
     for name, g in (summary.get("groups") or {}).items():
@@ -210,7 +217,7 @@ def _blocked_elsewhere(summary: Mapping[str, Any], group: str) -> str:
             continue
         p = g.get("pending")
         if p is not None:
-            return f"it was waiting in {p['op']} #{p['seq']} on {g.get('desc') or name}"
+            return f"it was waiting in {p['op']} #{p['seq']} on {_description(g) or name}"
         for q in g.get("p2p") or ():
             return f"it was inside {q['op']} {'to' if q['op'] in SENDS else 'from'} rank {q['peer']}"
     return ""
