@@ -496,8 +496,8 @@ SHAPE_EXPECTED = {
 
 def _mesh_names(job: JobResult) -> dict[str, str]:
     """What diagnose calls the mesh job's groups: ``mesh_tp`` and ``mesh_dp`` where DeviceMesh describes its
-    groups (torch 2.5 on); torch 2.4 leaves them ``undefined``, so they go by their numbers (rank 2's tp group
-    [2, 3] and dp group [0, 2], the groups its stall is in)."""
+    groups (torch 2.8 on, as run here); torch 2.4 leaves them ``undefined``, so they go by their numbers (rank
+    2's tp group [2, 3] and dp group [0, 2], the groups its stall is in)."""
     groups = {tuple(g.ranks): g for g in read_event_log(job.out / "rank2.events.jsonl").groups.values()}
     return {desc: g.desc if g.desc != "undefined" else g.name
             for desc, g in (("mesh_tp", groups[(2, 3)]), ("mesh_dp", groups[(0, 2)]))}
