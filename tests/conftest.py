@@ -13,12 +13,39 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from support.jobs import JobRunner, job_env
 from support.leftovers import clean_up_recorder, recorder_leftovers
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gloo_flight_recorder_sized_first() -> None:
+    """Torch 2.8 to 2.10 size Flight Recorder's ring once per process, at its first process group, and record
+    nothing when ``TORCH_FR_BUFFER_SIZE`` was unset then: a test that makes its group before ``enable()`` would
+    switch Flight Recorder off for every later test in this process. Where the collected tests imported torch,
+    this process's first group is made here, with the ring sized as ``record`` sizes it."""
+    if "torch" not in sys.modules:  # the readers' tests alone: no torch, no group
+        return
+    import torch.distributed as dist
+
+    from comm2perfetto.record.flight import BUFFER_ENV_VARS, TORCH_DEFAULT_RING, flight_recorder_off_by_default
+
+    if not dist.is_available() or dist.is_initialized() or not flight_recorder_off_by_default():
+        return
+    before = os.environ.get(BUFFER_ENV_VARS[0])
+    os.environ[BUFFER_ENV_VARS[0]] = str(TORCH_DEFAULT_RING)
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.destroy_process_group()
+    finally:
+        if before is None:
+            del os.environ[BUFFER_ENV_VARS[0]]
+        else:
+            os.environ[BUFFER_ENV_VARS[0]] = before
 
 
 @pytest.fixture(autouse=True)

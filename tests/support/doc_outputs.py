@@ -10,7 +10,8 @@ Every fenced block without a language (an output) in those files is preceded by 
 A line ``...`` in a shown output stands for lines left out there. Outputs are compared after normalising
 what differs between runs and machines: measured times, sizes, ratios and percentages, a lone 0 (a measured
 zero has no unit), the folder the commands ran in, recording folder dates, slice counts, the torch version
-``record`` names at start-up, and spacing (so table columns and line wrapping may shift).
+``record`` names at start-up, torch 2.8 gloo's own "[Gloo] Rank N is connected" lines, and spacing (so table
+columns and line wrapping may shift).
 """
 
 from __future__ import annotations
@@ -89,10 +90,14 @@ _SLICES = re.compile(r"\d[\d,]* (slices|instants)")
 _RUN_DATE = re.compile(r"comm2perfetto-\d{8}-\d{6}")
 _ZERO = re.compile(r"(?<!\S)0(?!\S)")  # a measured 0 prints without a unit (a rank label 0 goes with it)
 _TORCH = re.compile(r"comm2perfetto: torch \S+: ")  # record's start-up line: "torch 2.13.0+cpu: C++-issued ..."
+# torch 2.8's gloo prints one per rank as its group connects, in no set order among the job's lines:
+# "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+_GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to .*\n?", re.MULTILINE)
 
 
 def normalise(text: str, cwd: str) -> str:
     """One line of tokens with what legitimately varies between runs replaced."""
+    text = _GLOO_CONNECTED.sub("", text)
     text = text.replace(cwd, "<cwd>").replace(DOC_CWD, "<cwd>")
     text = _TORCH.sub("comm2perfetto: torch <version>: ", text)
     text = _RUN_DATE.sub("comm2perfetto-<date>", text)

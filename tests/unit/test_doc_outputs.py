@@ -20,6 +20,13 @@ def test_times_sizes_paths_and_spacing_may_differ():
         normalise("wrote /home/me/comm2perfetto/comm2perfetto-20261122-034900.pftrace (5.0 KB; 92 slices)", CWD)
 
 
+def test_torch_28_gloo_connection_lines_are_not_the_tools_output():
+    connected = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n"
+    lines = SHOWN[:1] + [connected.format(1).strip(), connected.format(0).strip()] + SHOWN[1:]
+    assert mismatch(SHOWN, "\n".join(lines) + "\n", CWD) is None
+    assert mismatch(SHOWN, "\n".join(SHOWN[:1] + ["[Gloo] something else"] + SHOWN[1:]), CWD) is not None
+
+
 def test_a_changed_line_number_count_or_word_is_caught():
     base = "\n".join(SHOWN)
     for actual in (base.replace(":46", ":47"), base.replace("1 finding", "2 findings"),
