@@ -29,7 +29,7 @@ import functools
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
@@ -52,6 +52,7 @@ from comm2perfetto.model import (
     Signature,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
+from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
 from comm2perfetto.sources.fr.ingest import FrRankTrace, GroupTrack
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -60,8 +61,6 @@ LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
 LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv", "send_object_list",
                            "recv_object_list"})
-# Backends whose synchronous calls return only once the collective completed (return == completion).
-CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
 
 
 @dataclass(slots=True)
@@ -294,6 +293,7 @@ def _merge_log(
     """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops."""
     rows: dict[str, dict[int, tuple]] = defaultdict(dict)  # uid -> key -> row
     p2p_counters: dict[tuple[str, str, int], int] = defaultdict(int)
+    log_groups: dict[int, Group] = {}  # groups whose `g` record names no backend, with the job's
     # Where FR recorded this rank's p2p ops on a group, they are the source; the recorder's are not added.
     have_fr_p2p = {uid for uid, ops in p2p_ops.items() if ops and any(op.rank == rank for op in ops)} \
         if p2p_ops else set()
@@ -304,8 +304,11 @@ def _merge_log(
         uid = local.get((rank, str(g.name)))
         if uid is None:
             continue
-        backend = g.backend or groups[uid].backend
-        cpu = backend in CPU_BACKENDS
+        if not g.backend and not g.devices:  # the log does not say which backend: the group's (FR's)
+            if call.gid not in log_groups:
+                log_groups[call.gid] = replace(g, backend=groups[uid].backend or "")
+            g = log_groups[call.gid]
+        cpu = g.completes_on_return(call)  # return is completion (a synchronous call on the CPU)
         state, end = _log_state(call, cpu)
         site = sites(call.site)
         if call.op in LOG_P2P_CALLS:
@@ -484,15 +487,15 @@ def _best_state(fr_state: str, log_state: str) -> str:
 
 
 def _log_state(call, cpu: bool) -> tuple[str, int | None]:
-    """State and end time of a recorder call."""
+    """State and end time of a recorder call; ``cpu``: it had completed when it returned."""
     if call.error is not None:
         return FAILED, call.t_return_ns
     if call.t_done_ns is not None:
         return COMPLETED, call.t_done_ns
     if call.t_return_ns is None:
         return PENDING, None
-    if cpu and not call.is_async:
-        return COMPLETED, call.t_return_ns  # a CPU backend returns from a synchronous call once it is done
+    if cpu:
+        return COMPLETED, call.t_return_ns
     return UNKNOWN, None
 
 
