@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
 from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -91,9 +91,5 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         print(f"comm2perfetto diagnose: {result.status}; wrote {args.output}", file=sys.stderr)
         return STATUS_EXIT[result.status]
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
-        sys.stdout = None  # keep the interpreter's final flush quiet
+    write_stdout(text)  # `diagnose DIR | head`: the verdict is still the exit status
     return STATUS_EXIT[result.status]

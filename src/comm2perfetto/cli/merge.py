@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
 from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
@@ -29,6 +29,7 @@ from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.render.words import duration, rank_list, ranks_text, size
+from comm2perfetto.sources.discover import require_paths
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 def default_output(paths: list[str]) -> Path:
     """``run1/`` -> ``run1.pftrace`` next to it, as perf and nsys name their output without being asked."""
+    require_paths(paths)
     folder = Path(paths[0])
     if len(paths) > 1 or not folder.is_dir():
         raise UserError("name the trace with -o when merging files or several folders (one folder DIR "
@@ -280,7 +282,7 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
     if preview is not None and preview.exists():
         lines.append(f"  preview: {preview}")
     lines.append(f"open it: comm2perfetto open {out}   (or https://ui.perfetto.dev -> Open trace file)")
-    print("\n".join(lines))
+    write_stdout("\n".join(lines) + "\n")
 
 
 def _in_window(job: Job, window: tuple[int, int] | None) -> str:

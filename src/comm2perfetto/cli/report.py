@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
 from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
@@ -74,6 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
     out = Path(args.output) if args.output else None
+    if out is not None and args.format is None and out.suffix and out.suffix.lower() not in _FORMAT_OF_SUFFIX:
+        raise UserError(f"-o {out}: unknown format {out.suffix!r}: name it "
+                        f"{', '.join('FILE' + s for s in _FORMAT_OF_SUFFIX)} (no suffix: text), or give --format")
     fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
     if out is not None:
         check_writable(out)
@@ -155,11 +158,7 @@ def _emit(doc: dict, fmt: str, out: Path | None) -> None:
             raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto report: wrote {out}", file=sys.stderr)
         return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `report DIR | head`
-        sys.stdout = None
+    write_stdout(text)
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -377,7 +377,7 @@ class Recorder:
         hands on an alias), hence the storage. A storage nobody waits on is forgotten when freed (a weak
         reference: its Python object lives as long as the storage)."""
         outputs = result if isinstance(result, list) else (result,)
-        elems = [getattr(r, "elem", None) for r in outputs]
+        elems: list[Any] = [getattr(r, "elem", None) for r in outputs]
         if not elems or not all(isinstance(e, self._tensor_type) and e.device.type == "cpu" for e in elems):
             return
         remaining = [len(elems)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
 from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
@@ -21,9 +22,13 @@ from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
 
-__all__ = ["VERSION", "build_report", "steps_text"]
+__all__ = ["VERSION", "StepsError", "build_report", "steps_text"]
 
 VERSION = 1
+
+
+class StepsError(Comm2PerfettoError, ValueError):
+    """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
 
 
 def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps: tuple[int, int] | None = None,
@@ -36,7 +41,10 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
     windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
                for r, a in activities.items()}
     if steps is not None and not any(windows.values()):
-        notes.append(f"no rank recorded steps {steps[0]}-{steps[1]}: the figures cover nothing")
+        recorded = sorted({n for a in activities.values() for n, _, _ in a.steps})
+        asked = f"{steps[0]}-{steps[1]}" if steps[1] > steps[0] else str(steps[0])
+        raise StepsError(f"--steps {asked}: no rank recorded these steps "
+                         f"({'the job recorded steps ' + steps_text(recorded) if recorded else 'no steps recorded'})")
 
     per_rank: dict[str, dict] = {}
     parts: list[Breakdown] = []
