@@ -84,6 +84,7 @@ def load_job(
     paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
     read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
+    sample: bool = False,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
 
@@ -91,7 +92,8 @@ def load_job(
     needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
     ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
     traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``:
-    which attempt of a job torchrun restarted (default the last; see ``sources.discover``).
+    which attempt of a job torchrun restarted (default the last; see ``sources.discover``). ``sample``: the
+    ranks with data are a sample of the job (``--sample``; see ``Job.sampled``).
     """
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
@@ -103,14 +105,15 @@ def load_job(
                            trace_ranks=trace_ranks, attempt=attempt)
         if not read_traces:
             drop_traces(src)
-        return build_job(src, lazy_stacks=not with_stacks, align=align)
+        return build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Job:
-    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock)."""
+def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
+    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock).
+    ``sample``: the ranks with data are a sample of the job (``Job.sampled``)."""
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
@@ -165,6 +168,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         resolver=LazyStacks(src) if lazy_stacks else None,
         attempt=src.attempt,
         attempts=src.attempts,
+        sampled=_sampled(src, world, sample),
     )
 
 
@@ -570,6 +574,16 @@ def _coverage(
                 upto = tr.seqs[min(bad) - 1] if bad and min(bad) > 0 else (-1 if bad else tr.seqs[-1])
             out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
     return out
+
+
+def _sampled(src: Sources, world: int | None, sample: bool) -> str | None:
+    """What the coverage of ranks without data means (``Job.sampled``): a job larger than its ranks with data
+    is a sample when the data are profiler traces alone, or when the user says so."""
+    if world is None or world <= len(src.ranks):
+        return None
+    if src.traces and not src.fr and not src.logs:
+        return "traces"
+    return "data" if sample else None
 
 
 def _wrapped(trace: FrRankTrace) -> bool:

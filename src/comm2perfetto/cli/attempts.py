@@ -47,7 +47,7 @@ def _load(args: argparse.Namespace, trace_ranks: dict[str, int], attempt: int) -
     from comm2perfetto.match import load_job
 
     return load_job(args.paths, force=args.force, with_stacks=False, read_traces=False, trace_ranks=trace_ranks,
-                    attempt=attempt)
+                    attempt=attempt, sample=getattr(args, "sample", False))
 
 
 def with_attempts(diagnosis: Diagnosis, job: Job, args: argparse.Namespace,

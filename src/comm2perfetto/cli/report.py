@@ -20,7 +20,7 @@ from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdo
 from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
@@ -65,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
+    add_sample_option(p)
     add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
 
         with Phase("matching collectives across ranks"):
-            job = build_job(src, lazy_stacks=True)
+            job = build_job(src, lazy_stacks=True, sample=args.sample)
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job, profiles, steps=steps, depth=args.depth)
     if args.hta_scope and profiles:

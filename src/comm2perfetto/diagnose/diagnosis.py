@@ -125,6 +125,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
         groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
+        sampled=job.sampled,
     )
 
 
@@ -442,6 +443,16 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
 def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding:
     group = c.group
     joined = list(c.joined_ranks)
+    if job.sampled:  # the others were not sampled: no evidence against any of them
+        return Finding(
+            kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
+            ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(),
+            detail=(f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
+                    f"{group.label}; the other {len(no_data)} of its ranks are not in the sample ({job.sampled} of "
+                    f"{len(job.ranks)} of {job.world_size} ranks), so which of them it waits for cannot be told."),
+            action="Profile or record every rank of this group to see which one it waits for.",
+            call_sites=_sites(job, c, joined), t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        )
     detail = (
         f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
         f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
@@ -460,10 +471,11 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding
 
 
 def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
-    expected: set[int] = set(range(job.world_size)) if job.world_size else set()
-    expected.update(job.unusable_ranks)  # their dumps were there but unreadable
-    for g in groups:
-        expected.update(g.ranks)
+    expected: set[int] = set(job.unusable_ranks)  # their dumps were there but unreadable
+    if not job.sampled:  # the other ranks of a sample were not profiled: nothing of theirs is missing
+        expected.update(range(job.world_size or 0))
+        for g in groups:
+            expected.update(g.ranks)
     return sorted(expected - set(job.ranks))
 
 

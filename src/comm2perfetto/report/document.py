@@ -4,7 +4,9 @@
 traces already reduced to unions (``activity.read_profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "job": {...}, "ranks": {"0": {...}}, "steps": [...], "collectives": [...],
-     "stragglers": [...], "modules": [...], "lateness_map": {...}, "notes": [...]}
+     "stragglers": [...], "modules": [...], "lateness_map": {...}, "notes": [...], "world_size": 128,
+     "sampled": "traces", "clock": {"method": {"0": "measured", "1": "refined"}, "residual_skew_s": 1.5e-05,
+     "samples": 6}}
 """
 
 from __future__ import annotations
@@ -68,8 +70,19 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
                                                                          "lateness_s": []},
         "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
         + _untimed_note(collectives, bases),
+        "world_size": job.world_size if job is not None else None,
+        "sampled": job.sampled if job is not None else None,
+        "clock": _clock(job) if job is not None else None,
     }
     return doc
+
+
+def _clock(job: Job) -> dict:
+    """How the ranks' clocks were put on rank 0's (model.ClockAlignment), for the header's clock line."""
+    clock = job.clock
+    return {"method": {str(r): m for r, m in sorted(clock.method.items())},
+            "residual_skew_s": clock.residual_skew_ns / 1e9 if clock.residual_skew_ns is not None else None,
+            "samples": clock.samples}
 
 
 def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:

@@ -50,9 +50,10 @@ class Selection:
 
 def select_ranks(job: Job, markers: Markers, requested: set[int] | None = None, all_ranks: bool = False,
                  limit: int = SAMPLE_LIMIT) -> Selection:
-    """``requested`` ranks, or every rank up to ``limit``; past it, implicated ranks plus an even sample."""
-    have = set(job.ranks) | {r for g in job.groups.values() for r in g.ranks}
-    total = len(have)
+    """``requested`` ranks, or every rank up to ``limit``; past it, implicated ranks plus an even sample. Ranks
+    without data are drawn (they are what a finding may name), except those a sample left out (Job.sampled)."""
+    have = set(job.ranks) | (set() if job.sampled else {r for g in job.groups.values() for r in g.ranks})
+    total = job.world_size or len(have) if job.sampled else len(have)
     if requested is not None:
         return Selection(tuple(sorted(requested & have)), total,
                          f"showing {len(requested & have)} of {total} ranks (--ranks)")
