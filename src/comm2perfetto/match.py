@@ -376,7 +376,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
     kernels' end times by (group uid, seq) per rank, for the clock alignment."""
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
-    no_group = 0
+    no_group = untied = 0  # collectives of no named group; of those, kernels no record_param_comms is tied to
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
     recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
@@ -388,6 +388,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
             uid = local.get((rank, c.pg_name)) if c.pg_name is not None else None
             if uid is None:
                 no_group += 1
+                untied += c.on_gpu and c.t_call_ns is None
                 continue
             by_uid[uid].append(c)
         for uid, group_cols in by_uid.items():
@@ -408,8 +409,12 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
                 gpu_ends[rank][(uid, seq)] = c.t_end_ns
         tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
     if no_group:
-        notes.append(f"{no_group} communication kernel(s) of profiler traces name no process group (torch before "
-                     "2.2 wrote none): drawn on their GPU streams, not matched across ranks")
+        why = [f"{untied} tied to no record_param_comms of the trace by External id (launched before the profiler "
+               "started, or a trace that does not tie them)"] if untied else []
+        if no_group > untied:
+            why.append(f"{no_group - untied} whose record_param_comms names none either")
+        notes.append(f"{no_group} collective(s) of profiler traces name no process group, so they are drawn on their "
+                     f"GPU streams but not matched across ranks: {'; '.join(why)}")
     if not_joined:
         notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
                      f"recorder records of group(s) {', '.join(sorted(not_joined))}")

@@ -87,8 +87,9 @@ class TimelineSummary:
 
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
-                   progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
-    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end]."""
+                   progress: Callable[[int, int], None] | None = None, kineto_detail: bool = True) -> TimelineSummary:
+    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end].
+    ``kineto_detail=False`` (merge --lean): profiler events without their args, ids and launch flows."""
     markers = plan_markers(job, diagnosis)
     shown = set(selection.ranks)
     inside = _window_test(window)
@@ -109,7 +110,8 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sites = SiteCache(job)
     tables: dict[str, GroupTable] = {}  # per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
-        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview)
+        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview,
+                            kineto_detail)
         span = writer.write(sink, uuid)
         if span is not None:
             lo, hi = span
