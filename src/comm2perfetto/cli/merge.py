@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
     p.add_argument("--lean", action="store_true",
                    help="draw profiler events without their args (grid, block, Input Dims ...), External and "
-                        "correlation ids and launch-to-kernel flows: a smaller trace (a third to two fifths "
+                        "correlation ids and launch-to-kernel flows: a smaller trace (a fifth to two fifths "
                         "smaller on public GPU traces)")
     add_trace_rank_option(p)
     add_sample_option(p)
