@@ -39,6 +39,7 @@ from comm2perfetto.model import (
     COMPLETED,
     FAILED,
     PENDING,
+    ROOTED_FAMILIES,
     UNKNOWN,
     ClockAlignment,
     Collective,
@@ -50,6 +51,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     RankInfo,
     Signature,
+    op_family,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
 from comm2perfetto.sources.event_log import Group
@@ -141,6 +143,9 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
             ends.setdefault(rank, {}).update(by_key)
         reference = 0 if 0 in ends or not ends else min(ends)
         clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
+        # Plain dumps carry no measurement: their completed collectives show a skew of seconds, if any.
+        clock = refine(clock, _fr_ends(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
+                       only_assumed=True)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
@@ -273,7 +278,7 @@ def _fr_track(gt: GroupTrack) -> _Track:
 def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
     out = []
     counters: dict[tuple[str, int], int] = defaultdict(int)
-    for kind, peer_local, _p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
+    for kind, peer_local, p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
         if kind not in ("send", "recv") or peer_local is None:
             continue
         peer = group.global_rank(peer_local)
@@ -285,7 +290,7 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
         psig = Signature(kind, sizes, dtypes, None, None, "fr")
         i = counters[(kind, peer)]
         counters[(kind, peer)] += 1
-        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr"))
+        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr", p2p_seq))
     return out
 
 
@@ -328,7 +333,8 @@ def _merge_log(
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
-        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+        root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
+        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
             rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
@@ -357,8 +363,11 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
         else:  # both: FR's signature and start, the recorder's arrival and end
             assert fr is not None
             sig, state, t_call, t_end, site, precise = row
+            fr_sig = fr.sigs[i]
+            if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
+                fr_sig = replace(fr_sig, root=sig.root)
             values = (
-                fr.sigs[i], _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )
@@ -548,6 +557,23 @@ def parse_site(site: str) -> Frame:
 # --- clock, coverage -------------------------------------------------------------------------------------
 
 
+FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog poll: only a larger skew is fixed
+
+
+def _fr_ends(tracks: dict[tuple[int, str], _Track],
+             logs: Mapping[int, object]) -> dict[int, dict[tuple[str, int], int]]:
+    """When each rank's Flight Recorder saw its collectives complete (NCCL's watchdog: a late bound), for the
+    ranks without an event log; gloo's entries never complete, so none there."""
+    out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
+    for (rank, uid), tr in tracks.items():
+        if rank in logs or tr.sources is not None:
+            continue
+        for seq, state, end in zip(tr.seqs, tr.states, tr.end):
+            if state == COMPLETED and end is not None:
+                out[rank][(uid, seq)] = end
+    return out
+
+
 def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:
     out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for (rank, uid), tr in tracks.items():
@@ -671,7 +697,7 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
         if off:
             op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
                        op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
-                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source)
+                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source, op.seq)
         if op.kind == "send":
             sends[(op.rank, op.peer)].append(op)
         else:
@@ -719,10 +745,10 @@ class LazyStacks:
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._cache: dict[tuple[int, str, int], tuple] = {}
+        self._cache: dict[tuple[int, str, int, bool], tuple] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int) -> tuple:
-        key = (rank, pg_name, seq)
+    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> tuple:
+        key = (rank, pg_name, seq, p2p)
         if key not in self._cache:
             dumps = []
             for path in self._files.get(rank, ()):
@@ -730,7 +756,7 @@ class LazyStacks:
                     dumps.append(read_fr_dump(path))  # bounded and gunzipped as at load
                 except ValueError:
                     continue  # it was readable a moment ago; without it there is just no stack
-            self._cache[key] = stack_for(dumps, self._table, pg_name, seq)
+            self._cache[key] = stack_for(dumps, self._table, pg_name, seq, p2p)
         return self._cache[key]
 
 

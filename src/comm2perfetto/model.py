@@ -80,6 +80,9 @@ _FAMILY = {
 }
 
 
+ROOTED_FAMILIES = frozenset({"broadcast", "reduce", "gather", "scatter"})  # ops that name a src or dst rank
+
+
 def op_family(op: str) -> str:
     """The collective an op name stands for, whatever the source's spelling: ``_allgather_base`` -> ``all_gather``."""
     if any(op.startswith(p) for p in _ALL_TO_ALL):
@@ -146,7 +149,8 @@ class Signature:
 
     ``source`` is ``fr`` (a Flight Recorder entry: exact op name, input and output sizes and dtypes) or
     ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
-    A coalesced group has one signature whose ``parts`` are its member ops, in issue order.
+    A coalesced group has one signature whose ``parts`` are its member ops, in issue order. ``root``: the global
+    rank a broadcast, reduce, gather or scatter names as its ``src``/``dst`` (from the recorder; None: unknown).
     """
 
     op: str
@@ -156,12 +160,22 @@ class Signature:
     output_dtypes: tuple[str, ...] | None
     source: str = "fr"
     parts: tuple[Signature, ...] = ()
+    root: int | None = None
 
     def describe(self) -> str:
-        """``all_reduce [[4]] Float`` for messages."""
+        """``all_reduce [[4]] Float``, ``broadcast [[4]] Float root 2`` for messages; outputs where they differ
+        in size from the inputs (``all_gather [[4]] Float -> [[8]]``)."""
+        if self.parts:  # a coalesced group: its members, which is where sizes differ
+            shown = ", ".join(p.describe() for p in self.parts[:4])
+            return f"{self.op} of {len(self.parts)} ({shown}{', ...' if len(self.parts) > 4 else ''})"
         sizes = [list(s) for s in self.input_sizes] if self.input_sizes is not None else "?"
         dtypes = ",".join(self.input_dtypes) if self.input_dtypes else ""
-        return f"{self.op} {sizes} {dtypes}".rstrip()
+        out = f"{self.op} {sizes} {dtypes}".rstrip()
+        if self.output_sizes is not None and self.input_sizes is not None and self.output_sizes != self.input_sizes:
+            out += f" -> {[list(s) for s in self.output_sizes]}"
+        if self.root is not None:
+            out += f" root {self.root}"
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +280,7 @@ class P2POp:
     t_end_ns: int | None
     stack_id: int | None
     source: str
+    seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,8 +388,8 @@ class Job:
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
     # rank -> that rank's profiler traces, read (sources.kineto.events.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
-    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
-    resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
+    resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
     attempts: tuple[int, ...] = (0,)
@@ -408,6 +423,15 @@ class Job:
             return self.stack(sid)
         if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
             return self.resolver(rank, c.group.name, c.seq)
+        return ()
+
+    def p2p_stack(self, op: P2POp) -> Stack:
+        """The call stack of a send or recv (read from its rank's dump now if it was loaded lazily)."""
+        if op.stack_id is not None:
+            return self.stack(op.stack_id)
+        group = self.groups.get(op.group_uid)
+        if self.resolver is not None and op.source == "fr" and op.seq is not None and group is not None:
+            return self.resolver(op.rank, group.name, op.seq, True)
         return ()
 
     def stack(self, stack_id: int | None) -> Stack:

@@ -79,8 +79,8 @@ def test_without_sample_absent_ranks_are_suspects_and_with_it_they_are_not(tmp_p
     folder = _dumps(tmp_path)
     code, out, _ = _run(capsys, "diagnose", str(folder), "--format", "json")
     doc = json.loads(out)
-    assert (code, [(f["kind"], f["culprit_ranks"]) for f in doc["findings"]], doc["sampled"]) == (
-        1, [("no_dump", [2, 3])], None)
+    assert (code, [(f["kind"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]], doc["sampled"]) == (
+        1, [("no_dump", [], [2, 3])], None)
     code, out, _ = _run(capsys, "diagnose", str(folder), "--sample")
     assert code == 0, out
     assert "(world size 4, data of 2 of 4 ranks (0, 1))" in out.splitlines()[0], out
@@ -92,9 +92,10 @@ def test_a_sample_stuck_in_a_collective_names_no_culprit_it_cannot_see(tmp_path,
     doc = json.loads(out)
     assert code == 1 and doc["status"] == "incomplete"
     (finding,) = doc["findings"]
-    assert (finding["kind"], finding["seq"], finding["culprit_ranks"], finding["ranks_joined"]) == (
-        "no_dump", 4, [], [0, 1])
+    assert (finding["kind"], finding["seq"], finding["culprit_ranks"], finding["suspect_ranks"],
+            finding["ranks_joined"]) == ("no_dump", 4, [], [], [0, 1])
     assert "not in the sample" in finding["detail"]
+    assert (doc["culprit_ranks"], doc["suspect_ranks"]) == ([], [])
 
 
 def test_a_sample_still_names_a_present_rank_that_never_issued_a_collective(tmp_path, capsys):
@@ -102,7 +103,8 @@ def test_a_sample_still_names_a_present_rank_that_never_issued_a_collective(tmp_
     code, out, _ = _run(capsys, "diagnose", str(folder), "--sample", "--format", "json")
     doc = json.loads(out)
     assert code == 1
-    assert [(f["kind"], f["seq"], f["culprit_ranks"]) for f in doc["findings"]] == [("missing_ranks", 4, [1])]
+    assert [(f["kind"], f["seq"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]] == [
+        ("missing_ranks", 4, [1], [])]
 
 
 def test_the_preview_names_a_finding_without_a_collective_by_its_kind(tmp_path, capsys, monkeypatch):

@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.finish()
     with Phase("diagnosing"):
-        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args, trace_ranks_option(args))
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args.paths, args.force,
+                                  trace_ranks_option(args))
         markers = plan_markers(job, diagnosis)
         selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:

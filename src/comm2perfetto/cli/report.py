@@ -14,10 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-import orjson
-
-from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
+from comm2perfetto.cli import UserError, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
+from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
@@ -29,9 +28,8 @@ from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "build_document", "run"]
 
-_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 _MAX_PROFILE_WORKERS = 8
 
 
@@ -74,92 +72,71 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
-    out = Path(args.output) if args.output else None
-    if out is not None and args.format is None and out.suffix and out.suffix.lower() not in _FORMAT_OF_SUFFIX:
-        raise UserError(f"-o {out}: unknown format {out.suffix!r}: name it "
-                        f"{', '.join('FILE' + s for s in _FORMAT_OF_SUFFIX)} (no suffix: text), or give --format")
-    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
-    if out is not None:
-        check_writable(out)
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise UserError(f"--plot writes {', '.join(PLOT_SUFFIXES)}: not {plot.name!r}")
-        check_writable(plot)
+    out, fmt, plot = output_options(args, PLOT_SUFFIXES)
     steps = parse_steps(args.steps) if args.steps else None
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
-    progress = Progress("reading dumps (ranks)")
-    try:
-        # profiler traces are listed here and read below, as spans and communication events, in workers
-        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
-                           trace_ranks=trace_ranks_option(args), attempt=args.attempt)
-        if args.no_profiler:
-            drop_traces(src)
-    finally:
-        progress.finish()
-    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()}
-    progress = Progress("reading profiler traces (ranks)")
-    try:
-        profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
-                                 progress=progress, whole_us=args.hta_rounding or args.hta_scope,
-                                 hta_scope=args.hta_scope, collectives=True)
-    finally:
-        progress.finish()
-    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
-    job = None
-    if src.fr or src.logs or src.traces:
-        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
-
-        with Phase("matching collectives across ranks"):
-            job = build_job(src, lazy_stacks=True, sample=args.sample)
-    with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job, profiles, steps=steps, depth=args.depth)
-    if args.hta_scope and profiles:
-        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
-                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
-    elif args.hta_rounding and profiles:
-        doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(src.attempt, src.attempts, args, trace_ranks_option(args), "this report")
-    if attempts is not None:
-        doc["notes"].insert(0, attempts)
-    doc["notes"].extend(job.notes if job is not None else src.notes)
-    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
-
+    doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
+                         hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
+                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
+                         sample=args.sample)
     if plot is not None:
         try:
             write_plot(doc, plot)
         except OSError as exc:
             raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
-    _emit(doc, fmt, out)
+    emit(doc, fmt, out, "report", Renderers(render_text, render_csv_stdout, write_csv))
     if plot is not None:
         print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
     return 0
 
 
-def _emit(doc: dict, fmt: str, out: Path | None) -> None:
-    if fmt == "csv" and out is not None:
-        try:
-            written = write_csv(doc, out)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print("comm2perfetto report: wrote " + ", ".join(map(str, written)), file=sys.stderr)
-        return
-    if fmt == "json":
-        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
-    elif fmt == "csv":
-        text = render_csv_stdout(doc)
-    else:
-        text = render_text(doc)
-    if out is not None:
-        try:
-            out.write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print(f"comm2perfetto report: wrote {out}", file=sys.stderr)
-        return
-    write_stdout(text)
+def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
+                   profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
+                   trace_ranks: dict[str, int] | None = None, force: bool = False,
+                   attempt: int | None = None, sample: bool = False) -> dict:
+    """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
+    restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
+    with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
+    ``Comm2PerfettoError``."""
+    progress = Progress("reading dumps (ranks)")
+    try:
+        # profiler traces are listed here and read below, as spans and communication events, in workers
+        src = load_sources(paths, force=force, with_stacks=False, progress=progress, read_traces=False,
+                           trace_ranks=trace_ranks, attempt=attempt)
+        if not profiler:
+            drop_traces(src)
+    finally:
+        progress.finish()
+    kineto = {} if not profiler else {r: [Path(p) for p in files] for r, files in src.kineto.items()}
+    progress = Progress("reading profiler traces (ranks)")
+    try:
+        profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
+                                 progress=progress, whole_us=hta_rounding or hta_scope,
+                                 hta_scope=hta_scope, collectives=True)
+    finally:
+        progress.finish()
+    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
+    job = None
+    if src.fr or src.logs or src.traces:
+        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
+
+        with Phase("matching collectives across ranks"):
+            job = build_job(src, lazy_stacks=True, sample=sample)
+    with Phase("analysing overlap, bandwidth and stragglers"):
+        doc = build_report(job, profiles, steps=steps, depth=depth)
+    if hta_scope and profiles:
+        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
+                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
+    elif hta_rounding and profiles:
+        doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
+    attempts = attempts_note(src.attempt, src.attempts, paths, force, trace_ranks or {}, "this report")
+    if attempts is not None:
+        doc["notes"].insert(0, attempts)
+    doc["notes"].extend(job.notes if job is not None else src.notes)
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
+    return doc
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -3,10 +3,10 @@
 ``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
 traces already reduced to unions (``activity.read_profiles``), and returns::
 
-    {"version": 1, "basis": "gpu", "job": {...}, "ranks": {"0": {...}}, "steps": [...], "collectives": [...],
-     "stragglers": [...], "modules": [...], "lateness_map": {...}, "notes": [...], "world_size": 128,
-     "sampled": "traces", "clock": {"method": {"0": "measured", "1": "refined"}, "residual_skew_s": 1.5e-05,
-     "samples": 6}}
+    {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
+     "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
+     "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
+     "residual_skew_s": 1.5e-05, "samples": 6}}
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
 from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
-from comm2perfetto.report.intervals import Span, union
 from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
@@ -54,12 +53,14 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
         b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
         parts.append(b)
         per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
-    keep = _inside(union(w for ws in windows.values() for w in ws)) if steps is not None else None
+    step_of = _step_finder(activities)
+    keep = _in_steps(step_of, steps) if steps is not None else None
     bases = {a.basis for a in activities.values()}
-    collectives = collective_table(job, keep) if job is not None else []
+    collectives = collective_table(job, keep, step_of) if job is not None else []
     doc = {
         "version": VERSION,
         "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
+        "world_size": job.world_size if job is not None else None,
         "job": job_breakdown(parts),
         "ranks": per_rank,
         "steps": _step_rows(activities, steps),
@@ -68,9 +69,10 @@ def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps
         "modules": module_table(job, depth, steps, keep) if job is not None else [],
         "lateness_map": lateness_map(job, keep) if job is not None else {"ranks": [], "collectives": [],
                                                                          "lateness_s": []},
+        "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
+                   for uid, g in sorted(job.groups.items())} if job is not None else {},
         "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
         + _untimed_note(collectives, bases),
-        "world_size": job.world_size if job is not None else None,
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
     }
@@ -96,19 +98,38 @@ def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | 
             for n, parts in sorted(by_step.items())]
 
 
-def _inside(windows: list[Span]) -> Callable[[Collective], bool]:
-    """Whether a collective's first arrival falls in one of the (disjoint, sorted) windows."""
-    begins = [b for b, _ in windows]
+def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int]) -> Callable[[Collective], bool]:
+    """Whether a collective belongs to one of steps A..B (``_step_finder``: where its first arrival falls), so
+    that every table counts a collective in the same step."""
+    first, last = steps
 
     def keep(c: Collective) -> bool:
-        known = [t for t in c.arrive_ns if t is not None]
-        if not known:
-            return False
-        t = min(known)
-        i = bisect.bisect_right(begins, t) - 1
-        return i >= 0 and t < windows[i][1]
+        step = step_of(c)
+        return step is not None and first <= step <= last
 
     return keep
+
+
+def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective], int | None]:
+    """The step of a collective: the step window, on the rank that arrived first, holding that arrival (None
+    outside every step, or when that rank has no steps)."""
+    starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
+
+    def step_of(c: Collective) -> int | None:
+        known = [(t, r) for t, r in zip(c.arrive_ns, c.ranks) if t is not None]
+        if not known:
+            return None
+        t, rank = min(known)
+        activity = activities.get(rank)
+        if activity is None:
+            return None
+        i = bisect.bisect_right(starts[rank], t) - 1
+        if i < 0:
+            return None
+        step, _, end = activity.steps[i]
+        return step if t < end else None
+
+    return step_of
 
 
 def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:

@@ -264,20 +264,22 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     return backend, rest.split(" ")[0], None, None
 
 
-def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int) -> Stack:
-    """The call stack of one collective (group name, collective seq) in these dumps, () if absent.
+def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int, p2p: bool = False) -> Stack:
+    """The call stack of one collective (group name, collective seq), or with ``p2p`` of one send or recv
+    (group name, p2p seq), in these dumps, () if absent.
 
     Used to resolve call sites on demand when the job was loaded without them.
     """
+    key = "p2p_seq_id" if p2p else "collective_seq_id"
     for d in reversed(dumps):  # the latest snapshot first
         for e in d.entries:
             frames = e.get("frames")
-            if not frames or not isinstance(frames, list) or e.get("is_p2p"):
+            if not frames or not isinstance(frames, list) or bool(e.get("is_p2p")) != p2p:
                 continue
             pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
             if not isinstance(pg, (tuple, list)) or not pg or pg[0] != pg_name:
                 continue
-            if e.get("collective_seq_id", e.get("seq_id")) == seq:
+            if e.get(key, e.get("seq_id")) == seq:
                 # the first entry of a coalesced group holds the user's call
                 return stacks.stacks[stack_id(frames, {}, stacks)]
     return ()
