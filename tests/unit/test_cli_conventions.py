@@ -148,7 +148,8 @@ def test_report_refuses_steps_the_job_never_ran_and_unknown_output_formats(tmp_p
 
 
 @pytest.mark.parametrize("argv", [["merge", str(RECORDING), "-o", "{tmp}/job.pftrace"],
-                                  ["report", str(RECORDING)], ["diagnose", str(RECORDING)]])
+                                  ["report", str(RECORDING)], ["diagnose", str(RECORDING)],
+                                  ["compare", str(RECORDING), str(RECORDING)]])
 def test_a_reader_that_leaves_early_is_no_internal_error(tmp_path, argv):
     """``comm2perfetto merge DIR | head -1``: stdout is a pipe nobody reads by the time the summary comes. The
     command's work is done and its exit status says how it went, as when its output is read."""
