@@ -500,6 +500,10 @@ class Job:
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
     attempts: tuple[int, ...] = (0,)
+    # The ranks with data are a sample of a larger job (``world_size``): "traces" when only profiler traces
+    # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
+    # without data is then one that should have left some. A sample's other ranks are not suspects.
+    sampled: str | None = None
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:
