@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import itemgetter, sub
 from typing import Any
 
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature, gpu_backend
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
@@ -27,6 +27,9 @@ __all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
 # Flow ids of the profiler's launch-to-kernel flows: rank r's k-th is KINETO_FLOW_BASE + r * 2**32 + k, apart
 # from the collectives' and p2p transfers' (1 ... their count) and below 2**53 (exact in Chrome JSON readers).
 KINETO_FLOW_BASE = 1 << 48
+# A GPU collective or send/recv drawn where it was enqueued: Flight Recorder's end is when the watchdog saw it done.
+GPU_UNTIMED = ("unknown: its GPU work was not timed (no profiler trace of its kernels, TORCH_NCCL_ENABLE_TIMING off "
+               "for collectives)")
 
 # An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
 # SharedArgs or None, (flow_start, flow_step, flow_end)).
@@ -245,9 +248,10 @@ class RankWriter:
             stop = UNCLOSED
             self.stalled.append(begin)
         elif end is None:
-            # Gloo's Flight Recorder records no end time: an instant where the collective was issued.
+            # Gloo's Flight Recorder records no end time, a GPU collective's is the watchdog's: an instant where
+            # the collective was issued.
             args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
-                                else "unknown (no end time recorded)")
+                                else GPU_UNTIMED if c.on_gpu else "unknown (no end time recorded)")
         elif end < begin:
             stop = begin
         kind = mismatched.get(c.seq)
@@ -261,8 +265,12 @@ class RankWriter:
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return
         sig: Signature = op.signature
-        args = {"peer": peer, "process_group": self.job.groups[uid].label, "index": tr.index,
+        group = self.job.groups[uid]
+        args = {"peer": peer, "process_group": group.label, "index": tr.index,
                 **signature_args(sig), "state": op.state, "matched": tr.matched, "source": op.source}
+        if end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
+            end = None
+            args["duration"] = GPU_UNTIMED
         site = self.sites(op.stack_id)
         if site:
             args["call_site"] = site
@@ -298,7 +306,7 @@ class RankWriter:
 
     def _steps(self, log: RankLog | None) -> None:
         if (log is None or not log.steps) and self.kineto:
-            self._profiler_steps()
+            self._profiler_steps(cpu=True)
             return
         bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
         log_end = self._log_end(log) if log is not None else None
@@ -312,21 +320,27 @@ class RankWriter:
             items.append((t, end, f"step {step}", {"step": step}, "step", None, NO_FLOWS))
         self.families.append(("steps", "step boundaries: optimizer steps, profiler steps or comm2perfetto.step()",
                               items))
+        if self.kineto:  # the recorder's marks are the CPU's steps; the GPU's come from the profiler's kernels
+            self._profiler_steps(cpu=False)
 
-    def _profiler_steps(self) -> None:
-        """The traces' ``ProfilerStep#n`` as the CPU ran them, and the same steps on the GPU: from the first
-        kernel launched in the step to the first of the next step's (``sources.kineto.steps.gpu_step_spans``)."""
-        cpu: list[Item] = []
+    def _profiler_steps(self, cpu: bool) -> None:
+        """The traces' ``ProfilerStep#n`` as the CPU ran them (``cpu``: where the recorder marked no steps), and
+        the same steps on the GPU: from the first kernel launched in the step to the first of the next step's
+        (``sources.kineto.steps.gpu_step_spans``); a track only where a trace shows GPU work."""
+        cpu_items: list[Item] = []
         gpu: list[Item] = []
         for trace in self.job.traces.get(self.rank, ()):
-            for items, steps in ((cpu, trace.steps), (gpu, trace.gpu_steps if trace.gpu_events else ())):
+            for items, steps in ((cpu_items, trace.steps if cpu else ()),
+                                 (gpu, trace.gpu_steps if trace.gpu_events else ())):
                 for n, begin, end in steps:
                     begin, end = begin + self.offset, end + self.offset
                     if end >= begin and self.inside(begin, end):
                         items.append((begin, end, f"step {n}", {"step": n}, "step", None, NO_FLOWS))
-        self.families.append(("steps", "torch.profiler's ProfilerStep#n on the CPU", cpu))
-        self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the next "
-                              "step's first kernel", gpu))
+        if cpu:
+            self.families.append(("steps", "torch.profiler's ProfilerStep#n on the CPU", cpu_items))
+        if gpu or cpu:
+            self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the "
+                                  "next step's first kernel", gpu))
 
     def _log_end(self, log: RankLog) -> int | None:
         times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
