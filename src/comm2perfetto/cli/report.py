@@ -19,7 +19,7 @@ from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
@@ -63,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
+    add_sample_option(p)
     add_attempt_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
     doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
                          hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
-                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt)
+                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
+                         sample=args.sample)
     if plot is not None:
         try:
             write_plot(doc, plot)
@@ -93,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
 def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
                    profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
                    trace_ranks: dict[str, int] | None = None, force: bool = False,
-                   attempt: int | None = None) -> dict:
+                   attempt: int | None = None, sample: bool = False) -> dict:
     """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
-    restarted job, ``attempt`` (default: the last), with a note on how the others ended. Input the user must
-    fix raises a ``Comm2PerfettoError``."""
+    restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
+    with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
+    ``Comm2PerfettoError``."""
     progress = Progress("reading dumps (ranks)")
     try:
         # profiler traces are listed here and read below, as spans and communication events, in workers
@@ -120,7 +123,7 @@ def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, de
         from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
 
         with Phase("matching collectives across ranks"):
-            job = build_job(src, lazy_stacks=True)
+            job = build_job(src, lazy_stacks=True, sample=sample)
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job, profiles, steps=steps, depth=depth)
     doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
