@@ -90,9 +90,11 @@ _SLICES = re.compile(r"\d[\d,]* (slices|instants)")
 _RUN_DATE = re.compile(r"comm2perfetto-\d{8}-\d{6}")
 _ZERO = re.compile(r"(?<!\S)0(?!\S)")  # a measured 0 prints without a unit (a rank label 0 goes with it)
 _TORCH = re.compile(r"comm2perfetto: torch \S+: ")  # record's start-up line: "torch 2.13.0+cpu: C++-issued ..."
-# torch 2.8's gloo prints one per rank as its group connects, in no set order among the job's lines:
+# torch 2.8's gloo prints one per rank as its group connects, in no set order among the job's lines and
+# with the ranks' prints interleaved ("[Gloo] Rank 1[Gloo] Rank 0 is connected to ..."):
 # "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
-_GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to .*\n?", re.MULTILINE)
+_GLOO_CONNECTED = re.compile(r"\[Gloo\] Rank \d+|\bis connected to \d+ peer ranks\. Expected number of connected "
+                             r"peer ranks is : \d+")
 
 
 def normalise(text: str, cwd: str) -> str:

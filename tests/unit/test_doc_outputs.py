@@ -24,6 +24,9 @@ def test_torch_28_gloo_connection_lines_are_not_the_tools_output():
     connected = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n"
     lines = SHOWN[:1] + [connected.format(1).strip(), connected.format(0).strip()] + SHOWN[1:]
     assert mismatch(SHOWN, "\n".join(lines) + "\n", CWD) is None
+    interleaved = "[Gloo] Rank 1" + connected.format(0) + " is connected to 1 peer ranks. Expected number of " \
+        "connected peer ranks is : 1\n"
+    assert mismatch(SHOWN, SHOWN[0] + "\n" + interleaved + "\n".join(SHOWN[1:]), CWD) is None
     assert mismatch(SHOWN, "\n".join(SHOWN[:1] + ["[Gloo] something else"] + SHOWN[1:]), CWD) is not None
 
 
