@@ -29,12 +29,12 @@ import functools
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
 
-from comm2perfetto.align import measured_offsets, refine, shift
+from comm2perfetto.align import measured_offsets, refine
+from comm2perfetto.group_columns import GroupCollectives, Rows, Track, completed_upto, first_last, rows_of, shift_track
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -52,8 +52,9 @@ from comm2perfetto.model import (
     Signature,
 )
 from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
+from comm2perfetto.sources.fr.columns import NO_VALUE, GroupTrack
 from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
-from comm2perfetto.sources.fr.ingest import FrRankTrace, GroupTrack
+from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
@@ -62,23 +63,6 @@ LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"
                            "recv_object_list"})
 # Backends whose synchronous calls return only once the collective completed (return == completion).
 CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
-
-
-@dataclass(slots=True)
-class _Track:
-    """One rank's collectives on one group, merged from FR and the recorder. Columns aligned by row."""
-
-    seqs: list[int]
-    sigs: list[Signature]
-    states: list[str]
-    arrive: list[int | None]
-    start: list[int | None]
-    end: list[int | None]
-    stack_ids: list[int | None]
-    sources: list[str] | None  # None: every row is "fr"
-    log_sigs: list[Signature | None] | None = None
-    log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
-    durations: list[int | None] | None = None  # GPU time (FR's duration_ms) by row; None: no row has one
 
 
 def load_job(
@@ -116,7 +100,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
     groups, local = _resolve_groups(src, world, notes, trace_cols)
-    tracks: dict[tuple[int, str], _Track] = {}
+    tracks: dict[tuple[int, str], Track] = {}
     p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
     log_seen: dict[str, set[int]] = defaultdict(set)
 
@@ -125,8 +109,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
             uid = local.get((rank, key[0]))
             if uid is None:
                 continue
-            if gt.seqs:
-                tracks[(rank, uid)] = _fr_track(gt)
+            if len(gt):
+                tracks[(rank, uid)] = gt
             p2p_ops[uid].extend(_fr_p2p(rank, gt, groups[uid]))
     sites = _SiteInterner(src.stack_table)
     for rank, log in src.logs.items():
@@ -259,14 +243,6 @@ def _uid(name: str, ranks: tuple[int, ...]) -> str:
 # --- per-rank tracks -------------------------------------------------------------------------------------
 
 
-def _fr_track(gt: GroupTrack) -> _Track:
-    return _Track(
-        seqs=gt.seqs, sigs=gt.sigs, states=gt.states, arrive=gt.created_ns, start=gt.started_ns,
-        end=gt.completed_ns, stack_ids=gt.stack_ids, sources=None,
-        durations=gt.durations_ns if any(gt.durations_ns) else None,
-    )
-
-
 def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
     out = []
     counters: dict[tuple[str, int], int] = defaultdict(int)
@@ -288,7 +264,7 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
 
 def _merge_log(
     rank: int, log, groups: dict[str, ProcessGroup], local: dict[tuple[int, str], str],
-    tracks: dict[tuple[int, str], _Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
+    tracks: dict[tuple[int, str], Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
     sites: _SiteInterner,
 ) -> None:
     """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops."""
@@ -330,10 +306,11 @@ def _merge_log(
         tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
 
 
-def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
+def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     """Fold recorder rows (by key) into the FR track of the same rank and group (or make a new one)."""
+    fr = rows_of(track) if track is not None else None
     index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
-    out = _Track([], [], [], [], [], [], [], [], [], {})
+    out = Rows([], [], [], [], [], [], [], [], [], {})
     durations = fr.durations if fr is not None else None
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
@@ -365,14 +342,14 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
 
 
 def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple[int, str], str],
-                  tracks: dict[tuple[int, str], _Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
+                  tracks: dict[tuple[int, str], Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
     """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
     kernels' end times by (group uid, seq) per rank, for the clock alignment."""
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     no_group = 0
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
-    recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
+    recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
     numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
     places: dict[str, list] = defaultdict(list)  # uid -> every rank's order places (numbered by order_numbers)
     for rank, cols in sorted(trace_cols.items()):
@@ -416,13 +393,14 @@ def _trace_signature(c: TraceCollective) -> Signature:
     return Signature(c.op, sizes, dtypes, out, dtypes if out is not None else None, "kineto")
 
 
-def _join_trace_rows(track: _Track | None, rows: dict[int, TraceCollective]) -> _Track:
+def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows:
     """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
     and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner)."""
+    track = rows_of(fr) if fr is not None else None
     if track is None:
-        track = _Track([], [], [], [], [], [], [], [], [], {})
+        track = Rows([], [], [], [], [], [], [], [], [], {})
     index = {s: i for i, s in enumerate(track.seqs)}
-    out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends))
+    out = Rows([], [], [], [], [], [], [], [], [], dict(track.log_ends))
     if track.durations is not None:
         out.durations = [track.durations[index[key]] if key in index else None
                          for key in sorted(set(index) | set(rows))]
@@ -536,16 +514,18 @@ def parse_site(site: str) -> Frame:
 # --- clock, coverage -------------------------------------------------------------------------------------
 
 
-def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:
+def _precise_ends(tracks: dict[tuple[int, str], Track]) -> dict[int, dict[tuple[str, int], int]]:
     out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for (rank, uid), tr in tracks.items():
+        if not isinstance(tr, Rows):
+            continue  # Flight Recorder alone: no precise end
         for seq, t in tr.log_ends.items():
             out[rank][(uid, seq)] = t
     return out
 
 
 def _coverage(
-    src: Sources, groups: dict[str, ProcessGroup], tracks: dict[tuple[int, str], _Track]
+    src: Sources, groups: dict[str, ProcessGroup], tracks: dict[tuple[int, str], Track]
 ) -> dict[tuple[int, str], Coverage]:
     out: dict[tuple[int, str], Coverage] = {}
     for uid, group in groups.items():
@@ -556,22 +536,19 @@ def _coverage(
                 continue
             tr = tracks.get((rank, uid))
             wrapped = fr is not None and _wrapped(fr) and not has_log
-            if tr is None or not tr.seqs:
+            if tr is None or not len(tr):
                 first, last = (1 << 62 if wrapped else 0), -1
             else:
-                first = min(tr.seqs[0], tr.seqs[-1]) if wrapped else 0
-                last = max(tr.seqs[-1], tr.seqs[0])
-            upto = -1
-            if tr is not None and tr.seqs:
-                bad = [tr.states.index(st) for st in set(tr.states) if st != COMPLETED]
-                upto = tr.seqs[min(bad) - 1] if bad and min(bad) > 0 else (-1 if bad else tr.seqs[-1])
+                low, last = first_last(tr)
+                first = low if wrapped else 0
+            upto = completed_upto(tr) if tr is not None and len(tr) else -1
             out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
     return out
 
 
 def _wrapped(trace: FrRankTrace) -> bool:
     """True when the ring buffer overwrote the rank's first records (its oldest record id is not 0)."""
-    ids = [gt.record_ids[0] for gt in trace.groups.values() if gt.record_ids]
+    ids = [gt.first_record_id for gt in trace.groups.values() if gt.first_record_id != NO_VALUE]
     ids += [gt.p2p[0][8] for gt in trace.groups.values() if gt.p2p]
     return bool(ids) and min(ids) > 0
 
@@ -580,65 +557,14 @@ def _wrapped(trace: FrRankTrace) -> bool:
 
 
 def _collectives(
-    group: ProcessGroup, tracks: dict[tuple[int, str], _Track], clock: ClockAlignment, stacks: tuple
-) -> tuple[Collective, ...]:
-    """Turn the members' row-per-collective columns into one Collective per seq (column transposition)."""
-    members = group.ranks
-    present = [(r, tracks.get((r, group.uid))) for r in members]
-    have = [tr for _, tr in present if tr is not None and tr.seqs]
-    if not have:
-        return ()
-    lo = min(min(tr.seqs[0], tr.seqs[-1]) for tr in have)
-    hi = max(max(tr.seqs[0], tr.seqs[-1]) for tr in have)
-    n = hi - lo + 1
-    empty = [None] * n
-    cols: dict[str, list[list]] = {k: [] for k in ("sig", "state", "arrive", "start", "end", "stack", "source")}
-    for rank, tr in present:
-        if tr is None or not tr.seqs:
-            for k in cols:
-                cols[k].append(empty)
-            continue
-        off = clock.offset_ns.get(rank, 0)
-        dense = _densify(tr.seqs, lo, n)
-        cols["sig"].append(dense(tr.sigs))
-        cols["state"].append(dense(tr.states))
-        cols["arrive"].append(dense(shift(tr.arrive, off)))
-        cols["start"].append(dense(shift(tr.start, off)))
-        cols["end"].append(dense(shift(tr.end, off)))
-        cols["stack"].append(dense(tr.stack_ids))
-        cols["source"].append(dense(tr.sources if tr.sources is not None else ["fr"] * len(tr.seqs)))
-    out = []
-    # GPU times (NCCL with timing): only where some member has them, so other jobs pay nothing here
-    timed = None
-    if any(tr is not None and tr.durations is not None for _, tr in present):
-        timed = list(zip(*(_densify(tr.seqs, lo, n)(tr.durations) if tr is not None and tr.seqs
-                           and tr.durations is not None else empty for _, tr in present)))
-    rows = zip(*(zip(*cols[k]) for k in ("sig", "state", "arrive", "start", "end", "stack", "source")))
-    for i, (sigs, states, arrive, start, end, stack, source) in enumerate(rows):
-        if not any(sigs):  # no member recorded this seq (signatures are always truthy)
-            continue
-        out.append(Collective(
-            group=group, seq=lo + i, ranks=members, signatures=sigs, states=states, arrive_ns=arrive,
-            start_ns=start, end_ns=end, stack_ids=stack, sources=source, stacks=stacks,
-            duration_ns=timed[i] if timed is not None else (),
-        ))
-    return tuple(out)
-
-
-def _densify(seqs: list[int], lo: int, n: int):
-    """A function spreading a column given row-per-seq onto the dense range [lo, lo + n)."""
-    a, b = seqs[0], seqs[-1]
-    if b - a + 1 == len(seqs):  # contiguous (the usual case): pad both ends
-        head, tail = [None] * (a - lo), [None] * (lo + n - 1 - b)
-        return lambda col: head + list(col) + tail
-
-    def spread(col: list) -> list:
-        out = [None] * n
-        for s, v in zip(seqs, col):
-            out[s - lo] = v
-        return out
-
-    return spread
+    group: ProcessGroup, tracks: dict[tuple[int, str], Track], clock: ClockAlignment, stacks: tuple
+) -> GroupCollectives:
+    """The group's collectives as views over its members' tracks, moved onto the job's clock here, once."""
+    members = [tracks.get((r, group.uid)) for r in group.ranks]
+    for rank, tr in zip(group.ranks, members):
+        if tr is not None:
+            shift_track(tr, clock.offset_ns.get(rank, 0))
+    return GroupCollectives(group, members, stacks)
 
 
 def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfer, ...]:
@@ -712,7 +638,9 @@ class LazyStacks:
         return self._cache[key]
 
 
-def find_collective(cols: tuple[Collective, ...], seq: int) -> Collective | None:
-    """The collective with this seq in a group's seq-ordered tuple."""
+def find_collective(cols: Sequence[Collective], seq: int) -> Collective | None:
+    """The collective with this seq in a group's seq-ordered collectives."""
+    if isinstance(cols, GroupCollectives):
+        return cols.find(seq)
     i = bisect.bisect_left(cols, seq, key=lambda c: c.seq)
     return cols[i] if i < len(cols) and cols[i].seq == seq else None

@@ -11,19 +11,20 @@ to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stac
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
 
-The per-rank data of a collective is stored column-wise (one tuple per field, aligned with the group's
-ranks) rather than as one object per rank and collective: a 1024-rank job with 2000 collectives would
-otherwise build two million objects. ``Collective.part(rank)`` builds the per-rank view on demand.
+The per-rank data of collectives is stored column-wise (per rank and group, compact typed columns) rather
+than as one object per rank and collective: a 16,384-rank job with 2000 collectives would otherwise build
+33 million objects. A ``Collective`` is a view that builds its per-rank tuples when read, and
+``Collective.part(rank)`` one rank's share.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog
@@ -216,48 +217,108 @@ class CollectivePart:
     source: str  # "fr", "log" or "fr+log"
 
 
-@dataclass(frozen=True, slots=True)
+class CollectiveColumns(Protocol):
+    """Where a ``Collective`` reads its per-rank values: one group's columns (``match.GroupCollectives``)."""
+
+    def values(self, name: str, index: int) -> tuple:
+        """The per-rank tuple of field ``name`` (``signatures``, ``states``, ``arrive_ns``, ``start_ns``,
+        ``end_ns``, ``stack_ids``, ``sources``, ``duration_ns``) of the ``index``-th collective."""
+        ...
+
+    def position(self, rank: int) -> int:
+        """Where ``rank`` sits in the group's ranks (ValueError when it is no member)."""
+        ...
+
+
 class Collective:
     """One logical collective: (process group, sequence number) across the group's ranks.
 
     Every per-rank tuple is aligned with ``ranks`` (the group's global ranks); ``None`` where that rank
     has no record of this collective. Times are aligned to rank 0's clock. ``stack_ids`` index ``stacks``;
     they are None for Flight Recorder records of a job loaded without stacks: ``Job.stack_of`` reads those.
+    ``duration_ns``: each rank's GPU time of it (Flight Recorder's duration_ms: NCCL with
+    TORCH_NCCL_ENABLE_TIMING); () when no rank has one.
+
+    A view: the values live in the group's columns (one per rank and field, see ``match.GroupCollectives``)
+    and each per-rank tuple is built when first read, then kept as long as the view is. A job of 16,384
+    ranks and 2,000 collectives holds 33 million values, not 33 million objects.
     """
 
-    group: ProcessGroup
-    seq: int
-    ranks: tuple[int, ...]
-    signatures: tuple[Signature | None, ...]
-    states: tuple[str | None, ...]
-    arrive_ns: tuple[int | None, ...]
-    start_ns: tuple[int | None, ...]
-    end_ns: tuple[int | None, ...]
-    stack_ids: tuple[int | None, ...]
-    sources: tuple[str | None, ...]
-    stacks: tuple[Stack, ...] = field(repr=False, compare=False, default=())
-    # Each rank's GPU time of it (Flight Recorder's duration_ms: NCCL with TORCH_NCCL_ENABLE_TIMING), aligned
-    # with ``ranks``; () when no rank has one.
-    duration_ns: tuple[int | None, ...] = ()
+    __slots__ = ("__weakref__", "_cache", "_columns", "_index", "group", "ranks", "seq", "stacks")
+
+    def __init__(self, group: ProcessGroup, seq: int, ranks: tuple[int, ...], columns: CollectiveColumns,
+                 index: int, stacks: tuple[Stack, ...] = ()) -> None:
+        self.group = group
+        self.seq = seq
+        self.ranks = ranks
+        self.stacks = stacks
+        self._columns = columns
+        self._index = index
+        self._cache: dict[str, tuple] = {}
+
+    def _values(self, name: str) -> tuple:
+        got = self._cache.get(name)
+        if got is None:
+            got = self._cache[name] = self._columns.values(name, self._index)
+        return got
+
+    @property
+    def signatures(self) -> tuple[Signature | None, ...]:
+        return self._values("signatures")
+
+    @property
+    def states(self) -> tuple[str | None, ...]:
+        return self._values("states")
+
+    @property
+    def arrive_ns(self) -> tuple[int | None, ...]:
+        return self._values("arrive_ns")
+
+    @property
+    def start_ns(self) -> tuple[int | None, ...]:
+        return self._values("start_ns")
+
+    @property
+    def end_ns(self) -> tuple[int | None, ...]:
+        return self._values("end_ns")
+
+    @property
+    def stack_ids(self) -> tuple[int | None, ...]:
+        return self._values("stack_ids")
+
+    @property
+    def sources(self) -> tuple[str | None, ...]:
+        return self._values("sources")
+
+    @property
+    def duration_ns(self) -> tuple[int | None, ...]:
+        return self._values("duration_ns")
+
+    def __repr__(self) -> str:
+        return f"Collective({self.group.uid!r}, seq={self.seq}, op={self.op!r})"
 
     @property
     def op(self) -> str:
         """The op most ranks issued."""
         counts: dict[str, int] = {}
-        for sig in self.signatures:
+        for sig in set(self.signatures):  # a handful of distinct signatures across thousands of ranks
             if sig is not None:
-                counts[sig.op] = counts.get(sig.op, 0) + 1
+                counts[sig.op] = counts.get(sig.op, 0) + self.signatures.count(sig)
         return max(counts, key=counts.__getitem__) if counts else "?"
 
     @property
     def joined_ranks(self) -> tuple[int, ...]:
         return tuple(r for r, s in zip(self.ranks, self.signatures) if s is not None)
 
+    def index_of(self, rank: int) -> int:
+        """Where ``rank`` sits in ``ranks`` (ValueError when it is no member): a dict lookup, not a scan."""
+        return self._columns.position(rank)
+
     def state_of(self, rank: int) -> str | None:
-        return self.states[self.ranks.index(rank)]
+        return self.states[self._columns.position(rank)]
 
     def arrival_of(self, rank: int) -> int | None:
-        return self.arrive_ns[self.ranks.index(rank)]
+        return self.arrive_ns[self._columns.position(rank)]
 
     @property
     def last_arrival_rank(self) -> int | None:
@@ -275,7 +336,7 @@ class Collective:
         return self.states.count(COMPLETED) == len(self.states)
 
     def part(self, rank: int) -> CollectivePart | None:
-        i = self.ranks.index(rank)
+        i = self._columns.position(rank)
         sig = self.signatures[i]
         if sig is None:
             return None
@@ -393,7 +454,7 @@ class Job:
     world_size: int | None
     ranks: Mapping[int, RankInfo]
     groups: Mapping[str, ProcessGroup]
-    collectives: Mapping[str, tuple[Collective, ...]]  # by group uid, in seq order
+    collectives: Mapping[str, Sequence[Collective]]  # by group uid, in seq order (views over columns)
     p2p: Mapping[str, tuple[P2PTransfer, ...]]  # by group uid
     coverage: Mapping[tuple[int, str], Coverage]  # by (rank, group uid)
     stacks: tuple[Stack, ...]
@@ -435,7 +496,7 @@ class Job:
 
     def stack_of(self, c: Collective, rank: int) -> Stack:
         """The call stack of ``rank``'s part in ``c`` (read from its dump now if it was loaded lazily)."""
-        i = c.ranks.index(rank)
+        i = c.index_of(rank)
         sid = c.stack_ids[i]
         if sid is not None:
             return self.stack(sid)

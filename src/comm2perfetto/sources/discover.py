@@ -375,7 +375,7 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
     reference: dict[tuple[str, str], tuple[int, dict[int, int]]] = {}
     for rank in sorted(src.fr):
         for key, gt in src.fr[rank].groups.items():
-            times = {s: t for s, t in zip(gt.seqs[-MIXED_TAIL:], gt.created_ns[-MIXED_TAIL:]) if t}
+            times = {s: t for s, t in zip(gt.seq_col[-MIXED_TAIL:], gt.created_col[-MIXED_TAIL:]) if t > 0}
             if key not in reference:
                 reference[key] = (rank, times)
                 continue
@@ -452,7 +452,7 @@ def _dumps_times(src: Sources) -> list[int]:
     times: list[int] = []
     for trace in src.fr.values():
         for gt in trace.groups.values():
-            known = [t for t in (gt.created_ns[:1] + gt.created_ns[-1:]) if t]
+            known = [t for t in (gt.created_col[:1] + gt.created_col[-1:]) if t > 0]
             times.extend(known)
     for log in src.logs.values():
         times.extend(c.t_call_ns for c in log.calls[:1] + log.calls[-1:])
@@ -568,7 +568,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     used: dict[int, Any] = {}
     if trace is not None and with_stacks:
         for track in trace.groups.values():
-            for sid in set(track.stack_ids) | {row[7] for row in track.p2p}:
+            for sid in set(track.stack_table) | {row[7] for row in track.p2p}:
                 if sid is not None:
                     used[sid] = stacks.stacks[sid]
     return rank, trace, conflict, skipped, used
@@ -596,11 +596,9 @@ def _adopt(trace: FrRankTrace, used_stacks: dict[int, Any], src: Sources) -> Non
         sid_of[sid] = table.intern(tuple(table.frame(f.file, f.line, f.func) for f in stack))
     intern = src.signatures.intern
     for track in trace.groups.values():
-        ids = list(map(id, track.sigs))
-        new = {k: intern(s) for k, s in dict(zip(ids, track.sigs)).items()}
-        track.sigs = list(map(new.__getitem__, ids))
+        track.sig_table = list(map(intern, track.sig_table))  # the columns hold ids into these: nothing per row
         if used_stacks:
-            track.stack_ids = list(map(sid_of.__getitem__, track.stack_ids))
+            track.stack_table = list(map(sid_of.__getitem__, track.stack_table))
         if track.p2p:
             track.p2p = [row[:3] + (intern(row[3]),) + row[4:7] + (sid_of.get(row[7]),) + row[8:]
                          for row in track.p2p]

@@ -1,7 +1,8 @@
 """Normalising one rank's Flight Recorder entries into columns (the hot path of loading). Never imports torch.
 
 Raw entries (see ``dump.py`` for the format) become, per process group, one row per collective in a
-few lists (``GroupTrack``) plus the group's point-to-point ops; the entry dicts are dropped right after. The
+few lists, packed at the end into compact columns (``columns.GroupTrack``), plus the group's point-to-point
+ops; the entry dicts are dropped right after. The
 work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
 Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
 the first rank's, old formats. Entries are checked the same way (one C pass per column: an array('Q')
@@ -19,14 +20,16 @@ from operator import itemgetter
 from typing import Any
 
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
+from comm2perfetto.sources.fr.columns import GroupTrack
 from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
 
 
 @dataclass(slots=True)
-class GroupTrack:
-    """One rank's collectives on one process group, as columns sorted by seq (one row per collective)."""
+class _Rows:
+    """One rank's collectives on one process group while they are assembled, as lists sorted by seq (one row
+    per collective); ``GroupTrack.from_rows`` then packs them into compact columns."""
 
     name: str
     desc: str
@@ -55,7 +58,7 @@ class FrRankTrace:
     version: str
     backend: str
     pg_config: dict[str, PgConfig]
-    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc)
+    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc): compact columns
     completed_upto: dict[tuple[str, str], int]
     entry_count: int
     raw_entries: list[dict[str, Any]] | None = None  # kept only when asked (keep_entries=True)
@@ -152,7 +155,7 @@ def build_rank_trace(
     for d in sorted(dumps, key=_snapshot_age):  # later snapshots win
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
-    groups: dict[tuple[str, str], GroupTrack] = {}
+    groups: dict[tuple[str, str], _Rows] = {}
     entries, cols, rejected = _checked(entries)
     if rejected:
         notes.append(f"{_files_text(dumps)}: {rejected[0]:,} malformed Flight Recorder entries skipped "
@@ -161,10 +164,17 @@ def build_rank_trace(
     completed_upto = _apply_pg_status(groups, status, backend)
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
-        groups=groups, completed_upto=completed_upto, entry_count=len(entries),
+        groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto,
+        entry_count=len(entries),
         raw_entries=entries if keep_entries else None, notes=notes,
     )
     return trace, conflict
+
+
+def _compact(rows: _Rows) -> GroupTrack:
+    return GroupTrack.from_columns(rows.name, rows.desc, rows.pg_ids, rows.seqs, rows.sigs, rows.states,
+                                   rows.created_ns, rows.started_ns, rows.completed_ns, rows.stack_ids,
+                                   rows.record_ids, rows.durations_ns, rows.p2p)
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -302,7 +312,7 @@ _STATE_LOOKUP = _StateLookup(_STATE_NAMES)
 
 
 def _ingest(
-    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], GroupTrack],
+    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], _Rows],
     stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> str:
     """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
@@ -361,7 +371,7 @@ def _ingest(
         key = (str(pg[0]), str(pg[1]))
         track = groups.get(key)
         if track is None:
-            track = groups[key] = GroupTrack(key[0], key[1])
+            track = groups[key] = _Rows(key[0], key[1])
         take = (lambda col: col) if idx is None else (lambda col, _i=idx: [col[i] for i in _i])
         if pg_ids is not None:
             track.pg_ids.update(x for x in set(take(pg_ids)) if x is not None)
@@ -410,7 +420,7 @@ _TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "complete
                  "record_ids", "durations_ns")
 
 
-def _add_p2p(track: GroupTrack, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
+def _add_p2p(track: _Rows, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
              created, t_co, sids, rids, signatures: SignatureTable) -> None:
     for name, p2p_seq, i_s, i_d, o_s, o_d, state, t0, t1, sid, rid in zip(
             take(names), take(p2p_seqs), take(in_s), take(in_d), take(out_s), take(out_d),
@@ -479,7 +489,7 @@ def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple
     return out
 
 
-def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
+def _fix_p2p_batches(groups: dict[tuple[str, str], _Rows]) -> None:
     """Ops of a batched p2p stay ``scheduled``; the closing ``coalesced`` entry with the same p2p seq has
     the real state: give it to them, and drop the closing entry (it is not a transfer)."""
     for track in groups.values():
@@ -498,7 +508,7 @@ def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
 
 
 def _apply_pg_status(
-    groups: dict[tuple[str, str], GroupTrack], status: dict[int, tuple[int, int, int]], backend: str
+    groups: dict[tuple[str, str], _Rows], status: dict[int, tuple[int, int, int]], backend: str
 ) -> dict[tuple[str, str], int]:
     """Gloo's entries never leave ``scheduled``: their state means "unknown", except where
     ``pg_status.last_completed_collective`` says they completed. Gloo counts that number in its own
