@@ -25,6 +25,7 @@ import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
+from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
@@ -53,6 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
     add_trace_rank_option(p)
     add_attempt_option(p)
+    add_jobs_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Stacks are read on demand: a report shows a handful.
         job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt)
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args))
     finally:
         progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):

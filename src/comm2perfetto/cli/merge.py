@@ -20,6 +20,7 @@ from pathlib import Path
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
+from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -66,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
     add_trace_rank_option(p)
     add_attempt_option(p)
+    add_jobs_option(p)
     p.add_argument("--force", action="store_true",
                    help="read files that look like they come from different jobs together anyway")
     p.set_defaults(func=run)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt)
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args))
     finally:
         progress.finish()
     with Phase("diagnosing"):

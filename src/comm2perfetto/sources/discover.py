@@ -236,7 +236,7 @@ def load_sources(
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
     ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
     ``Job.stack_of`` re-reads the few a report needs. ``workers``: processes reading dumps (default: one per
-    CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides). ``progress(done, total)``
+    core from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides; ``--jobs``). ``progress(done, total)``
     is called as ranks' dumps are read.
     """
     found, skipped = _discover(paths)
@@ -460,7 +460,6 @@ def _dumps_times(src: Sources) -> list[int]:
 
 
 PARALLEL_MIN_RANKS = 32  # below this, starting workers costs more than it saves
-MAX_WORKERS = 8
 
 
 def _load_fr(
@@ -521,7 +520,15 @@ def _worker_count(ranks: int, requested: int | None) -> int:
         return max(1, min(requested, ranks))
     if ranks < PARALLEL_MIN_RANKS or not sys.platform.startswith("linux"):
         return 1
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    return max(1, min(cores(), ranks))
+
+
+def cores() -> int:
+    """The cores this process may run on (a job scheduler's CPU set, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 # What reading one rank's dumps gives: (rank, its columns or None, a conflict, what was skipped, the stacks used).
