@@ -66,7 +66,7 @@ CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
 
 
 def load_job(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
     read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Job:
@@ -83,7 +83,7 @@ def load_job(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        src = load_sources(paths, force=force, keep_entries=keep_entries, with_stacks=with_stacks,
+        src = load_sources(paths, force=force, with_stacks=with_stacks,
                            workers=workers, progress=progress, read_traces=read_traces,
                            trace_ranks=trace_ranks, attempt=attempt)
         if not read_traces:

@@ -5,8 +5,7 @@
 one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
 ``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
 skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
-to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``, and
-``FrEntry`` (one Flight Recorder entry, for tools that want every entry).
+to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -164,42 +163,6 @@ class Signature:
         sizes = [list(s) for s in self.input_sizes] if self.input_sizes is not None else "?"
         dtypes = ",".join(self.input_dtypes) if self.input_dtypes else ""
         return f"{self.op} {sizes} {dtypes}".rstrip()
-
-
-@dataclass(frozen=True, slots=True)
-class FrEntry:
-    """One Flight Recorder entry, normalised over format versions (built on demand, see ``FrRankTrace``).
-
-    Raw (format 2.10, pickle)::
-
-        {'record_id': 0, 'pg_id': 0, 'process_group': ('0', 'default_pg'), 'collective_seq_id': 1,
-         'p2p_seq_id': 0, 'op_id': 1, 'profiling_name': 'gloo:all_reduce', 'time_created_ns': 17953...,
-         'input_sizes': [[4]], 'input_dtypes': ['Float'], 'output_sizes': [[4]], 'output_dtypes': ['Float'],
-         'state': 'scheduled', 'time_discovered_started_ns': None, 'time_discovered_completed_ns': None,
-         'retired': True, 'timeout_ms': 1800000, 'is_p2p': False, 'frames': [...], 'thread_id': '1396...'}
-    """
-
-    rank: int
-    record_id: int
-    pg_id: int
-    pg_name: str
-    pg_desc: str
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    backend: str
-    signature: Signature
-    peer_group_rank: int | None  # for send/recv: the other side, numbered inside the group
-    state: str
-    time_created_ns: int | None
-    time_started_ns: int | None  # watchdog discovery: a late upper bound
-    time_completed_ns: int | None  # watchdog discovery: a late upper bound
-    duration_ns: int | None
-    is_p2p: bool
-    retired: bool | None
-    timeout_ms: int | None
-    thread_id: int | None
-    stack: Stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,7 +432,7 @@ class Job:
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
-    # rank -> that rank's profiler traces, read (sources.kineto.reader.KinetoTrace), for what draws their events
+    # rank -> that rank's profiler traces, read (sources.kineto.events.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
     resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from factories import T0_NS, EventLog
 
 from comm2perfetto import layout
 from comm2perfetto.cli import main
@@ -20,6 +19,7 @@ from comm2perfetto.diagnose.attempts import AttemptEnd, attempt_end, attempts_te
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError, load_sources
+from support.factories import T0_NS, EventLog
 
 S = 10**9
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6306"

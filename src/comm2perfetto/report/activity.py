@@ -3,10 +3,11 @@
 Two bases, chosen per rank:
 
 - ``gpu``: the rank has profiler (Kineto) traces with GPU work. Kernels on every stream, classified by
-  ``sources.kineto.reader.classify_gpu``: the communication kernels of ``sources/kineto/comm_kernels.py``'s table (NCCL, RCCL,
-  symmetric memory, NVSHMEM ...) are communication, Memcpy/Memset are memory, everything else is compute.
+  ``sources.kineto.classify.classify_gpu``: the communication kernels of ``sources/kineto/comm_kernels.py``'s
+  table (NCCL, RCCL, symmetric memory, NVSHMEM ...) are communication, Memcpy/Memset are memory, everything
+  else is compute.
   Steps follow the GPU: a kernel belongs to the ``ProfilerStep#n`` whose CPU span launched it
-  (``sources.kineto.reader.gpu_step_spans``).
+  (``sources.kineto.steps.gpu_step_spans``).
 - ``cpu``: no GPU work known (gloo jobs, or no profiler). Compute is the recorded NVTX and
   ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
   recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the

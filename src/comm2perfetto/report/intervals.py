@@ -78,18 +78,6 @@ def difference(a: list[Span], b: list[Span]) -> list[Span]:
     return out
 
 
-def clip(u: list[Span], begin: int, end: int) -> list[Span]:
-    """The part of union ``u`` inside ``[begin, end)``: a binary search, then only the spans inside (a job's
-    steps clip the same long union over and over)."""
-    out: list[Span] = []
-    i = bisect.bisect_right(u, begin, key=_end)  # the first span ending after begin (ends increase in a union)
-    while i < len(u) and u[i][0] < end:
-        b, e = u[i]
-        out.append((max(b, begin), min(e, end)))
-        i += 1
-    return out
-
-
 _begin, _end = itemgetter(0), itemgetter(1)
 
 

@@ -41,8 +41,9 @@ from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
+from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
-from comm2perfetto.sources.kineto.reader import KinetoTrace, gunzip_head, sniff_kineto
+from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
@@ -220,7 +221,7 @@ def _walk(root: Path) -> list[Path]:
 
 
 def load_sources(
-    paths: Sequence[str | Path], force: bool = False, keep_entries: bool = False, with_stacks: bool = True,
+    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
     trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
 ) -> Sources:
@@ -290,7 +291,7 @@ def load_sources(
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
-    _load_fr(by_kind[FR], src, problems, keep_entries, with_stacks, workers, progress)
+    _load_fr(by_kind[FR], src, problems, with_stacks, workers, progress)
     _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
@@ -463,7 +464,7 @@ PARALLEL_MIN_RANKS = 32  # below this, starting workers costs more than it saves
 
 
 def _load_fr(
-    files: list[FoundFile], src: Sources, problems: list[str], keep_entries: bool, with_stacks: bool,
+    files: list[FoundFile], src: Sources, problems: list[str], with_stacks: bool,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Load FR dumps rank by rank; each rank's raw dicts are dropped once its columns are built.
@@ -484,7 +485,7 @@ def _load_fr(
                                                     f"world size accepted ({MAX_WORLD_SIZE:,})"))
             continue
         per_rank[rank].append(f)
-    n = _worker_count(len(per_rank), workers) if not keep_entries else 1
+    n = _worker_count(len(per_rank), workers)
     results: Iterable[_RankLoad] | None = None
     if n > 1:
         try:
@@ -494,7 +495,7 @@ def _load_fr(
             n = 1
     if results is None:
         results = (
-            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, keep_entries, with_stacks)
+            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, with_stacks)
             for rank in sorted(per_rank)
         )
     for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
@@ -536,8 +537,7 @@ _RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, 
 
 
 def _load_rank(
-    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, keep_entries: bool,
-    with_stacks: bool,
+    rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, with_stacks: bool,
 ) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
     """Read and normalise one rank's dumps: (trace or None, snapshot conflict, skipped files, stacks used)."""
     skipped: list[Skipped] = []
@@ -550,7 +550,7 @@ def _load_rank(
     if not dumps:
         return None, None, skipped, {}
     try:
-        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, keep_entries, with_stacks)
+        trace, conflict = build_rank_trace(rank, dumps, stack_table, signatures, with_stacks)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
         # RecursionError: a pickle can hold a list that contains itself, which comparing never finishes
         skipped.extend(Skipped(str(d.path), f"malformed Flight Recorder entries ({type(exc).__name__})")
@@ -571,7 +571,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
         _worker_tables = (StackTable(), SignatureTable())
     stacks, signatures = _worker_tables
     rank, files, with_stacks = task
-    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, False, with_stacks)
+    trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, with_stacks)
     used: dict[int, Any] = {}
     if trace is not None and with_stacks:
         for track in trace.groups.values():

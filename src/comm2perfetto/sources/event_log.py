@@ -226,10 +226,6 @@ def _str(v: Any) -> bool:
     return isinstance(v, str)
 
 
-def _list(v: Any) -> bool:
-    return isinstance(v, list)
-
-
 def _any(v: Any) -> bool:
     return True
 

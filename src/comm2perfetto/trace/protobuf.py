@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-VARINT, FIXED64, LEN = 0, 1, 2
+LEN = 2  # the wire type of a length-delimited field
 MASK64 = (1 << 64) - 1
 
 SMALL = 1 << 14
@@ -24,8 +24,7 @@ VARINTS: list[bytes] = [bytes((v,)) if v < 0x80 else bytes(((v & 0x7F) | 0x80, v
 # timestamp's varint is GROUPS14[low & 0x3FFF] + GROUPS14[(low >> 14) & 0x3FFF] + varint(value >> 28).
 GROUPS14: list[bytes] = [bytes(((v & 0x7F) | 0x80, (v >> 7) | 0x80)) for v in range(SMALL)]
 
-_pack_d = struct.Struct("<d").pack
-_pack_q = struct.Struct("<Q").pack
+pack_double = struct.Struct("<d").pack  # the 8 bytes of a double field's value (wire type 1)
 
 
 def varint(value: int) -> bytes:
@@ -41,10 +40,6 @@ def varint(value: int) -> bytes:
     return out + VARINTS[value]
 
 
-def tag(number: int, wire_type: int) -> bytes:
-    return varint(number << 3 | wire_type)
-
-
 def field_varint(number: int, value: int) -> bytes:
     """A varint field (int32/int64/uint64/bool/enum)."""
     return varint(number << 3) + varint(value)
@@ -57,15 +52,3 @@ def field_bytes(number: int, data: bytes) -> bytes:
 
 def field_string(number: int, text: str) -> bytes:
     return field_bytes(number, text.encode("utf-8", "replace"))
-
-
-def field_double(number: int, value: float) -> bytes:
-    return varint(number << 3 | FIXED64) + _pack_d(value)
-
-
-def field_fixed64(number: int, value: int) -> bytes:
-    return varint(number << 3 | FIXED64) + _pack_q(value & MASK64)
-
-
-pack_double = _pack_d
-pack_fixed64 = _pack_q

@@ -56,7 +56,8 @@ class SharedArgs:
         return f"SharedArgs({dict(self.args)!r}, flows={self.flows!r})"
 
 
-NO_FLOWS: tuple[tuple[int, ...], ...] = ((), (), ())  # the flows of an EventItem on none (fastest as this object)
+# The flows of an EventItem on none (fastest as this object).
+NO_FLOWS: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] = ((), (), ())
 
 
 # One event for ``TraceSink.events``: (ts, end, name, args, category, shared, (flow_start, flow_step, flow_end)).

@@ -36,8 +36,8 @@ from typing import Any
 import orjson
 
 from comm2perfetto.errors import Comm2PerfettoError
-from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, FrEntry, Stack
-from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
+from comm2perfetto.model import Stack
+from comm2perfetto.sources.fr.tables import StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
@@ -45,9 +45,6 @@ __all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dum
 
 P2P_OPS = frozenset({"send", "recv"})
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
-
-
-_STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
 
 
 class FrFormatError(Comm2PerfettoError, ValueError):
@@ -73,11 +70,6 @@ class FrDump:
     pg_status: dict[int, tuple[int, int, int]]  # pg_id -> (last enqueued, started, completed)
     entries: list[dict[str, Any]]
     problems: list[str] = field(default_factory=list)  # what was dropped while reading, one line per kind
-
-
-def is_fr_json(doc: Any) -> bool:
-    """True for a decoded JSON document shaped like ``_dump_fr_trace_json()`` output."""
-    return isinstance(doc, dict) and "version" in doc and ("entries" in doc or "pg_config" in doc)
 
 
 def read_fr_dump(path: str | Path, data: bytes | None = None) -> FrDump:
@@ -289,33 +281,3 @@ def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int) -
                 # the first entry of a coalesced group holds the user's call
                 return stacks.stacks[stack_id(frames, {}, stacks)]
     return ()
-
-
-def to_fr_entry(rank: int, e: dict[str, Any], stacks: StackTable, signatures: SignatureTable) -> FrEntry:
-    """Build one ``FrEntry`` from a raw entry dict (for tools that want every entry, not the hot path)."""
-    get = e.get
-    backend, op, src, dst = split_profiling_name(get("profiling_name") or "")
-    pg = get("process_group") or (str(get("pg_id", 0)), "")
-    frames = get("frames") or []
-    stack = tuple(
-        stacks.frame(str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "")))
-        for f in frames if isinstance(f, dict)
-    )
-    seq = get("collective_seq_id", get("seq_id", 0))
-    is_p2p = bool(get("is_p2p", op in P2P_OPS))
-    raw = (op, get("input_sizes"), get("input_dtypes"), get("output_sizes"), get("output_dtypes"))
-    duration = get("duration_ms")
-    tid = get("thread_id")
-    return FrEntry(
-        rank=rank, record_id=int(get("record_id", 0)), pg_id=int(get("pg_id", 0)), pg_name=str(pg[0]),
-        pg_desc=str(pg[1]), collective_seq_id=int(seq), p2p_seq_id=int(get("p2p_seq_id", 0) or 0),
-        op_id=int(get("op_id", seq) or 0), backend=backend,
-        signature=signatures.from_raw(str(pg[0]), seq if not is_p2p else -1, raw),
-        peer_group_rank=(dst if op == "send" else src) if op in P2P_OPS else None,
-        state=_STATE_NAMES.get(str(get("state")), UNKNOWN), time_created_ns=get("time_created_ns"),
-        time_started_ns=get("time_discovered_started_ns") or None,
-        time_completed_ns=get("time_discovered_completed_ns") or None,
-        duration_ns=int(duration * 1e6) if isinstance(duration, (int, float)) else None, is_p2p=is_p2p,
-        retired=get("retired"), timeout_ms=get("timeout_ms"),
-        thread_id=int(tid) if isinstance(tid, (int, str)) and str(tid).isdigit() else None, stack=stack,
-    )

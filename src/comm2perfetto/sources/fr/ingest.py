@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from array import array
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, FrEntry, Signature
+from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, Signature
 from comm2perfetto.sources.fr.columns import GroupTrack
-from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name, to_fr_entry
+from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
 
@@ -60,13 +61,7 @@ class FrRankTrace:
     pg_config: dict[str, PgConfig]
     groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc): compact columns
     completed_upto: dict[tuple[str, str], int]
-    entry_count: int
-    raw_entries: list[dict[str, Any]] | None = None  # kept only when asked (keep_entries=True)
     notes: list[str] = field(default_factory=list)  # what was skipped while reading, one line per kind
-
-    def entries(self, stacks: StackTable, signatures: SignatureTable) -> list[FrEntry]:
-        """Every entry as a ``FrEntry`` (needs ``keep_entries=True`` at load)."""
-        return [to_fr_entry(self.rank, e, stacks, signatures) for e in self.raw_entries or ()]
 
 
 _STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
@@ -143,8 +138,7 @@ def _files_text(dumps: list[FrDump]) -> str:
 
 
 def build_rank_trace(
-    rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, keep_entries: bool = False,
-    with_stacks: bool = True,
+    rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> tuple[FrRankTrace, str | None]:
     """Normalise one rank's dumps into an ``FrRankTrace``; also returns a snapshot-conflict message."""
     notes = [p for d in dumps for p in d.problems]
@@ -164,9 +158,7 @@ def build_rank_trace(
     completed_upto = _apply_pg_status(groups, status, backend)
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
-        groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto,
-        entry_count=len(entries),
-        raw_entries=entries if keep_entries else None, notes=notes,
+        groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto, notes=notes,
     )
     return trace, conflict
 
@@ -327,7 +319,7 @@ def _ingest(
     if list in set(map(type, pgs)):  # JSON
         pgs = tuple(map(tuple, pgs))
     parts = {name: split_profiling_name(name) for name in set(names)}
-    counts = {}
+    counts: dict[str, int] = {}
     for name, (backend, _, _, _) in parts.items():
         counts[backend] = counts.get(backend, 0) + names.count(name)
     backend = max(counts, key=counts.__getitem__)
@@ -359,12 +351,14 @@ def _ingest(
         assert pg_ids is not None
         pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, in_s)
         distinct_pgs = set(pgs)
+    partition: dict[tuple[Any, bool], list[int] | None]
     if len(distinct_pgs) == 1 and not any_p2p:
         partition = {(pgs[0], False): None}  # the common case: one group, collectives only
     else:
-        partition = defaultdict(list)
+        rows: defaultdict[tuple[Any, bool], list[int]] = defaultdict(list)
         for i, (pg, p2p) in enumerate(zip(pgs, p2ps)):
-            partition[(pg, bool(p2p))].append(i)
+            rows[(pg, bool(p2p))].append(i)
+        partition = dict(rows)
     for (pg, p2p), idx in partition.items():
         if pg in helpers:
             continue
@@ -384,21 +378,21 @@ def _ingest(
         t_seqs = tuple(take(seqs))
         sigs = signatures.column(key[0], t_seqs, tuple(take(names)), parts, tuple(take(in_s)),
                                  tuple(take(in_d)), tuple(take(out_s)), tuple(take(out_d)))
-        cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
-                list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids)), list(take(durations))]
+        track_cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
+                      list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids)), list(take(durations))]
         if len(set(t_seqs)) != len(t_seqs):  # coalesced groups: several rows share a seq
-            folded = _fold_coalesced(list(zip(*cols)), signatures)
-            cols = [list(c) for c in zip(*folded)]
+            folded = _fold_coalesced(list(zip(*track_cols)), signatures)
+            track_cols = [list(c) for c in zip(*folded)]
         if track.seqs:  # one group under two spellings (rare): merge, keeping seq order
             old = list(zip(*[getattr(track, f) for f in _TRACK_FIELDS]))
-            cols = [list(c) for c in zip(*sorted(old + list(zip(*cols)), key=lambda r: r[0]))]
-        for f, col in zip(_TRACK_FIELDS, cols):
+            track_cols = [list(c) for c in zip(*sorted(old + list(zip(*track_cols)), key=lambda r: r[0]))]
+        for f, col in zip(_TRACK_FIELDS, track_cols):
             setattr(track, f, col)
     _fix_p2p_batches(groups)
     return backend
 
 
-def _unwrap_debug_groups(pgs: tuple, pg_ids: tuple, names: tuple, in_s: tuple) -> tuple[tuple, set]:
+def _unwrap_debug_groups(pgs: Sequence, pg_ids: Sequence, names: Sequence, in_s: Sequence) -> tuple[tuple, set]:
     """Entries written under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` have an empty group name (seen on torch 2.13,
     gloo): name them by ``pg_id`` (the default group's is 0, matching its name "0"), and find the wrapper's
     helper groups, whose entries are only its fingerprint checks: all-gathers of a one-element length, then of
@@ -523,7 +517,7 @@ def _apply_pg_status(
             continue
         states = track.states
         for i, ident in enumerate(track.op_ids):
-            if ident <= last:
+            if ident <= last:  # type: ignore[operator]  # gloo's op ids are never None (see _ingest)
                 states[i] = COMPLETED
                 out[key] = track.seqs[i]
             elif states[i] == SCHEDULED:

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
-from comm2perfetto.sources.kineto.reader import KinetoCommEvent, KinetoTrace, launch_steps
+from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
+from comm2perfetto.sources.kineto.steps import launch_steps
 
 SEQ, ORDER = "seq", "order"
 
@@ -117,7 +118,7 @@ def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
 def _collectives(events: Sequence[KinetoCommEvent]) -> list[TraceCollective]:
     launchers = {e.external_id: e for e in events
                  if e.name == "record_param_comms" and e.external_id is not None and not e.on_gpu}
-    kernels: dict[object, list[KinetoCommEvent]] = {}
+    kernels: dict[int | tuple[str, int], list[KinetoCommEvent]] = {}
     for e in events:
         if e.on_gpu and ALL_COMM_KERNELS.search(e.name):
             # kernels one CPU op launched are one collective; a kernel tied to no op is one on its own
@@ -173,15 +174,17 @@ def numbered(cols: Sequence[TraceCollective]) -> tuple[str, list[int] | list[tup
     """How one rank's collectives of one group are numbered (``SEQ`` or ``ORDER``, see the module's
     docstring) and, in order, their ``Seq``, or their places for ``order_numbers``: (step, i-th in the step)
     where every one has a step, else (0, i-th)."""
-    if cols and all(c.seq is not None for c in cols):
-        return SEQ, [c.seq for c in cols]  # type: ignore[misc]
-    if cols and all(c.step is not None for c in cols):
+    seqs = [c.seq for c in cols if c.seq is not None]
+    if cols and len(seqs) == len(cols):
+        return SEQ, seqs
+    steps = [c.step for c in cols if c.step is not None]
+    if cols and len(steps) == len(cols):
         seen: dict[int, int] = {}
         places = []
-        for c in cols:
-            i = seen[c.step] = seen.get(c.step, -1) + 1  # type: ignore[index]
-            places.append((c.step, i))
-        return ORDER, places  # type: ignore[return-value]
+        for step in steps:
+            i = seen[step] = seen.get(step, -1) + 1
+            places.append((step, i))
+        return ORDER, places
     return ORDER, [(0, i) for i in range(len(cols))]
 
 

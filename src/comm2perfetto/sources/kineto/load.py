@@ -15,8 +15,9 @@ from typing import Any
 
 from comm2perfetto.errors import OptionError
 from comm2perfetto.model import Skipped
+from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
-from comm2perfetto.sources.kineto.reader import KinetoFormatError, KinetoTrace, read_kineto
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto
 
 __all__ = ["check_against_job", "load_traces", "parse_trace_ranks", "trace_rank", "trace_span"]
 

@@ -1,0 +1,224 @@
+"""What every rank's slice of a collective shares, built once for the whole job and read by each rank's writer
+(``rank_writer``): the flow that links the ranks' slices, the call-site text of each stack, the args of each
+collective (``SharedArgs``, encoded once by the trace writer for every rank that has them) and, per process
+group, its collectives laid out as per-rank columns for the rank-by-rank walk.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import getitem, gt, is_not, itemgetter, not_
+from types import MappingProxyType
+from typing import Any
+
+from comm2perfetto.model import Collective, Job, Signature, call_site, tensor_bytes
+from comm2perfetto.trace.sink import SharedArgs, arg_text
+
+__all__ = ["END", "START", "STEP", "Flow", "GroupTable", "Row", "SiteCache", "known", "rank_at", "shapes_text",
+           "signature_args"]
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """The flow linking one collective's slices across ranks (or a send to its recv): its id and the ranks whose
+    slices start and end it (the first and last to arrive)."""
+
+    fid: int
+    first: int  # rank whose event starts the flow
+    last: int
+
+    def role(self, rank: int) -> int:
+        """Where ``rank``'s event puts the flow: START, STEP or END (its index in SharedArgs.flows)."""
+        return START if rank == self.first else END if rank == self.last else STEP
+
+
+START, STEP, END = 0, 1, 2
+
+
+def known(values: tuple[int | None, ...]) -> Sequence[int]:
+    """The values that are not None; the tuple itself when none is (tested at C speed: ranks x collectives).
+
+    ``all()`` tests truth, faster than ``None in``: a time of 0 only sends it the slow way.
+    """
+    # all() true: no None in values (mypy cannot narrow a tuple's items)
+    return values if all(values) else [v for v in values if v is not None]  # type: ignore[return-value]
+
+
+def rank_at(pick: Callable[..., Any], arrive: Sequence[int | None], ranks: Sequence[int]) -> int:
+    """``pick(zip(arrive, ranks))[1]`` for ``pick`` min or max: C-speed scans unless arrivals tie."""
+    t = pick(arrive)
+    if arrive.count(t) == 1:
+        return ranks[arrive.index(t)]
+    return pick(r for a, r in zip(arrive, ranks) if a == t)
+
+
+class SiteCache:
+    """Call site text per stack id (``train.py:57 step``), computed once for all ranks."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.cache: dict[int, str | None] = {}
+
+    def __call__(self, sid: int | None) -> str | None:
+        if sid is None:
+            return None
+        try:
+            return self.cache[sid]
+        except KeyError:
+            frame = call_site(self.job.stack(sid))
+            site = str(frame) if frame is not None else None
+            self.cache[sid] = site
+            return site
+
+
+class _Common(dict[tuple[str | None, int | None, str | None, int | None], SharedArgs]):
+    """What every rank's slice of one collective (with one signature) shares, built once.
+
+    ``args`` and ``first`` (the first rank's arrival); as a dict, ``(state, stack id, source)`` -> those args
+    with these three, as one ``SharedArgs`` that the writer encodes once for every rank that has them.
+    """
+
+    __slots__ = ("args", "first", "flow", "others", "sig", "sites")
+
+    def __init__(self, c: Collective, sig: Signature, sites: SiteCache, flow: Flow | None) -> None:
+        super().__init__()
+        self.sig, self.sites, self.flow = sig, sites, flow
+        self.args = _collective_args(c, sig)
+        arrivals = known(c.arrive_ns)
+        self.first = min(arrivals) if arrivals else None
+        self.others: list[_Common] = []  # of ranks whose signature differs
+
+    def __missing__(self, key: tuple[str | None, int | None, str | None, int | None]) -> SharedArgs:
+        state, stack_id, source, role = key
+        args = dict(self.args, state=state or "unknown")
+        site = self.sites(stack_id)
+        if site:
+            args["call_site"] = site
+        if source:
+            args["source"] = source
+        flows: list[tuple[int, ...]] = [(), (), ()]
+        if role is not None and self.flow is not None:
+            flows[role] = (self.flow.fid,)
+        shared = self[key] = SharedArgs(args, flow_start=flows[0], flow_step=flows[1], flow_end=flows[2])
+        return shared
+
+    def variant(self, c: Collective, sig: Signature) -> _Common:
+        """The shared part for ranks that issued ``c`` with another signature than this one's."""
+        for other in self.others:
+            if other.sig is sig:
+                return other
+        self.others.append(_Common(c, sig, self.sites, self.flow))
+        return self.others[-1]
+
+
+# Per collective of a group: the collective, the shared part of its slices, its flow.
+Row = tuple[Collective, _Common, Flow | None]
+
+
+class GroupTable:
+    """One group's collectives laid out for the rank-by-rank walk; built once, read by every rank.
+
+    ``rows``: per collective some rank issued, the collective, what its slices share and its flow. Per-rank
+    fields are columns, one per-rank tuple per collective: ``map(itemgetter(i), table.arrive)`` reads rank
+    ``i``'s arrival in every collective at C speed. The other lists hold one value per collective.
+    """
+
+    def __init__(self, cols: tuple[Collective, ...], flows: Mapping[int, Flow], sites: SiteCache) -> None:
+        self.rows: list[Row] = []
+        for c in cols:
+            sig = next((s for s in c.signatures if s is not None), None)
+            if sig is not None:
+                flow = flows.get(c.seq)
+                self.rows.append((c, _Common(c, sig, sites, flow), flow))
+        issued = [c for c, _, _ in self.rows]
+        self.position = {c.seq: k for k, c in enumerate(issued)}
+        self.signatures = [c.signatures for c in issued]
+        self.arrive = [c.arrive_ns for c in issued]
+        self.ends = [c.end_ns for c in issued]
+        self.states = [c.states for c in issued]
+        self.stack_ids = [c.stack_ids for c in issued]
+        self.sources = [c.sources for c in issued]
+        self.commons = [common for _, common, _ in self.rows]
+        self.common_sigs = [common.sig for common in self.commons]
+        self.ops = [sig.op for sig in self.common_sigs]
+        self.firsts = [common.first or 0 for common in self.commons]  # 0: no arrival, the careful way
+        # Flow roles: the middle one (shared_of puts the first and last rank's in their place).
+        self.roles = [None if flow is None else STEP for _, _, flow in self.rows]
+        self.flow_starts: dict[int, list[int]] = defaultdict(list)  # rank -> positions of the flows it starts
+        self.flow_ends: dict[int, list[int]] = defaultdict(list)
+        for k, (_, _, flow) in enumerate(self.rows):
+            if flow is not None:
+                self.flow_starts[flow.first].append(k)
+                self.flow_ends[flow.last].append(k)
+        # The (state, stack id, source) of the first rank with a slice, and its SharedArgs: what most ranks have.
+        usual = [c.signatures.index(common.sig) for c, common, _ in self.rows]
+        self.usual_states = [c.states[j] for c, j in zip(issued, usual)]
+        self.usual_stack_ids = [c.stack_ids[j] for c, j in zip(issued, usual)]
+        self.usual_sources = [c.sources[j] for c, j in zip(issued, usual)]
+        self.usual_shared = list(map(getitem, self.commons, zip(self.usual_states, self.usual_stack_ids,
+                                                                self.usual_sources, self.roles)))
+
+    def shared_of(self, get: itemgetter, rank: int) -> list[SharedArgs]:
+        """The SharedArgs of ``rank``'s slice of each collective (``get`` reads its column), at C speed."""
+        states = list(map(get, self.states))
+        stack_ids = list(map(get, self.stack_ids))
+        sources = list(map(get, self.sources))
+        if states == self.usual_states and stack_ids == self.usual_stack_ids and sources == self.usual_sources:
+            shared = self.usual_shared.copy()
+        else:  # _Common.__missing__ makes the ones not seen yet
+            shared = list(map(getitem, self.commons, zip(states, stack_ids, sources, self.roles)))
+        for role, positions in ((END, self.flow_ends.get(rank, ())), (START, self.flow_starts.get(rank, ()))):
+            for k in positions:
+                shared[k] = self.commons[k][states[k], stack_ids[k], sources[k], role]
+        return shared
+
+    def odd_positions(self, sigs: list[Signature | None], arrive: list[int | None], ends: list[int | None]
+                      ) -> list[int]:
+        """Collectives the columns cannot make this rank's slice of: missing or with another signature here,
+        no arrival or end time (or 0), an end before the arrival. Found at C speed: usually few or none."""
+        positions = range(len(sigs))
+        odd = set(itertools.compress(positions, map(is_not, sigs, self.common_sigs)))
+        if not (all(arrive) and all(ends)):
+            missing = {k for column in (arrive, ends) for k in itertools.compress(positions, map(not_, column))}
+            odd |= missing
+            arrive, ends = arrive.copy(), ends.copy()
+            for k in missing:
+                arrive[k] = ends[k] = 0
+        # no None left: all() was true, or they were set to 0 above
+        odd.update(itertools.compress(positions, map(gt, arrive, ends)))  # type: ignore[arg-type]
+        return sorted(odd)
+
+
+def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
+    args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
+                            **signature_args(sig)}
+    last = rank_at(max, c.arrive_ns, c.ranks) if c.ranks and all(c.arrive_ns) else c.last_arrival_rank
+    if last is not None:
+        args["last_arrival_rank"] = last
+    return args
+
+
+@functools.lru_cache(maxsize=1024)  # a job has few distinct signatures, each on thousands of collectives
+def signature_args(sig: Signature) -> Mapping[str, Any]:
+    """shapes, dtypes, output_shapes (when they differ) and bytes (when the dtypes are known)."""
+    args: dict[str, Any] = {"shapes": shapes_text(sig.input_sizes), "dtypes": ",".join(sig.input_dtypes or ())}
+    if sig.output_sizes is not None and sig.output_sizes != sig.input_sizes:
+        args["output_shapes"] = shapes_text(sig.output_sizes)
+    nbytes = _nbytes(sig)
+    if nbytes is not None:
+        args["bytes"] = nbytes
+    return MappingProxyType(args)
+
+
+def shapes_text(sizes: Any) -> str:
+    """``[[4, 8], [2]]``; ``?`` when unknown."""
+    return "?" if sizes is None else str(arg_text(sizes))
+
+
+def _nbytes(sig: Signature) -> int | None:
+    return tensor_bytes(sig.input_sizes, sig.input_dtypes)
+
