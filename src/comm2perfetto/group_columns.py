@@ -188,13 +188,13 @@ class _Run:
                 return [how if isinstance(how, str) else None] * self.size
             get = itemgetter(j)
             return _decode(list(map(get, (m.columns[name][0] for m in members))), how)
-        j = head.row(seq)
-        if j is None:
+        row = head.row(seq)
+        if row is None:
             return [None]
         col, how = head.columns[name]
         if col is None:
             return [how if isinstance(how, str) else None]
-        return _decode([col[j]], how)
+        return _decode([col[row]], how)
 
 
 class GroupCollectives(Sequence[Collective]):

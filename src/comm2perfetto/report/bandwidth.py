@@ -92,7 +92,8 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
             row = rows[("send/recv", uid)]
             row.group_size = 2
             arrive = tuple(op.t_arrive_ns for op in ops)
-            skew = max(arrive) - min(arrive) if len(ops) == 2 and None not in arrive else None
+            known = [t for t in arrive if t is not None]
+            skew = max(known) - min(known) if len(known) == 2 else None
             _add(row, tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes),
                  _timing(arrive, tuple(op.t_end_ns for op in ops)), skew)
     table = [_render(op, job.groups[uid].label, row) for (op, uid), row in rows.items()]

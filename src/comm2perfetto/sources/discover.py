@@ -598,7 +598,7 @@ def _adopt(trace: FrRankTrace, used_stacks: dict[int, Any], src: Sources) -> Non
     distinct signatures and stacks.
     """
     table = src.stack_table
-    sid_of: dict[int | None, int | None] = {None: None}
+    sid_of: dict[int, int] = {}
     for sid, stack in used_stacks.items():
         sid_of[sid] = table.intern(tuple(table.frame(f.file, f.line, f.func) for f in stack))
     intern = src.signatures.intern
