@@ -21,10 +21,11 @@ from operator import itemgetter
 from typing import Any, overload
 
 from comm2perfetto.model import Collective, ProcessGroup, Signature, Stack
-from comm2perfetto.sources.fr.columns import STATE_LOOKUP, GroupTrack
+from comm2perfetto.sources.fr.columns import STATE_LOOKUP, GroupTrack, ms_to_ns
 
 FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
+_MS = object()  # decoding of Flight Recorder's durations: ms (-1: unknown) -> ns
 
 
 @dataclass(slots=True)
@@ -121,7 +122,7 @@ class _Member:
                 "end_ns": (track.completed_col, _TIME),
                 "stack_ids": (track.stack_col, stack_lookup) if track.stack_col is not None else (None, None),
                 "sources": (None, "fr"),
-                "duration_ns": (track.duration_col, _TIME) if track.duration_col is not None else (None, None),
+                "duration_ns": (track.duration_col, _MS) if track.duration_col is not None else (None, None),
             }
             self.shape: tuple = ("compact", self.first, self.n, self.contiguous, id(sig_lookup), id(stack_lookup),
                                  track.stack_col is None, track.duration_col is None)
@@ -162,17 +163,20 @@ def _decode(values: list, how: Any) -> list:
         return values
     if how is _TIME:
         return values if not values or min(values) >= 0 else [None if v < 0 else v for v in values]
+    if how is _MS:
+        return ms_to_ns(values)
     return list(map(how.__getitem__, values))
 
 
 class _Run:
     """Consecutive members (by position in the group) read the same way; ``members`` None: ranks without data."""
 
-    __slots__ = ("members", "size")
+    __slots__ = ("_columns", "members", "size")
 
     def __init__(self, members: list[_Member] | None, size: int) -> None:
         self.members = members
         self.size = size
+        self._columns: dict[str, list] = {}  # per field, the members' columns (read by one itemgetter)
 
     def gather(self, name: str, seq: int) -> list:
         members = self.members
@@ -186,8 +190,10 @@ class _Run:
             col, how = head.columns[name]
             if col is None:
                 return [how if isinstance(how, str) else None] * self.size
-            get = itemgetter(j)
-            return _decode(list(map(get, (m.columns[name][0] for m in members))), how)
+            cols = self._columns.get(name)
+            if cols is None:
+                cols = self._columns[name] = [m.columns[name][0] for m in members]
+            return _decode(list(map(itemgetter(j), cols)), how)
         row = head.row(seq)
         if row is None:
             return [None]

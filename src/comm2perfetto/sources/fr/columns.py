@@ -15,7 +15,7 @@ reads one collective's values across ranks, or one rank's values across collecti
 Missing values are ``NO_VALUE`` (-1): every time and id a reader accepts is >= 0 (``limits.count_ok``).
 
 >>> t = GroupTrack.from_columns("0", "default_pg", {0}, [1], [_SIG], ["completed"], [10**18], [None],
-...                             [10**18 + 5], [None], [0], [2500])
+...                             [10**18 + 5], [None], [0], [0.0025])
 >>> t.seqs, t.states, t.started_ns, t.durations_ns
 ([1], ['completed'], [None], [2500])
 """
@@ -41,7 +41,14 @@ _SIG = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))  # for 
 
 def times(values: Sequence[int | None]) -> array:
     """A column of optional non-negative ints (times, ids) as int64, None as ``NO_VALUE``."""
+    if None not in values:
+        return array("q", values)
     return array("q", [NO_VALUE if v is None else v for v in values])
+
+
+def ms_to_ns(col: Sequence[float]) -> list[int | None]:
+    """Durations in ms (-1: unknown) as ns."""
+    return [None if v < 0 else round(v * 1_000_000) for v in col]
 
 
 def optional(col: array) -> list[int | None]:
@@ -56,8 +63,9 @@ class GroupTrack:
     Columns (all of one length): ``seq_col`` (int64), ``sig_col`` (int32, into ``sig_table``), ``state_col``
     (int8, into ``STATES``), ``created_col``/``started_col``/``completed_col`` (int64 ns, ``NO_VALUE`` where
     unknown), ``stack_col`` (int32 into ``stack_table``; None when loaded without stacks), ``duration_col``
-    (int64 ns of GPU time; None when no row has one). ``p2p``: the group's point-to-point ops, as tuples
-    ``(kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)`` (few per rank).
+    (float64 ms of GPU time, as Flight Recorder writes it, -1 where unknown; None when no row has one).
+    ``p2p``: the group's point-to-point ops, as tuples ``(kind, peer group rank, p2p_seq, sig, state,
+    created, completed, stack id, record id)`` (few per rank).
     """
 
     name: str
@@ -80,30 +88,27 @@ class GroupTrack:
     def from_columns(cls, name: str, desc: str, pg_ids: set[int], seqs: Sequence[int], sigs: Sequence[Signature],
                      states: Sequence[str], created: Sequence[int | None], started: Sequence[int | None],
                      completed: Sequence[int | None], stack_ids: Sequence[int | None],
-                     record_ids: Sequence[int | None], durations: Sequence[int | None],
+                     record_ids: Sequence[int | None], durations_ms: Sequence[float | None],
                      p2p: list[tuple] | None = None) -> GroupTrack:
         """Pack columns of one length, in seq order (what ``ingest`` assembles), into a track."""
         track = cls(name, desc, set(pg_ids), p2p=p2p or [])
         if not seqs:
             return track
         track.seq_col = array("q", seqs)
-        ids: dict[int, int] = {}
-        table: list[Signature] = []
-        for sig in sigs:  # a handful of distinct signature objects among thousands of rows
-            if id(sig) not in ids:
-                ids[id(sig)] = len(table)
-                table.append(sig)
+        by_id = dict(zip(map(id, sigs), sigs))  # a handful of distinct signature objects among thousands of rows
+        table = list(by_id.values())
+        ids = {k: i for i, k in enumerate(by_id)}
         track.sig_col = array("i", map(ids.__getitem__, map(id, sigs)))
         track.sig_table = table
         track.state_col = array("b", map(STATE_CODE.__getitem__, states))
         track.created_col, track.started_col, track.completed_col = times(created), times(started), times(completed)
-        if any(s is not None for s in stack_ids):
+        if stack_ids.count(None) != len(stack_ids):
             track.stack_table = sorted({s for s in stack_ids if s is not None})
             local = {s: i for i, s in enumerate(track.stack_table)}
             track.stack_col = array("i", [NO_VALUE if s is None else local[s] for s in stack_ids])
-        if any(d is not None for d in durations):
-            track.duration_col = times(durations)
-        known = [r for r in record_ids if r is not None]
+        if durations_ms.count(None) != len(durations_ms):
+            track.duration_col = array("d", [-1.0 if d is None else d for d in durations_ms])
+        known = [r for r in record_ids if r is not None] if None in record_ids else record_ids
         track.first_record_id = min(known) if known else NO_VALUE
         return track
 
@@ -144,7 +149,9 @@ class GroupTrack:
 
     @property
     def durations_ns(self) -> list[int | None]:
-        return optional(self.duration_col) if self.duration_col is not None else [None] * len(self.seq_col)
+        if self.duration_col is None:
+            return [None] * len(self.seq_col)
+        return ms_to_ns(self.duration_col)
 
     def first_not_done(self) -> int:
         """Index of the first row not known completed (``len(self)`` when every row is)."""

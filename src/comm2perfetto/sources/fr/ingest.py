@@ -17,6 +17,8 @@ from array import array
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from math import isnan
 from operator import itemgetter
 from typing import Any
 
@@ -44,8 +46,8 @@ class _Rows:
     stack_ids: list[int | None] = field(default_factory=list)
     op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
     record_ids: list[int] = field(default_factory=list)
-    # The GPU time of each collective (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
-    durations_ns: list[int | None] = field(default_factory=list)
+    # The GPU time of each collective in ms (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
+    durations_ms: list[float | None] = field(default_factory=list)
     # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
     p2p: list[tuple] = field(default_factory=list)
 
@@ -166,7 +168,7 @@ def build_rank_trace(
 def _compact(rows: _Rows) -> GroupTrack:
     return GroupTrack.from_columns(rows.name, rows.desc, rows.pg_ids, rows.seqs, rows.sigs, rows.states,
                                    rows.created_ns, rows.started_ns, rows.completed_ns, rows.stack_ids,
-                                   rows.record_ids, rows.durations_ns, rows.p2p)
+                                   rows.record_ids, rows.durations_ms, rows.p2p)
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -183,7 +185,6 @@ _MODERN_KEYS = (
     "time_discovered_completed_ns", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
     "output_dtypes", "record_id",
 )
-_modern_row = itemgetter(*_MODERN_KEYS)
 
 
 def _slow_row(e: dict[str, Any], index: int) -> tuple:
@@ -206,13 +207,17 @@ def _slow_row(e: dict[str, Any], index: int) -> tuple:
     )
 
 
-def _rows(entries: list[dict[str, Any]]) -> list[tuple]:
+_GETTERS = tuple(map(itemgetter, _MODERN_KEYS))
+
+
+def _columns(entries: list[dict[str, Any]]) -> list[tuple]:
+    """One tuple per key of ``_MODERN_KEYS``, each read in one C pass over the entries (no per-entry tuple)."""
     if entries and all(k in entries[0] for k in _MODERN_KEYS):
         try:
-            return list(map(_modern_row, entries))
+            return [tuple(map(get, entries)) for get in _GETTERS]
         except (KeyError, TypeError):
             pass  # a mixed dump: take the careful path
-    return [_slow_row(e, i) for i, e in enumerate(entries)]
+    return list(zip(*[_slow_row(e, i) for i, e in enumerate(entries)]))
 
 
 def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
@@ -225,10 +230,10 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     tuple per key of ``_MODERN_KEYS``, what ``_ingest`` works on), and (count, first problem) of those that
     do not. Whole columns are checked in C; only a rank whose columns fail is checked entry by entry.
     """
-    rows = _rows(entries)
-    cols = list(zip(*rows))
-    if not rows or _columns_ok(cols):
+    cols = _columns(entries)
+    if not entries or _columns_ok(cols):
         return entries, cols, None
+    rows = list(zip(*cols))
     kept, kept_rows, bad, first = [], [], 0, ""
     for e, row in zip(entries, rows):
         problem = _row_problem(row)
@@ -248,7 +253,8 @@ def _columns_ok(cols: list[tuple]) -> bool:
     names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
     if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
         return False
-    if created.count(None) != len(created) and min(x for x in created if x is not None) < MIN_TIME_NS:
+    known = created if None not in created else [x for x in created if x is not None]
+    if known and min(known) < MIN_TIME_NS:
         return False
     try:  # few distinct values: checking them is free next to building the sets
         return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
@@ -334,7 +340,7 @@ def _ingest(
     # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
-    durations = list(map(_duration_ns, (e.get("duration_ms") for e in entries))) if timed else [None] * len(names)
+    durations = _durations_ms(list(map(dict.get, entries, repeat("duration_ms")))) if timed else [None] * len(names)
     if with_stacks and "frames" in entries[0]:
         sids = _stack_ids([e.get("frames") for e in entries], stacks)
     else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
@@ -411,7 +417,7 @@ def _unwrap_debug_groups(pgs: Sequence, pg_ids: Sequence, names: Sequence, in_s:
 
 
 _TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "completed_ns", "stack_ids", "op_ids",
-                 "record_ids", "durations_ns")
+                 "record_ids", "durations_ms")
 
 
 def _add_p2p(track: _Rows, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
@@ -447,6 +453,17 @@ def _duration_ns(ms: Any) -> int | None:
     if type(ms) not in (float, int) or not 0 <= ms < MAX_DURATION_MS:  # NaN fails both comparisons
         return None
     return round(ms * 1_000_000)
+
+
+def _durations_ms(raw: list[Any]) -> list[float | None]:
+    """FR's ``duration_ms`` of every entry, None where absent or not a plausible duration (see
+    ``_duration_ns``): checked a column at a time in C where every value is a number in range."""
+    present = [x for x in raw if x is not None]
+    if set(map(type, present)) <= {float, int}:
+        values = array("d", present)
+        if not values or (min(values) >= 0 and max(values) < MAX_DURATION_MS and not any(map(isnan, values))):
+            return raw
+    return [x if _duration_ns(x) is not None else None for x in raw]
 
 
 # A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
