@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, overload
 
-from comm2perfetto.model import Collective, ProcessGroup, Signature, Stack
-from comm2perfetto.sources.fr.columns import STATE_LOOKUP, GroupTrack, ms_to_ns
+from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack
+from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns
 
 FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
@@ -293,6 +293,30 @@ class GroupCollectives(Sequence[Collective]):
         except KeyError:
             raise ValueError(f"rank {rank} is not a member of group {self.group.uid}") from None
 
+    def settled_prefix(self) -> int:
+        """How many leading collectives every member recorded, with one signature, and none left unfinished
+        (every state completed or unknown): what a search for the first problem may skip. Found a column at a
+        time in C; 0 when the members' tracks do not allow it (a rank without data, merged or scattered rows)."""
+        if not isinstance(self.seqs, range) or not self.seqs:
+            return 0
+        lo, limit = self.seqs.start, len(self.seqs)
+        ref: tuple[list, Any] | None = None  # the first member's signature ids and how they decode
+        for m in self._members:
+            if m is None or m.shape[0] != "compact" or m.first != lo:
+                return 0
+            limit = min(limit, m.n, _first_unfinished(m.columns["states"][0]))
+            sig_col, lookup = m.columns["signatures"]
+            if ref is None:
+                ref = (sig_col, lookup)
+            elif lookup is ref[1]:
+                limit = min(limit, _common_prefix(sig_col, ref[0], limit))
+            else:
+                limit = min(limit, _common_prefix(_decode(list(sig_col[:limit]), lookup),
+                                                  _decode(list(ref[0][:limit]), ref[1]), limit))
+            if limit == 0:
+                return 0
+        return limit
+
     def member_column(self, name: str, rank: int) -> list:
         """``rank``'s value of field ``name`` in every collective of the group, in order (None where it has
         no record): the column a trace writer walks, decoded at C speed."""
@@ -318,6 +342,29 @@ class GroupCollectives(Sequence[Collective]):
         if self._index is None:
             self._index = {s: k for k, s in enumerate(self.seqs)}
         return self._index[seq]
+
+
+# State codes (see sources.fr.columns.STATES) of a finished collective, or one whose end cannot be known: 0.
+_SETTLED = bytes.maketrans(bytes([STATES.index(UNKNOWN)]), b"\0")
+
+
+def _first_unfinished(states: Sequence[int]) -> int:
+    raw = bytes(states).translate(_SETTLED) if not isinstance(states, list) else b""
+    return len(raw) - len(raw.lstrip(b"\0")) if raw else 0
+
+
+def _common_prefix(a: Sequence, b: Sequence, limit: int) -> int:
+    """Length of the common prefix of two columns, at most ``limit``: C-level slice comparisons."""
+    if a[:limit] == b[:limit]:
+        return limit
+    lo, hi = 0, limit  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _union_seqs(members: list[_Member]) -> Sequence[int]:

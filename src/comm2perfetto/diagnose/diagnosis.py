@@ -25,6 +25,7 @@ scatter/gather's per-rank sizes are allowed to differ. Unlike it, the culprit of
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ from comm2perfetto.diagnose.weigh import (
     in_progress,
     no_collectives,
 )
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -192,7 +194,8 @@ def _end_state(job: Job, group: ProcessGroup) -> Finding | None:
     covs = [job.coverage.get((r, group.uid)) for r in group.ranks]
     start = max((c.first_seq for c in covs if c is not None), default=0)
     n = len(group.ranks)
-    for c in cols:
+    settled = cols.settled_prefix() if isinstance(cols, GroupCollectives) else 0  # skipped in C, not one by one
+    for c in itertools.islice(cols, settled, None):
         if c.seq < start:
             continue
         sigs = c.signatures
