@@ -25,6 +25,7 @@ How records meet:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import gc
 from collections import defaultdict
@@ -49,13 +50,16 @@ from comm2perfetto.model import (
     P2PTransfer,
     ProcessGroup,
     RankInfo,
+    RankProfile,
     Signature,
+    Stack,
 )
-from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
+from comm2perfetto.sources.discover import Sources, adopt_traces, cores, drop_traces, dumps_world, load_sources
 from comm2perfetto.sources.fr.columns import NO_VALUE, GroupTrack
-from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
+from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
+from comm2perfetto.sources.kineto.profile import read_profiles
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -65,30 +69,54 @@ LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"
 CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
 
 
+# What of the profiler traces a command needs (``load_job(traces=...)``).
+TRACES_NONE = "none"  # left out (--no-profiler)
+TRACES_COLLECTIVES = "collectives"  # their communication events only, for the matching (diagnose)
+TRACES_SPANS = "spans"  # also unions of compute and communication per rank (``Job.profiles``: report)
+TRACES_EVENTS = "events"  # every event (``Job.traces``: merge draws them)
+TRACE_MODES = (TRACES_NONE, TRACES_COLLECTIVES, TRACES_SPANS, TRACES_EVENTS)
+
+
 def load_job(
     paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
+    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None, *,
+    traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
+    trace_progress: Callable[[int, int], None] | None = None,
 ) -> Job:
-    """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
+    """Discover, load, align and match everything under ``paths``: the one way every command loads a job.
+    Raises ``SourceError`` on bad input.
 
-    ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
-    needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
-    ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
-    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``:
-    which attempt of a job torchrun restarted (default the last; see ``sources.discover``).
+    What each command needs: stacks eager (``with_stacks=True``: merge draws them all) or lazy (read on demand
+    by ``Job.stack_of``: diagnose needs a handful); ``traces`` one of ``TRACE_MODES`` (default: ``events``, or
+    ``none`` with ``read_traces=False``), read in worker processes except ``events``; ``whole_us`` and
+    ``hta_scope``: read the spans as HTA does. ``workers``: processes reading the ranks' files (default: every
+    core from 32 ranks on). ``progress(done, total)`` follows the reading of ranks' dumps, ``trace_progress``
+    that of their traces. ``align=False`` keeps every rank's own clock (no offsets applied). ``trace_ranks``:
+    the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``: which attempt of a job torchrun
+    restarted (default the last; see ``sources.discover``).
     """
+    mode = traces or (TRACES_EVENTS if read_traces else TRACES_NONE)
+    if mode not in TRACE_MODES:
+        raise ValueError(f"traces={mode!r}: one of {', '.join(TRACE_MODES)}")
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         src = load_sources(paths, force=force, with_stacks=with_stacks,
-                           workers=workers, progress=progress, read_traces=read_traces,
+                           workers=workers, progress=progress, read_traces=mode == TRACES_EVENTS,
                            trace_ranks=trace_ranks, attempt=attempt)
-        if not read_traces:
+        profiles: dict[int, RankProfile] = {}
+        if mode == TRACES_NONE:
             drop_traces(src)
-        return build_job(src, lazy_stacks=not with_stacks, align=align)
+        elif mode != TRACES_EVENTS and src.kineto:
+            n = workers if workers is not None else min(len(src.kineto), cores())
+            profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
+                                     hta_scope=hta_scope, collectives=True)
+            adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
+        job = build_job(src, lazy_stacks=not with_stacks, align=align)
+        return dataclasses.replace(job, profiles=MappingProxyType(profiles)) if mode == TRACES_SPANS else job
     finally:
         if was_enabled:
             gc.enable()
@@ -616,26 +644,31 @@ def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
 class LazyStacks:
     """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
 
-    A report asks for a handful (the culprits' and a few others'), so each request re-reads that rank's
-    dumps rather than keeping millions of frame lists in memory.
+    A report asks for a handful (the culprits' and a few others'): the first question about a rank reads its
+    dumps once and keeps that rank's stacks by collective (a few thousand keys onto a handful of stacks);
+    the latest ranks asked about are kept, not every rank's.
     """
+
+    KEPT_RANKS = 16
 
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._cache: dict[tuple[int, str, int], tuple] = {}
+        self._by_rank: dict[int, dict[tuple[str, int], Stack]] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int) -> tuple:
-        key = (rank, pg_name, seq)
-        if key not in self._cache:
+    def __call__(self, rank: int, pg_name: str, seq: int) -> Stack:
+        known = self._by_rank.get(rank)
+        if known is None:
             dumps = []
             for path in self._files.get(rank, ()):
                 try:
                     dumps.append(read_fr_dump(path))  # bounded and gunzipped as at load
                 except ValueError:
                     continue  # it was readable a moment ago; without it there is just no stack
-            self._cache[key] = stack_for(dumps, self._table, pg_name, seq)
-        return self._cache[key]
+            if len(self._by_rank) >= self.KEPT_RANKS:
+                del self._by_rank[next(iter(self._by_rank))]
+            known = self._by_rank[rank] = stacks_by_collective(dumps, self._table)
+        return known.get((pg_name, seq), ())
 
 
 def find_collective(cols: Sequence[Collective], seq: int) -> Collective | None:

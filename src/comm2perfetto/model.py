@@ -410,6 +410,28 @@ class RankInfo:
     stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
 
 
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans, on that rank's own clock
+    (``sources.kineto.profile.kineto_intervals`` reads them; ``Job.profiles`` holds them). Picklable, small."""
+
+    gpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    gpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    gpu_memory: list[tuple[int, int]] = field(default_factory=list)
+    cpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    cpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
+    # leaves their shape, so the workers that read the traces compute them, in parallel.
+    gpu_overlapped: list[tuple[int, int]] | None = None
+    gpu_busy: list[tuple[int, int]] | None = None
+    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
+    windows: tuple[tuple[int, int], ...] = ()  # each trace's first to last event: where the profiler was running
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
+    events: int = 0
+    notes: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """Everything one job left behind, loaded, aligned and matched."""
@@ -436,6 +458,8 @@ class Job:
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
     resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)
+    profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
     attempts: tuple[int, ...] = (0,)

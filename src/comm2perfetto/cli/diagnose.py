@@ -30,7 +30,7 @@ from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT
-from comm2perfetto.match import load_job
+from comm2perfetto.match import TRACES_COLLECTIVES, load_job
 from comm2perfetto.render.diagnosis_text import render_text
 
 __all__ = ["add_parser", "run"]
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading Flight Recorder dumps (ranks)", then="matching collectives across ranks")
     try:
         # Stacks are read on demand: a report shows a handful.
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress, traces=TRACES_COLLECTIVES,
                        trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args))
     finally:
         progress.finish()

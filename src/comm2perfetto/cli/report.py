@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
 from pathlib import Path
 
@@ -18,22 +17,20 @@ import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
-from comm2perfetto.cli.jobs import add_jobs_option
+from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.match import TRACES_NONE, TRACES_SPANS, load_job
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
-from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
-from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
 
 __all__ = ["add_parser", "run"]
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
-_MAX_PROFILE_WORKERS = 8
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -89,41 +86,33 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
     progress = Progress("reading dumps (ranks)")
+    trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
     try:
-        # profiler traces are listed here and read below, as spans and communication events, in workers
-        src = load_sources(args.paths, force=args.force, with_stacks=False, progress=progress, read_traces=False,
-                           trace_ranks=trace_ranks_option(args), attempt=args.attempt)
-        if args.no_profiler:
-            drop_traces(src)
+        # profiler traces as spans and communication events, read in worker processes
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
+                       traces=TRACES_NONE if args.no_profiler else TRACES_SPANS,
+                       whole_us=args.hta_rounding or args.hta_scope, hta_scope=args.hta_scope,
+                       trace_progress=trace_progress, trace_ranks=trace_ranks_option(args), attempt=args.attempt,
+                       workers=jobs_option(args))
     finally:
         progress.finish()
-    kineto = {} if args.no_profiler else {r: [Path(p) for p in paths] for r, paths in src.kineto.items()}
-    progress = Progress("reading profiler traces (ranks)")
-    try:
-        profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
-                                 progress=progress, whole_us=args.hta_rounding or args.hta_scope,
-                                 hta_scope=args.hta_scope, collectives=True)
-    finally:
-        progress.finish()
-    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=args.force)
-    job = None
-    if src.fr or src.logs or src.traces:
-        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
-
-        with Phase("matching collectives across ranks"):
-            job = build_job(src, lazy_stacks=True)
+        trace_progress.finish()
+    profiles = dict(job.profiles)
+    # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
+    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values()) \
+        or any(p.traces for p in profiles.values())
     with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job, profiles, steps=steps, depth=args.depth)
+        doc = build_report(job if matched else None, profiles, steps=steps, depth=args.depth)
     if args.hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
     elif args.hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(src.attempt, src.attempts, args, trace_ranks_option(args), "this report")
+    attempts = attempts_note(job.attempt, job.attempts, args, trace_ranks_option(args), "this report")
     if attempts is not None:
         doc["notes"].insert(0, attempts)
-    doc["notes"].extend(job.notes if job is not None else src.notes)
-    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
+    doc["notes"].extend(job.notes)
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
 
     if plot is not None:
         try:

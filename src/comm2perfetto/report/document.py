@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
-from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
+from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
 from comm2perfetto.report.intervals import Span, union
 from comm2perfetto.report.modules import module_table
@@ -26,7 +26,7 @@ __all__ = ["VERSION", "build_report", "steps_text"]
 VERSION = 1
 
 
-def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps: tuple[int, int] | None = None,
+def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
                  depth: int | None = None) -> dict:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))

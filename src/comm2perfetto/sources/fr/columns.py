@@ -108,7 +108,7 @@ class GroupTrack:
             track.stack_col = array("i", [NO_VALUE if s is None else local[s] for s in stack_ids])
         if durations_ms.count(None) != len(durations_ms):
             track.duration_col = array("d", [-1.0 if d is None else d for d in durations_ms])
-        known = [r for r in record_ids if r is not None] if None in record_ids else record_ids
+        known = [r for r in record_ids if r is not None]
         track.first_record_id = min(known) if known else NO_VALUE
         return track
 

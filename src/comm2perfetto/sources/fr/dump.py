@@ -41,7 +41,8 @@ from comm2perfetto.sources.fr.tables import StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
-__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name", "stack_for"]
+__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name",
+           "stacks_by_collective"]
 
 P2P_OPS = frozenset({"send", "recv"})
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
@@ -264,20 +265,30 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     return backend, rest.split(" ")[0], None, None
 
 
-def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int) -> Stack:
-    """The call stack of one collective (group name, collective seq) in these dumps, () if absent.
+def stacks_by_collective(dumps: list[FrDump], stacks: StackTable) -> dict[tuple[str, int], Stack]:
+    """The call stack of every collective (group name, collective seq) in these dumps, in one pass.
 
-    Used to resolve call sites on demand when the job was loaded without them.
+    Used to resolve call sites on demand when the job was loaded without them: a rank's dumps are read once
+    for all the collectives asked about. The latest snapshot wins; in a coalesced group, its first entry
+    (the user's call). Frames shared between entries (torch's pickler shares them) are converted once.
     """
+    out: dict[tuple[str, int], Stack] = {}
     for d in reversed(dumps):  # the latest snapshot first
+        converted: dict[tuple[int, ...], Stack] = {}
         for e in d.entries:
             frames = e.get("frames")
             if not frames or not isinstance(frames, list) or e.get("is_p2p"):
                 continue
             pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
-            if not isinstance(pg, (tuple, list)) or not pg or pg[0] != pg_name:
+            seq = e.get("collective_seq_id", e.get("seq_id"))
+            if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or not is_int(seq):
                 continue
-            if e.get("collective_seq_id", e.get("seq_id")) == seq:
-                # the first entry of a coalesced group holds the user's call
-                return stacks.stacks[stack_id(frames, {}, stacks)]
-    return ()
+            key = (pg[0], int(seq))
+            if key in out:
+                continue
+            ids = tuple(map(id, frames))
+            stack = converted.get(ids)
+            if stack is None:
+                stack = converted[ids] = stacks.stacks[stack_id(frames, {}, stacks)]
+            out[key] = stack
+    return out
