@@ -281,9 +281,9 @@ def stacks_by_collective(dumps: list[FrDump], stacks: StackTable) -> dict[tuple[
                 continue
             pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
             seq = e.get("collective_seq_id", e.get("seq_id"))
-            if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or not is_int(seq):
+            if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or type(seq) is not int:
                 continue
-            key = (pg[0], int(seq))
+            key = (pg[0], seq)
             if key in out:
                 continue
             ids = tuple(map(id, frames))

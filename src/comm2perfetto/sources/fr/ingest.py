@@ -264,16 +264,16 @@ def _columns_ok(cols: list[tuple]) -> bool:
 
 
 def _counts(col: tuple) -> bool:
-    """Every value (None aside) is an int in [0, 2**64): one C pass, as array's unsigned 64-bit conversion
-    refuses any other type (bools aside: they are ints) and any other range."""
+    """Every value (None aside) is an int in [0, 2**63): one C pass, as array's signed 64-bit conversion
+    refuses any other type (bools aside: they are ints) and any larger value, and one for the minimum."""
     nones = col.count(None)
     if nones == len(col):
         return True
     try:
-        array("Q", [x for x in col if x is not None] if nones else col)
+        values = array("q", [x for x in col if x is not None] if nones else col)
     except (TypeError, OverflowError):
         return False
-    return True
+    return min(values) >= 0
 
 
 def _pg_ok(pg: Any) -> bool:
