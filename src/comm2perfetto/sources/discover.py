@@ -38,6 +38,7 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
+from comm2perfetto.sources.fr.compact import is_fr_columns, read_fr_columns
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
@@ -53,6 +54,7 @@ __all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover
 HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"
+FR_COLUMNS = "fr_columns"  # a rank's Flight Recorder data in compact columns (``comm2perfetto compact``)
 VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
@@ -105,6 +107,8 @@ def classify(head: bytes, name: str) -> str | None:
     """Which kind of file these first bytes start, or None when unknown."""
     if looks_like_pickle(head):
         return FR
+    if is_fr_columns(head):
+        return FR_COLUMNS
     if head[:2] == b"\x1f\x8b":
         inner = gunzip_head(head, HEAD_BYTES)
         if looks_like_pickle(inner):  # a gzipped dump (rank3.pkl.gz)
@@ -194,7 +198,7 @@ def _attempt_below(root: Path, path: Path) -> int:
 
 
 # What torchrun's restart makes anew in each attempt; job files describe the whole run.
-_ATTEMPT_KINDS = (FR, EVENT_LOG, STACKS, KINETO)
+_ATTEMPT_KINDS = (FR, FR_COLUMNS, EVENT_LOG, STACKS, KINETO)
 # A job file's fields that tell how the whole run ended: its last attempt's ending, none of an earlier one's.
 _RUN_END_FIELDS = ("exit_status", "signal", "signal_ns", "killed_leftovers")
 
@@ -291,7 +295,7 @@ def load_sources(
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
-    _load_fr(by_kind[FR], src, problems, with_stacks, workers, progress)
+    _load_fr(by_kind[FR] + by_kind[FR_COLUMNS], src, problems, with_stacks, workers, progress)
     _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
@@ -539,8 +543,12 @@ _RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, 
 def _load_rank(
     rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, with_stacks: bool,
 ) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
-    """Read and normalise one rank's dumps: (trace or None, snapshot conflict, skipped files, stacks used)."""
+    """Read and normalise one rank's dumps (or its compact columns file, written by ``comm2perfetto compact``):
+    (trace or None, snapshot conflict, skipped files, stacks used)."""
     skipped: list[Skipped] = []
+    columns = [f for f in files if f.kind == FR_COLUMNS]
+    if columns:
+        return _load_columns(rank, columns[0], [f for f in files if f is not columns[0]], stack_table, signatures)
     dumps: list[FrDump] = []
     for f in files:
         try:
@@ -559,6 +567,23 @@ def _load_rank(
     return trace, conflict, skipped, {}
 
 
+def _load_columns(rank: int, f: FoundFile, others: list[FoundFile], stack_table: StackTable,
+                  signatures: SignatureTable) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
+    """A rank's compact columns file, checked as any input; the rank's other dumps are left aside."""
+    skipped = [Skipped(str(o.path), f"rank {rank}'s compact columns file {f.path.name} is read instead")
+               for o in others]
+    try:
+        trace, conflict = read_fr_columns(f.path, stack_table)
+    except FrFormatError as exc:
+        return None, None, [*skipped, Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: "))], {}
+    if trace.rank != rank:
+        return None, None, [*skipped, Skipped(str(f.path), f"holds rank {trace.rank}'s data but its name says rank "
+                                                           f"{rank}; not read")], {}
+    for track in trace.groups.values():  # one object per distinct signature, as for dumps
+        track.sig_table = list(map(signatures.intern, track.sig_table))
+    return trace, conflict, skipped, {}
+
+
 # --- parallel loading ------------------------------------------------------------------------------------
 
 _worker_tables: tuple[StackTable, SignatureTable] | None = None
@@ -573,7 +598,7 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     rank, files, with_stacks = task
     trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, with_stacks)
     used: dict[int, Any] = {}
-    if trace is not None and with_stacks:
+    if trace is not None and (with_stacks or any(t.stack_table for t in trace.groups.values())):
         for track in trace.groups.values():
             for sid in set(track.stack_table) | {row[7] for row in track.p2p}:
                 if sid is not None:

@@ -149,7 +149,7 @@ def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgC
         if isinstance(ranks, str):  # FR writes the list as a string, "[0, 1]"
             ranks = _rank_list(ranks)
         elif isinstance(ranks, (list, tuple)):
-            ranks = _checked_ranks(ranks)
+            ranks = checked_ranks(ranks)
         if isinstance(ranks, tuple) and ranks:
             out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
         elif name:
@@ -178,13 +178,13 @@ def _rank_list(text: str) -> tuple[int, ...] | None:
                 value = ast.literal_eval(text)  # e.g. "(0, 1)"; literal_eval evaluates data only
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 value = None
-    ranks = _checked_ranks(value) if isinstance(value, (list, tuple)) else None
+    ranks = checked_ranks(value) if isinstance(value, (list, tuple)) else None
     if len(_RANK_LISTS) < 4096:
         _RANK_LISTS[text] = ranks
     return ranks
 
 
-def _checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
+def checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
     if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
         return None
     ranks = tuple(value)
