@@ -23,6 +23,9 @@ from typing import Any, overload
 from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack
 from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns
 
+# Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
+# the field is first read (one zip over the ranks' columns) and kept: cheaper than gathering each, and small.
+SMALL_GROUP_CELLS = 1 << 18
 FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
 _MS = object()  # decoding of Flight Recorder's durations: ms (-1: unknown) -> ns
@@ -235,6 +238,7 @@ class GroupCollectives(Sequence[Collective]):
         self._positions: dict[int, int] | None = None
         self._views: weakref.WeakValueDictionary[int, Collective] = weakref.WeakValueDictionary()
         self._timed = any(m is not None and m.columns["duration_ns"][0] is not None for m in members)
+        self._transposed: dict[str, list[tuple]] = {}
 
     # --- Sequence -------------------------------------------------------------------------------------------
 
@@ -279,6 +283,11 @@ class GroupCollectives(Sequence[Collective]):
     def values(self, name: str, index: int) -> tuple:
         if name == "duration_ns" and not self._timed:
             return ()
+        if len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS:  # a small group: every tuple at once, in C
+            table = self._transposed.get(name)
+            if table is None:
+                table = self._transposed[name] = list(zip(*(self.member_column(name, r) for r in self.ranks)))
+            return table[index]
         seq = self.seqs[index]
         out: list = []
         for run in self._runs:

@@ -54,7 +54,15 @@ from comm2perfetto.model import (
     Signature,
     Stack,
 )
-from comm2perfetto.sources.discover import Sources, adopt_traces, cores, drop_traces, dumps_world, load_sources
+from comm2perfetto.sources.discover import (
+    PARALLEL_MIN_RANKS,
+    Sources,
+    adopt_traces,
+    cores,
+    drop_traces,
+    dumps_world,
+    load_sources,
+)
 from comm2perfetto.sources.fr.columns import NO_VALUE, GroupTrack
 from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
@@ -111,7 +119,7 @@ def load_job(
         if mode == TRACES_NONE:
             drop_traces(src)
         elif mode != TRACES_EVENTS and src.kineto:
-            n = workers if workers is not None else min(len(src.kineto), cores())
+            n = workers if workers is not None else _trace_workers(src.kineto)
             profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
                                      hta_scope=hta_scope, collectives=True)
             adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
@@ -120,6 +128,19 @@ def load_job(
     finally:
         if was_enabled:
             gc.enable()
+
+
+PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
+
+
+def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
+    """Processes to read the profiler traces in: every core for big traces (or many ranks), else this one."""
+    paths = [p for ps in kineto.values() for p in ps]
+    if len(kineto) < 2:
+        return 1
+    if len(kineto) >= PARALLEL_MIN_RANKS or sum(p.stat().st_size for p in paths if p.exists()) >= PARALLEL_TRACE_BYTES:
+        return min(len(kineto), cores())
+    return 1
 
 
 def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Job:
