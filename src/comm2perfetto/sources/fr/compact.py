@@ -121,8 +121,8 @@ def is_fr_columns(head: bytes) -> bool:
     return head.startswith(MAGIC)
 
 
-class _Bad(Exception):
-    """What is wrong with the file (becomes FrFormatError with the path)."""
+class _Bad(FrFormatError):
+    """What is wrong with the file (raised again as FrFormatError, with the path)."""
 
 
 def read_fr_columns(path: Path, stacks: StackTable) -> tuple[FrRankTrace, str | None]:
