@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog
@@ -193,6 +193,19 @@ class CollectiveColumns(Protocol):
         ...
 
 
+_T = TypeVar("_T")
+
+
+class _PerRank(Generic[_T]):
+    """A ``Collective`` field read from the group's columns when first asked (see ``Collective._values``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Collective, owner: type | None = None) -> _T:
+        return obj._values(self.name)  # type: ignore[return-value]
+
+
 class Collective:
     """One logical collective: (process group, sequence number) across the group's ranks.
 
@@ -225,37 +238,14 @@ class Collective:
             got = self._cache[name] = self._columns.values(name, self._index)
         return got
 
-    @property
-    def signatures(self) -> tuple[Signature | None, ...]:
-        return self._values("signatures")
-
-    @property
-    def states(self) -> tuple[str | None, ...]:
-        return self._values("states")
-
-    @property
-    def arrive_ns(self) -> tuple[int | None, ...]:
-        return self._values("arrive_ns")
-
-    @property
-    def start_ns(self) -> tuple[int | None, ...]:
-        return self._values("start_ns")
-
-    @property
-    def end_ns(self) -> tuple[int | None, ...]:
-        return self._values("end_ns")
-
-    @property
-    def stack_ids(self) -> tuple[int | None, ...]:
-        return self._values("stack_ids")
-
-    @property
-    def sources(self) -> tuple[str | None, ...]:
-        return self._values("sources")
-
-    @property
-    def duration_ns(self) -> tuple[int | None, ...]:
-        return self._values("duration_ns")
+    signatures = _PerRank[tuple["Signature | None", ...]]("signatures")
+    states = _PerRank[tuple["str | None", ...]]("states")
+    arrive_ns = _PerRank[tuple["int | None", ...]]("arrive_ns")
+    start_ns = _PerRank[tuple["int | None", ...]]("start_ns")
+    end_ns = _PerRank[tuple["int | None", ...]]("end_ns")
+    stack_ids = _PerRank[tuple["int | None", ...]]("stack_ids")
+    sources = _PerRank[tuple["str | None", ...]]("sources")
+    duration_ns = _PerRank[tuple["int | None", ...]]("duration_ns")
 
     def __repr__(self) -> str:
         return f"Collective({self.group.uid!r}, seq={self.seq}, op={self.op!r})"

@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option
-from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Progress
 from comm2perfetto.render.words import size
 from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover, load_sources
@@ -41,10 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) of this node's ranks")
     p.add_argument("-o", "--output", metavar="OUT", required=True, help="the folder to write (created)")
-    add_attempt_option(p)
-    add_jobs_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 

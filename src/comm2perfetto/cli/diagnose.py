@@ -24,8 +24,8 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
-from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
+from comm2perfetto.cli.attempts import with_attempts
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
@@ -53,10 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
     add_trace_rank_option(p)
-    add_attempt_option(p)
-    add_jobs_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
-from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
+from comm2perfetto.cli.attempts import with_attempts
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -66,10 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preview", metavar="FILE.png", help="also draw a compact PNG picture of the job")
     p.add_argument("--no-profiler", action="store_true", help="leave profiler (Kineto) traces out")
     add_trace_rank_option(p)
-    add_attempt_option(p)
-    add_jobs_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
-from comm2perfetto.cli.jobs import add_jobs_option, jobs_option
+from comm2perfetto.cli.attempts import attempts_note
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -63,10 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
-    add_attempt_option(p)
-    add_jobs_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
