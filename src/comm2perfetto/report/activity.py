@@ -22,11 +22,12 @@ unions (``sources.kineto.profile.RankProfile``), not events.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
 
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
 from comm2perfetto.model import Job, RankProfile
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
@@ -134,15 +135,25 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
 def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
     """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
     patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
-    One pass over the job's collectives serves every rank."""
+    Each rank's values are read as its columns across the group's collectives (C-level slices), not as one
+    tuple of every rank per collective."""
     spans: dict[int, list[Span]] = defaultdict(list)
     for cols in job.collectives.values():
-        for c in cols:
-            for rank, source, start, arrive, end in zip(c.ranks, c.sources, c.start_ns, c.arrive_ns, c.end_ns):
+        if not cols:
+            continue
+        for rank in cols[0].ranks:
+            rows: Iterable[tuple]
+            if isinstance(cols, GroupCollectives):
+                rows = zip(*(cols.member_column(name, rank) for name in ("sources", "start_ns", "arrive_ns", "end_ns")))
+            else:
+                rows = ((c.sources[i], c.start_ns[i], c.arrive_ns[i], c.end_ns[i])
+                        for c in cols for i in (c.index_of(rank),))
+            out = spans[rank]
+            for source, start, arrive, end in rows:
                 begin = start or arrive
                 if source == "fr" and begin is not None and end is not None and end > begin:
-                    spans[rank].append((begin, end))
-    return spans
+                    out.append((begin, end))
+    return {rank: out for rank, out in spans.items() if out}
 
 
 def _steps(log, profile: RankProfile, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
