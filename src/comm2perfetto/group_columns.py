@@ -24,7 +24,8 @@ from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, St
 from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns
 
 # Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
-# the field is first read (one zip over the ranks' columns) and kept: cheaper than gathering each, and small.
+# the field is first read (one zip over the ranks' columns) and kept, and so are its views: cheaper than
+# gathering each, and small.
 SMALL_GROUP_CELLS = 1 << 18
 FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
@@ -239,6 +240,8 @@ class GroupCollectives(Sequence[Collective]):
         self._views: weakref.WeakValueDictionary[int, Collective] = weakref.WeakValueDictionary()
         self._timed = any(m is not None and m.columns["duration_ns"][0] is not None for m in members)
         self._transposed: dict[str, list[tuple]] = {}
+        self._small = len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS
+        self._held: list[Collective] = []
 
     # --- Sequence -------------------------------------------------------------------------------------------
 
@@ -262,6 +265,8 @@ class GroupCollectives(Sequence[Collective]):
         if view is None:
             view = Collective(self.group, self.seqs[i], self.ranks, self, i, self.stacks)
             self._views[i] = view
+            if self._small:  # a small group's views are kept: every pass over it reuses them
+                self._held.append(view)
         return view
 
     def __iter__(self) -> Iterator[Collective]:
@@ -283,7 +288,7 @@ class GroupCollectives(Sequence[Collective]):
     def values(self, name: str, index: int) -> tuple:
         if name == "duration_ns" and not self._timed:
             return ()
-        if len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS:  # a small group: every tuple at once, in C
+        if self._small:  # a small group: every tuple at once, in C
             table = self._transposed.get(name)
             if table is None:
                 table = self._transposed[name] = list(zip(*(self.member_column(name, r) for r in self.ranks)))

@@ -197,13 +197,15 @@ _T = TypeVar("_T")
 
 
 class _PerRank(Generic[_T]):
-    """A ``Collective`` field read from the group's columns when first asked (see ``Collective._values``)."""
+    """A ``Collective`` field read from the group's columns when first asked, then kept in the view's own
+    ``__dict__``, which later reads find first (as ``functools.cached_property`` does): a plain attribute read."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def __get__(self, obj: Collective, owner: type | None = None) -> _T:
-        return obj._values(self.name)  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = obj._columns.values(self.name, obj._index)
+        return value  # type: ignore[return-value]
 
 
 class Collective:
@@ -220,7 +222,6 @@ class Collective:
     ranks and 2,000 collectives holds 33 million values, not 33 million objects.
     """
 
-    __slots__ = ("__weakref__", "_cache", "_columns", "_index", "group", "ranks", "seq", "stacks")
 
     def __init__(self, group: ProcessGroup, seq: int, ranks: tuple[int, ...], columns: CollectiveColumns,
                  index: int, stacks: tuple[Stack, ...] = ()) -> None:
@@ -230,13 +231,6 @@ class Collective:
         self.stacks = stacks
         self._columns = columns
         self._index = index
-        self._cache: dict[str, tuple] = {}
-
-    def _values(self, name: str) -> tuple:
-        got = self._cache.get(name)
-        if got is None:
-            got = self._cache[name] = self._columns.values(name, self._index)
-        return got
 
     signatures = _PerRank[tuple["Signature | None", ...]]("signatures")
     states = _PerRank[tuple["str | None", ...]]("states")
