@@ -139,7 +139,8 @@ class _Member:
                 "sources": (track.sources, None) if track.sources is not None else (None, "fr"),
                 "duration_ns": (track.durations, None) if track.durations is not None else (None, None),
             }
-            self.shape = ("alone", id(self))
+            self.shape = ("plain", self.first, self.n, track.sources is None, track.durations is None) \
+                if self.contiguous else ("alone", id(self))
 
     def row(self, seq: int) -> int | None:
         if self.contiguous:
@@ -187,7 +188,7 @@ class _Run:
         if members is None:
             return [None] * self.size
         head = members[0]
-        if head.shape[0] == "compact":
+        if head.shape[0] != "alone":  # one shape: one column index for every member of the run
             j = seq - head.first
             if not 0 <= j < head.n:
                 return [None] * self.size
