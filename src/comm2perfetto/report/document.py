@@ -31,7 +31,8 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
     fr_comm = flight_recorder_comm(job) if job is not None else {}
-    activities = {r: rank_activity(job, r, profiles.get(r), fr_comm) for r in ranks}
+    # each rank's Flight Recorder spans are handed over and dropped once its union is made: never held twice
+    activities = {r: rank_activity(job, r, profiles.get(r), {r: fr_comm.pop(r, [])}) for r in ranks}
     notes = [n for p in profiles.values() for n in p.notes]
     windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
                for r, a in activities.items()}
