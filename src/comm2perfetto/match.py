@@ -67,7 +67,6 @@ from comm2perfetto.sources.fr.columns import NO_VALUE, GroupTrack
 from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
-from comm2perfetto.sources.kineto.profile import read_profiles
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -119,6 +118,8 @@ def load_job(
         if mode == TRACES_NONE:
             drop_traces(src)
         elif mode != TRACES_EVENTS and src.kineto:
+            from comm2perfetto.sources.kineto.profile import read_profiles  # only where there are traces
+
             n = workers if workers is not None else _trace_workers(src.kineto)
             profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
                                      hta_scope=hta_scope, collectives=True)

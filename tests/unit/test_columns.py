@@ -4,7 +4,6 @@ on disk (``comm2perfetto compact``) read back as input."""
 from __future__ import annotations
 
 import pickle
-import struct
 from pathlib import Path
 
 import orjson
@@ -100,12 +99,12 @@ def _compacted(tmp_path: Path) -> Path:
 
 def _edit_header(path: Path, edit) -> None:
     data = path.read_bytes()
-    (size,) = struct.unpack_from("<Q", data, len(MAGIC))
+    size = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")
     start = len(MAGIC) + 8
     header = orjson.loads(data[start:start + size])
     edit(header)
     head = orjson.dumps(header)
-    path.write_bytes(MAGIC + struct.pack("<Q", len(head)) + head + data[start + size:])
+    path.write_bytes(MAGIC + len(head).to_bytes(8, "little") + head + data[start + size:])
 
 
 @pytest.mark.parametrize("edit, why", [

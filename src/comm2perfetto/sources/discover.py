@@ -38,7 +38,7 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
-from comm2perfetto.sources.fr.compact import is_fr_columns, read_fr_columns
+from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
@@ -107,7 +107,7 @@ def classify(head: bytes, name: str) -> str | None:
     """Which kind of file these first bytes start, or None when unknown."""
     if looks_like_pickle(head):
         return FR
-    if is_fr_columns(head):
+    if head.startswith(COLUMNS_MAGIC):
         return FR_COLUMNS
     if head[:2] == b"\x1f\x8b":
         inner = gunzip_head(head, HEAD_BYTES)
@@ -572,6 +572,8 @@ def _load_columns(rank: int, f: FoundFile, others: list[FoundFile], stack_table:
     """A rank's compact columns file, checked as any input; the rank's other dumps are left aside."""
     skipped = [Skipped(str(o.path), f"rank {rank}'s compact columns file {f.path.name} is read instead")
                for o in others]
+    from comm2perfetto.sources.fr.compact import read_fr_columns  # only where `compact` wrote files
+
     try:
         trace, conflict = read_fr_columns(f.path, stack_table)
     except FrFormatError as exc:

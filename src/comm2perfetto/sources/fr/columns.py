@@ -30,6 +30,8 @@ from typing import Any
 from comm2perfetto.model import COMPLETED, FAILED, PENDING, SCHEDULED, STARTED, UNKNOWN, Signature
 
 NO_VALUE = -1
+# The first bytes of a rank's columns written to disk (``compact.py``), which tell the file apart.
+COLUMNS_MAGIC = b"C2P-FR-COLUMNS 1\n"
 # State codes: COMPLETED is 0, so the first unfinished row of a track is found in C (see ``first_not_done``).
 STATES: tuple[str, ...] = (COMPLETED, STARTED, SCHEDULED, PENDING, FAILED, UNKNOWN)
 STATE_CODE = {s: i for i, s in enumerate(STATES)}

@@ -23,7 +23,6 @@ tables, offsets within the file) and a file that fails is skipped and named (``F
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from math import isnan
@@ -33,6 +32,7 @@ from typing import Any
 import orjson
 
 from comm2perfetto.model import Signature
+from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC as MAGIC
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATES, GroupTrack
 from comm2perfetto.sources.fr.dump import FrFormatError, PgConfig, checked_ranks
 from comm2perfetto.sources.fr.ingest import MAX_DURATION_MS, FrRankTrace
@@ -47,7 +47,6 @@ from comm2perfetto.sources.limits import (
     read_bounded,
 )
 
-MAGIC = b"C2P-FR-COLUMNS 1\n"
 SUFFIX = ".fr-columns"
 # column name -> (GroupTrack attribute, array type code)
 _COLUMNS = {"seq": ("seq_col", "q"), "sig": ("sig_col", "i"), "state": ("state_col", "b"),
@@ -97,7 +96,7 @@ def write_fr_columns(path: Path, trace: FrRankTrace, stacks: StackTable, conflic
         "notes": trace.notes, "conflict": conflict, "stacks": table, "groups": groups,
     }
     head = orjson.dumps(header)
-    data = MAGIC + struct.pack("<Q", len(head)) + head + bytes(blob)
+    data = MAGIC + len(head).to_bytes(8, "little") + head + bytes(blob)
     path.write_bytes(data)
     return len(data)
 
@@ -118,10 +117,6 @@ def _sig_json(sig: Signature) -> list:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def is_fr_columns(head: bytes) -> bool:
-    return head.startswith(MAGIC)
-
-
 class _Bad(FrFormatError):
     """What is wrong with the file (raised again as FrFormatError, with the path)."""
 
@@ -138,7 +133,7 @@ def read_fr_columns(path: Path, stacks: StackTable) -> tuple[FrRankTrace, str | 
         return _parse(path, data, stacks)
     except _Bad as exc:
         raise FrFormatError(f"{path}: not a valid comm2perfetto columns file ({exc})") from None
-    except (orjson.JSONDecodeError, RecursionError, struct.error) as exc:
+    except (orjson.JSONDecodeError, RecursionError) as exc:
         raise FrFormatError(f"{path}: not a valid comm2perfetto columns file ({type(exc).__name__})") from None
 
 
@@ -149,7 +144,7 @@ def _need(ok: bool, what: str) -> None:
 
 def _parse(path: Path, data: bytes, stacks: StackTable) -> tuple[FrRankTrace, str | None]:
     _need(data.startswith(MAGIC) and len(data) >= len(MAGIC) + 8, "no header")
-    (size,) = struct.unpack_from("<Q", data, len(MAGIC))
+    size = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")
     start = len(MAGIC) + 8
     _need(size <= len(data) - start, "header longer than the file")
     header = orjson.loads(data[start:start + size])
