@@ -10,7 +10,7 @@ tables (``sig_table``: the signatures, ``stack_table``: stacks by id in the job'
 ``array.array`` rather than numpy or Arrow: the columns are only stored, sliced and read back (the matching
 reads one collective's values across ranks, or one rank's values across collectives, both C-level slices and
 ``tolist``), which ``array`` does as fast, with nothing to import: numpy costs about 100 ms of start-up here
-(more than a 4-rank diagnose takes in all), pyarrow several times that.
+(more than a 4-rank diagnose takes in all); pyarrow (not installed here) was not measured.
 
 Missing values are ``NO_VALUE`` (-1): every time and id a reader accepts is >= 0 (``limits.count_ok``).
 
