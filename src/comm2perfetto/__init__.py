@@ -11,8 +11,7 @@ In a training script (``comm2perfetto record -- CMD`` does the same without edit
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from comm2perfetto._version import __version__
 from comm2perfetto.record.api import disable, enable, range, step
 
 __all__ = ["__version__", "disable", "enable", "range", "step"]

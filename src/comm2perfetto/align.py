@@ -10,7 +10,8 @@ Two sources, in order:
    be used for this: ranks really do arrive at different times.
 
 Dumps without event logs (plain Flight Recorder) carry no measurement: their offsets are assumed 0 (the
-hosts' clocks are trusted, e.g. NTP) and the residual skew is reported as unknown.
+hosts' clocks are trusted, e.g. NTP), unless the collectives Flight Recorder saw complete (NCCL's watchdog
+times, late by a poll) show a skew of more than ``match.FR_SKEW_NS``: then those refine it the same way.
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ def measured_offsets(logs: Mapping[int, object], ranks: Iterable[int]) -> ClockA
 
 
 def refine(
-    clock: ClockAlignment, end_times: Mapping[int, Mapping[tuple[str, int], int]], reference: int = 0
+    clock: ClockAlignment, end_times: Mapping[int, Mapping[tuple[str, int], int]], reference: int = 0,
+    min_correction_ns: int = 0, only_assumed: bool = False,
 ) -> ClockAlignment:
     """Refine offsets from matched collective ends.
 
     ``end_times[rank][(group uid, seq)]`` is the local end time of a collective known to have completed on
     that rank, from a precise source (the recorder saw the call return). Returns a new ``ClockAlignment``.
+    ``min_correction_ns``: leave a rank alone when its ends are within that of the reference's (a coarse
+    source, Flight Recorder's completion times, is trusted only for a large skew); ``only_assumed``: refine
+    only ranks with no measured offset.
     """
     ref = end_times.get(reference)
     offsets = dict(clock.offset_ns)
@@ -61,7 +66,7 @@ def refine(
     residuals: list[int] = []
     total = 0
     for rank, ends in end_times.items():
-        if rank == reference:
+        if rank == reference or (only_assumed and method.get(rank, "assumed") != "assumed"):
             continue
         diffs = [
             (t + offsets.get(rank, 0)) - (ref[key] + offsets.get(reference, 0))
@@ -70,14 +75,19 @@ def refine(
         if len(diffs) < MIN_SAMPLES:
             continue
         correction = int(median(diffs))
+        if abs(correction) < min_correction_ns:
+            continue
         offsets[rank] = offsets.get(rank, 0) - correction
         method[rank] = "refined"
         total += len(diffs)
         residuals.append(int(median(abs(d - correction) for d in diffs)))
+    if not residuals:
+        return clock
+    if clock.residual_skew_ns is not None:  # a second refinement (another source) adds to the first
+        residuals.append(clock.residual_skew_ns)
     return ClockAlignment(
         offset_ns=MappingProxyType(offsets), method=MappingProxyType(method),
-        uncertainty_ns=clock.uncertainty_ns, residual_skew_ns=max(residuals) if residuals else None,
-        samples=total,
+        uncertainty_ns=clock.uncertainty_ns, residual_skew_ns=max(residuals), samples=clock.samples + total,
     )
 
 

@@ -20,14 +20,17 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, overload
 
-from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack
+from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack, gpu_backend
 from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns
 
 # Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
 # the field is first read (one zip over the ranks' columns) and kept, and so are its views: cheaper than
 # gathering each, and small.
 SMALL_GROUP_CELLS = 1 << 18
-FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns")
+FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns",
+          "gpu_begin_ns")
+# Fields that are () in every view of a group where no member has a value (see ``Collective``).
+_OPTIONAL = ("duration_ns", "gpu_begin_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
 _MS = object()  # decoding of Flight Recorder's durations: ms (-1: unknown) -> ns
 
@@ -48,6 +51,7 @@ class Rows:
     log_sigs: list[Signature | None] | None = None
     log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
     durations: list[int | None] | None = None  # GPU time (FR's duration_ms) by row; None: no row has one
+    gpu_begins: list[int | None] | None = None  # the kernels' begin (profiler traces) by row; None: no row has one
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -96,6 +100,8 @@ def shift_track(track: Track, offset: int) -> None:
         return
     for name in ("arrive", "start", "end"):
         setattr(track, name, [t + offset if t is not None else None for t in getattr(track, name)])
+    if track.gpu_begins is not None:
+        track.gpu_begins = [t + offset if t is not None else None for t in track.gpu_begins]
     track.log_ends = {k: t + offset for k, t in track.log_ends.items()}
 
 
@@ -127,6 +133,7 @@ class _Member:
                 "stack_ids": (track.stack_col, stack_lookup) if track.stack_col is not None else (None, None),
                 "sources": (None, "fr"),
                 "duration_ns": (track.duration_col, _MS) if track.duration_col is not None else (None, None),
+                "gpu_begin_ns": (None, None),
             }
             self.shape: tuple = ("compact", self.first, self.n, self.contiguous, id(sig_lookup), id(stack_lookup),
                                  track.stack_col is None, track.duration_col is None)
@@ -138,8 +145,10 @@ class _Member:
                 "start_ns": (track.start, None), "end_ns": (track.end, None), "stack_ids": (track.stack_ids, None),
                 "sources": (track.sources, None) if track.sources is not None else (None, "fr"),
                 "duration_ns": (track.durations, None) if track.durations is not None else (None, None),
+                "gpu_begin_ns": (track.gpu_begins, None) if track.gpu_begins is not None else (None, None),
             }
-            self.shape = ("plain", self.first, self.n, track.sources is None, track.durations is None) \
+            self.shape = ("plain", self.first, self.n, track.sources is None, track.durations is None,
+                          track.gpu_begins is None) \
                 if self.contiguous else ("alone", id(self))
 
     def row(self, seq: int) -> int | None:
@@ -239,7 +248,10 @@ class GroupCollectives(Sequence[Collective]):
         self._index: dict[int, int] | None = None
         self._positions: dict[int, int] | None = None
         self._views: weakref.WeakValueDictionary[int, Collective] = weakref.WeakValueDictionary()
-        self._timed = any(m is not None and m.columns["duration_ns"][0] is not None for m in members)
+        # The optional fields some member has: the others are () in every view.
+        self._present = {name for name in _OPTIONAL
+                         if any(m is not None and m.columns[name][0] is not None for m in members)}
+        self.on_gpu = "duration_ns" in self._present or gpu_backend(group.backend)
         self._transposed: dict[str, list[tuple]] = {}
         self._small = len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS
         self._held: list[Collective] = []
@@ -287,7 +299,7 @@ class GroupCollectives(Sequence[Collective]):
     # --- CollectiveColumns (what the views read) --------------------------------------------------------------
 
     def values(self, name: str, index: int) -> tuple:
-        if name == "duration_ns" and not self._timed:
+        if name in _OPTIONAL and name not in self._present:
             return ()
         if self._small:  # a small group: every tuple at once, in C
             table = self._transposed.get(name)
@@ -337,7 +349,7 @@ class GroupCollectives(Sequence[Collective]):
         no record): the column a trace writer walks, decoded at C speed."""
         m = self._members[self.position(rank)]
         n = len(self.seqs)
-        if name == "duration_ns" and not self._timed:
+        if name in _OPTIONAL and name not in self._present:
             return [None] * n
         if m is None:
             return [None] * n
@@ -350,6 +362,18 @@ class GroupCollectives(Sequence[Collective]):
         for s, v in zip(m.seqs, values):
             out[find(s)] = v
         return out
+
+    def value(self, name: str, rank: int, index: int) -> Any:
+        """``rank``'s value of field ``name`` in the ``index``-th collective (None where it has no record),
+        without gathering the other ranks'."""
+        m = self._members[self.position(rank)]
+        row = m.row(self.seqs[index]) if m is not None else None
+        if m is None or row is None:
+            return None
+        col, how = m.columns[name]
+        if col is None:
+            return how if isinstance(how, str) else None
+        return _decode([col[row]], how)[0]
 
     def find_index(self, seq: int) -> int:
         if isinstance(self.seqs, range):

@@ -29,10 +29,11 @@ import dataclasses
 import functools
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from comm2perfetto.align import measured_offsets, refine
 from comm2perfetto.group_columns import GroupCollectives, Rows, Track, completed_upto, first_last, rows_of, shift_track
@@ -40,6 +41,7 @@ from comm2perfetto.model import (
     COMPLETED,
     FAILED,
     PENDING,
+    ROOTED_FAMILIES,
     UNKNOWN,
     ClockAlignment,
     Collective,
@@ -53,6 +55,7 @@ from comm2perfetto.model import (
     RankProfile,
     Signature,
     Stack,
+    op_family,
 )
 from comm2perfetto.sources.discover import (
     PARALLEL_MIN_RANKS,
@@ -63,7 +66,7 @@ from comm2perfetto.sources.discover import (
     dumps_world,
     load_sources,
 )
-from comm2perfetto.sources.fr.columns import NO_VALUE, GroupTrack
+from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -173,6 +176,9 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
             ends.setdefault(rank, {}).update(by_key)
         reference = 0 if 0 in ends or not ends else min(ends)
         clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
+        # Plain dumps carry no measurement: their completed collectives show a skew of seconds, if any.
+        clock = refine(clock, _FrEnds(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
+                       only_assumed=True)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
@@ -296,7 +302,7 @@ def _uid(name: str, ranks: tuple[int, ...]) -> str:
 def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
     out = []
     counters: dict[tuple[str, int], int] = defaultdict(int)
-    for kind, peer_local, _p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
+    for kind, peer_local, p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
         if kind not in ("send", "recv") or peer_local is None:
             continue
         peer = group.global_rank(peer_local)
@@ -308,7 +314,7 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
         psig = Signature(kind, sizes, dtypes, None, None, "fr")
         i = counters[(kind, peer)]
         counters[(kind, peer)] += 1
-        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr"))
+        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr", p2p_seq))
     return out
 
 
@@ -347,7 +353,8 @@ def _merge_log(
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
-        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+        root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
+        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
             rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
@@ -361,6 +368,9 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     fr = rows_of(track) if track is not None else None
     index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
     out = Rows([], [], [], [], [], [], [], [], [], {})
+    # every column of the new rows (sources and log_sigs are lists here, not None)
+    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                      _listed(out.sources), _listed(out.log_sigs))
     durations = fr.durations if fr is not None else None
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
@@ -377,13 +387,15 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
         else:  # both: FR's signature and start, the recorder's arrival and end
             assert fr is not None
             sig, state, t_call, t_end, site, precise = row
+            fr_sig = fr.sigs[i]
+            if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
+                fr_sig = dataclasses.replace(fr_sig, root=sig.root)
             values = (
-                fr.sigs[i], _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )
-        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                  out.sources, out.log_sigs), values):
+        for column, value in zip(columns, values):
             column.append(value)
         out.seqs.append(key)
         if precise and values[4] is not None:
@@ -436,6 +448,12 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     return gpu_ends
 
 
+def _listed(column: list | None) -> list:
+    """A column that ``Rows`` types as optional, which this caller made a list."""
+    assert column is not None
+    return column
+
+
 def _trace_signature(c: TraceCollective) -> Signature:
     sizes = ((c.in_nelems,),) if c.in_nelems is not None else None
     out = ((c.out_nelems,),) if c.out_nelems is not None else None
@@ -445,18 +463,27 @@ def _trace_signature(c: TraceCollective) -> Signature:
 
 def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows:
     """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
-    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner)."""
+    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner).
+    The kernels are the row's GPU time: their begin and first-begin-to-last-end (over Flight Recorder's
+    duration_ms, which times the same work with CUDA events but says nothing of when it began)."""
     track = rows_of(fr) if fr is not None else None
     if track is None:
         track = Rows([], [], [], [], [], [], [], [], [], {})
     index = {s: i for i, s in enumerate(track.seqs)}
     out = Rows([], [], [], [], [], [], [], [], [], dict(track.log_ends))
-    if track.durations is not None:
-        out.durations = [track.durations[index[key]] if key in index else None
-                         for key in sorted(set(index) | set(rows))]
+    # every column of the new rows (sources and log_sigs are lists here, not None)
+    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                      _listed(out.sources), _listed(out.log_sigs))
+    keys = sorted(set(index) | set(rows))
+    if track.durations is not None or any(c.on_gpu for c in rows.values()):
+        kernels = {key: c for key, c in rows.items() if c.on_gpu}
+        fr_gpu = track.durations or []
+        out.durations = [kernels[key].t_end_ns - kernels[key].t_begin_ns if key in kernels
+                         else fr_gpu[index[key]] if fr_gpu and key in index else None for key in keys]
+        out.gpu_begins = [kernels[key].t_begin_ns if key in kernels else None for key in keys]
     sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
     log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
-    for key in sorted(set(index) | set(rows)):
+    for key in keys:
         i, c = index.get(key), rows.get(key)
         if c is None:
             values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
@@ -468,8 +495,7 @@ def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows
             arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
             values = (track.sigs[i], COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
                       f"{sources[i]}+kineto", log_sigs[i])
-        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                  out.sources, out.log_sigs), values):
+        for column, value in zip(columns, values):
             column.append(value)
         out.seqs.append(key)
     return out
@@ -564,6 +590,42 @@ def parse_site(site: str) -> Frame:
 # --- clock, coverage -------------------------------------------------------------------------------------
 
 
+FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog poll: only a larger skew is fixed
+
+
+class _FrEnds(Mapping[int, Mapping[tuple[str, int], int]]):
+    """When each rank's Flight Recorder saw its collectives complete (NCCL's watchdog: a late bound), for the
+    ranks without an event log, as ``align.refine`` reads them: (group uid, seq) -> end, per rank. gloo's
+    entries never complete, so none there. A rank's ends are built when asked and not kept: every rank's at
+    once would be a dict entry per collective of the job (33 million at 16,384 ranks)."""
+
+    def __init__(self, tracks: dict[tuple[int, str], Track], logs: Mapping[int, object]) -> None:
+        self._tracks: dict[int, list[tuple[str, Track]]] = {}
+        for (rank, uid), tr in tracks.items():
+            if rank not in logs and (isinstance(tr, GroupTrack) or tr.sources is None):
+                self._tracks.setdefault(rank, []).append((uid, tr))
+
+    def __getitem__(self, rank: int) -> dict[tuple[str, int], int]:
+        out: dict[tuple[str, int], int] = {}
+        for uid, tr in self._tracks[rank]:
+            if isinstance(tr, GroupTrack):
+                done = STATE_CODE[COMPLETED]
+                for seq, code, end in zip(tr.seq_col, tr.state_col, tr.completed_col):
+                    if code == done and end != NO_VALUE:
+                        out[(uid, seq)] = end
+                continue
+            for seq, state, t in zip(tr.seqs, tr.states, tr.end):
+                if state == COMPLETED and t is not None:
+                    out[(uid, seq)] = t
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._tracks)
+
+    def __len__(self) -> int:
+        return len(self._tracks)
+
+
 def _precise_ends(tracks: dict[tuple[int, str], Track]) -> dict[int, dict[tuple[str, int], int]]:
     out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for (rank, uid), tr in tracks.items():
@@ -625,7 +687,7 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
         if off:
             op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
                        op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
-                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source)
+                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source, op.seq)
         if op.kind == "send":
             sends[(op.rank, op.peer)].append(op)
         else:
@@ -676,10 +738,10 @@ class LazyStacks:
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._by_rank: dict[int, dict[tuple[str, int], Stack]] = {}
+        self._by_rank: dict[tuple[int, bool], dict[tuple[str, int], Stack]] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int) -> Stack:
-        known = self._by_rank.get(rank)
+    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> Stack:
+        known = self._by_rank.get((rank, p2p))
         if known is None:
             dumps = []
             for path in self._files.get(rank, ()):
@@ -689,7 +751,7 @@ class LazyStacks:
                     continue  # it was readable a moment ago; without it there is just no stack
             if len(self._by_rank) >= self.KEPT_RANKS:
                 del self._by_rank[next(iter(self._by_rank))]
-            known = self._by_rank[rank] = stacks_by_collective(dumps, self._table)
+            known = self._by_rank[(rank, p2p)] = stacks_by_collective(dumps, self._table, p2p)
         return known.get((pg_name, seq), ())
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -79,6 +79,25 @@ _FAMILY = {
     "barrier": "barrier", "all_reduce_barrier": "barrier", "monitored_barrier": "barrier",
     "gather": "gather", "gather_object": "gather", "scatter": "scatter", "scatter_object_list": "scatter",
 }
+
+
+ROOTED_FAMILIES = frozenset({"broadcast", "reduce", "gather", "scatter"})  # ops that name a src or dst rank
+
+
+# Communication libraries that run collectives as GPU kernels: what they do takes GPU time only.
+_GPU_LIBRARIES = ("nccl", "rccl", "xccl", "hccl")
+
+
+def gpu_backend(backend: str | None) -> bool:
+    """Whether a group's backend runs every collective and send/recv on a GPU (``nccl``, ``cuda:nccl``), so that
+    a CPU call's return or Flight Recorder's discovery times say nothing of its duration; not a mixed
+    ``cpu:gloo,cuda:nccl``, whose CPU tensors go to gloo.
+
+    >>> gpu_backend("nccl"), gpu_backend("cpu:gloo,cuda:nccl"), gpu_backend("gloo"), gpu_backend(None)
+    (True, False, False, False)
+    """
+    return bool(backend) and all(any(lib in part for lib in _GPU_LIBRARIES)
+                                 for part in backend.lower().split(","))  # type: ignore[union-attr]
 
 
 def op_family(op: str) -> str:
@@ -147,7 +166,8 @@ class Signature:
 
     ``source`` is ``fr`` (a Flight Recorder entry: exact op name, input and output sizes and dtypes) or
     ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
-    A coalesced group has one signature whose ``parts`` are its member ops, in issue order.
+    A coalesced group has one signature whose ``parts`` are its member ops, in issue order. ``root``: the global
+    rank a broadcast, reduce, gather or scatter names as its ``src``/``dst`` (from the recorder; None: unknown).
     """
 
     op: str
@@ -157,12 +177,22 @@ class Signature:
     output_dtypes: tuple[str, ...] | None
     source: str = "fr"
     parts: tuple[Signature, ...] = ()
+    root: int | None = None
 
     def describe(self) -> str:
-        """``all_reduce [[4]] Float`` for messages."""
+        """``all_reduce [[4]] Float``, ``broadcast [[4]] Float root 2`` for messages; outputs where they differ
+        in size from the inputs (``all_gather [[4]] Float -> [[8]]``)."""
+        if self.parts:  # a coalesced group: its members, which is where sizes differ
+            shown = ", ".join(p.describe() for p in self.parts[:4])
+            return f"{self.op} of {len(self.parts)} ({shown}{', ...' if len(self.parts) > 4 else ''})"
         sizes = [list(s) for s in self.input_sizes] if self.input_sizes is not None else "?"
         dtypes = ",".join(self.input_dtypes) if self.input_dtypes else ""
-        return f"{self.op} {sizes} {dtypes}".rstrip()
+        out = f"{self.op} {sizes} {dtypes}".rstrip()
+        if self.output_sizes is not None and self.input_sizes is not None and self.output_sizes != self.input_sizes:
+            out += f" -> {[list(s) for s in self.output_sizes]}"
+        if self.root is not None:
+            out += f" root {self.root}"
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +215,13 @@ class CollectiveColumns(Protocol):
 
     def values(self, name: str, index: int) -> tuple:
         """The per-rank tuple of field ``name`` (``signatures``, ``states``, ``arrive_ns``, ``start_ns``,
-        ``end_ns``, ``stack_ids``, ``sources``, ``duration_ns``) of the ``index``-th collective."""
+        ``end_ns``, ``stack_ids``, ``sources``, ``duration_ns``, ``gpu_begin_ns``) of the ``index``-th
+        collective."""
+        ...
+
+    @property
+    def on_gpu(self) -> bool:
+        """The group runs on a GPU backend or some member's GPU time is known (see ``Collective.on_gpu``)."""
         ...
 
     def position(self, rank: int) -> int:
@@ -214,8 +250,10 @@ class Collective:
     Every per-rank tuple is aligned with ``ranks`` (the group's global ranks); ``None`` where that rank
     has no record of this collective. Times are aligned to rank 0's clock. ``stack_ids`` index ``stacks``;
     they are None for Flight Recorder records of a job loaded without stacks: ``Job.stack_of`` reads those.
-    ``duration_ns``: each rank's GPU time of it (Flight Recorder's duration_ms: NCCL with
-    TORCH_NCCL_ENABLE_TIMING); () when no rank has one.
+    ``duration_ns``: each rank's GPU time of it, () when no rank has one: its communication kernels in a
+    profiler trace (first begin to last end), else Flight Recorder's duration_ms (NCCL with
+    TORCH_NCCL_ENABLE_TIMING). ``gpu_begin_ns``: each rank's GPU begin of it, where a profiler trace shows its
+    kernels (its GPU work is then [gpu_begin, gpu_begin + duration]); () when no rank has one.
 
     A view: the values live in the group's columns (one per rank and field, see ``match.GroupCollectives``)
     and each per-rank tuple is built when first read, then kept as long as the view is. A job of 16,384
@@ -240,6 +278,13 @@ class Collective:
     stack_ids = _PerRank[tuple["int | None", ...]]("stack_ids")
     sources = _PerRank[tuple["str | None", ...]]("sources")
     duration_ns = _PerRank[tuple["int | None", ...]]("duration_ns")
+    gpu_begin_ns = _PerRank[tuple["int | None", ...]]("gpu_begin_ns")
+
+    @property
+    def on_gpu(self) -> bool:
+        """It runs on a GPU backend (NCCL ...) or some rank's GPU time is known: its time is then its GPU work
+        only, never a CPU call or Flight Recorder's discovery times (the GPU queue and the watchdog's polling)."""
+        return self._columns.on_gpu
 
     def __repr__(self) -> str:
         return f"Collective({self.group.uid!r}, seq={self.seq}, op={self.op!r})"
@@ -279,6 +324,79 @@ class Collective:
         return max(known) - min(known) if len(known) > 1 else None
 
     @property
+    def ready_ns(self) -> tuple[int | None, ...]:
+        """When each rank was ready to communicate: its GPU begin where every rank that joined has one (the
+        GPU runs behind the CPU, so the CPU's arrival order says nothing of who the others' kernels waited
+        for), else its arrival."""
+        begins = self.gpu_begin_ns
+        if begins and all(b is not None for b, s in zip(begins, self.signatures) if s is not None):
+            return begins
+        return self.arrive_ns
+
+    @property
+    def ready_skew_ns(self) -> int | None:
+        """The last ready rank's ``ready_ns`` minus the first's: the arrival skew, on the GPU where known."""
+        known = [t for t in self.ready_ns if t is not None]
+        return max(known) - min(known) if len(known) > 1 else None
+
+    @property
+    def last_ready_rank(self) -> int | None:
+        """The rank ready last (see ``ready_ns``), or None without times."""
+        known = [(t, r) for r, t in zip(self.ranks, self.ready_ns) if t is not None]
+        return max(known)[1] if known else None
+
+    def work_of(self, i: int) -> tuple[int | None, int | None]:
+        """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it, else arrival to end."""
+        begin = self.gpu_begin_ns[i] if self.gpu_begin_ns else None
+        gpu = self.duration_ns[i] if self.duration_ns else None
+        if begin is not None and gpu is not None:
+            return begin, begin + gpu
+        return self.arrive_ns[i], self.end_ns[i]
+
+    @property
+    def work_ns(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+        """Every rank's ``work_of``: (begins, ends), aligned with ``ranks``; arrivals and ends as they are where
+        no trace shows GPU work."""
+        if not self.gpu_begin_ns:
+            return self.arrive_ns, self.end_ns
+        begins, ends = zip(*map(self.work_of, range(len(self.ranks))))
+        return begins, ends
+
+    def timing(self) -> tuple[int, int] | None:
+        """(duration, transfer time) in ns; None when no rank's time is known.
+
+        On a GPU (``on_gpu``) only GPU times count: the duration runs from the first rank's kernel begin to the
+        last rank's kernel end (without begins: the longest rank's GPU time, which also runs from its begin
+        to the common end), the transfer time is the shortest rank's GPU time (the others' kernels also
+        waited for the late ranks). Otherwise from the first arrival to the last completion, and the transfer
+        time is the fastest rank's arrival to completion.
+
+        >>> g = ProcessGroup("0[0,1]", "0", "default_pg", (0, 1))
+        >>> s = Signature("all_reduce", ((4,),), ("Float",), None, None)
+        >>> from comm2perfetto.group_columns import GroupCollectives, Rows
+        >>> c = GroupCollectives(g, [Rows([1], [s], ["completed"], [a], [None], [e], [None], ["kineto"], durations=[d],
+        ...                               gpu_begins=[b]) for a, e, d, b in ((0, 400, 120, 300), (50, 420, 40, 380))],
+        ...                      ())[0]
+        >>> c.timing(), c.ready_ns, c.work_of(1), c.queue_ns()
+        ((120, 40), (300, 380), (380, 420), [300, 330])
+        """
+        gpu = [d for d in self.duration_ns if d is not None]
+        if gpu:
+            spans = [(b, b + d) for b, d in zip(self.gpu_begin_ns, self.duration_ns)
+                     if b is not None and d is not None] if self.gpu_begin_ns else []
+            if len(spans) == len(gpu):
+                return max(e for _, e in spans) - min(b for b, _ in spans), min(gpu)
+            return max(gpu), min(gpu)
+        return None if self.on_gpu else span_timing(self.arrive_ns, self.end_ns)
+
+    def queue_ns(self) -> list[int]:
+        """Each rank's queue delay where a trace shows it: from its CPU enqueue (arrival) to its first kernel's
+        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's."""
+        if not self.gpu_begin_ns:
+            return []
+        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b >= a]
+
+    @property
     def completed_everywhere(self) -> bool:
         return self.states.count(COMPLETED) == len(self.states)
 
@@ -296,6 +414,19 @@ class Collective:
         )
 
 
+def span_timing(arrive: Iterable[int | None], end: Iterable[int | None]) -> tuple[int, int] | None:
+    """(duration, transfer time) from per-rank arrivals and completions on the CPU: from the first arrival to
+    the last completion, and the fastest rank's arrival to completion; None when no rank has both.
+
+    >>> span_timing((0, 30, None), (100, 110, 90))
+    (110, 80)
+    """
+    pairs = [(a, e) for a, e in zip(arrive, end) if a is not None and e is not None and e >= a]
+    if not pairs:
+        return None
+    return max(e for _, e in pairs) - min(a for a, _ in pairs), min(e - a for a, e in pairs)
+
+
 @dataclass(frozen=True, slots=True)
 class P2POp:
     """One send or recv on one rank. ``peer`` is a global rank."""
@@ -311,6 +442,7 @@ class P2POp:
     t_end_ns: int | None
     stack_id: int | None
     source: str
+    seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,8 +572,8 @@ class Job:
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
     # rank -> that rank's profiler traces, read (sources.kineto.events.KinetoTrace), for what draws their events
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
-    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq) -> Stack.
-    resolver: Callable[[int, str, int], Stack] | None = field(default=None, repr=False, compare=False)
+    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
+    resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
     # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)
     profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
@@ -473,6 +605,15 @@ class Job:
             return self.stack(sid)
         if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
             return self.resolver(rank, c.group.name, c.seq)
+        return ()
+
+    def p2p_stack(self, op: P2POp) -> Stack:
+        """The call stack of a send or recv (read from its rank's dump now if it was loaded lazily)."""
+        if op.stack_id is not None:
+            return self.stack(op.stack_id)
+        group = self.groups.get(op.group_uid)
+        if self.resolver is not None and op.source == "fr" and op.seq is not None and group is not None:
+            return self.resolver(op.rank, group.name, op.seq, True)
         return ()
 
     def stack(self, stack_id: int | None) -> Stack:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import os
 import pickle
@@ -381,10 +382,17 @@ def fr_dump_named(job: Job, file: str) -> dict[str, Any] | None:
 
 
 def entry_for(entries: Any, seq: int | None, p2p: bool = False) -> dict[str, Any] | None:
-    """The collective (or p2p) entry with this sequence number on the default group (pg_id 0)."""
-    values = entries.values() if isinstance(entries, dict) else entries
+    """The collective (or p2p) entry with this sequence number on the default group (pg_id 0): the closing
+    ``*coalesced`` entry of a coalesced group, which carries its state. A batch_isend_irecv's closing entry says
+    ``is_p2p: false`` and repeats the last collective's seq (torch 2.11, H200 run): it counts for the p2p seq of
+    the send/recv right before it, never for that collective."""
+    values = sorted(entries.values() if isinstance(entries, dict) else entries, key=lambda e: e.get("record_id", 0))
+    closes_p2p = {id(e) for before, e in itertools.pairwise(values)
+                  if "coalesced" in str(e.get("profiling_name")) and before.get("is_p2p")
+                  and before.get("p2p_seq_id") == e.get("p2p_seq_id")}
     field = "p2p_seq_id" if p2p else "collective_seq_id"
-    found = [e for e in values if e.get(field) == seq and bool(e.get("is_p2p")) == p2p and str(e.get("pg_id")) == "0"]
+    found = [e for e in values if e.get(field) == seq and str(e.get("pg_id")) == "0"
+             and (bool(e.get("is_p2p")) or id(e) in closes_p2p) == p2p]
     coalesced = [e for e in found if "coalesced" in str(e.get("profiling_name"))]
     return (coalesced or found or [None])[-1]
 
@@ -509,12 +517,12 @@ def healthy() -> Job:
     fr_sum_s = sum(e["duration_ms"] for e in ar) / 1000
     if row is not None and row.get("transfer_s") is not None and ar:
         rel = abs(row["transfer_s"] - fr_sum_s) / max(fr_sum_s, 1e-12)
-        check("healthy: report's all_reduce transfer time is Flight Recorder's duration_ms",
+        check("healthy: report's all_reduce transfer time is Flight Recorder's duration_ms (issue 22)",
               rel < 0.15 or abs(row["transfer_s"] - fr_sum_s) < 50e-6,
               f"transfer_s {row['transfer_s']:.6g} vs sum(duration_ms) {fr_sum_s:.6g} s over {len(ar)} entries; "
               f"count {row.get('count')}, timed {row.get('timed')}, algbw {row.get('algbw_gbps')} GB/s", gpu_only=True)
     else:
-        check("healthy: report's all_reduce transfer time is Flight Recorder's duration_ms", False,
+        check("healthy: report's all_reduce transfer time is Flight Recorder's duration_ms (issue 22)", False,
               f"row {row}, {len(ar)} timed all_reduce entries", gpu_only=True)
     check("healthy: algbw computed for all_reduce", row is not None and row.get("algbw_gbps") is not None,
           f"algbw_gbps {row and row.get('algbw_gbps')}, busbw {row and row.get('busbw_gbps')} (world size 1: busbw 0)",
@@ -640,11 +648,12 @@ def sync_run() -> None:
     job = Job("sync", "ddp_job.py", ["--steps", "6"], ["--sync"], nproc=1, timeout=45).run()
     check("sync: job exited 0", job.rc == 0, job.tail())
     log = event_log(job)
-    calls = log.ordered_calls()[:2]
-    ok = len(calls) == 2 and all(c["t_done"] is not None and c["t_done"] >= (c["t_return"] or 0) for c in calls)
+    calls = log.ordered_calls()
+    early = [c for c in calls if c["t_done"] is None or c["t_done"] < (c["t_return"] or 0)]
     check("sync: --sync logs measured completions (`d` after the synchronisation)",
-          ok if not CPU else None,
-          f"{[(c['op'], c['async'], c['t_done'] and (c['t_done'] - c['t_return'])) for c in calls]} "
+          (bool(calls) and not early) if not CPU else None,
+          f"{len(early)} of {len(calls)} calls without `d` or with `d` before `e`; first two "
+          f"{[(c['op'], c['async'], c['t_done'] and (c['t_done'] - c['t_return'])) for c in calls[:2]]} "
           f"(ns from return to done)", gpu_only=True)
     figure("sync.step_ms", job.info("steps_done").get("step_ms"))
     got = readers(job)
@@ -688,12 +697,24 @@ def pending() -> None:
     if CPU:
         check("pending: stall detected (gloo: a pending patch-layer call)", bool(own), f"stalls {log.stalls}")
     else:
-        coll = any("all_reduce" in ln for ln in stall_lines)
-        p2p = any(re.search(r"send|recv|coalesced", ln) for ln in stall_lines)
-        check("pending: stall detected from Flight Recorder, per counter (collective and p2p)",
-              len([s for s in own if s[1] == "fr_pending"]) >= (2 if P2P["ok"] else 1) and coll
-              and (p2p or not P2P["ok"]),
-              f"{len(own)} stall records {[s[1] for s in own]}; lines: {stall_lines}")
+        # A batch whose call returned only after the hold (the first send/recv of a pair connects inside
+        # ncclGroupEnd: the first run's batch did) is never pending in Flight Recorder, its closing entry's CUDA
+        # events being recorded after that call returned; the patch layer reports the call instead, and while a
+        # call it sees is stalled the watchdog does not look at Flight Recorder, so the all_reduce is not
+        # reported from there either.
+        batch_s = issued.get("batch_call_s")
+        figure("pending.call_seconds", {"all_reduce": issued.get("all_reduce_call_s"), "batch": batch_s})
+        fr = [s for s in own if s[1] == "fr_pending"]
+        if isinstance(batch_s, (int, float)) and batch_s > hold / 2:
+            check("pending: stall detected (the batch call held the CPU: by the patch layer)",
+                  any("batch_isend_irecv" in ln for ln in stall_lines),
+                  f"batch call {batch_s} s; {len(own)} stall records {[s[1] for s in own]}; lines: {stall_lines}")
+        else:
+            coll = any("nccl:all_reduce" in ln for ln in stall_lines)
+            p2p = any(re.search(r"nccl:(send|recv)", ln) for ln in stall_lines)
+            check("pending: stall detected from Flight Recorder, per counter (collective and p2p)",
+                  len(fr) >= (2 if P2P["ok"] else 1) and coll and (p2p or not P2P["ok"]),
+                  f"{len(own)} stall records {[s[1] for s in own]}; batch call {batch_s} s; lines: {stall_lines}")
     t_issued, t_done = issued.get("t_ns"), completed.get("t_ns")
     if t_issued and t_done:
         late = [s for s in log.stalls if s[0] > t_done + 1.5e9]
@@ -740,6 +761,32 @@ def pending() -> None:
           f"{[(f.get('kind'), f.get('op'), f.get('seq'), f.get('resolved')) for f in d.get('findings', [])]}")
     idle = job.info("idle_done")
     figure("pending.watchdog_view_after", {k: v for k, v in idle.items() if k in ("unfinished", "active")})
+    check("pending: the watchdog sees nothing unfinished once everything completed (batched ops by their closing "
+          "entry)", idle.get("unfinished") == {}, f"unfinished() {idle.get('unfinished')}; still 'active' in FR: "
+          f"{idle.get('active')}", gpu_only=True)
+    rows_checks(job)
+
+
+def rows_checks(job: Job) -> None:
+    """What the readers make of the held batch (issue 26, item 3): the default group's collectives are its
+    all_reduces, none a ``coalesced`` row, and the batch's send and recv take its closing entry's state."""
+    from comm2perfetto.diagnose.diagnosis import diagnose
+    from comm2perfetto.match import load_job
+
+    loaded = load_job([job.out])
+    rows = [(c.seq, sorted({s.op for s in c.signatures if s is not None}), c.states)
+            for cs in loaded.collectives.values() for c in cs]
+    transfers = [(t.src, t.dst, t.send and t.send.state, t.recv and t.recv.state)
+                 for ts in loaded.p2p.values() for t in ts]
+    figure("pending.rows", {"collectives": rows, "transfers": transfers})
+    check("pending: rows are the all_reduces and the send/recv, completed (no 'coalesced' collective)",
+          bool(rows) and all(ops == ["all_reduce"] for _, ops, _ in rows)
+          and all(st == "completed" for _, _, states in rows for st in states)
+          and (not P2P["ok"] or (bool(transfers) and all(t[2] == t[3] == "completed" for t in transfers))),
+          f"collectives {rows}; transfers {transfers}", gpu_only=True)
+    d = diagnose(loaded)
+    figure("pending.verdict_for_issue_21", {"status": d.status, "findings": [
+        (f.kind, f.op, f.seq, f.resolved, f.culprit_ranks) for f in d.findings]})
 
 
 @guarded("p2pidle")
@@ -756,6 +803,8 @@ def p2pidle() -> None:
     log = event_log(job)
     idle = job.info("idle_done")
     figure("p2pidle.watchdog_view", {k: v for k, v in idle.items() if k in ("unfinished", "active")})
+    check("p2pidle: the watchdog sees nothing unfinished at the end", idle.get("unfinished") == {},
+          f"unfinished() {idle.get('unfinished')}", gpu_only=True)
     check("p2pidle: no stall reported while everything had completed", not log.stalls,
           f"{len(log.stalls)} stall records {[s[1] for s in log.stalls]}; stderr "
           f"{[ln for ln in job.stderr.splitlines() if 'pending for' in ln][:3]}; watchdog sees "
@@ -1003,7 +1052,8 @@ def write_summary() -> str:
     keys = ["cost.per_call_us", "cost.nccl_timing", "cost.periodic_dumps_ddp_step_ms",
             "cost.periodic_dump_us_per_collective", "pytest.outcomes",
             "healthy.step_ms", "sync.step_ms", "healthy.kineto", "userprof.kineto", "healthy.collective_slice_sources",
-            "healthy.gpu_slice_classes", "healthy.fr_p2p_states", "pending.stall_lines", "pending.watchdog_view_after",
+            "healthy.gpu_slice_classes", "healthy.fr_p2p_states", "pending.call_seconds", "pending.stall_lines",
+            "pending.watchdog_view_after", "pending.rows", "pending.verdict_for_issue_21",
             "p2pidle.watchdog_view", "graph.dumps_rel_capture_s", "graph.warnings", "graph.fr", "userprof.report"]
     for key in keys:
         if key in figures:

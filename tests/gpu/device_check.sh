@@ -4,8 +4,9 @@
 #   bash tests/gpu/device_check.sh            # on the device machine (carry: [".gpu-wheels"]); OUT is set there
 #   PYTHON=.venv/bin/python bash tests/gpu/device_check.sh   # here, without a GPU: a dry run on gloo
 #
-# Needs: a Python with torch (first of $PYTHON, /opt/torch/.venv/bin/python3, python3 that imports it); orjson
-# and nvtx importable or as wheels in .gpu-wheels/ (bash tests/gpu/wheels.sh fetches them where PyPI is reachable).
+# Needs: a Python with torch (first of $PYTHON, /opt/torch/.venv/bin/python3, python3 that imports it); orjson,
+# nvtx and perfetto importable or as wheels in .gpu-wheels/ (bash tests/gpu/wheels.sh fetches them, and protobuf,
+# where PyPI is reachable).
 # The package runs from src/ (PYTHONPATH), so nothing is built. Without CUDA+NCCL it runs the same jobs on gloo
 # (C2P_GPU_CHECK_CPU=1) and GPU-only checks SKIP: the plumbing is exercised, not the hardware.
 #
@@ -71,26 +72,44 @@ fi
 if [ -z "$PY" ]; then say "no Python with torch found (set PYTHON)"; exit 2; fi
 export PYTHON=$PY
 
-# --- orjson and nvtx: importable, or installed from the carried wheels -----------------------------------------
+# --- orjson, nvtx, perfetto: importable, or installed from the carried wheels -------------------------------
 SITE=$WORK/site
 export PYTHONPATH=$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
 WHEELS=${C2P_WHEELS:-$REPO/.gpu-wheels}
-install_wheels() {
-  if "$PY" -c "import orjson, nvtx" 2>/dev/null; then echo "orjson and nvtx already importable"; return 0; fi
-  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then echo "no wheels in $WHEELS (run tests/gpu/wheels.sh)"; return 1; fi
+# install_wheels: orjson, nvtx and perfetto where the Python cannot import them, from the carried wheels; protobuf
+# too where perfetto's generated protos refuse the machine's own (older than the protoc that generated them).
+wheel_install() {  # wheel files -> $SITE
   mkdir -p "$SITE"
   if "$PY" -m pip --version >/dev/null 2>&1 \
-     && "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl; then
-    echo "installed with pip into $SITE"
+     && "$PY" -m pip install --quiet --no-index --no-deps --upgrade --target "$SITE" "$@"; then
+    echo "installed with pip into $SITE: $(basename -a "$@" | tr '\n' ' ')"
   else
-    echo "pip unavailable or failed: unpacking the wheels into $SITE"
-    "$PY" - "$WHEELS" "$SITE" <<'EOF'
-import glob, sys, zipfile
-for wheel in glob.glob(sys.argv[1] + "/*.whl"):
-    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+    echo "pip unavailable or failed: unpacking into $SITE"
+    "$PY" - "$SITE" "$@" <<'EOF'
+import sys, zipfile
+for wheel in sys.argv[2:]:
+    zipfile.ZipFile(wheel).extractall(sys.argv[1])
     print("unpacked", wheel)
 EOF
   fi
+}
+protos_ok() { "$PY" -c "from perfetto.protos.perfetto.trace import perfetto_trace_pb2" >/dev/null 2>&1; }
+install_wheels() {
+  local missing=() pkg wheel
+  for pkg in orjson nvtx perfetto; do
+    "$PY" -c "import $pkg" 2>/dev/null && continue
+    wheel=$(ls "$WHEELS"/"$pkg"-*.whl 2>/dev/null | head -1)
+    if [ -z "$wheel" ]; then echo "no $pkg wheel in $WHEELS (run tests/gpu/wheels.sh)"; continue; fi
+    missing+=("$wheel")
+  done
+  [ ${#missing[@]} -gt 0 ] && wheel_install "${missing[@]}"
+  if ! protos_ok; then
+    wheel=$(ls "$WHEELS"/protobuf-*.whl 2>/dev/null | head -1)
+    echo "perfetto's protos do not import with this protobuf: ${wheel:-no protobuf wheel in $WHEELS}"
+    [ -n "$wheel" ] && wheel_install "$wheel"
+  fi
+  "$PY" -c "import google.protobuf as p, importlib.metadata as m; print('perfetto', m.version('perfetto'), 'protobuf', p.__version__)" 2>&1 | tail -1
+  protos_ok && echo "perfetto protos: ok" || echo "WARNING: perfetto's protos do not import: the trace checks will FAIL"
   "$PY" -c "import orjson, nvtx; print('orjson', orjson.__version__, 'nvtx', getattr(nvtx, '__version__', '?'))"
 }
 
@@ -121,7 +140,7 @@ EOF
   "$PY" -m comm2perfetto record --help >/dev/null && echo "comm2perfetto CLI: ok"
 }
 export PY WHEELS SITE REPO WORK OUT
-export -f setup install_wheels
+export -f setup install_wheels wheel_install protos_ok
 step setup 90 bash -c setup
 
 if [ -z "${C2P_GPU_CHECK_CPU:-}" ]; then

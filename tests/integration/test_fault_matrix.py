@@ -7,7 +7,9 @@ SIGINT/SIGTERM to ``comm2perfetto record`` while healthy and while hung (torchru
 user brings: one node's folder alone, dumps holding no entries, dumps cut in half, two jobs mixed, the same
 path given twice, a two-node job recorded by one ``record`` per node. One recorded job serves several
 assertions where it honestly can (the running job is then interrupted; the hung job's rank 0 folder is the
-"one node" view). README's Reliability section reports these figures.
+"one node" view). Then the shapes of real training jobs (issue 21: several groups and a device mesh, pipeline
+and batched p2p, a broadcast root, frozen ranks, an early exit, a late rank), each checked for diagnose's
+verdict and the live verdict file's. README's Reliability section reports these figures.
 """
 
 from __future__ import annotations
@@ -224,7 +226,8 @@ def test_one_node_folder_alone_names_the_absent_rank(hung_then_interrupted, tmp_
     for p in job.out.glob("rank0.*"):
         shutil.copy(p, node0)
     code, doc = diagnose(node0)
-    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", 5, [1])]), doc
+    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", 5, [])]), doc
+    assert doc["suspect_ranks"] == [1]  # nothing shows what rank 1 did: a suspect, not a culprit by guess
 
 
 # --- what users bring: partial, empty, truncated, mixed, repeated -------------------------------------------
@@ -271,7 +274,8 @@ def test_dumps_cut_in_half_are_incomplete(healthy3, tmp_path):
         for p in folder.glob(f"rank{rank}.fr.*.pkl"):
             p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
     code, doc = diagnose(folder)
-    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", None, [1, 2])]), doc
+    assert (code, *verdict(doc)) == (1, "incomplete", [("no_dump", None, [])]), doc
+    assert doc["suspect_ranks"] == [1, 2]
 
 
 def test_two_jobs_are_refused(healthy3, hung_then_interrupted, tmp_path):
@@ -311,3 +315,204 @@ def test_one_record_per_node_is_one_job(tmp_path):
         shutil.copytree(tmp_path / f"node{rank}", together, dirs_exist_ok=True)
     assert len(list(together.glob("job.*.json"))) == 2
     assert verdict(diagnose(together)[1]) == ("ok", [])
+
+
+# --- issue 21: the shapes of real training jobs, diagnosed afterwards and live -------------------------------
+#
+# FAULT picks the job's shape and what goes wrong at step AT (its collectives are #AT+1 on each group):
+#   mesh      4 ranks, a 2x2 init_device_mesh (tp = [0,1] [2,3], dp = [0,2] [1,3]) and the default group; rank 3
+#             skips tp's all_reduce and goes on to dp's and the default group's (a cross-group order deviation)
+#   pipeline  3 ranks passing activations 0 -> 1 -> 2; at AT rank 0 sends to 1, rank 1 receives from 2, and rank
+#             2 sends nothing and goes on to the all_reduce
+#   batch     3 ranks exchanging around a ring with batch_isend_irecv; at AT rank 2 leaves its send out
+#   root      3 ranks broadcasting from rank 0; at AT rank 2 broadcasts from itself
+#   freeze    rank WHO stops itself (SIGSTOP) before its all_reduce
+#   exit      rank 1 calls sys.exit(0) before its all_reduce
+#   late      rank 2 sleeps LATE seconds before its all_reduce; the job then completes
+# A hung job ends when gloo's wait times out (TIMEOUT seconds), or when the test interrupts `record`.
+SHAPES = """
+import os, signal, sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ["TIMEOUT"])))
+rank, world = dist.get_rank(), dist.get_world_size()
+fault, at = os.environ["FAULT"], 2
+t = torch.ones(4)
+if fault == "mesh":
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+
+
+def step(i):
+    if fault == "mesh":
+        if not (rank == 3 and i == at):
+            dist.all_reduce(t, group=tp)  # @tp
+        dist.all_reduce(t, group=dp)
+        dist.all_reduce(t)
+    elif fault == "pipeline":
+        if i == at:
+            if rank == 0:
+                dist.send(t, 1)  # @send
+            elif rank == 1:
+                dist.recv(t, 2)  # @recv
+        else:
+            if rank < world - 1:
+                dist.send(t, rank + 1)
+            if rank > 0:
+                dist.recv(t, rank - 1)
+        dist.all_reduce(t)
+    elif fault == "batch":
+        ops = [dist.P2POp(dist.irecv, torch.empty(4), (rank - 1) % world)]
+        if not (rank == 2 and i == at):
+            ops.append(dist.P2POp(dist.isend, t, (rank + 1) % world))
+        for work in dist.batch_isend_irecv(ops):  # @batch
+            work.wait()
+        dist.all_reduce(t)
+    elif fault == "root":
+        dist.broadcast(t, src=2 if (rank == 2 and i == at) else 0)  # @bcast
+    else:
+        if i == at and fault == "freeze" and rank == int(os.environ["WHO"]):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if i == at and fault == "exit" and rank == 1:
+            sys.exit(0)  # @exit
+        if i == at and fault == "late" and rank == 2:
+            time.sleep(float(os.environ["LATE"]))  # @late
+        dist.all_reduce(t)
+
+
+for i in range(5):
+    step(i)
+    time.sleep(0.05)
+if fault == "late":
+    time.sleep(2)  # the watchdogs see the stall resolved
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+# name: (FAULT, ranks, extra environment). TIMEOUT leaves the live verdict time to be gathered (a rank that does
+# not answer costs the gatherer 5 s, and another rank 2 s more when that rank is rank 0).
+SHAPE_JOBS = {
+    "mesh": ("mesh", 4, {"TIMEOUT": "8"}),
+    "pipeline": ("pipeline", 3, {"TIMEOUT": "8"}),
+    "batch": ("batch", 3, {"TIMEOUT": "8"}),
+    "root": ("root", 3, {"TIMEOUT": "8"}),
+    "frozen-rank1-ctrl-c": ("freeze", 3, {"WHO": "1", "TIMEOUT": "120"}),
+    "frozen-rank0": ("freeze", 3, {"WHO": "0", "TIMEOUT": "14"}),
+    "early-exit": ("exit", 3, {"TIMEOUT": "8"}),
+    "late": ("late", 3, {"TIMEOUT": "30", "LATE": "4"}),
+}
+CONCURRENT = 4  # jobs run at once: most of a job's time is waiting (the stall, gloo's timeout), not CPU
+
+
+def _start_shape(runner, name: str) -> RunningJob:
+    fault, nproc, env = SHAPE_JOBS[name]
+    cwd = runner.folder()
+    runner.write(cwd, SHAPES)
+    # torchrun SIGKILLs what its SIGTERM did not end (a stopped rank) after 2 s instead of 30
+    return runner.start_in(cwd, torchrun(nproc), record_args=("--stall-after", "2"),
+                           env=dict(FAULT=fault, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="2", **env))
+
+
+def _finish_shape(name: str, running: RunningJob) -> JobResult:
+    if name.endswith("ctrl-c"):  # the user presses Ctrl-C once the live verdict named the frozen rank
+        running.wait_until((running.out / "stall-verdict.json").exists, "the live verdict")
+        time.sleep(1.0)
+        return interrupt(running, signal.SIGINT)
+    return running.finish(120)
+
+
+@pytest.fixture(scope="module")
+def shape_jobs(module_jobs) -> dict[str, JobResult]:
+    """Every shape, CONCURRENT jobs at a time."""
+    names, done = list(SHAPE_JOBS), {}
+    for i in range(0, len(names), CONCURRENT):
+        started = {name: _start_shape(module_jobs, name) for name in names[i:i + CONCURRENT]}
+        done.update({name: _finish_shape(name, running) for name, running in started.items()})
+    return done
+
+
+def shape(doc: dict) -> tuple:
+    """(status, roots [(kind, group, seq, culprits, suspects)], the others {(kind, group, seq)}): each other
+    finding is blocked by the first root and has no culprit."""
+    roots = [f for f in doc["findings"] if f.get("blocked_by") is None]
+    rest = [f for f in doc["findings"] if f.get("blocked_by") is not None]
+    assert all(f["blocked_by"] == 1 and not f["culprit_ranks"] for f in rest), doc
+    return (doc["status"], [(f["kind"], f["process_group"], f["seq"], f["culprit_ranks"], f["suspect_ranks"])
+                            for f in roots], {(f["kind"], f["process_group"], f["seq"]) for f in rest})
+
+
+def live(job: JobResult) -> tuple[str, tuple]:
+    """The event of record's stall-verdict.json and the shape of its verdict."""
+    doc = json.loads((job.out / "stall-verdict.json").read_text())
+    return doc["event"], shape(doc["verdict"])
+
+
+D = "default_pg"
+SHAPE_EXPECTED = {
+    # name: (diagnose's exit status and shape, the live verdict file's event and shape)
+    "mesh": ((1, ("desync", [("order_mismatch", "mesh_tp", 3, [3], [])],
+                  {("missing_ranks", "mesh_tp", 3), ("missing_ranks", "mesh_dp", 3), ("missing_ranks", D, 3)})),
+             ("stall", ("desync", [("order_mismatch", "mesh_tp", 3, [3], [])],
+                        {("missing_ranks", "mesh_tp", 3), ("missing_ranks", "mesh_dp", 3),
+                         ("missing_ranks", D, 3)}))),
+    "pipeline": ((1, ("desync", [("p2p_mismatch", D, None, [2], [])],
+                      {("p2p_mismatch", D, None), ("missing_ranks", D, 3)})),
+                 ("stall", ("desync", [("p2p_mismatch", D, None, [2], [])],
+                            {("p2p_mismatch", D, None), ("missing_ranks", D, 3)}))),
+    "batch": ((1, ("desync", [("p2p_mismatch", D, None, [2], [])], {("missing_ranks", D, 3)})),
+              ("stall", ("desync", [("p2p_mismatch", D, None, [2], [])], {("missing_ranks", D, 3)}))),
+    # gloo: rank 1 got rank 0's broadcast and went on to #4, where it waits (live only: diagnose tells a
+    # group's first unfinished collective)
+    "root": ((1, ("desync", [("root_mismatch", D, 3, [2], [])], set())),
+             ("stall", ("desync", [("root_mismatch", D, 3, [2], [])], {("missing_ranks", D, 4)}))),
+    "frozen-rank1-ctrl-c": ((1, ("stuck", [("rank_frozen", D, 3, [1], [])], set())),
+                            ("stall", ("stuck", [("rank_frozen", D, 3, [1], [])], set()))),
+    "frozen-rank0": ((1, ("stuck", [("rank_frozen", D, 3, [0], [])], set())),
+                     ("stall", ("stuck", [("rank_frozen", D, 3, [0], [])], set()))),
+    "early-exit": ((1, ("stuck", [("missing_ranks", D, 3, [1], [])], set())), None),  # peers fail at once
+    "late": ((0, ("ok", [("missing_ranks", D, 3, [2], [])], set())),
+             ("resolved", ("stuck", [("missing_ranks", D, 3, [2], [])], set()))),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE_JOBS))
+def test_job_shapes_diagnosed_afterwards_and_live(shape_jobs, name):
+    job = shape_jobs[name]
+    (code, expected), expected_live = SHAPE_EXPECTED[name]
+    got_code, doc = diagnose(job.out)
+    assert (got_code, shape(doc)) == (code, expected), (doc, job.explain())
+    if expected_live is None:
+        assert not (job.out / "stall-verdict.json").exists()
+        return
+    assert live(job) == expected_live, job.explain()
+    # One verdict per stall, however many ranks detected it: printed once, with every rank that could answer.
+    assert job.stderr.count("live verdict at stall") == 1, job.stderr
+    verdict = json.loads((job.out / "stall-verdict.json").read_text())["verdict"]
+    frozen = {r for f in verdict["findings"] if f["kind"] == "rank_frozen" for r in f["culprit_ranks"]}
+    assert set(verdict["ranks_with_data"]) | frozen == set(range(SHAPE_JOBS[name][1]))
+
+
+def test_a_frozen_rank_is_no_crash_even_when_its_launcher_killed_it_later(shape_jobs):
+    job = shape_jobs["frozen-rank1-ctrl-c"]
+    assert job.job_file()["signal"] == "SIGINT"
+    (probe,) = {p["rank"]: p for p in job.job_file()["probes"]}.values()
+    assert (probe["rank"], probe["state"]) == (1, "stopped")
+    _code, doc = diagnose(job.out)
+    (f,) = doc["findings"]
+    assert "its process was alive at the stall" in f["detail"] and "stopped (SIGSTOP" in f["detail"]
+    assert no_process_left(job)
+
+
+def test_a_late_rank_passes_unless_ci_asks_to_fail_on_it(shape_jobs):
+    job = shape_jobs["late"]
+    assert job.returncode == 0, job.explain()
+    _code, doc = diagnose(job.out)
+    (f,) = doc["findings"]
+    assert f["resolved"] and "Rank 2 issued all_reduce #3 4." in f["detail"] and "the job went on" in f["detail"]
+    assert f["stacks"]["2"][0].startswith("job.py:") and f["stacks"]["2"][0].endswith(" step")
+    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", str(job.out), "--fail-on", "late"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout.startswith("OK:"), proc.stdout

@@ -8,6 +8,7 @@ flows that link a collective across ranks.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from comm2perfetto.trace.check import check_trace
+from comm2perfetto.trace.preview import COLOURS
 from support.jobs import communicate, job_env, kill_tree, record_cmd, torchrun
+from support.png import preview_compute_s, preview_rows, read_png
 
 pytestmark = pytest.mark.integration
 
@@ -232,6 +235,27 @@ def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
     ops = {e.name for t in cpu_tracks for e in trace.events_on(t, process_name="rank 0")}
     assert "c10d::allreduce_" in ops or "c10d::broadcast_" in ops  # DDP's C++ calls, seen by the profiler
     assert "findings: none" in proc.stdout
+
+
+def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path):
+    """On a real DDP job on gloo, steps 2-3 profiled: each rank's compute in the picture is the report's to within
+    a column; DDP's collectives, which gloo's Flight Recorder does not time, still show (a few columns each) where
+    the profiler did not run; and that time, whose compute nobody measured, is no data rather than idle."""
+    target, png = tmp_path / "ddp.pftrace", tmp_path / "ddp.png"
+    proc = merge(recorded_examples["ddp"], target, "--preview", str(png))
+    assert proc.returncode == 0, proc.stderr
+    done = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(recorded_examples["ddp"]),
+                           "--format", "json"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    shown, column_s = preview_compute_s(png, check_trace(target), [0, 1])
+    for rank in (0, 1):
+        report = doc["ranks"][str(rank)]["compute_s"]
+        assert report > 0 and abs(shown[rank] - report) <= column_s, (rank, shown[rank], report, column_s)
+    _, _, lines = preview_rows(read_png(png), 2)
+    for line in lines:
+        assert line.count(COLOURS["nodata"]) > len(line) // 4  # most of the job ran unprofiled
+        assert line.count(COLOURS["comm"]) >= 2 * 4  # DDP's all-reduces of the unprofiled steps, as instants
 
 
 def test_shape_mismatch_is_marked_on_both_ranks(recorded_examples, tmp_path):

@@ -81,7 +81,7 @@ def test_both_ranks_leave_their_stacks(ddp_stall):
 def test_diagnose_names_the_sleeping_rank(ddp_stall):
     proc = subprocess.run([sys.executable, "-m", "comm2perfetto", "diagnose", str(ddp_stall.out),
                            "--format", "json"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 0, proc.stderr  # the stall resolved: reported, and no problem left
     report = json.loads(proc.stdout)
     (finding,) = report["findings"]
     assert (finding["kind"], finding["op"], finding["culprit_ranks"], finding["resolved"]) == \

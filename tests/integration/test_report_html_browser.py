@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.render.report_plot import rank_tooltip
+from comm2perfetto.render.report_plot import header_facts, plot_title, rank_tooltip
 from support.browser import Browser, find_chromium
 from support.jobs import communicate, job_env, record_cmd
 
@@ -39,6 +39,9 @@ PAGE_FACTS = """(() => {
             hovered: group ? text(group.querySelector(':scope > title')) : null, width: b.width};
   });
   return {
+    title: document.title,
+    h1: text(document.querySelector('h1')),
+    header: [...document.querySelectorAll('table.header th')].map(text),
     headings: [...document.querySelectorAll('h2')].map(text),
     svgs: document.querySelectorAll('svg').length,
     bars_height: bars ? bars.getBoundingClientRect().height : 0,
@@ -104,15 +107,19 @@ def test_the_page_loads_without_a_console_error(page):
 def test_both_charts_and_every_table_are_there(page, report):
     facts, _, _ = page
     _, doc = report
-    assert facts["headings"][:2] == ["Job (times: mean per rank)", "Time per rank"]
+    assert facts["title"] == facts["h1"] == plot_title(doc) and str(doc["paths"][0]) in facts["title"]
+    assert facts["headings"][:3] == ["Job (times: mean per rank)", "Time per rank",
+                                     "Steps (job values: times are means over ranks)"]
     assert {"Lateness at each collective", "Collectives (by total time)", "Stragglers", "Collectives per module",
             "Notes"} <= set(facts["headings"])
     assert facts["svgs"] == 2 and facts["bars_height"] > 20
-    headers = [t["header"][0] for t in facts["tables"]]
-    assert headers == ["ranks", "op", "rank", "module"]
-    rows = {t["header"][0]: t["rows"] for t in facts["tables"]}
-    assert rows == {"ranks": 1, "op": len(doc["collectives"]), "rank": len(doc["stragglers"]),
-                    "module": len(doc["modules"])}
+    # header (folder, ranks, steps, basis, clocks), job, per rank, per step, collectives, stragglers, modules
+    tables = [(t["header"][0], t["rows"]) for t in facts["tables"]]
+    assert tables == [("folder", len(header_facts(doc))), ("ranks", 1), ("rank", len(doc["ranks"]) + 1),
+                      ("step", len(doc["steps"])), ("op", len(doc["collectives"])),
+                      ("rank", len(doc["stragglers"])), ("module", len(doc["modules"]))]
+    assert facts["header"] == [label for label, _ in header_facts(doc)]
+    assert [s["step"] for s in doc["steps"]] == [2, 3, 4]
 
 
 def test_each_bar_hovers_onto_its_ranks_numbers(page, report):
@@ -135,9 +142,12 @@ def test_lateness_cells_carry_their_lateness(page, report):
     assert facts["cell_titles"] and all(t and any(ch.isdigit() for ch in t) for t in facts["cell_titles"])
 
 
-def test_the_screenshot_shows_a_page(page):
+def test_the_screenshot_shows_a_page(page, tmp_path_factory):
     _, _, shot = page
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert 1200 <= width <= 1280 and height > 900  # the window's width (less a scroll bar), the whole page
+    keep = os.environ.get("C2P_KEEP_SCREENSHOT")  # to look at it: C2P_KEEP_SCREENSHOT=/tmp/report.png
+    if keep:
+        Path(keep).write_bytes(data)

@@ -15,8 +15,9 @@ import pytest
 from comm2perfetto import layout
 from comm2perfetto.cli import main
 from comm2perfetto.cli.live import StallWatcher
-from comm2perfetto.diagnose.attempts import AttemptEnd, attempt_end, attempts_text
+from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.diagnose.findings import AttemptEnd
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError, load_sources
 from support.factories import T0_NS, EventLog

@@ -231,7 +231,7 @@ def _check_isolation(rank: int, found: dict[str, set[tuple]], baseline: dict[str
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple]]:
     warm_up(RECORDING, tmp_path_factory.mktemp("warm") / "job.pftrace")
     run = run_cli(["diagnose", str(RECORDING), "--format", "json"])
-    assert run.rc == 1, run.explain()
+    assert run.rc == 0, run.explain()  # its stall resolved: reported, no problem left
     found = _findings(run.out)
     assert found["pair_a"] and not found["pair_b"], found  # what the recording is for (see its README)
     yield found

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli.live import StallWatcher
+from comm2perfetto.cli.live import StallWatcher, process_state
 from comm2perfetto.diagnose.live import live_diagnosis
 from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
 
@@ -81,7 +81,7 @@ def test_different_ops_at_one_seq_blame_the_minority(tmp_path):
 def test_a_rank_that_did_not_answer_is_a_suspect_not_a_culprit_by_guess(tmp_path):
     d = _verdict(tmp_path, _snapshot(_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.0))))
     (f,) = d.findings
-    assert (f.kind, f.ranks_missing, f.culprit_ranks) == ("no_dump", (2,), (2,))
+    assert (f.kind, f.ranks_missing, f.culprit_ranks, f.suspect_ranks) == ("no_dump", (2,), (), (2,))
     assert "did not answer the live gather" in f.detail
     assert d.status == "incomplete"
 
@@ -90,7 +90,8 @@ def test_an_absent_rank_outside_the_stalled_group_is_named_once(tmp_path):
     d = _verdict(tmp_path, _snapshot(
         _rank(0, 4, ("all_reduce", 4, 0.0), members=(0, 1)), _rank(1, 3, None, members=(0, 1)),
     ))
-    assert [(f.kind, f.culprit_ranks) for f in d.findings] == [("missing_ranks", (1,)), ("no_dump", (2,))]
+    assert [(f.kind, f.culprit_ranks, f.suspect_ranks) for f in d.findings] == [
+        ("missing_ranks", (1,), ()), ("no_dump", (), (2,))]
 
 
 def test_no_rank_waiting_is_no_finding(tmp_path):
@@ -249,7 +250,10 @@ def live_ranks(monkeypatch, tmp_path):
     """Three ranks on two nodes (0, 1 | 2) sharing one store, each with its own folder and a fake clock."""
     from comm2perfetto.record import live
 
-    monkeypatch.setattr(live, "rank_summary", lambda rec, fr=None: _rank(rec.rank, 4, ("all_reduce", 4, 0.0)))
+    def summary(rec, fr=None, folder=""):
+        return dict(_rank(rec.rank, 4, ("all_reduce", 4, 0.0)), host=f"node{rec.rank // 2}", folder=folder)
+
+    monkeypatch.setattr(live, "rank_summary", summary)
     store, now = _Store(), [0.0]
     ranks = {r: live.LiveVerdict(_Rank(r), store, str(tmp_path / f"node{r // 2}"), 3, r % 2 if r < 2 else 0,
                                  clock=lambda: now[0]) for r in range(3)}
@@ -286,6 +290,51 @@ def test_rank0_waits_for_a_silent_rank_only_so_long(live_ranks):
     now[0] += GATHER_WAIT_S
     ranks[0].tick()
     assert _snapshot_ranks(tmp / "node0" / layout.live_snapshot(1)) == [0, 1]
+
+
+def test_when_rank0_does_not_answer_another_rank_gathers_and_each_folder_gets_a_copy(live_ranks):
+    from comm2perfetto.record.live import GATHER_WAIT_S
+
+    ranks, store, now, tmp = live_ranks
+    for r in (1, 2):  # rank 0 is the stuck one (frozen): it never publishes nor gathers
+        ranks[r].on_stall(1)
+    now[0] += GATHER_WAIT_S
+    for r in (1, 2):
+        ranks[r].tick()
+    assert not (tmp / "node0" / layout.live_snapshot(1)).exists()  # rank 0's turn first
+    now[0] += GATHER_WAIT_S
+    for r in (1, 2):
+        ranks[r].tick()
+    snapshot = orjson.loads((tmp / "node0" / layout.live_snapshot(1)).read_bytes())
+    assert (snapshot["gathered_by"], [s["rank"] for s in snapshot["ranks"]]) == (1, [1, 2])
+    assert _snapshot_ranks(tmp / "node1" / layout.live_snapshot(1)) == [1, 2]
+    assert store.data["comm2perfetto/live/1/claim"] == b"1"  # gathered once
+
+
+def test_generations_created_at_once_are_each_gathered_complete(live_ranks):
+    """Ranks 0 and 1 detected one stall at once: generations 1 and 2. Every rank publishes under both, so
+    neither gathering lists a waiting rank as one that did not answer."""
+    ranks, _store, _now, tmp = live_ranks
+    ranks[0].on_stall(1, detected=True)
+    ranks[1].on_stall(2, detected=True)  # it created 2 before it saw 1
+    ranks[2].on_stall(2)
+    ranks[0].on_stall(2)
+    for r in (0, 2):
+        ranks[r].tick()
+    for gen in (1, 2):
+        assert _snapshot_ranks(tmp / "node0" / layout.live_snapshot(gen)) == [0, 1, 2]
+
+
+def test_a_stall_several_ranks_detected_resolves_when_the_last_of_their_calls_does(live_ranks):
+    ranks = live_ranks[0]
+    assert not ranks[0].still_open(0)
+    ranks[0].on_stall(1, detected=True)
+    assert ranks[1].still_open(1)
+    ranks[1].on_stall(1, detected=True)  # joined: rank 1's call stalled too
+    ranks[0].resolved(1)
+    assert ranks[1].still_open(1)
+    ranks[1].resolved(1)
+    assert not ranks[1].still_open(1)
 
 
 def test_nothing_is_asked_of_the_store_while_no_stall_is_open(live_ranks):
@@ -349,3 +398,68 @@ def test_a_failing_store_turns_the_live_verdict_off_not_the_recorder():
     dog._live_step(lambda: dog._live.on_stall(1))
     assert dog._live is None and not rec.faulted
     assert rec.warnings == ["live verdict off after an error: RuntimeError: store gone"]
+
+
+def test_the_most_complete_snapshot_of_one_stall_is_the_verdict_kept(tmp_path):
+    """Generation 1 was gathered before rank 2 answered; generation 2 of the same stall has every rank, and a
+    third generation fewer again: the printed verdict, the file and the hook carry generation 2's."""
+    err = io.StringIO()
+    watcher = StallWatcher(str(tmp_path), None, err=err)
+    waiting = (_rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1)))
+    _write(tmp_path, layout.live_snapshot(1), _snapshot(*waiting))
+    watcher.poll()
+    _write(tmp_path, layout.live_snapshot(2), _snapshot(*waiting, _rank(2, 3)))
+    watcher.poll()
+    _write(tmp_path, layout.live_snapshot(3), _snapshot(waiting[0]))
+    watcher.poll()
+    watcher.stop()
+    assert err.getvalue().count("live verdict at stall") == 2  # the partial one, then the complete one
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["gen"], f["kind"], f["culprit_ranks"], f["suspect_ranks"]) == (2, "missing_ranks", [2], [])
+
+
+def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_path):
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(proc.pid) != "stopped" and time.monotonic() < deadline:  # delivered asynchronously
+            time.sleep(0.01)
+        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+                  "host": socket.gethostname(), "pid": proc.pid}
+        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
+        err = io.StringIO()
+        watcher = StallWatcher(str(tmp_path), None, err=err)
+        _write(tmp_path, layout.live_snapshot(1), _snapshot(
+            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+        watcher.poll()
+        watcher.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"], f["seq"]) == (
+        "stuck", "rank_frozen", [2], 4)
+    assert "its process was alive at the stall" in f["detail"]
+    assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "stopped")]
+
+
+def test_the_last_heartbeat_of_a_log_still_written_is_found_past_its_padding(tmp_path):
+    from comm2perfetto.sources.event_log import last_heartbeat
+
+    lines = [{"kind": "header", "format": "comm2perfetto-events", "version": 1}, ["h", T0], ["b", 1, T0 + 5],
+             ["h", T0 + 10**9], ["w", T0 + 2 * 10**9, "some warning"]]
+    path = tmp_path / layout.event_log(0)
+    path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines) + b"\0" * 4096)  # a live mapping's padding
+    assert last_heartbeat(path) == (T0 + 10**9, False)
+    path.write_bytes(path.read_bytes().replace(b"some warning", b"comm2perfetto: recording disabled on rank 0"))
+    assert last_heartbeat(path) == (T0 + 10**9, True)
+    (tmp_path / "empty").write_bytes(b"")
+    assert last_heartbeat(tmp_path / "empty") == (None, False)

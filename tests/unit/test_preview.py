@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import struct
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from comm2perfetto.trace import preview
 from comm2perfetto.trace.preview import (
     COLOURS,
+    INSTANT_W,
     KINDS,
     LINE_H,
     MARK_MIN_H,
@@ -21,67 +19,12 @@ from comm2perfetto.trace.preview import (
     render_preview,
     time_ticks,
 )
+from support.png import read_png
 
 T0 = 1_795_313_447_000_000_000  # a realistic CLOCK_REALTIME: the maths must not lean on small numbers
 S = 1_000_000_000
 IDLE = {COLOURS["idle"], COLOURS["grid"]}  # idle columns of a row: grid lines continue the time ticks
 STALLED = {COLOURS["stalled"], COLOURS["stripe"]}  # hatched
-
-
-# --- a tiny PNG reader ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Png:
-    width: int
-    height: int
-    rows: list[bytes]  # unfiltered scanlines, 3 bytes a pixel
-
-    def px(self, x: int, y: int) -> tuple[int, int, int]:
-        r = self.rows[y]
-        return r[3 * x], r[3 * x + 1], r[3 * x + 2]
-
-    def line(self, y: int, x0: int, x1: int) -> list[tuple[int, int, int]]:
-        return [self.px(x, y) for x in range(x0, x1)]
-
-
-def _paeth(a: int, b: int, c: int) -> int:
-    p = a + b - c
-    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-    return a if pa <= pb and pa <= pc else b if pb <= pc else c
-
-
-def read_png(path: Path) -> Png:
-    """Checks the signature, every chunk's CRC and the header (8-bit RGB, no interlace); undoes all five
-    filter types, so the test does not depend on which one the writer picked."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
-    while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
-        (crc,) = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
-        assert crc == zlib.crc32(kind + body), kind
-        chunks.append((kind, body))
-        pos += 12 + n
-    assert pos == len(data)
-    assert chunks[0][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    w, h, depth, colour, compression, filt, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, colour, compression, filt, interlace) == (8, 2, 0, 0, 0)
-    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    stride = w * 3
-    assert len(raw) == h * (stride + 1)
-    rows, prev = [], bytearray(stride)
-    for y in range(h):
-        ft, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride) if ft else ():
-            a = line[i - 3] if i >= 3 else 0
-            c = prev[i - 3] if i >= 3 else 0
-            pred = {1: a, 2: prev[i], 3: (a + prev[i]) // 2, 4: _paeth(a, prev[i], c)}[ft]
-            line[i] = (line[i] + pred) & 0xFF
-        rows.append(bytes(line))
-        prev = line
-    return Png(w, h, rows)
 
 
 def render(tmp_path: Path, rows: list[PreviewRow], t0: int = T0, t1: int = T0 + 10 * S, **kw):
@@ -111,25 +54,48 @@ def test_writes_a_valid_png_of_the_stated_size(tmp_path):
 # --- spans ------------------------------------------------------------------------------------------------
 
 
-def test_compute_and_comm_spans_fill_exactly_their_columns(tmp_path):
+def _columns(lay, b: int, e: int) -> float:
+    """The span's length in plot columns."""
+    return (e - b) * lay.plot_w / (lay.t1 - lay.t0)
+
+
+def test_compute_and_comm_spans_fill_as_many_columns_as_they_last(tmp_path):
+    """One run of columns from the span's first column (or the next, when it covers less than half of it), as
+    many as the span lasts in columns, to the nearest one."""
     rows = [
         PreviewRow("rank 0", [(T0 + 1 * S, T0 + 3 * S, "compute")]),
-        PreviewRow("rank 1", [(T0 + 5 * S, T0 + 6 * S + 123_457, "comm")]),
+        PreviewRow("rank 1", [(T0 + 5 * S + 3_333_333, T0 + 6 * S + 123_457, "comm")]),
     ]
     _, lay, img = render(tmp_path, rows)
-    for i, (kind, (b, e)) in enumerate([("compute", (T0 + 1 * S, T0 + 3 * S)),
-                                         ("comm", (T0 + 5 * S, T0 + 6 * S + 123_457))]):
+    for i, row in enumerate(rows):
+        b, e, kind = row.spans[0]
         x0, x1 = lay.span_x(b, e)
         assert x1 - x0 > 10
         y0, y1 = lay.row_y(i)
         for y in (y0, y1 - 1):  # the whole bar is coloured, top to bottom
             line = img.line(y, lay.plot_x, lay.plot_x + lay.plot_w)
             coloured = [lay.plot_x + k for k, c in enumerate(line) if c == COLOURS[kind]]
-            assert coloured == list(range(x0, x1))
+            assert coloured[0] in (x0, x0 + 1) and coloured[-1] in (x1 - 2, x1 - 1)
+            assert coloured == list(range(coloured[0], coloured[-1] + 1))
+            assert len(coloured) == int(_columns(lay, b, e) + 0.5)
             assert {c for c in line if c != COLOURS[kind]} <= IDLE
     assert COLOURS["compute"] != COLOURS["comm"]
 
 
+def test_finely_cut_work_is_drawn_in_proportion_to_its_time(tmp_path):
+    """Kernels far shorter than a column, 30 % of the time: about 30 % of the columns, to the column, not every
+    column they touch (which would read as 100 % compute)."""
+    t1 = T0 + 10 * S
+    period = 10 * S // 15_700  # about a tenth of a column
+    spans = [(t, t + period * 3 // 10, "compute") for t in range(T0, t1 - period, period)]
+    _, lay, img = render(tmp_path, [PreviewRow("r", spans)], t1=t1)
+    line = img.line(mid(lay, 0), lay.plot_x, lay.plot_x + lay.plot_w)
+    total = sum(_columns(lay, b, e) for b, e, _ in spans)
+    assert abs(line.count(COLOURS["compute"]) - total) <= 1
+    assert abs(total - 0.3 * lay.plot_w) < 2
+    # and spread along the row, not piled at one end
+    halves = line[:lay.plot_w // 2].count(COLOURS["compute"]), line[lay.plot_w // 2:].count(COLOURS["compute"])
+    assert abs(halves[0] - halves[1]) <= 2
 def test_column_mapping_follows_the_window(tmp_path):
     _, lay, _ = render(tmp_path, [PreviewRow("r", [])])
     assert lay.x_of(lay.t0) == lay.plot_x
@@ -152,10 +118,33 @@ def test_spans_outside_the_window_are_not_drawn_and_partial_ones_are_clipped(tmp
         lay.span_x(T0 - S, T0 + S), lay.span_x(T0 + 9 * S, T0 + 15 * S)))
 
 
-def test_an_instant_span_at_the_end_of_the_window_is_one_column_wide(tmp_path):
-    _, lay, img = render(tmp_path, [PreviewRow("r", [(T0 + 10 * S, T0 + 10 * S, "comm")])])
-    assert img.px(lay.plot_x + lay.plot_w - 1, mid(lay, 0)) == COLOURS["comm"]
-    assert img.px(lay.plot_x + lay.plot_w - 2, mid(lay, 0)) in IDLE
+def test_an_instant_span_is_drawn_a_few_columns_wide_even_at_the_end_of_the_window(tmp_path):
+    """A collective without a duration (gloo's) still shows: INSTANT_W columns, kept inside the plot."""
+    rows = [PreviewRow("r", [(T0 + 10 * S, T0 + 10 * S, "comm"), (T0 + 5 * S, T0 + 5 * S, "comm")])]
+    _, lay, img = render(tmp_path, rows)
+    line = img.line(mid(lay, 0), lay.plot_x, lay.plot_x + lay.plot_w)
+    coloured = [k for k, c in enumerate(line) if c == COLOURS["comm"]]
+    end = list(range(lay.plot_w - INSTANT_W, lay.plot_w))
+    middle = lay.x_of(T0 + 5 * S) - lay.plot_x
+    assert coloured == list(range(middle, middle + INSTANT_W)) + end
+    assert INSTANT_W >= 2
+
+
+def test_memory_and_no_data_fill_what_compute_and_comm_leave(tmp_path):
+    """No data (a rank's data does not cover that time) is grey; compute drawn over it wins; memory copies
+    show where neither compute nor comm does."""
+    rows = [PreviewRow("r", [(T0, T0 + 4 * S, "nodata"), (T0 + 2 * S, T0 + 3 * S, "compute"),
+                             (T0 + 6 * S, T0 + 7 * S, "memory"), (T0 + 6 * S, T0 + 6 * S + S // 2, "comm")]),
+            PreviewRow("rank without data", [(T0, T0 + 10 * S, "nodata")])]
+    _, lay, img = render(tmp_path, rows)
+    y = mid(lay, 0)
+    assert img.px(lay.x_of(T0 + S), y) == COLOURS["nodata"]
+    assert img.px(lay.x_of(T0 + 2 * S + S // 2), y) == COLOURS["compute"]
+    assert img.px(lay.x_of(T0 + 6 * S + S // 4), y) == COLOURS["comm"]
+    assert img.px(lay.x_of(T0 + 6 * S + 3 * S // 4), y) == COLOURS["memory"]
+    assert img.px(lay.x_of(T0 + 5 * S), y) in IDLE
+    assert set(img.line(mid(lay, 1), lay.plot_x, lay.plot_x + lay.plot_w)) == {COLOURS["nodata"]}
+    assert len({COLOURS[k] for k in ("nodata", "idle", "grid", "memory", "compute", "comm")}) == 6
 
 
 def test_overlap_of_compute_and_comm_splits_the_row(tmp_path):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 
+import orjson
 import pytest
 import torch
 import torch.distributed as dist
@@ -104,6 +106,29 @@ def test_sync_waits_on_the_calls_device_and_logs_completion(tmp_path, fr_env, sy
     log = read_event_log(os.path.join(out, "rank0.events.jsonl"))
     (call,) = log.calls
     assert call.t_done_ns is None and call.t_end_ns == call.t_return_ns
+
+
+def test_sync_logs_the_return_before_the_synchronisation_and_done_after_it(tmp_path, fr_env, monkeypatch):
+    """With --sync, `e` is when torch's function returned (on a GPU: the enqueue) and `d` when the synchronisation
+    that follows it did: never before the return (seen 4-5 us before it on an H200 when `e` was stamped after
+    the synchronisation)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: time.sleep(0.02))
+    out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None, sync=True)
+    try:
+        _one_rank()
+        try:
+            dist.all_reduce(torch.ones(2).as_subclass(_CudaTensor))
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, "rank0.events.jsonl"), "rb") as f:
+        kinds = [r[0] for r in map(orjson.loads, f.read().rstrip(b"\0").splitlines()[1:]) if r[0] in "bed"]
+    assert kinds == ["b", "e", "d"]
+    (call,) = read_event_log(os.path.join(out, "rank0.events.jsonl")).calls
+    assert call.t_done_ns - call.t_return_ns >= 20_000_000  # the synchronisation after the return
+    assert call.t_return_ns - call.t_call_ns >= 20_000_000  # and the one before the call
 
 
 def _bound(name: str):

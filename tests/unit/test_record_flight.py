@@ -221,40 +221,110 @@ def _settle(dumps, clock) -> None:
     clock.ns += 31 * 10**9
 
 
-def test_nccl_unfinished_work_is_read_per_counter_from_the_active_entries():
-    """NCCL's pg_status follows work->seq_, the p2p counter for send/recv (ProcessGroupNCCL.cpp, workEnqueue:
-    ``pgStatus_->lastEnqueuedSeq = work->seq_``): after p2p traffic it says nothing about collectives. The active
-    entries carry both counters (FlightRecorderDetail.hpp, dump_entries with onlyActive)."""
-    import orjson
+class _NcclRing:
+    """Flight Recorder's two NCCL dump functions over a list of entries: the JSON one as the watchdog calls it
+    each tick (``includeCollectives=False``: pg_config and pg_status only), the pickle one for whole rings.
+    Counts the whole-ring reads."""
 
-    dumps, clock = _dumps([_Group(1)])  # its first collective: its first record may still be inserting
+    def __init__(self, entries: list, pg_status: dict) -> None:
+        self.entries, self.pg_status, self.ring_reads = entries, pg_status, 0
+
+    def json(self, include_collectives=True, only_active=False):
+        import orjson
+
+        assert not include_collectives  # the per-tick read copies no entry
+        return orjson.dumps({"version": "2.10", "pg_status": self.pg_status})
+
+    def pickle(self, include_collectives=True, include_stacks=True, only_active=False):
+        import pickle
+
+        assert include_collectives and not include_stacks and not only_active
+        self.ring_reads += 1
+        return pickle.dumps({"version": "2.10", "pg_status": self.pg_status, "entries": self.entries})
+
+
+def _entry(record_id: int, name: str, seq: int, p2p_seq: int = 0, state: str = "scheduled", pg: int = 0,
+           is_p2p: bool | None = None) -> dict:
+    return {"record_id": record_id, "pg_id": pg, "process_group": (str(pg), "default_pg" if pg == 0 else "pp"),
+            "profiling_name": name, "collective_seq_id": seq, "p2p_seq_id": p2p_seq,
+            "is_p2p": (" " in name) if is_p2p is None else is_p2p, "state": state,
+            "retired": state == "completed"}
+
+
+def _nccl_dumps(ring: _NcclRing, groups: list):
+    dumps, clock = _dumps(groups)
     dumps._generic_json = None
-    pg_status = {"0": {"last_enqueued_collective": "130", "last_started_collective": "-1",
-                       "last_completed_collective": "129"}}
-    active = [
-        {"pg_id": 0, "is_p2p": False, "collective_seq_id": 5, "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce",
-         "process_group": ["0", "default_pg"], "state": "scheduled"},
-        {"pg_id": 0, "is_p2p": True, "collective_seq_id": 4, "p2p_seq_id": 130, "profiling_name": "nccl:send 0->1",
-         "process_group": ["0", "default_pg"], "state": "scheduled"},
-        {"pg_id": 1, "is_p2p": True, "collective_seq_id": 0, "p2p_seq_id": 9, "profiling_name": "nccl:recv 1<-0",
-         "process_group": ["1", "pp"], "state": "started"},
-    ]
-    calls = []
+    dumps._nccl_json, dumps._nccl = ring.json, ring.pickle
+    dumps._wall_clock = clock  # one fake clock for both: only differences matter
+    return dumps, clock
 
-    def nccl_json(include_collectives=True, only_active=False):
-        calls.append((include_collectives, only_active))
-        return orjson.dumps({"version": "2.10", "pg_status": pg_status, "entries": active if only_active else []})
 
-    dumps._nccl_json = nccl_json
-    assert dumps.unfinished() is None  # the groups just appeared: Flight Recorder is not read yet
-    assert calls == []
+def test_nccl_unfinished_work_is_read_per_counter_once_the_groups_stood_still():
+    """NCCL's pg_status follows work->seq_, the p2p counter for send/recv (ProcessGroupNCCL.cpp, workEnqueue:
+    ``pgStatus_->lastEnqueuedSeq = work->seq_``): it cannot say what is unfinished; the entries can, per
+    counter. They are read only once the groups' status and counters stood still for the stall threshold, and
+    what was unfinished then dates from when they last changed."""
+    s = 10**9
+    ring = _NcclRing([_entry(0, "nccl:all_reduce", 4, state="completed"), _entry(1, "nccl:all_reduce", 5),
+                      _entry(2, "nccl:send 0->1", 5, p2p_seq=130, state="started"),
+                      _entry(3, "nccl:recv 1<-0", 0, p2p_seq=9, pg=1)],
+                     {"0": {"last_enqueued_collective": "130", "last_started_collective": "-1",
+                            "last_completed_collective": "129"}})
+    group = _Group(1)  # its first collective: its first record may still be inserting
+    dumps, clock = _nccl_dumps(ring, [group])
+    assert dumps.unfinished(2 * s) is None  # the groups just appeared: Flight Recorder is not read yet
     _settle(dumps, clock)
-    assert dumps.unfinished() == {("fr-nccl", "0", "coll"): 5, ("fr-nccl", "0", "p2p"): 130,
-                                  ("fr-nccl", "1", "p2p"): 9}
+    changed_at = clock.ns
+    assert dumps.unfinished(2 * s) == {}  # the status may be moving: no whole-ring read yet
+    clock.ns += s
+    assert dumps.unfinished(2 * s) == {} and ring.ring_reads == 0
+    clock.ns += s  # two seconds without a change
+    assert dumps.unfinished(2 * s) == {("fr-nccl", "0", "coll"): 5, ("fr-nccl", "0", "p2p"): 130,
+                                       ("fr-nccl", "1", "p2p"): 9}
+    assert dumps.since(("fr-nccl", "0", "coll"), 5) == changed_at
+    assert dumps.since(("fr-nccl", "0", "coll"), 4) is None
     assert dumps.active_entry("fr-nccl", "0", 130, "p2p") == ("nccl:send 0->1", "0", "default_pg")
     assert dumps.active_entry("fr-nccl", "0", 5) == ("nccl:all_reduce", "0", "default_pg")
-    active.clear()  # everything retired: an idle group raises nothing, whatever pg_status says
-    assert dumps.unfinished() == {}
+    for _ in range(50):  # nothing changes: every later tick reads the status only
+        clock.ns += s
+        assert len(dumps.unfinished(2 * s)) == 3
+    assert ring.ring_reads == 1
+    status = ring.pg_status["0"]
+    status["last_started_collective"] = "130"  # the status moves while something was unfinished: read again,
+    assert len(dumps.unfinished(2 * s)) == 3 and ring.ring_reads == 2  # to see it complete
+    for e in ring.entries:  # everything completes
+        e["state"] = "completed"
+    status["last_completed_collective"] = "130"
+    clock.ns += s // 10
+    assert len(dumps.unfinished(2 * s)) == 3  # ... but at most every quarter of the threshold
+    clock.ns += s // 2
+    assert dumps.unfinished(2 * s) == {} and ring.ring_reads == 3
+    group.collectives += 1  # a new collective: the counters move even where the status would not yet
+    clock.ns += 10 * s
+    assert dumps.unfinished(2 * s) == {} and ring.ring_reads == 3  # nothing pending: no reason to read
+    clock.ns += 2 * s
+    assert dumps.unfinished(2 * s) == {} and ring.ring_reads == 4
+
+
+def test_the_ops_of_a_batched_send_recv_are_done_when_their_closing_entry_is():
+    """The entries of a batch_isend_irecv's ops stay scheduled and unretired for ever (no CUDA events); the
+    closing ``nccl:coalesced`` entry (``is_p2p`` false, the last collective's seq, the batch's p2p seq) has the
+    batch's state (seen on an H200, torch 2.11, NCCL 2.28: tests/data/nccl/)."""
+    from comm2perfetto.record.flight import nccl_unfinished
+
+    batch = [_entry(0, "nccl:all_reduce", 3, state="completed"), _entry(1, "nccl:send 0->1", 3, p2p_seq=1),
+             _entry(2, "nccl:recv 0<-1", 3, p2p_seq=1), _entry(3, "nccl:coalesced", 3, p2p_seq=1, is_p2p=False)]
+    assert nccl_unfinished(batch) == {("0", "p2p"): (1, 0, "nccl:send 0->1", "0", "default_pg")}
+    batch[3].update(state="completed", retired=True)
+    assert nccl_unfinished(batch) == {}
+    # a coalesced collective (FSDP's all-gathers): ops of one collective seq, then the closing entry
+    ring = batch + [_entry(4, "nccl:_allgather_base", 4), _entry(5, "nccl:_allgather_base", 4),
+                    _entry(6, "nccl:ALLGATHER_coalesced", 4, p2p_seq=1, is_p2p=False, state="completed"),
+                    _entry(7, "nccl:send 0->1", 4, p2p_seq=2), _entry(8, "nccl:all_reduce", 5)]
+    assert nccl_unfinished(ring) == {("0", "p2p"): (2, 0, "nccl:send 0->1", "0", "default_pg"),
+                                     ("0", "coll"): (5, 0, "nccl:all_reduce", "0", "default_pg")}
+    ring[6].update(state="scheduled", retired=False)
+    assert nccl_unfinished(ring)[("0", "coll")] == (4, 0, "nccl:ALLGATHER_coalesced", "0", "default_pg")
 
 
 def test_flight_recorder_is_read_only_once_the_groups_have_settled():

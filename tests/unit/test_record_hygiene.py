@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from support import import_graph
 
 LEAKY_TESTS = '''
 import torch.distributed as dist
@@ -56,88 +56,19 @@ def test_leaks_fail_the_test_that_caused_them(tmp_path, clean_env):
 # --- the import graph of record/ ----------------------------------------------------------------------------
 
 PACKAGE = "comm2perfetto.record"
-RECORD = Path(importlib.util.find_spec(PACKAGE).origin).parent
 # The modules that put the recorder together; every other part sees it as a view.RecorderView.
 WIRING = {"session", "bootstrap"}
 
 
-def _record_modules() -> dict[str, Path]:
-    """record/'s modules by name relative to the package: ``recorder``, ``_boot.sitecustomize``."""
-    modules = {}
-    for path in sorted(RECORD.rglob("*.py")):
-        parts = path.relative_to(RECORD).with_suffix("").parts
-        if parts[-1] != "__init__":
-            modules[".".join(parts)] = path
-    return modules
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _imports(path: Path, modules: set[str]) -> list[tuple[str, bool]]:
-    """(record module, imported only for the type checker) for every import in ``path``, at module level or
-    inside a function."""
-    found: list[tuple[str, bool]] = []
-
-    def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif node.module == PACKAGE:  # from comm2perfetto.record import patch, session
-            names = [f"{PACKAGE}.{alias.name}" for alias in node.names]
-        else:
-            names = [node.module or ""]
-        prefix = PACKAGE + "."
-        return [name[len(prefix):] for name in names if name.startswith(prefix) and name[len(prefix):] in modules]
-
-    def visit(node: ast.AST, typing_only: bool) -> None:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.extend((target, typing_only) for target in targets(node))
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.body:
-                visit(child, True)
-            for child in node.orelse:
-                visit(child, typing_only)
-            return
-        for child in ast.iter_child_nodes(node):
-            visit(child, typing_only)
-
-    visit(ast.parse(path.read_text()), False)
-    return found
-
-
 def _graph(with_typing: bool) -> dict[str, set[str]]:
-    modules = _record_modules()
-    return {name: {target for target, typing_only in _imports(path, set(modules)) if with_typing or not typing_only}
-            for name, path in modules.items()}
+    """record/'s graph, by names relative to record/ (``recorder``, ``_boot.sitecustomize``)."""
+    prefix = PACKAGE + "."
+    short = {name: name[len(prefix):] for name in import_graph.package_modules(PACKAGE) if name != PACKAGE}
+    full = import_graph.graph(PACKAGE, with_typing=with_typing)
+    return {short[name]: {short[t] for t in targets if t in short} for name, targets in full.items() if name in short}
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph``, as the modules along it, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def walk(name: str) -> list[str] | None:
-        state[name] = 1
-        path.append(name)
-        for target in sorted(graph[name]):
-            if state.get(target) == 1:
-                return path[path.index(target):] + [target]
-            if target not in state:
-                found = walk(target)
-                if found:
-                    return found
-        path.pop()
-        state[name] = 2
-        return None
-
-    for name in sorted(graph):
-        if name not in state:
-            found = walk(name)
-            if found:
-                return found
-    return None
+_cycle = import_graph.cycle
 
 
 def test_the_graph_reader_sees_every_kind_of_import():

@@ -220,13 +220,16 @@ def test_percentile_is_nearest_rank():
 
 
 def _staggered_job(tmp_path, world=4, steps=5, lag_ns=10_000):
-    """All-reduces of 1 MiB floats; rank r arrives r * lag after rank 0; each rank's FR end is 50 us after its
-    own arrival (factories: time_discovered_completed = created + 50 us)."""
-    fr = FrJob(world=world)
-    for i in range(steps):
-        for r in fr.ranks:
-            fr.collective(r, "all_reduce", [[512, 512]], t_ns=T0_NS + i * 1_000_000 + r * lag_ns)
-    fr.write(tmp_path)
+    """All-reduces of 1 MiB floats on gloo, called synchronously from Python; rank r arrives r * lag after rank
+    0, and every rank returns 50 us after the last one arrived (returning is completing on a CPU backend)."""
+    for r in range(world):
+        log = EventLog(rank=r, world=world)
+        log.group(0, "0", "default_pg", list(range(world)))
+        for i in range(steps):
+            log.call("all_reduce", T0_NS + i * 1_000_000 + r * lag_ns, seq=i + 1, shapes=[[512, 512]],
+                     dtypes=["Float"], nbytes=512 * 512 * 4, dur_ns=(world - 1 - r) * lag_ns + 50_000)
+        log.close(T0_NS + steps * 1_000_000)
+        log.write(tmp_path)
     return load_job([tmp_path])
 
 
@@ -239,6 +242,7 @@ def test_collective_table_times_and_bandwidth(tmp_path):
     # duration: first arrival (rank 0) to last completion (rank 3: 30 us late + 50 us)
     assert row["mean_s"] == pytest.approx((3 * 10_000 + 50_000) * 1e-9)
     assert row["transfer_s"] == pytest.approx(5 * 50_000 * 1e-9)     # the fastest rank's own 50 us, 5 times
+    assert row["queue_mean_s"] is None  # nothing ran on a GPU
     assert row["algbw_gbps"] == pytest.approx(size / 50e-6 / 1e9)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 3 / 4)
     assert row["arrival_skew_mean_s"] == pytest.approx(30_000e-9)
@@ -248,7 +252,8 @@ def test_nccl_gpu_durations_are_the_transfer_time(tmp_path):
     """With TORCH_NCCL_ENABLE_TIMING, Flight Recorder's retired NCCL entries carry duration_ms from CUDA events
     (FlightRecorderDetail.hpp, ``retire_id``: ``duration_ = getDurationFromEvent(*startEvent, *endEvent)``),
     while their completion time is when the watchdog noticed (here 50 us after arrival, as late as it likes):
-    the transfer time is the shortest GPU time, and gloo dumps (no durations) keep arrival-to-completion."""
+    the transfer time is the shortest GPU time and the duration the longest, never the enqueue-to-discovery
+    span."""
     fr = FrJob(world=2)
     for i in range(3):
         for r in fr.ranks:
@@ -262,7 +267,27 @@ def test_nccl_gpu_durations_are_the_transfer_time(tmp_path):
     [row] = collective_table(job)
     assert row["transfer_s"] == pytest.approx(3 * 20_000 * 1e-9)
     assert row["algbw_gbps"] == pytest.approx(512 * 512 * 4 / 20e-6 / 1e9)
-    assert row["mean_s"] == pytest.approx((10_000 + 50_000) * 1e-9)  # first arrival to last completion
+    assert row["mean_s"] == pytest.approx((20_000 + 21_000 + 21_000) / 3 * 1e-9)  # the longest GPU time of each
+
+
+def test_nccl_collectives_without_a_gpu_time_are_untimed(tmp_path):
+    """A real H200 run: the NCCL entries Flight Recorder had not retired yet have no duration_ms, and their
+    times are the enqueue and the watchdog's discovery: such a collective is counted, not timed (its
+    enqueue-to-discovery span summed to 35.6 ms where the timed GPU work took 0.45 ms)."""
+    fr = FrJob(world=2)
+    for i in range(3):
+        for r in fr.ranks:
+            fr.collective(r, "all_reduce", [[512, 512]], t_ns=T0_NS + i * 1_000_000 + r * 10_000)
+            if i < 2:
+                fr.entries[r][-1]["duration_ms"] = 0.020
+    fr.write(tmp_path)
+    job = load_job([tmp_path])
+    cols = next(iter(job.collectives.values()))
+    assert all(c.on_gpu for c in cols) and cols[2].duration_ns == (None, None)
+    [row] = collective_table(job)
+    assert (row["count"], row["timed"]) == (3, 2)
+    assert row["total_s"] == pytest.approx(2 * 20_000 * 1e-9)
+    assert row["transfer_s"] == pytest.approx(2 * 20_000 * 1e-9)
 
 
 def test_stragglers_rank_the_last_arriver_first(tmp_path):

@@ -23,7 +23,15 @@ from comm2perfetto.render.report_csv import (
     render_csv_stdout,
     write_csv,
 )
-from comm2perfetto.render.report_plot import PlotDependencyError, bar_segments, render_html, write_plot
+from comm2perfetto.render.report_plot import (
+    NO_DATA_COLOUR,
+    PlotDependencyError,
+    bar_segments,
+    clock_text,
+    plot_title,
+    render_html,
+    write_plot,
+)
 from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, render_text
 
 # --- documents ----------------------------------------------------------------------------------------------
@@ -525,13 +533,61 @@ def test_html_empty_lateness_map_gives_a_note() -> None:
 
 
 def test_html_tables() -> None:
-    tree, _ = charts(render_html(make_doc()))
+    doc = make_doc()
+    tree, _ = charts(render_html(doc))
     tables = tree.root.all("table")
-    assert len(tables) == 4  # job summary, collectives, stragglers, modules
-    summary = [td.text for td in tables[0].all("td")]
+    # header, job summary, ranks, steps, collectives, stragglers, modules
+    assert len(tables) == 7
+    summary = [td.text for td in tables[1].all("td")]
     assert summary[:3] == ["4", "gpu", "1.20 s"] and "160 ms" in summary
-    first = [td.text for td in tables[1].all("tr")[1].all("td")]
+    first = [td.text for td in tables[4].all("tr")[1].all("td")]
     assert first[:2] == ["all_reduce", "0 (default_pg)"] and "7.32 GiB" in first and "31.4" in first
+
+
+def test_html_shows_every_ranks_and_steps_numbers_as_the_text_does() -> None:
+    """The per-rank numbers are in the page (not only in tooltips), with the job's row, and the per-step table
+    the text and JSON have: the same cells as the text's tables."""
+    doc = make_doc()
+    tables = charts(render_html(doc))[0].root.all("table")
+    ranks = [[td.text for td in tr.all("td")] for tr in tables[2].all("tr")[1:]]
+    assert [r[0] for r in ranks] == ["0", "1", "2", "3", "job"]
+    text = render_text(doc).splitlines()
+    for row in ranks:
+        line = next(t for t in text if t.split()[:1] == [row[0]] and "%" in t)
+        assert line.split() == [row[0], *" ".join(row[2:]).split()]  # the text has no basis column here
+    steps = [[td.text for td in tr.all("td")] for tr in tables[3].all("tr")[1:]]
+    assert [s[0] for s in steps] == ["3", "4", "5"]
+    step_lines = text[text.index("steps (job values: times are means over ranks)") + 2:][:3]
+    assert [" ".join(s) for s in steps] == [" ".join(line.split()) for line in step_lines]
+
+
+def test_html_header_says_what_the_report_covers() -> None:
+    doc = make_doc()
+    doc.update(paths=["runs/job7"], world_size=4,
+               clock={"residual_skew_s": 4.1e-05, "samples": 5, "methods": {str(r): "refined" for r in range(4)}})
+    tree = charts(render_html(doc))[0]
+    title = "comm2perfetto report: runs/job7 (4 ranks, steps 3-5, basis gpu)"
+    assert tree.root.all("title")[0].text == title and tree.root.all("h1")[0].text == title
+    facts = {tr.all("th")[0].text: tr.all("td")[0].text for tr in tree.root.all("table")[0].all("tr")}
+    assert facts == {"folder": "runs/job7", "ranks": "4 with data (ranks 0-3) of world size 4",
+                     "steps": "3-5 (3 steps)", "basis": "gpu (flight recorder, kineto gpu kernels)",
+                     "clocks": "aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
+    doc["clock"]["methods"] = {"0": "assumed", "1": "assumed"}
+    assert clock_text(doc["clock"] | {"residual_skew_s": None}, 2) == (
+        "not aligned: no recorder clock measurement and no collective ends to align on")
+    assert clock_text({"methods": {"0": "measured"}}, 1) == "one rank: one clock, nothing to align"
+
+
+def test_html_draws_ranks_without_data_as_no_data() -> None:
+    """A job of 6 ranks whose data covers 4: two grey bars, a "no data" legend entry."""
+    doc = make_doc()
+    doc["world_size"] = 6
+    svg = charts(render_html(doc))[1][0]
+    grey = svg.all("rect", "nodata")
+    assert [r.all("title")[0].text for r in grey] == ["rank 4: no data", "rank 5: no data"]
+    assert {r.attrs["fill"] for r in grey} == {NO_DATA_COLOUR}
+    assert "no data" in [t.text for t in svg.all("text")]
+    assert not charts(render_html(make_doc()))[1][0].all("rect", "nodata")
 
 
 def test_html_escapes_text() -> None:
@@ -614,6 +670,7 @@ def test_write_plot_svg_parses_and_is_deterministic(tmp_path: Path) -> None:
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     texts = "".join(root.itertext())
     assert "time per rank" in texts and "lateness at each collective" in texts
+    assert plot_title(make_doc()) in texts  # the picture says what it covers, as the page does
     assert write_plot(make_doc(), tmp_path / "b.svg").read_bytes() == first
 
 

@@ -7,9 +7,9 @@ import argparse
 import dataclasses
 import time
 
-from comm2perfetto.diagnose.attempts import AttemptEnd, attempt_end, attempts_text
+from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
-from comm2perfetto.diagnose.findings import Diagnosis
+from comm2perfetto.diagnose.findings import AttemptEnd, Diagnosis
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
 
@@ -27,7 +27,7 @@ def add_attempt_option(p: argparse.ArgumentParser) -> None:
                         "with a note on how the others ended")
 
 
-def other_attempts(attempt: int, attempts: tuple[int, ...], args: argparse.Namespace,
+def other_attempts(attempt: int, attempts: tuple[int, ...], paths: list[str], force: bool,
                    trace_ranks: dict[str, int]) -> tuple[AttemptEnd, ...]:
     """How every attempt but ``attempt`` ended, each from its own verdict."""
     ends = []
@@ -35,7 +35,7 @@ def other_attempts(attempt: int, attempts: tuple[int, ...], args: argparse.Names
         if k == attempt:
             continue
         try:
-            other = _load(args, trace_ranks, k)
+            other = _load(paths, force, trace_ranks, k)
         except SourceError as exc:
             ends.append(AttemptEnd(k, None, (), f"not read: {exc}"))
             continue
@@ -43,27 +43,27 @@ def other_attempts(attempt: int, attempts: tuple[int, ...], args: argparse.Names
     return tuple(ends)
 
 
-def _load(args: argparse.Namespace, trace_ranks: dict[str, int], attempt: int) -> Job:
+def _load(paths: list[str], force: bool, trace_ranks: dict[str, int], attempt: int) -> Job:
     from comm2perfetto.match import load_job
 
-    return load_job(args.paths, force=args.force, with_stacks=False, read_traces=False, trace_ranks=trace_ranks,
+    return load_job(paths, force=force, with_stacks=False, read_traces=False, trace_ranks=trace_ranks,
                     attempt=attempt)
 
 
-def with_attempts(diagnosis: Diagnosis, job: Job, args: argparse.Namespace,
+def with_attempts(diagnosis: Diagnosis, job: Job, paths: list[str], force: bool,
                   trace_ranks: dict[str, int]) -> Diagnosis:
     """``diagnosis`` of ``job``, saying which attempt it is about and how the others ended."""
     if job.attempts == (0,):
         return diagnosis
     return dataclasses.replace(diagnosis, attempt=job.attempt,
-                               other_attempts=other_attempts(job.attempt, job.attempts, args, trace_ranks))
+                               other_attempts=other_attempts(job.attempt, job.attempts, paths, force, trace_ranks))
 
 
-def attempts_note(attempt: int, attempts: tuple[int, ...], args: argparse.Namespace,
+def attempts_note(attempt: int, attempts: tuple[int, ...], paths: list[str], force: bool,
                   trace_ranks: dict[str, int], about: str) -> str | None:
     """The line saying which attempt ``about`` describes and how the others ended; None when the job was not
     restarted."""
     if attempts == (0,):
         return None
-    return attempts_text(attempt, other_attempts(attempt, attempts, args, trace_ranks), about)
+    return attempts_text(attempt, other_attempts(attempt, attempts, paths, force, trace_ranks), about)
 

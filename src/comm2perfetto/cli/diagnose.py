@@ -1,8 +1,9 @@
 """``comm2perfetto diagnose DIR...``: which collective is stuck or desynced, and which rank is to blame.
 
-Exit status (``findings.STATUS_EXIT``): 0 ``ok``, ``interrupted`` or ``running`` (nothing wrong found), 1
-``stuck``, ``desync``, ``crashed`` or ``incomplete``, 2 usage or input error, 3 internal error (see
-``cli.main``). ``--format json`` prints the contract other tools read (see docs/diagnose.md)::
+Exit status (``findings.STATUS_EXIT``): 0 ``ok``, ``interrupted`` or ``running`` (nothing wrong found; a stall
+the job got over is reported and still 0, unless ``--fail-on late``), 1 ``stuck``, ``desync``, ``crashed`` or
+``incomplete``, 2 usage or input error, 3 internal error (see ``cli.main``). ``--format json`` prints the
+contract other tools read (see docs/diagnose.md)::
 
     {"status": "stuck", "world_size": 4, "ranks_with_data": [0, 1, 2, 3],
      "findings": [{"kind": "missing_ranks", "process_group": "default_pg", "seq": 4, "op": "all_reduce",
@@ -29,7 +30,7 @@ from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
-from comm2perfetto.diagnose.findings import STATUS_EXIT
+from comm2perfetto.diagnose.findings import STATUS_EXIT, Diagnosis
 from comm2perfetto.match import TRACES_COLLECTIVES, load_job
 from comm2perfetto.render.diagnosis_text import render_text
 
@@ -44,14 +45,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "match the collectives across ranks and say, per process group, the first one that did not "
                     "complete on every rank and why.",
         epilog="example:\n  comm2perfetto diagnose run1 --format json -o verdict.json\n\n"
-               + exit_status("0  ok, interrupted or still running with nothing wrong so far",
-                             "1  a problem was found: stuck, desync, crashed or incomplete"),
+               + exit_status("0  ok, interrupted or still running with nothing wrong so far (a stall the job got "
+                             "over is reported, still 0)",
+                             "1  a problem was found: stuck, desync, crashed or incomplete; with --fail-on late, "
+                             "also a stall the job got over"),
     )
     p.add_argument("paths", nargs="+", metavar="DIR", help="folder(s) or file(s) a job left behind")
     p.add_argument("--format", choices=("text", "json"),
                    help="output format (default: json when -o ends in .json, else text)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.add_argument("--pg", metavar="NAME", help="only this process group (its name, e.g. 0, or description)")
+    p.add_argument("--fail-on", choices=("late",), action="append", default=[],
+                   help="late: exit 1 also when the job got over a stall (a rank came late, status still ok), "
+                        "for a CI gate that must catch slow ranks")
     add_trace_rank_option(p)
     add_reading_options(p)
     p.set_defaults(func=run)
@@ -75,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
     with Phase("diagnosing"):
-        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args,
+        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args.paths, args.force,
                                trace_ranks_option(args))
     if fmt == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
@@ -89,10 +95,17 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         print(f"comm2perfetto diagnose: {result.status}; wrote {args.output}", file=sys.stderr)
-        return STATUS_EXIT[result.status]
+        return _exit_status(result, args.fail_on)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
         sys.stdout = None  # keep the interpreter's final flush quiet
+    return _exit_status(result, args.fail_on)
+
+
+def _exit_status(result: Diagnosis, fail_on: list[str]) -> int:
+    """The status's exit status; 1 for a resolved stall under ``--fail-on late``."""
+    if "late" in fail_on and any(f.resolved for f in result.findings):
+        return max(1, STATUS_EXIT[result.status])
     return STATUS_EXIT[result.status]

@@ -2,11 +2,16 @@
 
 A thread of ``record`` watches the recording folder for the snapshots the job's ranks gather at a stall
 (record/live.py writes ``.live/stall.<gen>.json``, and ``.live/stall.<gen>.resolved.json`` when the stall is
-over). Each time the picture changes (a new verdict, or every open stall resolved) it prints the verdict in
-diagnose's words, writes it to ``stall-verdict.json`` and runs the user's ``--on-stall`` command with that
-JSON on stdin and its path in ``COMM2PERFETTO_VERDICT``. The command runs in a session of its own, is killed
-after ``--on-stall-timeout`` seconds, and whatever it does only reaches ``.live/on-stall.log``: the job never
-waits for it. The event written and handed to the command::
+over). Generations that describe one stall (several ranks detected it at once; none resolved in between) are
+one stall: the verdict is printed once, and again only when a later snapshot of it is more complete (more
+ranks answered) and says something else, so the printed verdict, ``stall-verdict.json`` and the last
+``--on-stall`` call carry the most complete one. A rank that did not answer is looked up on this host (its pid
+is in its event log's header): a process that exists but did not answer is frozen, and what was seen goes
+into the job file (``probes``) for diagnose. Each time the picture changes (a new verdict, or every open stall
+resolved) it prints the verdict in diagnose's words, writes it to ``stall-verdict.json`` and runs the user's
+``--on-stall`` command with that JSON on stdin and its path in ``COMM2PERFETTO_VERDICT``. The command runs
+in a session of its own, is killed after ``--on-stall-timeout`` seconds, and whatever it does only reaches
+``.live/on-stall.log``: the job never waits for it. The event written and handed to the command::
 
     {"format": "comm2perfetto-stall-verdict", "version": 1, "event": "stall", "gen": 1, "attempt": 0,
      "t_ns": 1795313447406614332, "folder": "/home/me/run1", "verdict": {...diagnose --format json...}}
@@ -16,11 +21,13 @@ waits for it. The event written and handed to the command::
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -56,6 +63,9 @@ class StallWatcher:
         self._resolved: set[int] = set()
         self._shown_key: Any = None
         self._shown: dict[str, Any] | None = None
+        self._shown_answered = 0
+        self._folder = out_dir  # the latest attempt's folder (poll)
+        self.probes: list[dict[str, Any]] = []  # what was seen of ranks that did not answer, for the job file
         # The user's command runs on a thread of its own, one event after the other (a stall is announced
         # before its resolution), so a slow command never holds up the watching.
         self._hook_queue: queue.Queue[tuple[str, bytes, str] | None] = queue.Queue()
@@ -92,7 +102,8 @@ class StallWatcher:
         if attempt != self._attempt:
             self._attempt = attempt
             self._handled, self._open, self._resolved = set(), set(), set()
-            self._shown_key, self._shown = None, None
+            self._shown_key, self._shown, self._shown_answered = None, None, 0
+        self._folder = folder
         watched = os.path.join(folder, layout.LIVE_DIR)
         try:
             names = sorted(os.listdir(watched))
@@ -110,7 +121,7 @@ class StallWatcher:
                 self._open.discard(int(m[1]))
                 if not self._open and self._shown is not None:
                     self._publish("resolved", int(m[1]), self._shown)
-                    self._shown, self._shown_key = None, None
+                    self._shown, self._shown_key, self._shown_answered = None, None, 0
 
     def _on_snapshot(self, gen: int, path: str) -> None:
         from comm2perfetto.diagnose.live import live_diagnosis
@@ -118,21 +129,51 @@ class StallWatcher:
         from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
 
         try:
-            diagnosis = live_diagnosis(read_snapshot(path))
+            snapshot = read_snapshot(path)
         except LiveSnapshotError as exc:
             self._say(f"live verdict: {exc}")
             return
+        diagnosis = live_diagnosis(snapshot, self._probe_silent(snapshot))
         self._open.add(gen)
         verdict = diagnosis.to_json()
-        key = [(f["kind"], f["group_uid"], f["seq"], f["culprit_ranks"]) for f in verdict["findings"]]
-        if key == self._shown_key:  # another rank's report of the same stall
-            return
-        self._shown_key, self._shown = key, verdict
+        key = [(f["kind"], f["group_uid"], f["seq"], f["culprit_ranks"], f["suspect_ranks"])
+               for f in verdict["findings"]]
+        answered = len(snapshot["ranks"])
+        if self._shown is not None and (key == self._shown_key or answered < self._shown_answered):
+            return  # the same stall again (another generation of it), or a less complete view of it
+        self._shown_key, self._shown, self._shown_answered = key, verdict, answered
         text = io.StringIO()
         render_text(diagnosis, text)
         attempt = f" of attempt {self._attempt} (torchrun restarted the job)" if self._attempt else ""
         self._say(f"live verdict at stall {gen}{attempt} (the job is still running):\n{text.getvalue()}".rstrip())
         self._publish("stall", gen, verdict)
+
+    def _probe_silent(self, snapshot: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Ranks that did not answer, whose process runs on this host: frozen when it is stopped (SIGSTOP), or
+        running while its heartbeats stopped (the GIL held, stuck in C++). Every look goes to the job file."""
+        from comm2perfetto.diagnose.weigh import FROZEN_GAP_NS
+        from comm2perfetto.sources.event_log import last_heartbeat, read_header
+
+        world = snapshot["world_size"] or 0
+        answered = {s["rank"] for s in snapshot["ranks"]}
+        here = socket.gethostname()
+        frozen = {}
+        for rank in sorted(set(range(world)) - answered)[:64]:
+            path = os.path.join(self._folder, layout.event_log(rank))  # the attempt's logs
+            header = read_header(path)
+            if header is None or header.get("host") != here or not isinstance(header.get("pid"), int):
+                continue
+            probe = {"rank": rank, "pid": header["pid"], "state": process_state(header["pid"]),
+                     "t_ns": time.time_ns(), "attempt": self._attempt}
+            self.probes.append(probe)
+            if probe["state"] == "stopped":
+                frozen[rank] = dict(probe, detail="stopped (SIGSTOP, process state T)")
+            elif probe["state"] == "running":
+                last, recording_off = last_heartbeat(path)
+                if last is not None and not recording_off and probe["t_ns"] - last >= FROZEN_GAP_NS:
+                    frozen[rank] = dict(probe, detail=f"running, its heartbeats stopped "
+                                                      f"{(probe['t_ns'] - last) / 1e9:.1f} s before")
+        return frozen
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
         doc = {"format": EVENT_FORMAT, "version": 1, "event": event, "gen": gen, "attempt": self._attempt,
@@ -191,3 +232,42 @@ class StallWatcher:
         self._err.write("".join(f"comm2perfetto: {line}\n" if i == 0 else f"{line}\n"
                                 for i, line in enumerate(text.split("\n"))))
         self._err.flush()
+
+
+def stopped_ranks(out_dir: str) -> list[dict[str, Any]]:
+    """Ranks of this host whose process is stopped (SIGSTOP, a debugger), found from their event logs' headers:
+    at a signal `record` forwards, they are frozen ranks their launcher will kill later, which the job file
+    says (``probes``)."""
+    from comm2perfetto.sources.event_log import read_header
+
+    out = []
+    here = socket.gethostname()
+    attempt, folder = max(layout.attempt_folders(out_dir).items())  # torchrun's latest attempt: the one running
+    for path in sorted(glob.glob(os.path.join(folder, layout.EVENT_LOG_GLOB)))[:4096]:
+        header = read_header(path)
+        if header is None or header.get("host") != here or not isinstance(header.get("pid"), int) \
+                or not isinstance(header.get("rank"), int):
+            continue
+        if process_state(header["pid"]) == "stopped":
+            out.append({"rank": header["rank"], "pid": header["pid"], "state": "stopped", "t_ns": time.time_ns(),
+                        "attempt": attempt})
+    return out
+
+
+def process_state(pid: int) -> str:
+    """``stopped`` (SIGSTOP or a debugger: state T), ``running`` (it exists), or ``gone`` (it does not, or a
+    zombie): from ``/proc/<pid>/stat`` on Linux, else whether it can be signalled."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "gone"
+        except PermissionError:
+            return "running"
+        return "running"
+    return "stopped" if state in (b"T", b"t") else "gone" if state in (b"Z", b"X") else "running"

@@ -16,7 +16,9 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from comm2perfetto.cli import UserError, check_writable, exit_status
 from comm2perfetto.cli.attempts import with_attempts
@@ -35,6 +37,9 @@ from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
+
+if TYPE_CHECKING:
+    from comm2perfetto.report.classes import RankClasses
 
 __all__ = ["add_parser", "run"]
 
@@ -96,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.finish()
     with Phase("diagnosing"):
-        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args, trace_ranks_option(args))
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args.paths, args.force,
+                                  trace_ranks_option(args))
         markers = plan_markers(job, diagnosis)
         selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
@@ -122,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM/SIGHUP (a job scheduler's kill, a closed terminal) end the write like Ctrl-C, so the finally
     # below removes the partial file; one left by a SIGKILL is removed by the next merge to the same name.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    classes = _classes(job, selection.ranks, args.no_profiler) if preview is not None else None
     try:
         summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
-                                 preview=preview is not None, progress=progress)
+                                 preview=preview is not None, progress=progress, classes=classes)
         stats = sink.close()
         os.replace(temp, out)
     except OSError as exc:
@@ -139,6 +146,20 @@ def run(args: argparse.Namespace) -> int:
         _draw_preview(preview, summary, diagnosis, selection.note)
     _print_summary(out, job, diagnosis, summary, stats, preview, window)
     return 0
+
+
+def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, RankClasses]:
+    """What the preview draws of each rank: the classes ``report`` measures, from the same code and the same
+    reading of the profiler traces (``sources.kineto.profile.read_profiles``, in worker processes), so that the
+    picture and the report's figures agree to a pixel."""
+    from comm2perfetto.report.classes import job_classes
+    from comm2perfetto.sources.kineto.profile import read_profiles  # only with --preview
+
+    files = {} if no_profiler else {r: [Path(p) for p in job.ranks[r].kineto_files]
+                                    for r in ranks if r in job.ranks and job.ranks[r].kineto_files}
+    with Phase("classifying each rank's time for the preview"):
+        profiles = read_profiles(files, workers=min(len(files), os.cpu_count() or 1, 8))
+        return job_classes(job, profiles, ranks)
 
 
 def default_output(paths: list[str]) -> Path:

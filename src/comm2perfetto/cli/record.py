@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -151,19 +153,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"comm2perfetto: {warning}", file=sys.stderr)
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr, flush=True)
 
+    from comm2perfetto.cli.live import StallWatcher, stopped_ranks
+
     started = time.time_ns()
     watcher = None
     if config.live and config.stall_after_s is not None:
-        from comm2perfetto.cli.live import StallWatcher
-
         watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
         watcher.start()
+    probes: list[dict] = []  # ranks' processes seen at a stall or a signal (frozen ones), for diagnose
     try:
-        ending = _run_forwarding_signals(command, env)
+        ending = _run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
     finally:
         if watcher is not None:
             watcher.stop()
-    _write_job_file(config, command, started, ending)
+            probes.extend(watcher.probes)
+    _write_job_file(config, command, started, ending, probes)
     _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status
 
@@ -182,13 +186,15 @@ class JobEnding:
     killed_leftovers: bool = False
 
 
-def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> JobEnding:
+def _run_forwarding_signals(command: list[str], env: dict[str, str],
+                            on_first_signal: Callable[[], None] | None = None) -> JobEnding:
     """Run the job in its own session and process group; a signal to us goes to the whole group.
 
     Signalling the group, not only the launcher, reaches every rank also when the launcher is a shell script
     (``bash -c 'python a & python b & wait'``: a shell dies of SIGTERM and leaves its children running, and
     its background children ignore SIGINT). Once a signal came, the group gets SIGTERM after ``GRACE_S``
-    and SIGKILL after twice that, and we wait until none of its processes is left.
+    and SIGKILL after twice that, and we wait until none of its processes is left. ``on_first_signal`` runs
+    before the first signal is forwarded (to see which ranks are stopped before anything kills them).
     """
     try:
         child = subprocess.Popen(command, env=env, start_new_session=True)
@@ -199,6 +205,11 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> JobEndin
     def forward(signum: int, _frame: object) -> None:
         if ending.signal is None:
             ending.signal, ending.signal_ns = signal.Signals(signum).name, time.time_ns()
+            if on_first_signal is not None:
+                try:
+                    on_first_signal()
+                except Exception:  # looking is an extra: the signal goes on to the job regardless
+                    pass
         _signal_group(child.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -235,13 +246,15 @@ def _end_group(pgid: int) -> bool:
     return True
 
 
-def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding) -> None:
+def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding,
+                    probes: list[dict] | None = None) -> None:
     host, pid = socket.gethostname(), os.getpid()
-    job = {
+    job: dict[str, Any] = {
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
         "host": host, "pid": pid,
         "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
         "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
+        "probes": probes or [],
     }
     with open(os.path.join(config.out_dir, layout.job_file(host, pid)), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from pathlib import Path
 
-import orjson
-
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, exit_status
 from comm2perfetto.cli.attempts import attempts_note
 from comm2perfetto.cli.jobs import add_reading_options, jobs_option
+from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
@@ -28,9 +26,7 @@ from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
 from comm2perfetto.report.document import build_report
 
-__all__ = ["add_parser", "run"]
-
-_FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
+__all__ = ["add_parser", "build_document", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -69,28 +65,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: many long-lived objects, no cycles to find
-    out = Path(args.output) if args.output else None
-    fmt = args.format or (_FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
-    if out is not None:
-        check_writable(out)
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None:
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise UserError(f"--plot writes {', '.join(PLOT_SUFFIXES)}: not {plot.name!r}")
-        check_writable(plot)
+    out, fmt, plot = output_options(args, PLOT_SUFFIXES)
     steps = parse_steps(args.steps) if args.steps else None
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
+    doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
+                         hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
+                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
+                         workers=jobs_option(args))
+    if plot is not None:
+        try:
+            write_plot(doc, plot)
+        except OSError as exc:
+            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
+    emit(doc, fmt, out, "report", Renderers(render_text, render_csv_stdout, write_csv))
+    if plot is not None:
+        print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
+    return 0
+
+
+def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
+                   profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
+                   trace_ranks: dict[str, int] | None = None, force: bool = False,
+                   attempt: int | None = None, workers: int | None = None) -> dict:
+    """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
+    restarted job, ``attempt`` (default: the last), with a note on how the others ended. Input the user must
+    fix raises a ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
     progress = Progress("reading dumps (ranks)")
     trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
     try:
         # profiler traces as spans and communication events, read in worker processes
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
-                       traces=TRACES_NONE if args.no_profiler else TRACES_SPANS,
-                       whole_us=args.hta_rounding or args.hta_scope, hta_scope=args.hta_scope,
-                       trace_progress=trace_progress, trace_ranks=trace_ranks_option(args), attempt=args.attempt,
-                       workers=jobs_option(args))
+        job = load_job(paths, force=force, with_stacks=False, progress=progress,
+                       traces=TRACES_SPANS if profiler else TRACES_NONE, whole_us=hta_rounding or hta_scope,
+                       hta_scope=hta_scope, trace_progress=trace_progress, trace_ranks=trace_ranks, attempt=attempt,
+                       workers=workers)
     finally:
         progress.finish()
         trace_progress.finish()
@@ -99,55 +108,19 @@ def run(args: argparse.Namespace) -> int:
     matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values()) \
         or any(p.traces for p in profiles.values())
     with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job if matched else None, profiles, steps=steps, depth=args.depth)
-    if args.hta_scope and profiles:
+        doc = build_report(job if matched else None, profiles, steps=steps, depth=depth)
+    doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
+    if hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
-    elif args.hta_rounding and profiles:
+    elif hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(job.attempt, job.attempts, args, trace_ranks_option(args), "this report")
+    attempts = attempts_note(job.attempt, job.attempts, paths, force, trace_ranks or {}, "this report")
     if attempts is not None:
         doc["notes"].insert(0, attempts)
     doc["notes"].extend(job.notes)
     doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
-
-    if plot is not None:
-        try:
-            write_plot(doc, plot)
-        except OSError as exc:
-            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
-    _emit(doc, fmt, out)
-    if plot is not None:
-        print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
-    return 0
-
-
-def _emit(doc: dict, fmt: str, out: Path | None) -> None:
-    if fmt == "csv" and out is not None:
-        try:
-            written = write_csv(doc, out)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print("comm2perfetto report: wrote " + ", ".join(map(str, written)), file=sys.stderr)
-        return
-    if fmt == "json":
-        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
-    elif fmt == "csv":
-        text = render_csv_stdout(doc)
-    else:
-        text = render_text(doc)
-    if out is not None:
-        try:
-            out.write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-        print(f"comm2perfetto report: wrote {out}", file=sys.stderr)
-        return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `report DIR | head`
-        sys.stdout = None
+    return doc
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -13,10 +13,8 @@ What a verdict carries (``Diagnosis.attempt``, ``Diagnosis.other_attempts``) and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
-from comm2perfetto.diagnose.findings import RANK_DIED, Diagnosis, Finding
+from comm2perfetto.diagnose.findings import RANK_DIED, AttemptEnd, Diagnosis, Finding
 from comm2perfetto.render.words import ranks_text
 
 SUMMARY_CHARS = 160  # an exception's message is cut here: the attempt's own verdict has it whole
@@ -26,21 +24,6 @@ _NO_FINDING = {
     "interrupted": "interrupted, with no communication problem before",
     "running": "still running",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptEnd:
-    """How one attempt ended: its own verdict's status and culprits, and a line saying what happened.
-    ``status`` is None when its files could not be read (``summary`` says why)."""
-
-    attempt: int
-    status: str | None
-    culprit_ranks: tuple[int, ...]
-    summary: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "status": self.status, "culprit_ranks": list(self.culprit_ranks),
-                "summary": self.summary}
 
 
 def attempt_end(attempt: int, d: Diagnosis) -> AttemptEnd:

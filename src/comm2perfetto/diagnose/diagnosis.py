@@ -25,26 +25,30 @@ scatter/gather's per-rank sizes are allowed to differ. Unlike it, the culprit of
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.diagnose.endings import RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
+from comm2perfetto.diagnose import waits
+from comm2perfetto.diagnose.endings import EXITED, RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
 from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
     DTYPE_MISMATCH,
     MISSING_RANKS,
     NO_DUMP,
     OP_MISMATCH,
-    ORDER,
     P2P_MISMATCH,
     RANK_DIED,
+    RANK_FROZEN,
+    ROOT_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
 )
+from comm2perfetto.diagnose.roots import arrange
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.diagnose.weigh import (
@@ -52,6 +56,8 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    frozen_findings,
+    frozen_ranks,
     in_progress,
     no_collectives,
 )
@@ -61,6 +67,8 @@ from comm2perfetto.model import (
     FAILED,
     NOT_DONE_STATES,
     PENDING,
+    SCHEDULED,
+    STARTED,
     Collective,
     Coverage,
     Job,
@@ -68,32 +76,38 @@ from comm2perfetto.model import (
     ProcessGroup,
     Signature,
     call_site,
+    op_family,
 )
 from comm2perfetto.render.words import duration, ranks_text
 
 __all__ = ["diagnose", "verdict_status"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
+STALE_TAIL = 8  # the last collectives of a rank's dump looked at for a dump older than the others'
 
 
 def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diagnosis:
     """Find, per process group, the first collective that did not complete on all its ranks, and why; then
-    weigh it against how the ranks ended (``endings``): a dead rank, an interruption, a job still
-    running. ``now_ns`` (the reader's clock) lets a log written on another host count as running while its
-    heartbeats are recent, and a pending collective as stuck only past the stall threshold."""
+    weigh it against how the ranks ended (``endings``): a dead rank, a frozen one, an interruption, a job still
+    running; then arrange the findings by the wait-for graph (``roots``): root causes first. ``now_ns`` (the
+    reader's clock) lets a log written on another host count as running while its heartbeats are recent, and
+    a pending collective as stuck only past the stall threshold."""
     groups = [g for g in job.groups_in_order() if pg is None or pg in (g.name, g.desc, g.uid, g.label)]
     notes = list(job.notes)
-    ends = rank_ends(job, now_ns)
+    ends = dict(rank_ends(job, now_ns))
+    frozen = frozen_ranks(job, ends, now_ns)
+    ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
     dead = died_first(job, ends, interrupted_at, notes)
+    halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     for group in groups:
-        f = _end_state(job, group)
+        f = _end_state(job, group, notes)
         if f is not None:
             findings.append(f)
-        findings.extend(_p2p_findings(job, group))
-    if interrupted_at is not None:  # what a dead rank caused is not the interruption's doing
-        findings = [f for f in findings if set(f.culprit_ranks) & set(dead)
+        findings.extend(_p2p_findings(job, group, notes))
+    if interrupted_at is not None:  # what a dead or frozen rank caused is not the interruption's doing
+        findings = [f for f in findings if set(f.culprit_ranks) & halted
                     or not caused_by_interruption(job, f, interrupted_at, notes)]
     running = [r for r, e in ends.items() if e.how == RUNNING]
     if running:
@@ -106,12 +120,15 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                 break  # one resolved stall explains the rest; later ones repeat it
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
         findings = dead_ranks(job, groups, dead, ends, findings)
+    if frozen:
+        findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
-    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.culprit_ranks) for f in findings):
+    if absent and not any(f.kind == NO_DUMP and set(absent) <= set(f.suspect_ranks) for f in findings):
         findings.append(_no_dump_alone(job, absent))
     if not findings and not any_matched(job, groups):
         findings.append(no_collectives(job, groups))
-    findings.sort(key=lambda f: (ORDER[f.kind], f.resolved, f.t_ns if f.t_ns is not None else 0))
+    states = {r: _state(r, job, ends, dead, frozen) for r in _world(job, groups)}
+    findings = arrange(findings, states, order=history_order(job), halted=frozenset(halted))
     for j in job.jobs:
         status = j.get("exit_status")
         if isinstance(status, int) and status != 0:
@@ -130,14 +147,56 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     )
 
 
+def _world(job: Job, groups: Sequence[ProcessGroup]) -> set[int]:
+    out = set(range(job.world_size or 0)) | set(job.ranks)
+    for g in groups:
+        out.update(g.ranks)
+    return out
+
+
+def _state(rank: int, job: Job, ends: Mapping[int, RankEnd], dead: Mapping[int, RankEnd],
+           frozen: Mapping[int, RankEnd]) -> str:
+    """Where a rank is when it is blocked in no wait (``waits``)."""
+    if rank not in job.ranks:
+        return waits.NO_DATA
+    if rank in frozen:
+        return waits.FROZEN
+    if rank in dead:
+        return waits.DEAD
+    end = ends.get(rank)
+    return waits.EXITED if end is not None and end.how == EXITED else waits.OUTSIDE
+
+
+def history_order(job: Job) -> waits.Order:
+    """``waits.Order`` from the job's history: whether a rank's own earlier collectives put one group's before
+    another's (see ``waits.precedes``)."""
+    cache: dict[tuple[int, str], list[tuple[int, int]]] = {}
+
+    def issues(rank: int, uid: str) -> list[tuple[int, int]]:
+        if (rank, uid) not in cache:
+            group = job.groups.get(uid)
+            i = group.ranks.index(rank) if group is not None and rank in group.ranks else -1
+            cache[(rank, uid)] = [(c.seq, t) for c in job.collectives.get(uid, ()) if i >= 0
+                                  and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
+        return cache[(rank, uid)]
+
+    def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
+        if waits.COLLECTIVE != first.kind or waits.COLLECTIVE != then.kind or first.seq is None or then.seq is None:
+            return None
+        return waits.precedes(issues(rank, first.group), issues(rank, then.group), first.seq, then.seq)
+
+    return order
+
+
 def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
-    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first."""
-    kinds = {f.kind for f in findings}
+    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first. A stall that
+    resolved (the job went on) is reported, and is no problem: ``ok``."""
+    kinds = {f.kind for f in findings if not f.resolved}
     if kinds & set(DESYNC_KINDS):
         return "desync"
     if RANK_DIED in kinds:
         return "crashed"
-    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED}:
+    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED, RANK_FROZEN}:
         return "stuck"
     if kinds:
         return "incomplete"
@@ -187,38 +246,98 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
     return _UNKNOWN
 
 
-def _end_state(job: Job, group: ProcessGroup) -> Finding | None:
+def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | None:
     cols = job.collectives.get(group.uid, ())
     if not cols:
         return None
     covs = [job.coverage.get((r, group.uid)) for r in group.ranks]
     start = max((c.first_seq for c in covs if c is not None), default=0)
     n = len(group.ranks)
+    horizon = _stale_dumps(job, group, cols)
     settled = cols.settled_prefix() if isinstance(cols, GroupCollectives) else 0  # skipped in C, not one by one
     for c in itertools.islice(cols, settled, None):
         if c.seq < start:
             continue
+        beyond = {r for r, h in horizon.items() if c.seq >= h}  # their dump is too old to speak about c
         sigs = c.signatures
         all_present = all(sigs)  # signatures are always truthy; None marks a rank without a record
-        if all_present and sigs.count(sigs[0]) == n:
+        if all_present and sigs.count(sigs[0]) == n and not beyond:
             if set(c.states).isdisjoint(NOT_DONE_STATES):
                 continue
             return _stuck(job, c, group)
-        statuses = [_member_status(job, c, i, covs[i]) for i in range(n)]
+        statuses = [_NO_DATA if r in beyond else _member_status(job, c, i, covs[i]) for i, r in enumerate(c.ranks)]
         missing = [r for r, s in zip(group.ranks, statuses) if s == _MISSING]
         if missing:
             return _missing(job, c, missing, statuses)
+        joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
+        done = joined_states.isdisjoint(NOT_DONE_STATES)
         mismatch = _mismatch(job, c)
         if mismatch is not None:
-            return mismatch
-        joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
-        if joined_states.isdisjoint(NOT_DONE_STATES):
+            if not (done and all_present and _harmless(c)):
+                return mismatch
+            notes.append(f"{c.op} #{c.seq} on {group.label} completed on every rank although the ranks described "
+                         f"it differently ({mismatch.detail.split(': ', 1)[-1].rstrip('.')}): the same collective "
+                         "and element counts in other shapes or through another API, harmless here")
+        if done:
             continue
         no_data = [r for r, s in zip(group.ranks, statuses) if s == _NO_DATA]
         if no_data:
-            return _waiting_for_no_dump(job, c, no_data)
+            return _waiting_for_no_dump(job, c, no_data, {r: horizon[r] for r in no_data if r in horizon})
         return _stuck(job, c, group)
     return None
+
+
+def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
+    """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
+    collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
+    without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
+    out: dict[int, int] = {}
+    done_somewhere: dict[int, bool] = {}
+
+    def completed_anywhere(k: int) -> bool:
+        if k not in done_somewhere:
+            done_somewhere[k] = COMPLETED in cols[k].states
+        return done_somewhere[k]
+
+    for i, rank in enumerate(group.ranks):
+        cov = job.coverage.get((rank, group.uid))
+        if cov is None or not cov.has_fr or cov.has_log:
+            continue
+        # its last records (up to STALE_TAIL), newest first, read one value at a time: no rank's tuple of
+        # every collective (a group of 16,384 ranks asks this of each)
+        stale: list[int] = []
+        seen = 0
+        k = bisect.bisect_right(cols, cov.last_seq, key=lambda c: c.seq) - 1
+        while k >= 0 and seen < STALE_TAIL:
+            state = _state_at(cols, i, rank, k)
+            k -= 1
+            if state is None:
+                continue  # no record of it on this rank
+            seen += 1
+            if state not in (STARTED, SCHEDULED) or not completed_anywhere(k + 1):
+                break
+            stale.append(cols[k + 1].seq)
+        if len(stale) >= 2:
+            out[rank] = min(stale)
+    return out
+
+
+def _state_at(cols: Sequence[Collective], i: int, rank: int, k: int) -> str | None:
+    """The state of ``rank`` (``i``-th member) in the ``k``-th collective, read from its column alone."""
+    return cols.value("states", rank, k) if isinstance(cols, GroupCollectives) else cols[k].states[i]
+
+
+def _harmless(c: Collective) -> bool:
+    """Ranks that differ only where it cannot matter: one collective (op family, root), the same element
+    counts and dtypes, other shapes or another API (``all_gather`` and ``all_gather_into_tensor``)."""
+    def key(sig: Signature | None) -> tuple:
+        if sig is None:
+            return ()
+        if sig.parts:
+            return tuple(key(p) for p in sig.parts)
+        return (op_family(sig.op), sig.root, _numel(sig.input_sizes or ()), _numel(sig.output_sizes or ()),
+                tuple(sorted(set(sig.input_dtypes or ()))))
+    return len({key(sig) for sig in c.signatures}) == 1
 
 
 def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], at_ns: int | None = None,
@@ -261,6 +380,15 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         f"Look at what {ranks_text(missing)} {'were' if len(missing) > 1 else 'was'} doing instead ({shown} "
         f"above): a rank that skips or delays a collective the others issue hangs the group."
     )
+    if resolved:
+        action = (f"Look at what {ranks_text(missing)} {'were' if len(missing) > 1 else 'was'} doing instead ({shown} "
+                  "above): a rank that delays a collective makes the others wait (`--fail-on late` makes this "
+                  "exit 1).")
+    elif all(_exited(job, r) for r in missing):
+        theirs = "their processes" if len(missing) > 1 else "its process"
+        action = (f"Find out why {ranks_text(missing)} ended {theirs} "
+                  "early (a return or sys.exit on that rank only): its peers waited for a collective it would "
+                  "never issue.")
     t = min((x for x in c.arrive_ns if x is not None), default=None)
     return Finding(
         kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
@@ -268,6 +396,11 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
         t_ns=at_ns if at_ns is not None else t,
     )
+
+
+def _exited(job: Job, rank: int) -> bool:
+    info = job.ranks.get(rank)
+    return info is not None and bool(info.closed_cleanly) and not info.endings
 
 
 def _what_rank_did(job: Job, rank: int, c: Collective, at_ns: int | None) -> tuple[str, dict | None]:
@@ -310,6 +443,9 @@ def _what_rank_did(job: Job, rank: int, c: Collective, at_ns: int | None) -> tup
                 "call_site": frame.site if frame else None}
     if pending:
         text += f" At the end of its log it was inside {pending}."
+    info = job.ranks.get(rank)
+    if at_ns is None and info is not None and _exited(job, rank):
+        text += f" Then its process exited ({info.closed_reason}), without issuing {c.op} #{c.seq}."
     return text, last
 
 
@@ -353,8 +489,8 @@ def _site_list(sites: Mapping[int, str]) -> str:
 
 # --- mismatches ------------------------------------------------------------------------------------------
 
-_KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH}
-_SEVERITY = {"op": 0, "size": 1, "dtype": 2}
+_KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH, "root": ROOT_MISMATCH}
+_SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 
 
 def _mismatch(job: Job, c: Collective) -> Finding | None:
@@ -372,7 +508,7 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
         else:
             clusters.append((sig, [r]))
     if len(clusters) < 2:
-        return None
+        return _all_to_all_totals(job, c)
     # Largest cluster wins; on a tie, the one holding the lowest rank (torchfrtrace's reference rank).
     clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))
     ref, majority = clusters[0]
@@ -381,19 +517,69 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
     sites = _sites(job, c, culprits[:3] + sorted(majority)[:1])
-    what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes"}[worst]
+    what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
+            "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
     detail = f"Ranks issued {what} as {c.op} #{c.seq} on {group.label}: {described}."
+    member = _differing_member(ref, clusters[1][0], size)
+    if member:
+        detail += f" {member}"
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
+    same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
     action = (
-        f"Make {ranks_text(culprits)} issue the same {'collective' if worst == 'op' else 'tensor ' + worst} as "
+        f"Make {ranks_text(culprits)} issue the same {same} as "
         f"{ranks_text(sorted(majority))} at this point: the code paths diverge before {c.op} #{c.seq}."
     )
     return Finding(
         kind=kind, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
         ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
         action=action, call_sites=sites, evidence={"variants": variants},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+    )
+
+
+def _differing_member(a: Signature, b: Signature, size: int) -> str:
+    """``The 2nd member differs: all_reduce [[8]] Float against all_reduce [[9]] Float.`` for coalesced groups."""
+    if not a.parts or not b.parts or len(a.parts) != len(b.parts):
+        return ""
+    for i, (pa, pb) in enumerate(zip(a.parts, b.parts)):
+        if compare(pa, pb, size) is not None:
+            return f"The {_ordinal(i + 1)} member differs: {pa.describe()} against {pb.describe()}."
+    return ""
+
+
+def _all_to_all_totals(job: Job, c: Collective) -> Finding | None:
+    """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
+    adds up to what they receive. When it does not, the ranks whose (sent, received) counts differ from most
+    ranks' are the culprits (on a tie, those that differ from the lowest rank)."""
+    if op_family(c.op) != "all_to_all":
+        return None
+    counts: dict[int, tuple[int, int]] = {}
+    for r, sig in zip(c.ranks, c.signatures):
+        if sig is None or sig.input_sizes is None or sig.output_sizes is None or sig.source != "fr":
+            return None
+        counts[r] = (_numel(sig.input_sizes), _numel(sig.output_sizes))
+    sent, received = sum(a for a, _ in counts.values()), sum(b for _, b in counts.values())
+    by_count: dict[tuple[int, int], list[int]] = {}
+    for r, pair in counts.items():
+        by_count.setdefault(pair, []).append(r)
+    if sent == received or len(by_count) < 2:
+        return None
+    clusters = sorted(by_count.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    culprits = sorted(r for _, rs in clusters[1:] for r in rs)
+    described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
+    detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "
+              f"and receive {received:,}, which an all-to-all cannot do ({described}).")
+    sites = _sites(job, c, culprits[:3] + sorted(clusters[0][1])[:1])
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    return Finding(
+        kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
+        action=f"Make the split sizes of {ranks_text(culprits)} agree with what the other ranks send to them "
+               "and expect from them.",
+        call_sites=sites, evidence={"counts": {str(r): list(v) for r, v in sorted(counts.items())}},
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
     )
 
@@ -442,23 +628,33 @@ def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = Non
     )
 
 
-def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int]) -> Finding:
+def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
+                         stale: Mapping[int, int] | None = None) -> Finding:
     group = c.group
     joined = list(c.joined_ranks)
-    detail = (
-        f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
-        f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
-        "cannot be told."
-    )
-    action = (
-        f"Find out what happened to {ranks_text(no_data)} (crashed or killed before dumping? look at its log "
-        "and exit status), and collect its Flight Recorder dump next time."
-    )
+    if stale:
+        why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
+                        "the others completed)" for r, seq in sorted(stale.items()))
+        detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
+                  f"{group.label}; {why}, so whether {ranks_text(no_data)} issued it cannot be told.")
+        action = (f"Look at {ranks_text(no_data)} first, and collect a fresh dump of it (TORCH_FR_DUMP_TEMP_FILE, "
+                  "or `comm2perfetto record`, which dumps every rank at a stall).")
+    else:
+        detail = (
+            f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on {group.label}; "
+            f"{ranks_text(no_data)} left no data at all, so whether {'they' if len(no_data) > 1 else 'it'} issued it "
+            "cannot be told."
+        )
+        action = (
+            f"Find out what happened to {ranks_text(no_data)} (crashed or killed before dumping? look at its log "
+            "and exit status), and collect its Flight Recorder dump next time."
+        )
     return Finding(
         kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
-        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=tuple(no_data), detail=detail,
-        action=action, call_sites=_sites(job, c, joined),
+        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(), suspect_ranks=tuple(no_data),
+        detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
     )
 
 
@@ -478,7 +674,7 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     action = f"Collect the dumps of {ranks_text(absent)} (check the host's temp folder or the recorder's folder)."
     return Finding(
         kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
-        ranks_missing=tuple(absent), culprit_ranks=tuple(absent), detail=detail, action=action,
+        ranks_missing=tuple(absent), culprit_ranks=(), suspect_ranks=tuple(absent), detail=detail, action=action,
     )
 
 
@@ -541,7 +737,13 @@ def _went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
 # --- point to point --------------------------------------------------------------------------------------
 
 
-def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
+MAX_P2P_FINDINGS = 8  # per group: unmatched sends and receives told one by one, the rest counted in a note
+
+
+def _p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Finding]:
+    """Every send without its receive, and every receive without its send (or with other sizes), earliest
+    first: a pipeline's faults come in pairs (a rank that skips a send leaves a recv waiting, and the send
+    its own peer then cannot deliver)."""
     transfers = job.p2p.get(group.uid, ())
     bad: list[tuple[P2PTransfer, str]] = []
     for tr in transfers:
@@ -558,23 +760,30 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
         if cov is not None and cov.has_fr and cov.first_seq > 0 and not cov.has_log:
             continue  # the peer's ring buffer wrapped: its side may have been overwritten
         bad.append((tr, "unmatched"))
-    if not bad:
-        return []
-    tr, why = min(bad, key=lambda b: _p2p_time(b[0]))
+    bad.sort(key=lambda b: _p2p_time(b[0]))
+    if len(bad) > MAX_P2P_FINDINGS:
+        notes.append(f"{len(bad) - MAX_P2P_FINDINGS} more unmatched sends or receives on {group.label} after the "
+                     f"first {MAX_P2P_FINDINGS} (not told one by one)")
+    return [_p2p_finding(job, group, tr, why) for tr, why in bad[:MAX_P2P_FINDINGS]]
+
+
+def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Finding:
     op = tr.send or tr.recv
     assert op is not None
+    nth = _ordinal(tr.index + 1)
+    seq = f", p2p seq {op.seq}" if op.seq is not None else ""
     if why == "size":
         assert tr.send is not None and tr.recv is not None
         culprits: tuple[int, ...] = (tr.src, tr.dst)
         detail = (
-            f"Send #{tr.index} from rank {tr.src} to rank {tr.dst} on {group.label} carries "
+            f"The {nth} send from rank {tr.src} to rank {tr.dst} on {group.label}{seq} carries "
             f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."
         )
         action = "Make the sender's and the receiver's tensors the same size."
     elif tr.send is not None:
         culprits = (tr.dst,)
         detail = (
-            f"Rank {tr.src} sent to rank {tr.dst} on {group.label} (send #{tr.index} to it, "
+            f"Rank {tr.src} sent to rank {tr.dst} on {group.label} (its {nth} send to it{seq}, "
             f"{tr.send.signature.describe()}) but rank {tr.dst} never posted the matching recv."
         )
         action = f"Make rank {tr.dst} post a recv from rank {tr.src} for this send (or drop the send)."
@@ -582,24 +791,30 @@ def _p2p_findings(job: Job, group: ProcessGroup) -> list[Finding]:
         assert tr.recv is not None
         culprits = (tr.src,)
         detail = (
-            f"Rank {tr.dst} waits to receive from rank {tr.src} on {group.label} (recv #{tr.index} from it) "
+            f"Rank {tr.dst} waits to receive from rank {tr.src} on {group.label} (its {nth} recv from it{seq}) "
             f"but rank {tr.src} never sent it."
         )
         action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
     sites: dict[int, str] = {}
     for p in (tr.send, tr.recv):
         if p is not None:
-            frame = call_site(job.stack(p.stack_id))
+            frame = call_site(job.p2p_stack(p))
             if frame is not None:
                 sites[p.rank] = frame.site
     joined = tuple(sorted(p.rank for p in (tr.send, tr.recv) if p is not None))
-    return [Finding(
-        kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=None, op=op.kind,
+    return Finding(
+        kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=op.seq, op=op.kind,
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
         culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
         stacks={r: s for r in culprits if (s := stall_stack(job, r))},
         evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
-    )]
+    )
+
+
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``11th``, ``22nd``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _numel(sizes) -> int:

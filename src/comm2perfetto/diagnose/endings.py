@@ -23,6 +23,7 @@ PEER_LOST = "peer_lost"  # failed because a peer's connection broke or its wait 
 EXCEPTION = "exception"  # an uncaught exception of its own ended it
 DIED = "died"  # its log stops without being closed and the process is gone: killed (SIGKILL, OOM) or crashed
 UNKNOWN = "unknown"  # no log, or an unclosed log whose process cannot be checked
+FROZEN = "frozen"  # its process existed while its log stood still: stopped, or holding the GIL (weigh.frozen_ranks)
 
 # A log with heartbeats whose last record is older than this (on the reader's clock) belongs to a dead process.
 STALE_NS = 10 * 10**9

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from comm2perfetto.model import Signature, op_family
+from comm2perfetto.model import ROOTED_FAMILIES, Signature, op_family
 
 _GATHER_LIKE = ("gather", "gather_object")
 _SCATTER_LIKE = ("scatter", "scatter_object_list")
@@ -34,7 +34,8 @@ def _sizes_must_match(op: str) -> tuple[bool, bool]:
 
 
 def compare(a: Signature, b: Signature, group_size: int) -> str | None:
-    """How b differs from a: ``op``, ``size``, ``dtype`` or None (compatible)."""
+    """How b differs from a: ``op``, ``root`` (a broadcast, reduce, gather or scatter whose src/dst differ),
+    ``size``, ``dtype`` or None (compatible)."""
     if a is b:
         return None
     if a.parts or b.parts:
@@ -53,6 +54,8 @@ def compare(a: Signature, b: Signature, group_size: int) -> str | None:
         fa, fb = op_family(a.op), op_family(b.op)
         if fa != fb and frozenset({fa, fb}) not in _EQUIVALENT_FAMILIES:
             return "op"
+    if a.root is not None and b.root is not None and a.root != b.root and op_family(a.op) in ROOTED_FAMILIES:
+        return "root"
     check_in, check_out = _sizes_must_match(a.op)
     if not same_source:
         check_in = check_in and _sizes_must_match(b.op)[0] and op_family(a.op) == op_family(b.op)

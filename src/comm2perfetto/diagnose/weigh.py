@@ -10,13 +10,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.diagnose.endings import DIED, EXCEPTION, PEER_LOST, UNKNOWN, RankEnd
+from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, UNKNOWN, RankEnd
 from comm2perfetto.diagnose.findings import (
     MISSING_RANKS,
     NO_COLLECTIVES,
     NO_DUMP,
     P2P_MISMATCH,
     RANK_DIED,
+    RANK_FROZEN,
     STUCK_ALL_JOINED,
     Finding,
 )
@@ -31,6 +32,9 @@ INTERRUPT_GRACE_NS = 2 * 10**9
 # heartbeat or two; a rank whose log stops longer before the others' died first.
 DEATH_GAP_NS = 3 * 10**9
 DEFAULT_STALL_NS = 60 * 10**9  # the recorder's default --stall-after
+# A rank's process seen existing this long after its last record (its heartbeats come every second) made no
+# progress: stopped (SIGSTOP, a debugger) or holding the GIL.
+FROZEN_GAP_NS = 3 * 10**9
 
 
 def _waiting_since(f: Finding) -> int | None:
@@ -92,6 +96,37 @@ def in_progress(job: Job, f: Finding, now_ns: int | None, notes: list[str]) -> b
     return True
 
 
+def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> dict[int, RankEnd]:
+    """Ranks whose process existed well after their log stopped: ``record`` saw it at a stall or a signal (the
+    job files' ``probes``), or it runs on this host now (``now_ns``). Being killed later, by the launcher after
+    the others gave up or after an interrupt, does not make such a rank the first to die."""
+    seen: dict[int, tuple[int, str]] = {}
+    for j in job.jobs:
+        for p in j.get("probes") or ():
+            if p["state"] != "gone" and p["t_ns"] > seen.get(p["rank"], (0, ""))[0]:
+                seen[p["rank"]] = (p["t_ns"], p["state"])
+    if now_ns is not None:
+        for rank, rank_info in job.ranks.items():
+            if rank_info.alive is True and now_ns > seen.get(rank, (0, ""))[0]:
+                seen[rank] = (now_ns, "running")
+    out = {}
+    for rank, (t, state) in seen.items():
+        info, end = job.ranks.get(rank), ends.get(rank)
+        if info is None or end is None or info.last_ns is None or (state != "stopped" and not info.heartbeats):
+            continue  # a log without heartbeats can be quiet while its rank works; a stopped process cannot
+        if end.how not in (DIED, RUNNING, UNKNOWN) or t - info.last_ns < FROZEN_GAP_NS or _recording_off(job, rank):
+            continue  # it ended by itself, or by a signal it handled; or it is fine
+        how = "stopped (SIGSTOP, process state T)" if state == "stopped" else "running"
+        out[rank] = RankEnd(rank, FROZEN, info.last_ns,
+                            f"its process was seen {how} {duration(t - info.last_ns)} after its last record")
+    return out
+
+
+def _recording_off(job: Job, rank: int) -> bool:
+    """An internal error turned the recorder off on that rank: its log stands still while the rank trains."""
+    return any("recording disabled" in msg for _, msg in getattr(job.logs.get(rank), "warnings", ()))
+
+
 def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
                 notes: list[str]) -> dict[int, RankEnd]:
     """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
@@ -131,6 +166,50 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     dead_set = set(dead)
     out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
     return out + died
+
+
+def frozen_findings(job: Job, groups: Sequence[ProcessGroup], frozen: Mapping[int, RankEnd],
+                    findings: list[Finding]) -> list[Finding]:
+    """Each frozen rank becomes a ``rank_frozen`` finding that takes the wait it left the others in."""
+    out = list(findings)
+    for rank, end in sorted(frozen.items()):
+        explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
+                          and rank in f.culprit_ranks + f.ranks_missing and f.seq is not None), None)
+        if explained is not None:
+            out.remove(explained)
+        out.append(_rank_frozen(job, groups, rank, end, explained))
+    return out
+
+
+def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd,
+                 explained: Finding | None) -> Finding:
+    step = _last_step(job, rank)
+    during = f", during step {step}" if step is not None else ""
+    at = _clock_text(end.t_ns) if end.t_ns is not None else "its last record"
+    detail = (f"Rank {rank} stopped making progress at {at} (its last record{during}); its process was alive at "
+              f"the stall: {end.detail}.")
+    last = _last_completed(job, groups, rank, issued=True)
+    evidence: dict[str, Any] = {"how": end.how, "last_record_ns": end.t_ns, "step": step, "seen": end.detail}
+    if last is not None:
+        detail += f" Its last collective was {last['op']} #{last['seq']} on {last['process_group']}."
+        evidence["last_collective"] = last
+    if explained is not None:
+        waiting = [r for r in explained.ranks_joined if r != rank]
+        detail += (f" {ranks_text(waiting).capitalize()} {'wait' if len(waiting) > 1 else 'waits'} in "
+                   f"{explained.op} #{explained.seq} on {explained.process_group} for it.")
+    action = (f"Look at what rank {rank} is doing: `py-spy dump --pid PID` of its process (its host and pid are "
+              "in its event log's header), its GPU (`nvidia-smi`); a stopped process (SIGSTOP, a debugger) "
+              "goes on after SIGCONT.")
+    stack = stall_stack(job, rank)
+    return Finding(
+        kind=RANK_FROZEN, process_group=explained.process_group if explained else "",
+        group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
+        op=explained.op if explained else None,
+        ranks_joined=tuple(r for r in explained.ranks_joined if r != rank) if explained else (),
+        ranks_missing=(rank,), culprit_ranks=(rank,), detail=detail, action=action,
+        call_sites=explained.call_sites if explained else {}, stacks={rank: stack} if stack else {},
+        evidence=evidence, t_ns=end.t_ns,
+    )
 
 
 def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],

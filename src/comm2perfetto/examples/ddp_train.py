@@ -103,7 +103,7 @@ def train(args: argparse.Namespace) -> None:
         device = torch.device("cpu")
 
     torch.manual_seed(rank)  # different initial weights per rank: DDP's broadcast from rank 0 must fix that
-    model = DDP(Net().to(device))
+    model = DDP(Net().to(device), bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     # Exactly args.steps batches per rank and epoch.
@@ -143,6 +143,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="steps per epoch and rank")
     parser.add_argument("--batch", type=int, default=32, help="batch size per rank")
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="DDP's gradient bucket size in MiB (torch's default 25: the whole model in one bucket)")
     parser.add_argument(
         "--report-step-time",
         action="store_true",

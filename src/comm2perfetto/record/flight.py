@@ -15,11 +15,12 @@ Dumps are written to a temporary name and renamed, so a reader never sees half a
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -203,6 +204,92 @@ def no_inductor_import_on_this_thread() -> Iterator[None]:
             torch.__getattr__ = lazy
 
 
+class PendingOp(NamedTuple):
+    """The first unfinished operation of one counter of one group, as Flight Recorder's entries show it."""
+
+    seq: int
+    since_ns: int  # since when it is known unfinished (FlightRecorderDumps.since); 0 from nccl_unfinished
+    name: str  # its profiling name: ``nccl:all_reduce``, ``nccl:send 0->1`` (a batch: its first op)
+    group: str  # process group name
+    desc: str  # process group description
+
+
+def nccl_unfinished(entries: list[dict[str, Any]]) -> dict[tuple[str, str], PendingOp]:
+    """The first unfinished operation per (pg_id, "coll" or "p2p") among NCCL Flight Recorder entries (a whole
+    ring, in record order).
+
+    A coalesced group is one operation whose state is its closing ``*coalesced`` entry's: the entries of its
+    ops have no CUDA events and stay ``scheduled``, never retired (torch 2.11, NCCL 2.28, seen on an H200).
+    The closing entry of a ``batch_isend_irecv`` shares its ops' ``p2p_seq_id`` but says ``is_p2p: false`` and
+    repeats the last collective's ``collective_seq_id``; a coalesced collective's shares its ops'
+    ``collective_seq_id``::
+
+        {"record_id": 3, "pg_id": 0, "profiling_name": "nccl:send 0->0", "is_p2p": true, "p2p_seq_id": 1,
+         "collective_seq_id": 3, "state": "scheduled", "retired": false}
+        {"record_id": 4, "pg_id": 0, "profiling_name": "nccl:recv 0<-0", "is_p2p": true, "p2p_seq_id": 1, ...}
+        {"record_id": 5, "pg_id": 0, "profiling_name": "nccl:coalesced", "is_p2p": false, "p2p_seq_id": 1,
+         "collective_seq_id": 3, "state": "completed", "retired": true}
+
+    >>> op = {"pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 3, "p2p_seq_id": 1}
+    >>> nccl_unfinished([dict(op, profiling_name="nccl:send 0->1", is_p2p=True, state="scheduled"),
+    ...                  dict(op, profiling_name="nccl:coalesced", is_p2p=False, state="completed")])
+    {}
+    >>> nccl_unfinished([dict(op, profiling_name="nccl:send 0->1", is_p2p=True, state="scheduled"),
+    ...                  dict(op, profiling_name="nccl:coalesced", is_p2p=False, state="scheduled")])
+    {('0', 'p2p'): PendingOp(seq=1, since_ns=0, name='nccl:send 0->1', group='0', desc='default_pg')}
+    """
+    closed: set[int] = set()  # indices of ops that a closing entry stands for
+    units: list[tuple[dict[str, Any], str, int, str]] = []  # (entry, counter, seq, name), newest first
+    for i in range(len(entries) - 1, -1, -1):
+        if i in closed:
+            continue
+        e = entries[i]
+        name = str(e.get("profiling_name") or "")
+        p2p = bool(e.get("is_p2p"))
+        seq = e.get("p2p_seq_id" if p2p else "collective_seq_id")
+        if not p2p and name.endswith("coalesced"):
+            members = _closed_by(entries, i)
+            if members:
+                closed.update(members)
+                first = entries[members[-1]]
+                p2p = bool(first.get("is_p2p"))
+                seq = e.get("p2p_seq_id" if p2p else "collective_seq_id")
+                if name.partition(":")[2] == "coalesced":
+                    name = str(first.get("profiling_name") or name)
+        if isinstance(seq, int):
+            units.append((e, "p2p" if p2p else "coll", seq, name))
+    out: dict[tuple[str, str], PendingOp] = {}
+    for e, counter, seq, name in units:
+        if e.get("state") == "completed" or e.get("retired"):
+            continue
+        key = (str(e.get("pg_id")), counter)
+        if key not in out or seq < out[key].seq:
+            group = e.get("process_group") or ("?", "")
+            out[key] = PendingOp(seq, 0, name, str(group[0]), str(group[1] or ""))
+    return out
+
+
+def _closed_by(entries: list[dict[str, Any]], closing: int) -> list[int]:
+    """Indices (newest first) of the ops the closing entry at ``closing`` stands for: the entries of its group
+    right before it with its p2p sequence number (a batched send/recv) or its collective one."""
+    c = entries[closing]
+    pg = c.get("pg_id")
+    members: list[int] = []
+    p2p: bool | None = None
+    for j in range(closing - 1, -1, -1):
+        e = entries[j]
+        if e.get("pg_id") != pg:
+            continue  # another thread's group, recorded in between
+        is_p2p = bool(e.get("is_p2p"))
+        if p2p is None:
+            p2p = is_p2p
+        field = "p2p_seq_id" if p2p else "collective_seq_id"
+        if is_p2p != p2p or e.get(field) != c.get(field) or str(e.get("profiling_name")).endswith("coalesced"):
+            break
+        members.append(j)
+    return members
+
+
 class FlightRecorderDumps:
     """Writes ``rank<R>.fr.<n>.pkl`` (and ``rank<R>.fr-nccl.<n>.pkl`` when a group uses NCCL) into the output
     folder."""
@@ -235,6 +322,14 @@ class FlightRecorderDumps:
         self._groups_since_ns = 0
         self._used_since_ns: int | None = None
         self._fewest_collectives = 0
+        # NCCL's unfinished operations (see unfinished): the fingerprint of the groups' status and when it last
+        # changed, the one the entries were last read for and when, and what they showed unfinished then.
+        self._wall_clock = time.time_ns
+        self._nccl_fingerprint: tuple | None = None
+        self._nccl_still_since = 0
+        self._nccl_read_for: tuple | None = None
+        self._nccl_read_at = 0
+        self._nccl_pending: dict[tuple[str, str], PendingOp] = {}
 
     def dump(self, reason: str, wait: bool = True) -> None:
         """Write the ring to new files. ``wait=False`` (signal handlers) skips the dump when one is already
@@ -294,11 +389,11 @@ class FlightRecorderDumps:
                 continue
         return False
 
-    def unfinished(self) -> dict[tuple[str, str, str], int] | None:
+    def unfinished(self, quiet_ns: int = 0) -> dict[tuple[str, str, str], int] | None:
         """The first operation each group has enqueued but not completed, per counter: {(dump kind, pg_id,
         "coll" or "p2p"): sequence number}. Sees what is issued from C++ (DDP, FSDP), which never passes through
         the patch layer. Returns None while the job's groups may still change (``groups_settled``): nothing is
-        known then.
+        known then. The watchdog calls it every tick, so each call costs microseconds whatever the ring holds.
 
         Gloo (the generic dump): ``pg_status``, which gloo keeps for collectives only (its send/recv do not go
         through ``enqueue``) and current (seen on 2.13) although its entries stay ``scheduled``::
@@ -306,13 +401,16 @@ class FlightRecorderDumps:
             {"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "2",
              "last_started_collective": "-1", "last_completed_collective": "1"}}, ...}
 
-        NCCL: its ``pg_status`` follows ``work->seq_``, which is the p2p counter for send/recv work and the
-        collective counter otherwise (ProcessGroupNCCL.cpp, ``workEnqueue``), so the two cannot be told apart
-        there. The active entries can (``_dump_nccl_trace_json(includeCollectives=True, onlyActive=True)``: the
-        works not retired yet), each with its own counter::
-
-            {"entries": [{"pg_id": 0, "is_p2p": true, "p2p_seq_id": 7, "collective_seq_id": 4,
-                          "profiling_name": "nccl:send 0->1", "state": "scheduled", ...}], ...}
+        NCCL: its ``pg_status`` follows ``work->seq_``, the p2p counter for send/recv work and the collective
+        counter otherwise (ProcessGroupNCCL.cpp, ``workEnqueue``), so it cannot say which operation is
+        unfinished; and its "only active" entries include every op of every batched send/recv in the ring
+        (they have no CUDA events: never completed, never retired), so reading them each second cost up to half
+        a second on a pipeline's ring (13,333 such entries, H200, torch 2.11). So the status is only watched
+        here, as a fingerprint (with the groups' issued counters), and the entries are read
+        (``nccl_unfinished``) once the fingerprint has stood still for ``quiet_ns``: nothing enqueued, started
+        or completed on any group for that long. What they show unfinished then was unfinished since the
+        fingerprint last changed (``since``). While that view names something, a change of fingerprint has
+        the entries read again, at most every ``quiet_ns / 4``, to see it complete.
         """
         if not self.groups_settled():
             return None
@@ -329,13 +427,43 @@ class FlightRecorderDumps:
                 if enqueued > completed:
                     out[("fr", pg_id, "coll")] = completed + 1
         if self._nccl_json is not None and self._uses_nccl():
-            for entry in self._active_entries("fr-nccl"):
-                p2p = bool(entry.get("is_p2p"))
-                seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id")
-                if isinstance(seq, int):
-                    key = ("fr-nccl", str(entry.get("pg_id")), "p2p" if p2p else "coll")
-                    out[key] = min(out.get(key, seq), seq)
+            for (pg_id, counter), pending in self._nccl_view(quiet_ns).items():
+                out[("fr-nccl", pg_id, counter)] = pending.seq
         return out
+
+    def since(self, key: tuple[str, str, str], seq: int) -> int | None:
+        """Since when (``time.time_ns()``) the operation ``unfinished()`` gave for ``key`` is known unfinished,
+        where the dump tells more than the moment the watchdog first saw it (NCCL); else None."""
+        pending = self._nccl_pending.get(key[1:]) if key[0] == "fr-nccl" else None
+        return pending.since_ns if pending is not None and pending.seq == seq else None
+
+    def _nccl_view(self, quiet_ns: int) -> dict[tuple[str, str], PendingOp]:
+        """What the NCCL entries showed unfinished, read again only when ``unfinished`` says so."""
+        status_dump, ring_dump = self._nccl_json, self._nccl
+        if status_dump is None or ring_dump is None:
+            return {}
+        now = self._wall_clock()
+        try:
+            status = status_dump(False, False)  # pg_config and pg_status only: no entry is copied
+        except Exception:
+            status = None
+        fingerprint = (status, self._issued())
+        if fingerprint != self._nccl_fingerprint:
+            self._nccl_fingerprint, self._nccl_still_since = fingerprint, now
+        if fingerprint != self._nccl_read_for and (
+                now - self._nccl_still_since >= quiet_ns
+                or (self._nccl_pending and now - self._nccl_read_at >= quiet_ns // 4)):
+            self._nccl_read_for, self._nccl_read_at = fingerprint, now
+            try:
+                entries = pickle.loads(ring_dump(True, False, False)).get("entries") or []
+            except Exception:  # torch's own dump of this process: only a changed signature fails here
+                entries = []
+            old = self._nccl_pending
+            self._nccl_pending = {
+                key: p._replace(since_ns=old[key].since_ns if key in old and old[key].seq == p.seq
+                                else self._nccl_still_since)
+                for key, p in nccl_unfinished(entries).items()}
+        return self._nccl_pending
 
     def _active_entries(self, kind: str) -> list[dict]:
         dumper = self._generic_json if kind == "fr" else self._nccl_json
@@ -347,7 +475,11 @@ class FlightRecorderDumps:
             return []
 
     def active_entry(self, kind: str, pg_id: str, seq: int, counter: str = "coll") -> tuple[str, str, str] | None:
-        """(profiling name, group name, group description) of one unfinished entry, or None; best effort."""
+        """(profiling name, group name, group description) of one unfinished entry, or None; best effort. On
+        NCCL, from the entries ``unfinished`` read last."""
+        if kind == "fr-nccl":
+            pending = self._nccl_pending.get((pg_id, counter))
+            return pending[2:] if pending is not None and pending.seq == seq else None
         field = "p2p_seq_id" if counter == "p2p" else "collective_seq_id"
         for entry in self._active_entries(kind):
             if str(entry.get("pg_id")) == pg_id and entry.get(field) == seq \

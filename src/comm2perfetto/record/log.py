@@ -89,6 +89,15 @@ class EventLog:
         except (OSError, ValueError):  # Linux before 5.14: records fault their pages in as they go
             pass
 
+    def tail(self, nbytes: int) -> bytes:
+        """A copy of the last ``nbytes`` written (all of it when shorter): the live verdict reads its own recent
+        records back at a stall, so the hot path keeps no history of its own."""
+        with self._lock:  # the mapping is not resized meanwhile
+            if self.closed:
+                return b""
+            end = self._map.tell()
+            return self._map[max(0, end - nbytes):end]
+
     @property
     def bytes_written(self) -> int:
         return self._map.tell() if not self.closed else self._pos

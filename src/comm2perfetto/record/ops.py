@@ -159,3 +159,21 @@ class BoundSpec:
 def bind(spec: OpSpec, function: Callable[..., Any], tracing: Callable[[], bool] | None = None) -> BoundSpec:
     """``spec`` resolved against ``function``'s parameters (torch's function that a wrapper replaces)."""
     return BoundSpec(spec, tuple(inspect.signature(function).parameters), tracing)
+
+
+# A point-to-point call's direction, by its name (a batch's ops are named by their function: ``isend``, ``irecv``).
+P2P_KIND = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv", "send_object_list": "send",
+            "recv_object_list": "recv"}
+
+
+def p2p_keys(record: list) -> list[tuple[int, str, int]]:
+    """(gid, "send"/"recv", peer) of each op of a point-to-point call's `b` record (a batch lists
+    ``[op, peer]`` pairs); a recv from any source (peer None) has none.
+
+    >>> p2p_keys(["b", 7, 1795313447406614332, "batch_isend_irecv", 0, None, [["isend", 1], ["irecv", 2]]])
+    [(0, 'send', 1), (0, 'recv', 2)]
+    """
+    peers = record[6]
+    pairs = peers if isinstance(peers, list) else [(record[3], peers)]
+    return [(record[4], P2P_KIND[str(op)], peer) for op, peer in pairs
+            if isinstance(peer, int) and str(op) in P2P_KIND]

@@ -27,6 +27,7 @@ from comm2perfetto.record import nvtx as nvtx_ranges
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
+from comm2perfetto.record.ops import P2P_KIND, p2p_keys
 
 if TYPE_CHECKING:
     from comm2perfetto.record.flight import FlightRecorderDumps
@@ -137,15 +138,13 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
         thread.call = None
 
         try:
-            if rec._extras:
-                rec._extras_after(cid, synced)
             if not call.single and counter is not None:  # several collectives, or a p2p op
                 raw_after = counter()
                 if not call.collective:
                     info.p2p_consumed += raw_after - raw_seq
                 seq = raw_after - info.p2p_consumed
             if not call.collective:
-                rec._count_p2p(call, record, args, kwargs)
+                p2p_at = rec._count_p2p(call, record, args, kwargs)
             if not async_op:
                 info.returned = seq
             data = _dumps(["e", cid, _time_ns(), seq], None, _NEWLINE)
@@ -153,15 +152,20 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec._append(data)
             except (ValueError, TypeError):
                 rec.log.write_bytes(data)
+            if rec._extras:  # after `e`: with --sync the return is the enqueue, and `d` follows the synchronisation
+                rec._extras_after(cid, synced)
             # Async work stays pending until its future completes. A functional collective returns an
             # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
             # Work on a GPU gets no `d` record: its future completes at enqueue (Work.get_future's docstring:
             # "for GPU work, fut.done() returns true only whether the operation has been enqueued"), so only
             # Flight Recorder's state tells when it is done.
             if result is not None and not call.functional and not rec._sync and rec._cpu_work(call, args, kwargs):
-                futures = _futures_of(result if isinstance(result, list) else (result,))
+                works = result if isinstance(result, list) else (result,)
+                futures = _futures_of(works)
                 if futures:
                     rec._on_completion(record, futures)
+                elif not call.collective:  # gloo's p2p work has no future: watched until it is done
+                    rec._p2p_works[cid] = (record, works, p2p_at)
         except Exception as exc:
             rec.fault(exc)
         return result
@@ -256,6 +260,10 @@ class Recorder:
         # Async calls whose work has not completed: cid -> the call's `b` record. A call still running is its
         # thread's ``ThreadState.call`` instead (in_flight()), so a synchronous call costs no bookkeeping.
         self.pending: dict[int, list] = {}
+        # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works, each op's
+        # index among its kind to its peer), until in_flight() finds the works completed.
+        self._p2p_works: dict[int, tuple[list, Any, int | list[int]]] = {}
+        self.p2p_counts: dict[tuple[int, str, int], int] = {}  # (gid, "send"/"recv", peer) -> ops issued
         self.steps = StepCounter(self)
         self.modules = ModuleTracker(self.fault) if config.modules else None
         self._attributed = False  # a recorded call ran inside a module or in backward
@@ -332,12 +340,26 @@ class Recorder:
         for future in futures:
             future.add_done_callback(done)
 
-    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> None:
-        """Count a point-to-point call's ops on a GPU for the dump schedule: each takes a Flight Recorder slot
-        that no collective counter shows (gloo's send/recv are not in Flight Recorder at all)."""
+    def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> int | list[int]:
+        """Count a point-to-point call's ops: per group, direction and peer, for the live verdict (the i-th send
+        from A to B pairs with B's i-th recv from A); on a GPU also for the dump schedule, as each takes a Flight
+        Recorder slot that no collective counter shows (gloo's send/recv are not in Flight Recorder at all).
+        Returns each op's 1-based index among the rank's ops of its kind to its peer: one for a send or recv, a
+        list for a batch (``p2p_keys`` order)."""
+        peers = record[6]
+        counts = self.p2p_counts
+        at: int | list[int]
+        if peers.__class__ is int:  # the usual single send or recv: no list built
+            key = (record[4], P2P_KIND.get(record[3], "recv"), peers)
+            at = counts[key] = counts.get(key, 0) + 1
+        else:
+            at = []
+            for key in p2p_keys(record):
+                n = counts[key] = counts.get(key, 0) + 1
+                at.append(n)
         if self.flight is not None and not self._cpu_work(call, args, kwargs):
-            peers = record[6]
             self.flight.p2p_issued += len(peers) if isinstance(peers, list) else 1
+        return at
 
     def _cpu_work(self, call: BoundSpec, args: tuple, kwargs: dict) -> bool:
         """Whether the call's work runs on the CPU (gloo), where a work's future completes with the work.
@@ -519,12 +541,22 @@ class Recorder:
         """The `b` records (cid, t, op, gid, seq ...) of the calls not completed, oldest first: calls running
         on some thread and async calls whose work is pending."""
         records = dict(self.pending)
+        for cid, (watched, works, _) in list(self._p2p_works.items()):
+            if _works_done(works):
+                self._p2p_works.pop(cid, None)
+            else:
+                records[cid] = watched
         for ref in state.all_threads.valuerefs():
             thread = ref()
             record = thread.call if thread is not None else None
             if record is not None:
                 records[record[1]] = record
         return [records[cid] for cid in sorted(records)]
+
+    def p2p_works_pending(self) -> dict[int, list[int]]:
+        """Sends and receives that returned and whose work is not done (see ``in_flight``): cid -> each op's
+        index among this rank's ops of its kind to its peer (1-based, in ``p2p_keys`` order)."""
+        return {cid: at if isinstance(at, list) else [at] for cid, (_, _, at) in list(self._p2p_works.items())}
 
     def check_module_tracking(self, step: int) -> None:
         """At a step boundary: switch module tracking off once ``MODULES_GRACE_STEPS`` steps went by without a
@@ -630,6 +662,16 @@ def _futures_of(works: Any) -> list[Any]:
     return futures
 
 
+def _works_done(works: Any) -> bool:
+    for work in works:
+        try:
+            if not work.is_completed():
+                return False
+        except (AttributeError, RuntimeError):  # not a Work, or its group is gone: nothing to wait for
+            continue
+    return True
+
+
 def _internal_roots(torch: Any) -> tuple[str, ...]:
     """Where frames are not a call site: torch, the recorder, and the decorator layers torch's functions are
     wrapped in (functools, contextlib, typing_extensions' and warnings' ``deprecated``). The package's
@@ -637,11 +679,10 @@ def _internal_roots(torch: Any) -> tuple[str, ...]:
     import contextlib
     import warnings
 
-    import comm2perfetto
-
-    package = os.path.dirname(comm2perfetto.__file__)
-    roots = [os.path.dirname(torch.__file__) + os.sep, os.path.join(package, "record") + os.sep,
-             comm2perfetto.__file__, functools.__file__, contextlib.__file__, warnings.__file__]
+    record = os.path.dirname(__file__)  # as frames name their files (co_filename), not made absolute
+    package_init = os.path.join(os.path.dirname(record), "__init__.py")
+    roots = [os.path.dirname(torch.__file__) + os.sep, record + os.sep, package_init,
+             functools.__file__, contextlib.__file__, warnings.__file__]
     extensions = sys.modules.get("typing_extensions")
     if extensions is not None and extensions.__file__:
         roots.append(extensions.__file__)

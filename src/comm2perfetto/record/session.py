@@ -104,7 +104,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from comm2perfetto import __version__
+    from comm2perfetto._version import __version__
     from comm2perfetto.record.profiler import ProfilerCapture
     from comm2perfetto.record.recorder import Recorder
     from comm2perfetto.record.watchdog import Watchdog

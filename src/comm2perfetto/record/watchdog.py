@@ -1,8 +1,9 @@
 """Stall detection and job-wide stack dumps through the job's c10d store.
 
 A daemon thread per rank wakes every second. When one of this rank's recorded calls has been pending longer
-than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees, Flight Recorder's
-``pg_status`` shows a group's first unfinished collective unchanged for that long), the rank records the
+than ``stall_after_s`` (or, for collectives issued from C++ that the patch layer never sees and async NCCL
+work, Flight Recorder shows a group's first unfinished collective or send/recv unchanged for that long: on
+NCCL, an unfinished operation on groups whose status has not changed for that long), the rank records the
 stall, writes every thread's Python stack and a Flight Recorder dump, and publishes the stall in the store
 (``comm2perfetto/stall/<n>``). Every other rank's watchdog sees the new generation and does the same,
 whatever its main thread is doing: the rank everybody waits for is usually busy outside any collective
@@ -48,9 +49,9 @@ class Watchdog:
         self._recorder = recorder
         self._store = store
         self._live = live if store is not None else None
-        # Stalls this rank detected whose trigger has not completed yet: gen -> cid, or the Flight Recorder
-        # item ((kind, pg_id, counter), seq) for an operation the patch layer does not see.
-        self._open_stalls: dict[int, Any] = {}
+        # Stalls this rank detected whose trigger has not completed yet: cid, or the Flight Recorder item
+        # ((kind, pg_id, counter), seq) for an operation the patch layer does not see -> its stall generation.
+        self._open_stalls: dict[Any, int] = {}
         self._stall_ns = None if stall_after_s is None else int(stall_after_s * 1e9)
         self._out_dir = out_dir
         self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
@@ -135,19 +136,20 @@ class Watchdog:
             return
         in_flight = {record[1] for record in self._recorder.in_flight()}
         fr_items = set(self._fr_first_seen)
-        for gen, trigger in list(self._open_stalls.items()):
+        for trigger, gen in list(self._open_stalls.items()):
             if trigger not in (in_flight if isinstance(trigger, int) else fr_items):
-                del self._open_stalls[gen]
+                del self._open_stalls[trigger]
                 live.resolved(gen)
 
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's
         collectives, NCCL's async work): a group whose first unfinished collective, or send/recv, stays the
-        same for longer than the threshold."""
+        same for longer than the threshold (on NCCL: since the groups' status last changed, see
+        ``FlightRecorderDumps.unfinished``)."""
         flight = self._recorder.flight
         if flight is None or self._stall_ns is None:  # tick() asks only with both
             return
-        unfinished = flight.unfinished()
+        unfinished = flight.unfinished(self._stall_ns)
         if unfinished is None:  # groups still changing: Flight Recorder is not read, nothing is concluded
             return
         watched = {(key, seq) for key, seq in unfinished.items()}
@@ -155,7 +157,7 @@ class Watchdog:
             if item not in watched:  # it completed: the group moved on
                 del self._fr_first_seen[item]
         for item in watched:
-            since = self._fr_first_seen.setdefault(item, now)
+            since = self._fr_first_seen.setdefault(item, flight.since(*item) or now)
             if now - since > self._stall_ns and item not in self._fr_reported:
                 self._fr_reported.add(item)
                 (kind, pg_id, counter), seq = item
@@ -174,15 +176,28 @@ class Watchdog:
               f"dumping stacks on every rank", file=sys.stderr, flush=True)
         gen = None
         if self._store is not None:
-            info = {"rank": rec.rank, "op": op, "seq": seq, "group": group, "t_ns": time.time_ns()}
-            gen = self._store.add(GEN_KEY, 1)
-            self._store.set(STALL_KEY.format(gen), orjson.dumps(info))
+            latest = self._store.add(GEN_KEY, 0)
+            if not self._joins(latest):  # a stall another rank detected and still open: this one is part of it
+                info = {"rank": rec.rank, "op": op, "seq": seq, "group": group, "t_ns": time.time_ns()}
+                latest = self._store.add(GEN_KEY, 1)
+                self._store.set(STALL_KEY.format(latest), orjson.dumps(info))
+            gen = latest
             self._seen_gen = max(self._seen_gen, gen)
         self._dump(reason, rec.rank, cid)
         # After the dump: the stall's own record and stacks come first, as every other rank's do.
         if gen is not None and self._live is not None:
-            self._open_stalls[gen] = cid if cid is not None else fr_item
-            self._live_step(lambda: self._live.on_stall(gen, self._fr_pending()))
+            self._open_stalls[cid if cid is not None else fr_item] = gen
+            self._live_step(lambda: self._live.on_stall(gen, self._fr_pending(), detected=True))
+
+    def _joins(self, gen: int) -> bool:
+        """With the live verdict on, a stall detected while generation ``gen`` is open joins it: one stall that
+        several ranks detect is one generation, gathered once."""
+        if self._live is None or gen <= 0 or gen in self._open_stalls.values():
+            return False
+        try:
+            return self._live.still_open(gen)
+        except Exception:  # the store gone: a generation of its own, as without the live verdict
+            return False
 
     def _fr_pending(self) -> dict[str, dict]:
         """The collectives Flight Recorder shows unfinished, by group name, for the live verdict."""
@@ -228,7 +243,7 @@ def write_stacks(rec: RecorderView, out_dir: str, n: int, reason: str, trigger_r
     """Write every thread's Python stack (innermost frame first) to ``rank<R>.stacks.<n>.json``."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the recorder's own frames say nothing
+    ours = os.path.dirname(__file__) + os.sep  # the recorder's own frames, named as co_filename names them
     threads = []
     for tid, frame in sys._current_frames().items():
         if tid == me:

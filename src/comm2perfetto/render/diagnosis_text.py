@@ -38,7 +38,9 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
     world = f"world size {d.world_size}" if d.world_size else "world size unknown"
     n = len(d.findings)
     head = _HEADLINE[d.status]
-    if n:
+    if n and d.status == "ok":  # only stalls the job got over
+        head += f"; {n} stall{'s' if n > 1 else ''} resolved"
+    elif n:
         head += f": {n} finding{'s' if n > 1 else ''}"
     out.write(f"{head} ({world}, data from {ranks_text(d.ranks_with_data)})\n")
     attempts = attempts_text(d.attempt, d.other_attempts)
@@ -65,9 +67,13 @@ def _finding(i: int, f: Finding, out: TextIO) -> None:
     where = f" on {f.process_group}" if f.process_group else ""
     what = f" {f.op} #{f.seq}" if f.seq is not None and f.op else (f" {f.op}" if f.op else "")
     tag = " (resolved: the job went on)" if f.resolved else ""
+    if f.blocked_by is not None:
+        tag += f" (blocked by [{f.blocked_by}])"
     out.write(f"[{i}] {f.kind}{where}:{what}{tag}\n")
     if f.culprit_ranks:
         out.write(f"    culprit: {rank_list(f.culprit_ranks)}\n")
+    if f.suspect_ranks:
+        out.write(f"    suspect (no evidence from it): {rank_list(f.suspect_ranks)}\n")
     out.write(_wrap(f.detail, "    "))
     for rank, site in sorted(f.call_sites.items()):
         out.write(f"    call site, rank {rank}: {site}\n")

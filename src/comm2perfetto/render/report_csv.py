@@ -32,7 +32,8 @@ TIME_KEYS = ("span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm
 RANK_COLUMNS = ("rank", "basis", *TIME_KEYS, "sources")
 STEP_COLUMNS = ("step", "rank", *TIME_KEYS)
 COLLECTIVE_COLUMNS = ("op", "process_group", "group_size", "count", "timed", "bytes", "total_s", "mean_s",
-                      "p50_s", "p99_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_mean_s")
+                      "p50_s", "p99_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_mean_s",
+                      "queue_mean_s")
 MODULE_COLUMNS = ("path", "pass", "op", "count", "bytes", "ranks")
 SOURCES_SEPARATOR = "; "  # a rank's sources are a list: one cell, joined
 
@@ -47,7 +48,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _csv_text(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
+def csv_text(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(columns)
@@ -74,13 +75,13 @@ def _step_rows(doc: Doc) -> list[dict[str, Any]]:
 def render_csv(doc: Doc) -> dict[str, str]:
     """Table name -> CSV text (header row first, ``\\n`` line ends): ranks, collectives[, steps][, modules]."""
     tables = {
-        "ranks": _csv_text(RANK_COLUMNS, _rank_rows(doc)),
-        "collectives": _csv_text(COLLECTIVE_COLUMNS, doc.get("collectives") or []),
+        "ranks": csv_text(RANK_COLUMNS, _rank_rows(doc)),
+        "collectives": csv_text(COLLECTIVE_COLUMNS, doc.get("collectives") or []),
     }
     if doc.get("steps"):
-        tables["steps"] = _csv_text(STEP_COLUMNS, _step_rows(doc))
+        tables["steps"] = csv_text(STEP_COLUMNS, _step_rows(doc))
     if doc.get("modules"):
-        tables["modules"] = _csv_text(MODULE_COLUMNS, doc["modules"])
+        tables["modules"] = csv_text(MODULE_COLUMNS, doc["modules"])
     return tables
 
 
@@ -99,7 +100,11 @@ def table_paths(path: str | Path, names: Iterable[str]) -> dict[str, Path]:
 
 def write_csv(doc: Doc, path: str | Path) -> list[Path]:
     """Write every table of :func:`render_csv` to its own file next to ``path``; the paths written, in order."""
-    tables = render_csv(doc)
+    return write_tables(render_csv(doc), path)
+
+
+def write_tables(tables: Mapping[str, str], path: str | Path) -> list[Path]:
+    """Each CSV text to ``<stem>.<name>.csv`` next to ``path``; the paths written, in order."""
     paths = table_paths(path, tables)
     for name, text in tables.items():
         paths[name].write_text(text, encoding="utf-8", newline="")

@@ -11,12 +11,17 @@ Takes the plain dict (see :mod:`comm2perfetto.report.document`) and nothing else
 :func:`write_plot` picks the format from the suffix:
 
 - ``.html``: one self-contained page (no script, no stylesheet or font to fetch, so it opens offline on a
-  cluster node): the job summary, both charts as inline SVG drawn here, the collectives, stragglers and
-  modules tables, and the notes. In the SVG, a bar segment is a ``<rect class="seg KIND">`` (only the
-  non-zero segments are drawn), a heat-map cell a ``<rect class="cell">`` (horizontal runs of one colour are
-  one rect), a legend swatch a ``<rect class="swatch">``; each rank's ``<g class="rank">`` has a ``<title>``
-  tooltip with its numbers, each cell one with its lateness.
-- ``.png`` / ``.svg``: the same two charts drawn with matplotlib (the ``plot`` extra), imported only here.
+  cluster node): a header saying what it covers (:func:`header_facts`: folder, ranks, steps, basis, clocks),
+  the job summary, both charts as inline SVG drawn here, the per-rank and per-step tables (the text's), the
+  collectives, stragglers and modules tables, and the notes. In the SVG, a bar segment is a
+  ``<rect class="seg KIND">`` (only the non-zero segments are drawn), a heat-map cell a ``<rect class="cell">``
+  (horizontal runs of one colour are one rect), a legend swatch a ``<rect class="swatch">``, a rank without
+  data a ``<rect class="nodata">``; each rank's ``<g class="rank">`` has a ``<title>`` tooltip with its
+  numbers, each cell one with its lateness.
+- ``.png`` / ``.svg``: the same two charts drawn with matplotlib (the ``plot`` extra), imported only here,
+  under the page's title (:func:`plot_title`).
+
+Ranks of the job that left no data (the document's ``world_size`` past its ranks) get a grey bar, "no data".
 
 Example::
 
@@ -38,6 +43,7 @@ from typing import Any
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.render.report_text import (
     MISSING,
+    TIME_COLUMNS,
     fmt_bytes,
     fmt_int,
     fmt_number,
@@ -46,8 +52,10 @@ from comm2perfetto.render.report_text import (
     fmt_time,
     rank_sort_key,
 )
+from comm2perfetto.render.words import ranks_text
 
-__all__ = ["SUFFIXES", "PlotDependencyError", "render_html", "write_plot"]
+__all__ = ["SUFFIXES", "PlotDependencyError", "clock_text", "header_facts", "plot_title", "render_html",
+           "write_plot"]
 
 SUFFIXES = (".html", ".png", ".svg")
 MATPLOTLIB_HINT = ("writing {suffix} needs matplotlib: pip install 'comm2perfetto[plot]' "
@@ -59,6 +67,7 @@ SEGMENTS = ("compute", "overlapped", "exposed", "idle")
 SEGMENT_LABELS = {"compute": "compute only", "overlapped": "overlapped comm", "exposed": "exposed comm",
                   "idle": "idle"}
 SEGMENT_COLOURS = {"compute": "#0072b2", "overlapped": "#009e73", "exposed": "#d55e00", "idle": "#d9d9d9"}
+MAX_NO_DATA_RANKS = 4096  # ranks without data drawn as grey bars up to this world size
 HEAT_STOPS = ((255, 247, 236), (252, 141, 89), (127, 0, 0))  # no lateness -> most lateness
 HEAT_LEVELS = 8
 NO_DATA_COLOUR = "#a0a0a0"
@@ -101,6 +110,74 @@ def write_plot(doc: Doc, path: str | Path) -> Path:
 
 
 # --- what both renderers draw -------------------------------------------------------------------------------
+
+
+def _steps_covered(doc: Doc) -> str:
+    steps = [s.get("step") for s in doc.get("steps") or []]
+    numbered = sorted(s for s in steps if isinstance(s, int))
+    if not numbered:
+        return "no steps recorded"
+    return f"{numbered[0]}-{numbered[-1]}" if len(numbered) > 1 else f"{numbered[0]}"
+
+
+def plot_title(doc: Doc) -> str:
+    """``comm2perfetto report: run1 (2 ranks, steps 5-8, basis cpu)``: what a page or a picture covers."""
+    paths = [str(p) for p in doc.get("paths") or []]
+    count = len(doc.get("ranks") or {})
+    steps = _steps_covered(doc)
+    what = [f"{count} rank{'s' if count != 1 else ''}", steps if steps.startswith("no") else f"steps {steps}",
+            f"basis {doc.get('basis') or MISSING}"]
+    return f"comm2perfetto report: {', '.join(paths) or 'a job'} ({', '.join(what)})"
+
+
+def clock_text(clock: Mapping[str, Any] | None, ranks: int) -> str:
+    """How the ranks' clocks were put on one (the document's ``clock``), in a sentence."""
+    methods: Mapping[str, str] = (clock or {}).get("methods") or {}
+    if ranks <= 1 or len(methods) <= 1:
+        return "one rank: one clock, nothing to align"
+    if all(m == "none" for m in methods.values()):
+        return "not aligned: each rank on its own clock"
+    by: dict[str, list[str]] = {}
+    for rank, method in methods.items():
+        by.setdefault(method, []).append(rank)
+    skew = (clock or {}).get("residual_skew_s")
+    parts = []
+    if skew is not None:
+        parts.append(f"aligned to rank 0; residual skew {fmt_time(skew)} ({(clock or {}).get('samples', 0)} "
+                     "collective ends)")
+    elif set(by) <= {"assumed"}:
+        return "not aligned: no recorder clock measurement and no collective ends to align on"
+    else:
+        parts.append("aligned to rank 0 from the recorder's start-up measurement; residual skew not measurable")
+    if "assumed" in by:
+        parts.append(f"{ranks_text(by['assumed'])}: no clock information, their own clock")
+    return "; ".join(parts)
+
+
+def header_facts(doc: Doc) -> list[tuple[str, str]]:
+    """(label, text) lines saying what the report covers: folder, ranks, steps, basis, clocks."""
+    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    world = doc.get("world_size")
+    with_data = ranks_text(sorted(ranks, key=rank_sort_key)) if ranks else "none"
+    of = f" of world size {world}" if isinstance(world, int) and world > 0 else ""
+    sources = sorted({s for r in ranks.values() for s in r.get("sources") or ()})
+    steps = [s for s in doc.get("steps") or []]
+    return [
+        ("folder", ", ".join(str(p) for p in doc.get("paths") or []) or MISSING),
+        ("ranks", f"{len(ranks)} with data ({with_data}){of}"),
+        ("steps", _steps_covered(doc) + (f" ({len(steps)} steps)" if len(steps) > 1 else "")),
+        ("basis", f"{doc.get('basis') or MISSING}" + (f" ({', '.join(sources)})" if sources else "")),
+        ("clocks", clock_text(doc.get("clock"), len(ranks))),
+    ]
+
+
+def missing_ranks(doc: Doc) -> list[str]:
+    """The ranks of the job (its world size) that are not in the document: they left no data."""
+    world = doc.get("world_size")
+    ranks = doc.get("ranks") or {}
+    if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS:
+        return []
+    return [str(r) for r in range(world) if str(r) not in ranks]
 
 
 def bar_segments(values: Mapping[str, Any]) -> list[tuple[str, float]]:
@@ -186,6 +263,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: 0.5em 0; }
 th, td { padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: right; white-space: nowrap; }
 th { background: #f2f2f2; } td.text, th.text { text-align: left; }
+table.header th { background: none; border: none; font-weight: 600; } table.header td { border: none; }
 svg { max-width: 100%; height: auto; }
 .note { color: #555; }
 """
@@ -210,29 +288,37 @@ def _text(x: float, y: float, text: str, anchor: str = "start", extra: str = "")
     return f'<text x="{_num(x)}" y="{_num(y)}" text-anchor="{anchor}"{extra}>{_e(text)}</text>'
 
 
-def _bar_legend() -> list[str]:
+def _bar_legend(no_data: bool = False) -> list[str]:
     parts, x = [], float(GUTTER)
-    for kind in SEGMENTS:
-        parts.append(_rect(x, 6, 14, 14, SEGMENT_COLOURS[kind], "swatch"))
-        parts.append(_text(x + 19, 17, SEGMENT_LABELS[kind]))
-        x += 34 + CHAR_W * len(SEGMENT_LABELS[kind])
+    kinds = [(SEGMENT_COLOURS[k], SEGMENT_LABELS[k]) for k in SEGMENTS]
+    for colour, label in kinds + ([(NO_DATA_COLOUR, "no data")] if no_data else []):
+        parts.append(_rect(x, 6, 14, 14, colour, "swatch"))
+        parts.append(_text(x + 19, 17, label))
+        x += 34 + CHAR_W * len(label)
     return parts
 
 
 def bars_svg(doc: Doc) -> str:
-    """The per-rank stacked bars as one ``<svg>`` element."""
+    """The per-rank stacked bars as one ``<svg>`` element; ranks without data get a grey "no data" bar."""
     ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
-    order = sorted_ranks(doc)
+    absent = missing_ranks(doc)
+    order = sorted([*sorted_ranks(doc), *absent], key=rank_sort_key)
     pitch = row_pitch(len(order))
     bar_h = pitch * 0.8 if pitch >= 4 else pitch  # thin rows touch: a gap would be all one sees
     every = label_every(len(order), pitch)
-    top = max((sum(s for _, s in bar_segments(ranks[r])) for r in order), default=0.0)
+    top = max((sum(s for _, s in bar_segments(ranks[r])) for r in order if r in ranks), default=0.0)
     scale = PLOT_W / top if top > 0 else 0.0
     y0 = LEGEND_H + 4
     height = y0 + pitch * len(order) + AXIS_H
-    parts = _bar_legend()
+    parts = _bar_legend(bool(absent))
     for i, rank in enumerate(order):
         y = y0 + i * pitch
+        if rank not in ranks:
+            parts.append(_rect(GUTTER, y + (pitch - bar_h) / 2, PLOT_W, bar_h, NO_DATA_COLOUR, "nodata",
+                               f"rank {rank}: no data"))
+            if i % every == 0:
+                parts.append(_text(GUTTER - 6, y + pitch / 2 + 4, rank, "end"))
+            continue
         row = [f"<title>{_e(rank_tooltip(rank, ranks[rank]))}</title>"]
         x = float(GUTTER)
         for kind, seconds in bar_segments(ranks[rank]):
@@ -355,14 +441,47 @@ def _summary_table(doc: Doc) -> str:
     return _html_table(header, [row])
 
 
+def _header(doc: Doc) -> str:
+    rows = "".join(f'<tr><th class="text">{_e(label)}</th><td class="text">{_e(text)}</td></tr>'
+                   for label, text in header_facts(doc))
+    return f'<table class="header">{rows}</table>'
+
+
+def _time_cells(values: Mapping[str, Any]) -> list[str]:
+    return [fmt(values.get(key)) for _, key, fmt in TIME_COLUMNS]
+
+
+def _ranks_table(doc: Doc) -> str:
+    """Every rank's numbers (the text's ranks table, none left out), then the job's row."""
+    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    header = ["rank", "basis", *(h for h, _, _ in TIME_COLUMNS)]
+    rows = [[r, str(ranks[r].get("basis") or MISSING), *_time_cells(ranks[r])] for r in sorted_ranks(doc)]
+    rows.append(["job", str(doc.get("basis") or MISSING), *_time_cells(doc.get("job") or {})])
+    return _html_table(header, rows, text_columns=2)
+
+
+def _steps_table(doc: Doc) -> str:
+    """The job's values per step (the text's steps table), every step."""
+    header = ["step", *(h for h, _, _ in TIME_COLUMNS)]
+    rows = [[fmt_int(s.get("step")), *_time_cells(s.get("job") or {})] for s in doc.get("steps") or []]
+    return _html_table(header, rows)
+
+
+def _queued(doc: Doc) -> bool:
+    """Whether a trace showed the queue delay of some collective (GPU kernels): only then its column."""
+    return any(c.get("queue_mean_s") is not None for c in doc.get("collectives") or [])
+
+
 def _collectives_table(doc: Doc) -> str:
+    queued = _queued(doc)
     header = ["op", "group", "n", "count", "timed", "bytes", "total", "mean", "p50", "p99", "algbw GB/s",
-              "busbw GB/s", "arrival skew"]
+              "busbw GB/s", "arrival skew", *(["queue"] if queued else [])]
     rows = [[str(c.get("op") or MISSING), str(c.get("process_group") or MISSING), fmt_int(c.get("group_size")),
              fmt_int(c.get("count")), fmt_int(c.get("timed")), fmt_bytes(c.get("bytes")),
              fmt_time(c.get("total_s")), fmt_time(c.get("mean_s")), fmt_time(c.get("p50_s")),
              fmt_time(c.get("p99_s")), fmt_number(c.get("algbw_gbps")), fmt_number(c.get("busbw_gbps")),
-             fmt_time(c.get("arrival_skew_mean_s"))] for c in doc.get("collectives") or []]
+             fmt_time(c.get("arrival_skew_mean_s")), *([fmt_time(c.get("queue_mean_s"))] if queued else [])]
+            for c in doc.get("collectives") or []]
     return _html_table(header, rows, text_columns=2)
 
 
@@ -386,15 +505,21 @@ def render_html(doc: Doc) -> str:
     """The self-contained page :func:`write_plot` writes for ``.html``."""
     heatmap = heatmap_svg(doc.get("lateness_map") or {})
     body = [
-        "<h1>comm2perfetto report</h1>",
+        f"<h1>{_e(plot_title(doc))}</h1>", _header(doc),
         "<h2>Job (times: mean per rank)</h2>", _summary_table(doc),
         "<h2>Time per rank</h2>",
-        '<p class="note">compute only + overlapped comm + exposed comm + idle = span; hover a bar for numbers</p>',
+        '<p class="note">compute only + overlapped comm + exposed comm + idle = span; the numbers are in the table '
+        "below, and on each bar when hovered</p>",
         bars_svg(doc) if doc.get("ranks") else '<p class="note">no ranks</p>',
+        _ranks_table(doc) if doc.get("ranks") else "",
+        "<h2>Steps (job values: times are means over ranks)</h2>",
+        _steps_table(doc) if doc.get("steps") else '<p class="note">no steps recorded</p>',
         "<h2>Lateness at each collective</h2>",
-        '<p class="note">a rank\'s arrival minus the earliest arrival</p>',
+        '<p class="note">a rank\'s arrival minus the earliest arrival (on a GPU: its first kernel\'s begin)</p>',
         heatmap or '<p class="note">no lateness data (it needs collectives timed on two or more ranks)</p>',
         "<h2>Collectives (by total time)</h2>",
+        '<p class="note">on a GPU, times are the collective\'s kernels; queue: mean of (first kernel begin - '
+        "CPU enqueue)</p>" if _queued(doc) else "",
         _collectives_table(doc) if doc.get("collectives") else '<p class="note">none</p>',
     ]
     if doc.get("stragglers"):
@@ -404,9 +529,9 @@ def render_html(doc: Doc) -> str:
     if doc.get("notes"):
         body += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in doc["notes"]) + "</ul>"]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>comm2perfetto report</title><style>{STYLE}</style></head>\n<body>\n"
-            + "\n".join(body) + f'\n<p class="note">report version {_e(doc.get("version", MISSING))}</p>'
-            "\n</body></html>\n")
+            f"<title>{_e(plot_title(doc))}</title><style>{STYLE}</style></head>\n<body>\n"
+            + "\n".join(b for b in body if b)
+            + f'\n<p class="note">report version {_e(doc.get("version", MISSING))}</p>\n</body></html>\n')
 
 
 # --- matplotlib ---------------------------------------------------------------------------------------------
@@ -499,6 +624,7 @@ def _write_matplotlib(doc: Doc, path: Path, suffix: str) -> None:
     with rc_context({"svg.hashsalt": "comm2perfetto", "svg.fonttype": "none"}):
         fig = figure_cls(figsize=(12, bars_h + heat_h), layout="constrained")
         canvas_cls(fig)  # Agg: never a window, whatever backend the user configured
+        fig.suptitle(plot_title(doc), x=0.01, ha="left", fontsize="large")
         bars_ax, heat_ax = fig.subplots(2, 1, height_ratios=[bars_h, heat_h])
         _draw_bars(bars_ax, doc)
         _draw_heatmap(heat_ax, fig, doc.get("lateness_map") or {})

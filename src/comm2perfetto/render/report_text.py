@@ -225,12 +225,15 @@ def _collectives_section(doc: Doc, width: int) -> list[str]:
     collectives: Sequence[Mapping[str, Any]] = doc.get("collectives") or []
     if not collectives:
         return ["collectives: none"]
-    header = ["op", "group", "n", "count", "bytes", "total", "mean", "p50", "p99", "algbw", "busbw", "skew"]
+    queued = any(c.get("queue_mean_s") is not None for c in collectives)  # only where a trace shows kernels
+    header = ["op", "group", "n", "count", "bytes", "total", "mean", "p50", "p99", "algbw", "busbw", "skew",
+              *(["queue"] if queued else [])]
     rows: list[Row] = [[
         str(c.get("op") or MISSING), str(c.get("process_group") or MISSING), fmt_int(c.get("group_size")),
         _count_cell(c), fmt_bytes(c.get("bytes")), fmt_time(c.get("total_s")), fmt_time(c.get("mean_s")),
         fmt_time(c.get("p50_s")), fmt_time(c.get("p99_s")), fmt_number(c.get("algbw_gbps")),
         fmt_number(c.get("busbw_gbps")), fmt_time(c.get("arrival_skew_mean_s")),
+        *([fmt_time(c.get("queue_mean_s"))] if queued else []),
     ] for c in collectives[:MAX_COLLECTIVES_SHOWN]]
     if len(collectives) > MAX_COLLECTIVES_SHOWN:
         rest = collectives[MAX_COLLECTIVES_SHOWN:]
@@ -238,8 +241,10 @@ def _collectives_section(doc: Doc, width: int) -> list[str]:
         rows.append(f"  ... {len(rest)} more, {fmt_time(rest_total)} in all (--format json lists every one)")
     legend = ["  n: group size; count a/b: a of b instances timed; skew: mean of (last - first arrival)",
               "  algbw = bytes / transfer time, busbw = algbw x the nccl-tests factor, both in GB/s"]
+    if queued:
+        legend.append("  on a GPU, times are its kernels; queue: mean of (first kernel begin - CPU enqueue)")
     return ["collectives (by total time)",
-            *table(header, rows, "<<" + ">" * 10, width=width, elastic=(1,)),
+            *table(header, rows, "<<" + ">" * (len(header) - 2), width=width, elastic=(1,)),
             *legend]
 
 

@@ -93,10 +93,11 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
-        compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
+        gpu_compute, gpu_comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
         steps = tuple((n, b + offset, e + offset) for n, b, e in profile.gpu_steps) \
-            or _steps(log, profile, offset, envelope(compute, comm))
-        return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
+            or _steps(log, profile, offset, envelope(gpu_compute, gpu_comm))
+        return RankActivity(rank, GPU, ("profiler GPU kernels",), gpu_compute, gpu_comm,
+                            _shift(profile.gpu_memory, offset),
                             steps,
                             _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
                             tuple(_shift(list(profile.windows), offset)))

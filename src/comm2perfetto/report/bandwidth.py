@@ -1,11 +1,21 @@
 """Per collective type and process group: counts, bytes, durations and nccl-tests bandwidths.
 
-For one collective (a process group's seq, across its ranks):
+For one collective (a process group's seq, across its ranks), its time is its GPU work where it ran on a GPU
+(``Collective.timing``; NCCL, RCCL ...):
 
-- **duration**: from the first rank's arrival to the last rank's completion, what the group spent in it;
-- **transfer time**: the fastest rank's own duration (its arrival to its completion). Every other rank's
-  duration also holds the wait for the last to arrive, which is not the network's doing;
-- **arrival skew**: last arrival minus first arrival;
+- **duration**: what the group spent in it. On a GPU, from the first rank's communication kernel begin to
+  the last rank's kernel end (profiler traces), or the longest rank's GPU time (Flight Recorder's
+  ``duration_ms`` with ``TORCH_NCCL_ENABLE_TIMING``, which the recorder sets): never from the CPU's enqueue,
+  which counts the GPU's queue too, nor to Flight Recorder's completion times, which are when NCCL's
+  watchdog noticed (it polls every 100 ms). A GPU collective with neither is counted but not timed, and so
+  is a send/recv on a GPU backend (nothing times its kernel yet). On a CPU backend (gloo), from the first
+  rank's arrival to the last rank's completion;
+- **transfer time**: the fastest rank's own duration (its GPU time, or its arrival to its completion). Every
+  other rank's duration also holds the wait for the last to arrive, which is not the network's doing;
+- **queue delay** (``queue_mean_s``): per rank, from the CPU's enqueue to its first kernel's begin, where a
+  profiler trace shows both: the work queued ahead of the collective on the GPU, in no other figure;
+- **arrival skew**: the last rank ready minus the first (``Collective.ready_ns``: the kernels' begins where
+  every rank's are known, else the arrivals);
 - **size S**, as nccl-tests counts it: the per-rank message for all_reduce, broadcast, reduce and send/recv; the
   whole gathered (or scattered) buffer for all_gather, reduce_scatter, gather, scatter and all_to_all.
 
@@ -13,21 +23,29 @@ For one collective (a process group's seq, across its ranks):
 group (nccl-tests doc/PERFORMANCE.md): all_reduce ``2(n-1)/n``; all_gather, reduce_scatter, all_to_all,
 gather, scatter ``(n-1)/n``; broadcast, reduce, send/recv ``1``. Sums run over the collectives with a known
 transfer time: gloo's Flight Recorder has no completion times, so DDP's collectives on gloo are counted
-(``count``) but only the recorder's calls are timed (``timed``). Where NCCL timed its work
-(``TORCH_NCCL_ENABLE_TIMING``, which the recorder sets), the transfer time is the GPU time Flight Recorder
-reports (``duration_ms``): its completion times are when NCCL's watchdog noticed.
+(``count``) but only the recorder's calls are timed (``timed``). The collectives of one group on one GPU
+stream run one after another, so their durations on one rank never add up to more than the span they ran in.
+
+Each row also lists its collectives one by one (``instances``, columns aligned by position, in the order of
+the group's sequence numbers): ``compare`` needs those samples to tell a change from run-to-run noise, and
+takes them from here so that each figure is computed once.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from comm2perfetto.model import Collective, Job, Signature, op_family, tensor_bytes
+from comm2perfetto.model import Collective, Job, Signature, gpu_backend, op_family, span_timing, tensor_bytes
 from comm2perfetto.report.intervals import NS
 
+_Number = TypeVar("_Number", int, float)
+# The columns of a row's ``instances``, one value per collective (None where unknown).
+INSTANCE_COLUMNS = ("seq", "step", "bytes", "duration_s", "transfer_s", "algbw_gbps", "busbw_gbps",
+                    "arrival_skew_s", "last_rank")
 _ROOTED_TOTAL = ("all_gather", "gather")  # S is n x each rank's input
 _BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -69,10 +87,26 @@ class _Row:
     transfer_ns: int = 0
     durations: list[int] = field(default_factory=list)
     skews: list[int] = field(default_factory=list)
+    queues: list[int] = field(default_factory=list)  # each rank's queue delay, where known
+    instances: list[_Instance] = field(default_factory=list)
 
 
-def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None) -> list[dict]:
-    """One row per (op family, process group), slowest total first; only collectives ``keep`` accepts."""
+@dataclass(frozen=True)
+class _Instance:
+    """One collective of a row: what ``compare`` takes as a sample."""
+
+    seq: int | None  # None for a send/recv pair
+    step: int | None
+    nbytes: int | None
+    timing: tuple[int, int] | None  # (duration, transfer time) in ns
+    skew: int | None
+    last_rank: int | None
+
+
+def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None,
+                     step_of: Callable[[Collective], int | None] | None = None) -> list[dict]:
+    """One row per (op family, process group), slowest total first; only collectives ``keep`` accepts.
+    ``step_of``: the step each collective belongs to, for the rows' ``instances``."""
     rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
     for uid, cols in job.collectives.items():
         group = job.groups[uid]
@@ -83,8 +117,11 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
                 continue
             row = rows[(op_family(sig.op), uid)]
             row.group_size = n
-            _add(row, message_bytes(sig, n), _timing(c.arrive_ns, c.end_ns, c.duration_ns), c.arrival_skew_ns)
+            _add(row, _Instance(c.seq, step_of(c) if step_of is not None else None, message_bytes(sig, n),
+                                c.timing(), c.ready_skew_ns, c.last_ready_rank if len(c.arrive_ns) > 1 else None))
+            row.queues += c.queue_ns()
     for uid, transfers in job.p2p.items() if keep is None else ():  # p2p has no step: left out of a step range
+        on_gpu = gpu_backend(job.groups[uid].backend)
         for t in transfers:
             ops = [op for op in (t.send, t.recv) if op is not None]
             if not ops:
@@ -92,34 +129,21 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None)
             row = rows[("send/recv", uid)]
             row.group_size = 2
             arrive = tuple(op.t_arrive_ns for op in ops)
-            known = [t for t in arrive if t is not None]
-            skew = max(known) - min(known) if len(known) == 2 else None
-            _add(row, tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes),
-                 _timing(arrive, tuple(op.t_end_ns for op in ops)), skew)
-    table = [_render(op, job.groups[uid].label, row) for (op, uid), row in rows.items()]
+            known = [(a, r) for a, r in zip(arrive, (t.src, t.dst)) if a is not None]
+            skew = max(known)[0] - min(known)[0] if len(known) == 2 else None
+            last = max(known)[1] if len(known) == 2 else None
+            nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
+            # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
+            timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+            _add(row, _Instance(None, None, nbytes, timing, skew, last))
+    table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
     table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
     return table
 
 
-def _timing(arrive: Iterable[int | None], end: Iterable[int | None],
-            gpu: Iterable[int | None] = ()) -> tuple[int, int] | None:
-    """(duration, transfer time) from per-rank arrivals and completions; None when no rank has both.
-
-    ``gpu``: each rank's GPU time of the collective where NCCL timed it (Flight Recorder's ``duration_ms``).
-    Then the transfer time is the shortest of those: NCCL's completion times are when its watchdog noticed
-    (it polls every 100 ms), so arrival-to-completion would hold that delay too.
-    """
-    pairs = [(a, e) for a, e in zip(arrive, end) if a is not None and e is not None and e >= a]
-    timed = [d for d in gpu if d is not None]
-    if timed:
-        span = max(e for _, e in pairs) - min(a for a, _ in pairs) if pairs else max(timed)
-        return max(span, min(timed)), min(timed)
-    if not pairs:
-        return None
-    return max(e for _, e in pairs) - min(a for a, _ in pairs), min(e - a for a, e in pairs)
-
-
-def _add(row: _Row, nbytes: int | None, timing: tuple[int, int] | None, skew: int | None) -> None:
+def _add(row: _Row, instance: _Instance) -> None:
+    nbytes, timing, skew = instance.nbytes, instance.timing, instance.skew
+    row.instances.append(instance)
     row.count += 1
     row.bytes += nbytes or 0
     if skew is not None:
@@ -131,7 +155,7 @@ def _add(row: _Row, nbytes: int | None, timing: tuple[int, int] | None, skew: in
         row.timed_bytes += nbytes or 0
 
 
-def _render(op: str, group: str, row: _Row) -> dict:
+def _render(op: str, uid: str, group: str, row: _Row) -> dict:
     durations = sorted(row.durations)
     total = sum(durations)
     algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
@@ -147,10 +171,28 @@ def _render(op: str, group: str, row: _Row) -> dict:
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
         "arrival_skew_mean_s": sum(row.skews) / len(row.skews) * NS if row.skews else None,
+        "queue_mean_s": sum(row.queues) / len(row.queues) * NS if row.queues else None,
+        "group_uid": uid,
+        "instances": _instance_columns(row.instances, factor),
     }
 
 
-def percentile(ordered: list[int], pct: float) -> int:
+def _instance_columns(instances: list[_Instance], factor: float | None) -> dict[str, list]:
+    """The row's collectives as columns; a bandwidth where the transfer time and size are known."""
+    columns: dict[str, list] = {key: [] for key in INSTANCE_COLUMNS}
+    for i in instances:
+        duration, transfer = i.timing if i.timing is not None else (None, None)
+        algbw = i.nbytes / (transfer * NS) / 1e9 if transfer and i.nbytes else None
+        for key, value in zip(INSTANCE_COLUMNS, (
+                i.seq, i.step, i.nbytes, duration * NS if duration is not None else None,
+                transfer * NS if transfer is not None else None, algbw,
+                algbw * factor if algbw is not None and factor is not None else None,
+                i.skew * NS if i.skew is not None else None, i.last_rank)):
+            columns[key].append(value)
+    return columns
+
+
+def percentile(ordered: Sequence[_Number], pct: float) -> _Number:
     """Nearest-rank percentile of an ascending, non-empty list.
 
     >>> percentile([1, 2, 3, 4], 50), percentile(list(range(1, 101)), 99), percentile([7], 99)

@@ -1,10 +1,11 @@
 """The report document: every analysis over a job, as one plain dict (the JSON contract in docs/report.md).
 
 ``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
-traces already reduced to unions (``activity.read_profiles``), and returns::
+traces already reduced to unions (``sources.kineto.profile.read_profiles``), and returns::
 
-    {"version": 1, "basis": "gpu", "job": {...}, "ranks": {"0": {...}}, "steps": [...], "collectives": [...],
-     "stragglers": [...], "modules": [...], "lateness_map": {...}, "notes": [...]}
+    {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
+     "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
+     "notes": [...]}
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
 from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
-from comm2perfetto.report.intervals import Span, union
 from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
@@ -45,12 +45,14 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
         b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
         parts.append(b)
         per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
-    keep = _inside(union(w for ws in windows.values() for w in ws)) if steps is not None else None
+    step_of = _step_finder(activities)
+    keep = _in_steps(step_of, steps) if steps is not None else None
     bases = {a.basis for a in activities.values()}
-    collectives = collective_table(job, keep) if job is not None else []
+    collectives = collective_table(job, keep, step_of) if job is not None else []
     doc = {
         "version": VERSION,
         "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
+        "world_size": job.world_size if job is not None else None,
         "job": job_breakdown(parts),
         "ranks": per_rank,
         "steps": _step_rows(activities, steps),
@@ -59,10 +61,24 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
         "modules": module_table(job, depth, steps, keep) if job is not None else [],
         "lateness_map": lateness_map(job, keep) if job is not None else {"ranks": [], "collectives": [],
                                                                          "lateness_s": []},
+        "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
+                   for uid, g in sorted(job.groups.items())} if job is not None else {},
+        "clock": _clock(job),
         "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
         + _untimed_note(collectives, bases),
     }
     return doc
+
+
+def _clock(job: Job | None) -> dict:
+    """How the ranks' clocks were put on one: each rank's method (``measured``: the recorder's start-up
+    measurement; ``refined``: from collective ends; ``assumed``: nothing to go on; ``none``: not aligned), and
+    what is left of the skew where collective ends measure it."""
+    if job is None:
+        return {"residual_skew_s": None, "samples": 0, "methods": {}}
+    skew = job.clock.residual_skew_ns
+    return {"residual_skew_s": skew * 1e-9 if skew is not None else None, "samples": job.clock.samples,
+            "methods": {str(r): m for r, m in sorted(job.clock.method.items())}}
 
 
 def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:
@@ -76,19 +92,39 @@ def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | 
             for n, parts in sorted(by_step.items())]
 
 
-def _inside(windows: list[Span]) -> Callable[[Collective], bool]:
-    """Whether a collective's first arrival falls in one of the (disjoint, sorted) windows."""
-    begins = [b for b, _ in windows]
+def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int]) -> Callable[[Collective], bool]:
+    """Whether a collective belongs to one of steps A..B (``_step_finder``: where its first arrival falls), so
+    that every table counts a collective in the same step."""
+    first, last = steps
 
     def keep(c: Collective) -> bool:
-        known = [t for t in c.arrive_ns if t is not None]
-        if not known:
-            return False
-        t = min(known)
-        i = bisect.bisect_right(begins, t) - 1
-        return i >= 0 and t < windows[i][1]
+        step = step_of(c)
+        return step is not None and first <= step <= last
 
     return keep
+
+
+def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective], int | None]:
+    """The step of a collective: the step window, on the rank that arrived first, holding that arrival (None
+    outside every step, or when that rank has no steps). An arrival is ``Collective.ready_ns``: on the GPU
+    the first kernel's begin, which falls in the GPU's step windows (the steps of the ``gpu`` basis)."""
+    starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
+
+    def step_of(c: Collective) -> int | None:
+        known = [(t, r) for t, r in zip(c.ready_ns, c.ranks) if t is not None]
+        if not known:
+            return None
+        t, rank = min(known)
+        activity = activities.get(rank)
+        if activity is None:
+            return None
+        i = bisect.bisect_right(starts[rank], t) - 1
+        if i < 0:
+            return None
+        step, _, end = activity.steps[i]
+        return step if t < end else None
+
+    return step_of
 
 
 def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:

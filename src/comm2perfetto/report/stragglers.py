@@ -1,8 +1,11 @@
 """Which rank the others wait for: arrival order at every collective all of its ranks joined.
 
 A rank's *lateness* at a collective is its arrival minus the earliest arrival of that collective's ranks (on
-the aligned clock). A straggler arrives last often and late: ranked by how many collectives it arrived last
-at, then by mean lateness. Collectives with a rank missing (a hang) are diagnose's business, not counted here.
+the aligned clock), an arrival being when the rank was ready to communicate (``Collective.ready_ns``): its
+first kernel's begin where profiler traces show every rank's (the GPU runs behind the CPU: what the others'
+kernels waited for is the last kernel to begin), else its call. A straggler arrives last often and late: ranked
+by how many collectives it arrived last at, then by mean lateness. Collectives with a rank missing (a hang) are
+diagnose's business, not counted here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
     last: dict[int, int] = defaultdict(int)
     for cols in job.collectives.values():
         for c in cols:
-            arrive = c.arrive_ns
+            arrive = c.ready_ns
             if len(arrive) < 2 or None in arrive or (keep is not None and not keep(c)):
                 continue
             first = min(arrive)
@@ -43,18 +46,17 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
 def lateness_map(job: Job, keep: Callable[[Collective], bool] | None = None, columns: int = 200) -> dict:
     """Ranks x collectives lateness for a heat map: the fully joined collectives in time order, sampled
     evenly down to ``columns``; None where a rank is not in that collective's group."""
-    joined = [c for cols in job.collectives.values() for c in cols
-              if len(c.arrive_ns) > 1 and None not in c.arrive_ns and (keep is None or keep(c))]
-    joined.sort(key=lambda c: min(c.arrive_ns))
+    joined = [(min(ready), c, ready) for cols in job.collectives.values() for c in cols
+              if len(ready := c.ready_ns) > 1 and None not in ready and (keep is None or keep(c))]
+    joined.sort(key=lambda j: j[0])
     if len(joined) > columns:
         step = len(joined) / columns
         joined = [joined[int(i * step)] for i in range(columns)]
-    ranks = sorted({r for c in joined for r in c.ranks})
+    ranks = sorted({r for _, c, _ in joined for r in c.ranks})
     row_of = {r: i for i, r in enumerate(ranks)}
     values: list[list[float | None]] = [[None] * len(joined) for _ in ranks]
-    for j, c in enumerate(joined):
-        first = min(c.arrive_ns)
-        for rank, t in zip(c.ranks, c.arrive_ns):
+    for j, (first, c, ready) in enumerate(joined):
+        for rank, t in zip(c.ranks, ready):
             values[row_of[rank]][j] = (t - first) * NS
-    labels = [f"{c.op} {c.group.label}:{c.seq}" for c in joined]
+    labels = [f"{c.op} {c.group.label}:{c.seq}" for _, c, _ in joined]
     return {"ranks": ranks, "collectives": labels, "lateness_s": values}

@@ -45,7 +45,14 @@ from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
 from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
-from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, read_bounded, regular_file_problem
+from comm2perfetto.sources.limits import (
+    MAX_FILE_BYTES,
+    MAX_WORLD_SIZE,
+    rank_ok,
+    read_bounded,
+    regular_file_problem,
+    time_ok,
+)
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
 __all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover", "drop_traces", "dumps_world",
@@ -288,7 +295,7 @@ def load_sources(
             fields = _plain_fields(info)
             if chosen != attempts[-1]:  # torchrun restarted after this attempt: the run's end is not its own
                 fields = {k: v for k, v in fields.items() if k not in _RUN_END_FIELDS}
-            src.jobs.append(dict(fields, _path=str(f.path)))
+            src.jobs.append(dict(fields, probes=_probes(info.get("probes"), chosen), _path=str(f.path)))
 
     src.kineto, src.traces, trace_skipped, trace_problems, trace_world = load_traces(
         by_kind[KINETO], trace_ranks or {}, read_traces)
@@ -320,6 +327,20 @@ def _plain_fields(info: dict[str, Any]) -> dict[str, Any]:
         return (isinstance(v, str) or v is None or (isinstance(v, int) and abs(v) < 1 << 63)
                 or (isinstance(v, list) and all(isinstance(x, str) for x in v)))
     return {k: v for k, v in info.items() if plain(v)}
+
+
+PROCESS_STATES = ("stopped", "running", "gone")
+
+
+def _probes(raw: Any, attempt: int) -> list[dict[str, Any]]:
+    """job.json's ``probes`` of one torchrun attempt, checked: what `record` saw of a rank's process at a stall or
+    a signal, e.g. ``[{"rank": 1, "pid": 4242, "state": "stopped", "t_ns": 1795313447406614332, "attempt": 0}]``."""
+    out = []
+    for p in raw[:4096] if isinstance(raw, list) else ():
+        if isinstance(p, dict) and rank_ok(p.get("rank")) and time_ok(p.get("t_ns")) \
+                and p.get("state") in PROCESS_STATES and p.get("attempt", 0) == attempt:
+            out.append({"rank": p["rank"], "t_ns": p["t_ns"], "state": p["state"]})
+    return out
 
 
 def _check_log_headers(logs: dict[int, RankLog], problems: list[str]) -> None:

@@ -16,6 +16,7 @@ becomes model data; bad records are skipped and counted, one note per file.
 from __future__ import annotations
 
 import io
+import mmap
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from comm2perfetto.sources.limits import (
     opt_time_ok,
     rank_ok,
     read_bounded,
+    regular_file_problem,
     shown,
     time_ok,
     world_ok,
@@ -212,6 +214,43 @@ def read_event_log(path: str | Path) -> RankLog:
         log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
                             f"read up to its last record")
     return log
+
+
+def read_header(path: str | Path, limit: int = 1 << 16) -> dict[str, Any] | None:
+    """The checked header of an event log (its first line), or None when the file is not one (yet): what
+    `record` needs to find a rank's process (``host``, ``pid``) without reading a whole log."""
+    if regular_file_problem(Path(path)) is not None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(limit)
+        header = orjson.loads(first)
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        return None
+    return _checked_header(header)
+
+
+def last_heartbeat(path: str | Path) -> tuple[int | None, bool]:
+    """The time of the last heartbeat (``h`` record) of an event log still being written, and whether recording
+    was turned off on its rank (then heartbeats stop while the rank trains): found in the file's mapping
+    without parsing the log, which may be large. What `record` checks of a rank that did not answer a stall."""
+    if regular_file_problem(Path(path)) is not None:
+        return None, False
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            off = m.rfind(b'\n["h",')
+            line = m[off + 1:m.find(b"\n", off + 1)] if off >= 0 else b""
+            disabled = m.find(b"recording disabled") >= 0
+    except (OSError, ValueError):  # gone, or empty (a mapping of nothing)
+        return None, False
+    try:
+        record = orjson.loads(line) if line else None
+    except orjson.JSONDecodeError:
+        record = None
+    t = record[1] if isinstance(record, list) and len(record) > 1 else None
+    return (t if time_ok(t) else None), disabled
 
 
 def _opt_int(v: Any) -> bool:

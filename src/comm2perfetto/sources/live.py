@@ -6,7 +6,10 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
     {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": 2, "gathered_ns": ..., "ranks": [
       {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"],
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
-                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"}}}}]}
+                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
+                        "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
+                        "p2p_issued": [["send", 1, 3], ["recv", 1, 2]],
+                        "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
 
 Never imports torch.
 """
@@ -37,6 +40,8 @@ FORMAT = "comm2perfetto-live"
 MAX_BYTES = 256 << 20  # a snapshot of 100,000 ranks is a few tens of MB
 MAX_FRAMES = 16
 MAX_GROUPS = 64
+MAX_RECENT = 16
+MAX_P2P = 64
 
 
 class LiveSnapshotError(Comm2PerfettoError, ValueError):
@@ -89,6 +94,12 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
             "ranks": [r for r in members[:world] if rank_ok(r, world)],
             "issued": issued if count_ok(issued) else None,
             "pending": _pending(g.get("pending")),
+            "p2p": [p for p in map(lambda q: _p2p(q, world), _list(g.get("p2p"))[:MAX_P2P]) if p is not None],
+            "recent": [[x[0], x[1]] for x in _list(g.get("recent"))[-MAX_RECENT:]
+                       if isinstance(x, list) and len(x) == 2 and count_ok(x[0]) and time_ok(x[1])],
+            "p2p_issued": [[x[0], x[1], x[2]] for x in _list(g.get("p2p_issued"))[:MAX_P2P]
+                           if isinstance(x, list) and len(x) == 3 and x[0] in ("send", "recv")
+                           and rank_ok(x[1], world) and count_ok(x[2])],
         }
     stack = raw.get("stack")
     stack = stack if isinstance(stack, list) else []
@@ -97,10 +108,27 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
             "step": raw.get("step") if count_ok(raw.get("step")) else None}
 
 
+def _list(raw: Any) -> list:
+    return raw if isinstance(raw, list) else []
+
+
+def _p2p(raw: Any, world: int) -> dict[str, Any] | None:
+    """A send or receive a rank is inside: ``{"op": "irecv", "peer": 1, "since_ns": ...}``."""
+    if not isinstance(raw, dict):
+        return None
+    op, peer, since, n = raw.get("op"), raw.get("peer"), raw.get("since_ns"), raw.get("n")
+    if not isinstance(op, str) or not rank_ok(peer, world) or not time_ok(since):
+        return None
+    return {"op": op[:100], "peer": peer, "n": n if count_ok(n) else None, "since_ns": since}
+
+
 def _pending(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, dict):
         return None
     op, seq, since = raw.get("op"), raw.get("seq"), raw.get("since_ns")
     if not isinstance(op, str) or not count_ok(seq) or not time_ok(since):
         return None
-    return {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    out = {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
+    if rank_ok(raw.get("root")):
+        out["root"] = raw["root"]
+    return out

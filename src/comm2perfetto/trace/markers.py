@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
     MISSING_RANKS,
+    P2P_MISMATCH,
     RANK_DIED,
+    RANK_FROZEN,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
@@ -50,6 +52,7 @@ class Markers:
         out: set[int] = set()
         for f in self.findings:
             out.update(f.culprit_ranks)
+            out.update(f.suspect_ranks)
             out.update(f.ranks_missing)
         out.update(m.rank for m in self.marks)
         return out
@@ -58,7 +61,7 @@ class Markers:
 def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
     markers = Markers(findings=diagnosis.findings)
     for f in diagnosis.findings:
-        if f.seq is None or f.group_uid not in job.groups:
+        if f.seq is None or f.group_uid not in job.groups or f.kind == P2P_MISMATCH:  # a p2p seq is no collective's
             continue
         c = find_collective(job.collectives.get(f.group_uid, ()), f.seq)
         title = f"{f.op} ({f.process_group} seq {f.seq})"
@@ -70,8 +73,8 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
                                               f"{f.kind} {title}", {
                                                   "signature": sig.describe() if sig is not None else "?",
                                                   "culprit": rank in f.culprit_ranks, "detail": f.detail}))
-        if f.kind in (MISSING_RANKS, RANK_DIED):
-            what = "missing" if f.kind == MISSING_RANKS else "died before"
+        if f.kind in (MISSING_RANKS, RANK_DIED, RANK_FROZEN):
+            what = {MISSING_RANKS: "missing", RANK_DIED: "died before", RANK_FROZEN: "stopped before"}[f.kind]
             for rank in f.ranks_missing:
                 args: dict = {"detail": f.detail, "resolved": f.resolved}
                 if rank in f.stacks:
@@ -81,7 +84,8 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
                     args["last_collective"] = f"{last['op']} ({last['process_group']} seq {last['seq']})"
                 markers.marks.append(RankMark(rank, f.group_uid, f.t_ns if f.resolved else None,
                                               f"{what} {title}", args))
-        if f.resolved or c is None or f.kind not in (MISSING_RANKS, RANK_DIED, STUCK_ALL_JOINED, *DESYNC_KINDS):
+        if f.resolved or c is None or f.kind not in (MISSING_RANKS, RANK_DIED, RANK_FROZEN, STUCK_ALL_JOINED,
+                                                      *DESYNC_KINDS):
             continue
         waiting = {}
         not_done = [r for r, sig, st, end in zip(c.ranks, c.signatures, c.states, c.end_ns)

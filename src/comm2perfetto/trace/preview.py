@@ -9,19 +9,31 @@ caller's notes; a time axis labelled with the time since ``t0`` (``0 s``, ``500 
 count allows: up to :data:`MAX_ROW_PITCH` px for a few dozen rows, down to one pixel each for thousands (labels
 then go on every Nth row only, N a power of two so that node boundaries of 2^k GPUs get one).
 
-What a row shows, in the order it is drawn (later on top):
+What a row shows, in the order it is drawn (later on top): the classes of ``report.classes``, the one
+classification every view draws (``merge --preview`` passes each rank's):
 
-- ``compute`` and ``comm`` spans. Where both cover one pixel column of a row, the row is split: upper half
-  compute, lower half comm, so overlap stays visible; a row too thin to split shows the ``overlap`` colour.
-- ``stalled`` spans, hatched, and always drawn to the right edge: a stall has no end inside the window.
-- ``missing`` and ``mismatch`` spans, solid.
+- ``nodata`` spans, grey: time the rank's data does not cover (a rank without data: the whole row);
+- ``compute``, ``comm`` and ``memory`` spans, drawn in proportion to the time they cover: a column is coloured
+  where the running total of the kind's covered time, in columns, rounds up past the columns coloured so far
+  (error diffusion along the row), so that a row shows each kind's share of every stretch of time to the
+  nearest column, however finely its work is cut: compute and comm fractions read off the picture are the
+  report's. A zero-length span (a collective with no duration, gloo's) is drawn :data:`INSTANT_W` columns wide.
+  Where compute and comm both colour one column of a row, the row is split: upper half compute, lower half
+  comm, so overlap stays visible; a row too thin to split shows the ``overlap`` colour. Memory shows where
+  neither does;
+- ``stalled`` spans (a rank waiting in a collective the others never joined), hatched, and always drawn to
+  the right edge: a stall has no end inside the window;
+- ``missing`` and ``mismatch`` spans, solid;
 - marks (point events) last: a core of :data:`MARK_W` px in the kind's colour with a black pixel each side,
   at least :data:`MARK_MIN_H` px tall, so an instant is visible at any zoom, even at ``t1`` itself.
 
+What is left is idle, with the time ticks continued through it as a grid.
+
 Speed: each span is turned into a column range once and filled into a per-row, per-kind bytearray by slice
-assignment; the kinds are then packed into one code byte per column (as bits of one big int, which costs
+assignment (the proportional kinds: its partial end columns and a difference array for the whole ones, summed
+at C speed); the kinds are then packed into one code byte per column (as bits of one big int, which costs
 nothing per column in Python) and mapped to RGB with ``bytes.translate``. No Python loop ever runs per pixel
-of a span, so 2 million spans take one to two seconds.
+of a span, so 2 million spans take two to three seconds (``benchmarks/bench_preview.py``).
 
 Example::
 
@@ -35,15 +47,19 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add, sub
 from pathlib import Path
 from types import MappingProxyType
 
 from comm2perfetto.render.words import duration
 
-__all__ = ["COLOURS", "KINDS", "PreviewLayout", "PreviewRow", "PreviewStats", "preview_layout", "render_preview",
-           "time_ticks"]
+__all__ = ["COLOURS", "INSTANT_W", "KINDS", "PROPORTIONAL", "PreviewLayout", "PreviewRow", "PreviewStats",
+           "preview_layout", "render_preview", "time_ticks"]
 
-KINDS = ("compute", "comm", "stalled", "missing", "mismatch")
+KINDS = ("compute", "comm", "memory", "stalled", "missing", "mismatch", "nodata")
+PROPORTIONAL = ("compute", "comm", "memory")  # drawn in proportion to the time they cover (see above)
+INSTANT_W = 2  # px of a zero-length compute, comm or memory span
 
 RGB = tuple[int, int, int]
 
@@ -55,6 +71,8 @@ COLOURS: Mapping[str, RGB] = MappingProxyType({
     "compute": (0, 114, 178),
     "comm": (230, 159, 0),
     "overlap": (0, 158, 115),  # compute and comm in one column of a row too thin to split in halves
+    "memory": (86, 180, 233),
+    "nodata": (160, 160, 160),  # as report --plot's "no data"
     "stalled": (213, 94, 0),
     "stripe": (70, 20, 0),  # the hatching of stalled spans
     "missing": (220, 0, 220),
@@ -86,10 +104,10 @@ MARK_MIN_H = 5  # rows of 1-3 px would hide a mark as short as they are
 TICK_SPACING = 100  # at least this many px between time ticks, room for a label like "12.5 ms"
 HATCH_PERIOD, HATCH_WIDTH = 6, 2  # stalled hatching: diagonal stripes HATCH_WIDTH of every HATCH_PERIOD px
 
-# Bits of the per-column code byte (see _row_tables). Kinds keep KINDS order: bit i is KINDS[i].
+# Bits of the per-column code byte (see _row_tables). Kinds keep KINDS order: bit i is KINDS[i]. The grid is
+# drawn over idle columns after the colours (no bit left for it).
 _BIT = {k: 1 << i for i, k in enumerate(KINDS)}
 _STRIPE = 1 << len(KINDS)
-_GRID = _STRIPE << 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +277,9 @@ def text_width(text: str, scale: int = 1) -> int:
 
 # --- layout -----------------------------------------------------------------------------------------------
 
-_LEGEND = (("compute", "compute"), ("comm", "comm"), ("compute+comm", "split"), ("stalled", "stalled"),
-           ("missing", "missing"), ("mismatch", "mismatch"), ("idle", "idle"))
+_LEGEND = (("compute", "compute"), ("comm", "comm"), ("compute+comm", "split"), ("memory", "memory"),
+           ("stalled", "stalled"), ("missing", "missing"), ("mismatch", "mismatch"), ("idle", "idle"),
+           ("no data", "nodata"))
 _LEGEND_GAP = 14  # px between one legend item's name and the next swatch
 
 
@@ -391,11 +410,10 @@ def _colour_of(code: int, variant: str) -> RGB:
     compute, comm = code & _BIT["compute"], code & _BIT["comm"]
     if compute and comm:
         return COLOURS[{"top": "compute", "bottom": "comm", "thin": "overlap"}[variant]]
-    if comm:
-        return COLOURS["comm"]
-    if compute:
-        return COLOURS["compute"]
-    return COLOURS["grid" if code & _GRID else "idle"]
+    for kind in ("comm", "compute", "memory", "nodata"):
+        if code & _BIT[kind]:
+            return COLOURS[kind]
+    return COLOURS["idle"]
 
 
 def _row_tables() -> dict[str, tuple[bytes, bytes, bytes]]:
@@ -411,31 +429,69 @@ def _row_tables() -> dict[str, tuple[bytes, bytes, bytes]]:
 _TABLES = _row_tables()
 
 
+def _proportion(part: list[float], whole: list[int], w: int) -> int:
+    """The columns to colour (as bytes 0/1 of a big int) for a kind's coverage: ``part`` the fraction of each
+    column its spans' partial ends cover, ``whole`` a difference array of the columns they cover whole. A
+    column is coloured where the running total of covered columns, rounded, goes up: as many columns as the
+    spans cover, to the nearest one, each as near its time as the rounding allows."""
+    covered = list(map(add, part[:w], accumulate(whole[:w])))
+    if max(covered) > 1.0:  # spans of one kind that overlap (unions never do): a column holds one at most
+        covered = list(map(min, covered, repeat(1.0)))
+    levels = [0, *map(int, map((0.5).__add__, accumulate(covered)))]
+    return int.from_bytes(bytes(map(sub, levels[1:], levels[:-1])), "big")
+
+
 def _draw_rows(canvas: _Canvas, layout: PreviewLayout, rows: Sequence[PreviewRow], grid_cols: Sequence[int]
                ) -> None:
     t0, dt, w = layout.t0, layout.t1 - layout.t0, layout.plot_w
     t1 = layout.t1
     ones = memoryview(b"\x01" * w)
-    grid = bytearray(w)
-    for c in grid_cols:
-        grid[c] = _GRID
-    grid_int = int.from_bytes(grid, "big")
     stripes = []  # per (y % HATCH_PERIOD): the stripe bit where a diagonal stripe crosses that image row
     for phase in range(HATCH_PERIOD):
         stripes.append(int.from_bytes(
             bytes(_STRIPE if (c + phase) % HATCH_PERIOD < HATCH_WIDTH else 0 for c in range(w)), "big"))
+    grid_rgb = bytes(COLOURS["grid"])
     stride, x_off = canvas.w * 3, layout.plot_x * 3
     pix = canvas.pix
     half = layout.bar_h // 2
     split = layout.bar_h >= 2
+    scale = w / dt  # columns per ns
     for i, row in enumerate(rows):
         cov = {k: bytearray(w) for k in KINDS}
+        parts = {k: ([0.0] * (w + 1), [0] * (w + 1)) for k in PROPORTIONAL}
         try:
             for b, e, kind in row.spans:
+                acc = parts.get(kind)
+                if acc is not None and e > b:  # the hot path of a busy row: tests inlined, no calls but int()
+                    if b < t0:
+                        if e <= t0:
+                            continue
+                        b = t0
+                    if e > t1:
+                        if b >= t1:
+                            continue
+                        e = t1
+                    x0, x1 = (b - t0) * scale, (e - t0) * scale
+                    c0, c1 = int(x0), int(x1)
+                    part = acc[0]
+                    if c0 == c1:
+                        part[c0] += x1 - x0
+                    else:
+                        part[c0] += c0 + 1 - x0
+                        part[c1] += x1 - c1
+                        whole = acc[1]
+                        whole[c0 + 1] += 1
+                        whole[c1] -= 1
+                    continue
                 # The same columns as PreviewLayout.span_x, inlined: this loop runs once per span, so the
                 # common case (inside the window, at least a column wide) takes a single test.
                 c0 = (b - t0) * w // dt
                 c1 = -((t0 - e) * w // dt)  # ceiling
+                if b == e and kind in PROPORTIONAL:  # an instant: wide enough to see
+                    c0 = min(max(c0, 0), w - INSTANT_W)
+                    c1 = c0 + INSTANT_W
+                    if b < t0 or b > t1:
+                        continue
                 if c0 < 0 or c1 > w or c1 <= c0 or b > e:
                     if b > e:
                         raise ValueError(f"preview: row {i} ({row.label!r}): span ends before it begins: "
@@ -458,9 +514,12 @@ def _draw_rows(canvas: _Canvas, layout: PreviewLayout, rows: Sequence[PreviewRow
         first = stalled.find(1)
         if first >= 0:  # a stall does not end inside the window: from its first column to the edge
             stalled[first:] = ones[:w - first]
-        code = grid_int
+        code = 0
         for bit, kind in enumerate(KINDS):
-            code |= int.from_bytes(cov[kind], "big") << bit  # each byte is 0 or 1: the shift stays in it
+            bits = int.from_bytes(cov[kind], "big")  # each byte is 0 or 1: the shift stays in it
+            if kind in parts and (any(parts[kind][1]) or any(parts[kind][0])):
+                bits |= _proportion(*parts[kind], w)
+            code |= bits << bit
         y0 = layout.plot_y + i * layout.row_pitch
         lines: dict[tuple[str, int], bytearray] = {}
         for dy in range(layout.bar_h):
@@ -474,6 +533,9 @@ def _draw_rows(canvas: _Canvas, layout: PreviewLayout, rows: Sequence[PreviewRow
                 line[0::3] = codes.translate(r)
                 line[1::3] = codes.translate(g)
                 line[2::3] = codes.translate(b_)
+                for c in grid_cols:  # the time ticks continued through idle columns
+                    if not codes[c] & ~_STRIPE:
+                        line[3 * c:3 * c + 3] = grid_rgb
                 lines[variant, phase] = line
             off = (y0 + dy) * stride + x_off
             pix[off:off + w * 3] = line
@@ -505,7 +567,7 @@ def _draw_mark(canvas: _Canvas, layout: PreviewLayout, x0: int, x1: int, y0: int
 
 def _draw_swatch(canvas: _Canvas, x: int, y: int, swatch: str, thin: bool) -> None:
     x1, y1 = x + SWATCH_W, y + SWATCH_H
-    if swatch in ("compute", "comm"):
+    if swatch in ("compute", "comm", "memory", "nodata"):
         canvas.rect(x, y, x1, y1, COLOURS[swatch])
     elif swatch == "split":  # as the rows of this picture show overlap: split, or one colour if too thin
         if thin:

@@ -15,6 +15,7 @@ from typing import Any
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import Call, RankLog
+from comm2perfetto.sources.kineto.classify import cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
@@ -40,29 +41,34 @@ class RankWriter:
     def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: SiteCache,
                  tables: dict[str, GroupTable], inside: Callable[[int, int], bool] | None,
-                 kineto: bool, preview: bool) -> None:
+                 kineto: bool, preview: bool, flow_ids: Callable[[], int] | None = None) -> None:
         self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
         self.inside = inside or everything
         self.tables = tables
         self.kineto = kineto
-        self.preview = preview  # collect what the preview draws (compute, comm, stalls)
+        self.preview = preview  # collect what the preview draws of diagnose's findings (stalls, missing ranks)
         self.offset = job.clock.offset_ns.get(rank, 0)
         self.families: list[tuple[str, str | None, list[Item]]] = []  # (track name, description, items)
         self.lo: int | None = None
         self.hi: int | None = None
         self.notes: list[str] = []
-        self.compute: list[tuple[int, int]] = []
-        self.comm: list[tuple[int, int]] = []
         self.stalled: list[int] = []
         self.marks: list[tuple[int, str, bool]] = []  # (t, kind, gone for good) for the preview
         self.last_activity: int | None = None  # the latest event of the rank's own (not the recorder's notes)
+        # The enqueue flows (see _enqueues): the GPU work's begin -> the CPU op's (begin, end); the CPU op's
+        # begin -> the flow id given to it once its collective's slice was drawn.
+        self.flow_ids = flow_ids
+        self.enqueued: dict[int, tuple[int, int]] = {}
+        self.enqueue_flows: dict[int, int] = {}
 
     # The order of these calls is the order of the tracks in the rank's process.
     def write(self, sink: TraceSink, uuid: Callable[[], int]) -> tuple[int, int] | None:
         log = self.job.logs.get(self.rank)
         self._steps(log)
+        if self.kineto and self.flow_ids is not None:
+            self._enqueues()
         group_items = self._collectives()
         for label, items in group_items:
             self.families.append((label, None, items))
@@ -149,7 +155,7 @@ class RankWriter:
         stalled = {seq: waits[rank] for (u, seq), waits in self.markers.stalled.items()
                    if u == uid and rank in waits}
         mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
-        arrive, ends = table.column("arrive_ns", rank), table.column("end_ns", rank)
+        arrive, ends = table.work_columns(rank)  # its GPU work where a trace shows it, else arrival to end
         odd: Sequence[int]
         if self.window is not None:
             odd = range(len(arrive))
@@ -171,11 +177,38 @@ class RankWriter:
                                              table.shared_of(rank), itertools.repeat(NO_FLOWS)))
         if len(odd) < len(slices):
             self._seen(min(begins), max(stops))
-            if self.preview:
-                self.comm += [(begin, end) for begin, end in zip(begins, stops) if end > begin]
         for k in odd:
             slices[k] = self._collective_slice(table.rows[k], i, stalled, mismatched)
+        if self.enqueued:
+            self._flow_from_enqueue(slices)
         items += filter(None, slices) if odd else slices  # type: ignore[arg-type]  # no None without odd ones
+
+    def _enqueues(self) -> None:
+        """Where the rank's traces show a collective's CPU enqueue (``record_param_comms``, drawn on its CPU ops
+        track) and the kernels it launched (the same ``External id``): the kernels' first begin, on the job's
+        clock, is where its slice on the group's track begins (``Collective.work_of``)."""
+        offset = self.offset
+        for trace in self.job.traces.get(self.rank, ()):
+            first: dict[int, int] = {}
+            for ev in trace.gpu_events:
+                if ev.klass == "comm" and ev.external_id is not None:
+                    first[ev.external_id] = min(first.get(ev.external_id, ev.t_begin_ns), ev.t_begin_ns)
+            if not first:
+                continue
+            for ev in trace.cpu_ops:
+                if ev.name == "record_param_comms" and ev.external_id in first:
+                    self.enqueued[first[ev.external_id] + offset] = (ev.t_begin_ns + offset,
+                                                                     ev.t_end_ns + offset)
+
+    def _flow_from_enqueue(self, slices: list[Item | None]) -> None:
+        """A flow from the CPU enqueue to each slice that is a collective's GPU work (see ``_enqueues``)."""
+        assert self.flow_ids is not None
+        for k, item in enumerate(slices):
+            cpu = self.enqueued.get(item[0]) if item is not None else None
+            if cpu is None or not self.inside(*cpu):
+                continue
+            fid = self.enqueue_flows[cpu[0]] = self.flow_ids()
+            slices[k] = (*item[:6], ((), (), (fid,)))  # type: ignore[index]
 
     def _collective_slice(self, row: Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
                           ) -> Item | None:
@@ -185,7 +218,7 @@ class RankWriter:
         sig = c.signatures[i]
         if sig is None:
             return None
-        arrive, end = c.arrive_ns[i], c.end_ns[i]
+        arrive, end = c.work_of(i)  # its GPU work where a trace shows it, else its arrival to its end
         begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return None
@@ -214,8 +247,6 @@ class RankWriter:
         if kind:
             args["mismatch"] = kind
         self._seen(begin, end)
-        if self.preview and end is not None and end > begin:
-            self.comm.append((begin, end))
         return (begin, stop, sig.op, args, "collective", shared, NO_FLOWS)
 
     def _p2p(self, tr: P2PTransfer, kind: str, op: P2POp, peer: int, uid: str, items: list[Item]) -> None:
@@ -236,8 +267,6 @@ class RankWriter:
         name = "send" if kind == "send" else "recv"
         items.append((begin, end if end is not None and end >= begin else None, name, args, "p2p", None, flows))
         self._seen(begin, end)
-        if end is not None and end > begin:
-            self.comm.append((begin, end))
 
     def _place_marks(self, group_items: list[tuple[str, list[Item]]]) -> None:
         marks = [m for m in self.markers.marks if m.rank == self.rank]
@@ -363,7 +392,6 @@ class RankWriter:
                 continue
             by_thread[rng.tid].append((begin, end, rng.name, args, "range", None, NO_FLOWS))
             self._seen(begin, end)
-            self.compute.append((begin, end))
         for tid, items in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
             self.families.append((_thread_name("ranges", tid, log.thread_names),
                                   "NVTX and comm2perfetto.range() ranges", items))
@@ -404,34 +432,33 @@ class RankWriter:
         for trace in self.job.traces.get(self.rank, ()):
             names.update(trace.lane_names)
             for ev in trace.cpu_ops:
-                self._kineto_item(ev, cpu.setdefault(ev.lane, []), compute=True)
+                self._kineto_item(ev, cpu.setdefault(ev.lane, []), cpu_class(ev.kind, ev.name))
             for ev in trace.gpu_events:
-                self._kineto_item(ev, gpu.setdefault(ev.lane, []), compute=ev.klass == "compute")
+                self._kineto_item(ev, gpu.setdefault(ev.lane, []), ev.klass)
         for lane, items in cpu.items():
             self.families.append((f"cpu ops ({names.get(lane, lane)})", "torch.profiler CPU ops", items))
         for lane, items in gpu.items():
             self.families.append((names.get(lane, lane),
                                   "kernels, memcpy and memset: class compute, comm or memory", items))
 
-    def _kineto_item(self, ev, items: list[Item], compute: bool) -> None:
+    def _kineto_item(self, ev, items: list[Item], klass: str | None) -> None:
+        """``klass``: the class ``report`` counts the event in (a kernel's, or ``classify.cpu_class``'s for a CPU
+        op: compute, comm, or None for what only wraps work), in its args as ``class``."""
         begin = ev.t_begin_ns + self.offset
         end = begin + max(ev.duration_ns, 0)
         if not self.inside(begin, end):
             return
         args = dict(ev.args) if ev.args else {}
-        klass = ev.klass
         if klass:
             args["class"] = klass
-        items.append((begin, end, ev.name, args, klass or ev.kind, None, NO_FLOWS))
+        fid = self.enqueue_flows.get(begin) if self.enqueue_flows and ev.name == "record_param_comms" else None
+        items.append((begin, end, ev.name, args, ev.klass or ev.kind, None,
+                      NO_FLOWS if fid is None else ((fid,), (), ())))
         self._seen(begin, end)
-        if klass == "comm":
-            self.comm.append((begin, end))
-        elif compute and klass != "memory":
-            self.compute.append((begin, end))
 
     def preview_row(self) -> PreviewRow:
-        spans = [(b, e, "compute") for b, e in self.compute] + [(b, e, "comm") for b, e in self.comm]
-        spans += [(b, 2**62, "stalled") for b in self.stalled]  # to the end of the picture
+        """What the preview draws of diagnose's findings on this rank (its classes come from ``report.classes``)."""
+        spans = [(b, 2**62, "stalled") for b in self.stalled]  # to the end of the picture
         # A rank that never came back: missing from its last activity on (the renderer clips at the end).
         spans += [(t, 2**62, "missing") for t, _, gone in self.marks if gone]
         return PreviewRow(label=f"rank {self.rank}", spans=spans, marks=[(t, kind) for t, kind, _ in self.marks])

@@ -89,7 +89,7 @@ class _Common(dict[tuple[str | None, int | None, str | None, int | None], Shared
         super().__init__()
         self.sig, self.sites, self.flow = sig, sites, flow
         self.args = _collective_args(c, sig)
-        arrivals = known(c.arrive_ns)
+        arrivals = known(c.ready_ns)
         self.first = min(arrivals) if arrivals else None
         self.others: list[_Common] = []  # of ranks whose signature differs
 
@@ -175,10 +175,23 @@ class GroupTable:
             values = cols.member_column(name, rank)
         else:
             i = cols[0].ranks.index(rank) if cols else 0
-            values = [getattr(c, name)[i] for c in cols]
+            values = [v[i] if (v := getattr(c, name)) else None for c in cols]  # () where no rank has a value
         if len(self.indices) == len(values):
             return values
         return [values[k] for k in self.indices]
+
+    def work_columns(self, rank: int) -> tuple[list, list]:
+        """``rank``'s slice of each collective as (begins, ends): its GPU work where a trace shows it (see
+        ``Collective.work_of``), else its arrival to its end."""
+        arrive, ends = self.column("arrive_ns", rank), self.column("end_ns", rank)
+        gpu_begins = self.column("gpu_begin_ns", rank)
+        if not any(b is not None for b in gpu_begins):
+            return arrive, ends
+        arrive, ends = arrive.copy(), ends.copy()
+        for k, (b, d) in enumerate(zip(gpu_begins, self.column("duration_ns", rank))):
+            if b is not None and d is not None:
+                arrive[k], ends[k] = b, b + d
+        return arrive, ends
 
     def shared_of(self, rank: int) -> list[SharedArgs]:
         """The SharedArgs of ``rank``'s slice of each collective, at C speed."""
@@ -214,7 +227,8 @@ class GroupTable:
 def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
     args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
                             **signature_args(sig)}
-    last = rank_at(max, c.arrive_ns, c.ranks) if c.ranks and all(c.arrive_ns) else c.last_arrival_rank
+    ready = c.ready_ns
+    last = rank_at(max, ready, c.ranks) if c.ranks and all(ready) else c.last_ready_rank
     if last is not None:
         args["last_arrival_rank"] = last
     return args

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -30,6 +30,7 @@ from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import duration
+from comm2perfetto.report.classes import RankClasses
 from comm2perfetto.trace.markers import Markers, plan_markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
@@ -86,14 +87,19 @@ class TimelineSummary:
 
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
-                   progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
-    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end]."""
+                   progress: Callable[[int, int], None] | None = None,
+                   classes: Mapping[int, RankClasses] | None = None) -> TimelineSummary:
+    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end].
+    ``preview``: also lay out ``summary.preview``, each rank's ``classes`` (``report.classes.job_classes``: what
+    ``report`` measures) and diagnose's stalls and missing ranks."""
     markers = plan_markers(job, diagnosis)
     shown = set(selection.ranks)
     inside = _window_test(window)
     flows = _collective_flows(job, shown, inside)
-    # p2p flow ids follow the collectives' (1 .. their count)
-    p2p_flows = _p2p_flows(job, shown, inside, itertools.count(sum(map(len, flows.values())) + 1).__next__)
+    # p2p flow ids follow the collectives' (1 .. their count), and each rank's own flows (from a collective's
+    # CPU enqueue to its GPU work) follow those
+    flow_ids = itertools.count(sum(map(len, flows.values())) + 1).__next__
+    p2p_flows = _p2p_flows(job, shown, inside, flow_ids)
     uuid = itertools.count(2).__next__  # track uuids (0 is the Perfetto writer's root track)
     summary = TimelineSummary(ranks=selection.ranks, total_ranks=selection.total,
                               collectives=sum(len(c) for c in job.collectives.values()),
@@ -108,7 +114,7 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sites = SiteCache(job)
     tables: dict[str, GroupTable] = {}  # per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
-        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview)
+        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview, flow_ids)
         span = writer.write(sink, uuid)
         if span is not None:
             lo, hi = span
@@ -119,7 +125,24 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
             summary.preview.append(writer.preview_row())
         if progress is not None:
             progress(n, len(selection.ranks))
+    if preview and summary.t_begin_ns is not None and summary.t_end_ns is not None:
+        window_ns = (summary.t_begin_ns, summary.t_end_ns)
+        summary.preview = [_preview_row(row, (classes or {}).get(rank), window_ns)
+                           for rank, row in zip(selection.ranks, summary.preview)]
     return summary
+
+
+def _preview_row(row: PreviewRow, classes: RankClasses | None, window: tuple[int, int]) -> PreviewRow:
+    """A rank's row of the preview: its classes (no data all along without any), then diagnose's marks."""
+    spans: list[tuple[int, int, str]] = []
+    if classes is not None:
+        for kind, union in (("compute", classes.compute), ("comm", classes.comm), ("memory", classes.memory)):
+            spans += [(b, e, kind) for b, e in union]
+        spans += [(t, t, "comm") for t in classes.instants]
+        spans += [(b, e, "nodata") for b, e in classes.no_data(*window)]
+    else:
+        spans.append((*window, "nodata"))
+    return PreviewRow(row.label, spans + list(row.spans), row.marks)
 
 
 # --- what the job process shows ----------------------------------------------------------------------------
@@ -200,7 +223,8 @@ def _event_time(arrive: int | None, start: int | None, end: int | None) -> int |
 
 def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bool] | None
                       ) -> dict[str, dict[int, Flow]]:
-    """Per group and seq, for collectives drawn on two or more ranks: the flow id and the ranks at its ends."""
+    """Per group and seq, for collectives drawn on two or more ranks: the flow id and the ranks at its ends (the
+    first and the last ready: ``Collective.ready_ns``, on the GPU where traces show every rank's kernels)."""
     flows: dict[str, dict[int, Flow]] = {}
     fid = 1
     for uid, cols in job.collectives.items():
@@ -216,13 +240,13 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
         by_seq = flows[uid] = {}
         for c in cols:
             if quick:
-                arrive = c.arrive_ns if pick is None else pick(c.arrive_ns)
+                arrive = c.ready_ns if pick is None else pick(c.ready_ns)
                 if all(arrive) and (pick is None or all(pick(c.signatures))):
                     by_seq[c.seq] = Flow(fid, rank_at(min, arrive, picked), rank_at(max, arrive, picked))
                     fid += 1
                     continue
             if everyone and inside is None:
-                times = [(t, r) for t, r in zip(c.arrive_ns, ranks) if t is not None]
+                times = [(t, r) for t, r in zip(c.ready_ns, ranks) if t is not None]
                 if len(times) < sum(1 for s in c.signatures if s is not None):
                     times = _flow_times(c, shown, inside)  # a rank known without arrival: the slow way
             else:
@@ -236,11 +260,12 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
 
 def _flow_times(c: Collective, shown: set[int], inside: Callable[[int, int], bool] | None) -> list[tuple[int, int]]:
     times = []
+    ready = c.ready_ns
     for i, r in enumerate(c.ranks):
         if r not in shown or c.signatures[i] is None:
             continue
-        end = c.end_ns[i]
-        t = _event_time(c.arrive_ns[i], c.start_ns[i], end)
+        end = c.work_of(i)[1]
+        t = _event_time(ready[i], c.start_ns[i], end)
         if t is not None and (inside is None or inside(t, end if end is not None else t)):
             times.append((t, r))
     return times

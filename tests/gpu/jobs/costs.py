@@ -7,11 +7,12 @@ in the same process, with the same group:
 A. per call: ``dist.all_reduce`` of a 1-float tensor, torch's own function against the recorder's wrapper,
    in interleaved blocks (benchmarks/bench_record.py's method, part a), there on gloo);
 B. Flight Recorder with a full ring (the recorder's 20,000 entries): the wall time of the recorder's periodic
-   dump (no stacks) and stall dump (with stacks), of torch's raw dumps, and of the watchdog's per-tick read of
-   the active entries; for each, the longest gap a 1 ms ticker thread saw meanwhile: how long the dump held
-   the GIL; then the same per-tick reads (and the watchdog's whole ``unfinished()``) once the ring is full of
-   batched self send/recv (GPU only): Flight Recorder's entries for the ops inside a batch carry no events and
-   are never retired, so "only active" may return all of them;
+   dump (no stacks) and stall dump (with stacks), of torch's raw dumps, of the "only active" JSON the watchdog
+   read every tick before issue 26's fix, and of the watchdog's reads now (a tick: the groups' status only; the
+   whole ring, once the status stood still for the threshold); for each, the longest gap a 1 ms ticker thread
+   saw meanwhile: how long it held the GIL; then the same once the ring is full of batched self send/recv (GPU
+   only): Flight Recorder's entries for the ops inside a batch carry no events and are never retired, so "only
+   active" returns all of them;
 C. after ``disable()``: DDP steps on two new groups, one created with ``TORCH_NCCL_ENABLE_TIMING=1`` and one
    with ``=0`` (ProcessGroupNCCL reads it in its constructor), in alternating blocks: the step-time cost of
    NCCL's timing events. Flight Recorder's entries of each group show whether timing took effect.
@@ -92,6 +93,27 @@ def per_call(fn, arg, n: int, out: list[int]) -> None:
         t = clock()
         fn(arg)
         append(clock() - t)
+
+
+def watchdog_ticks(flight, rows: list, ticker: Ticker, ring: str) -> None:
+    """The watchdog's NCCL reads now: a tick (``unfinished`` with the default 60 s threshold, the groups'
+    status unchanged since the call before: no entry is read), and the whole-ring read made once the status has
+    stood still for the threshold (pickle without stacks, unpickled, batches decided by their closing entry)."""
+    import pickle
+
+    from comm2perfetto.record.flight import nccl_unfinished
+
+    quiet_ns = 60 * 10**9
+    flight.unfinished(quiet_ns)
+    for i in range(5):
+        wall, gap, _ = timed(lambda: flight.unfinished(quiet_ns), ticker)
+        rows.append({"what": f"watchdog tick now: unfinished(), status unchanged ({ring})", "rep": i + 1,
+                     "wall_ms": wall, "max_tick_gap_ms": gap, "bytes": None})
+    ring_dump = getattr(flight, "_nccl", None) or flight._generic  # gloo (dry run): its own ring
+    for i in range(2):
+        wall, gap, _ = timed(lambda: nccl_unfinished(pickle.loads(ring_dump(True, False, False))["entries"]), ticker)
+        rows.append({"what": f"watchdog ring read once the status stood still ({ring})", "rep": i + 1,
+                     "wall_ms": wall, "max_tick_gap_ms": gap, "bytes": None})
 
 
 def main() -> None:
@@ -221,15 +243,13 @@ def main() -> None:
         active = orjson_loads(raw_json(True, True)).get("entries", [])
         b["p2p_ring_active_entries"] = len(active)
         b["p2p_ring_active_names"] = sorted({str(e.get("profiling_name")).split(" ")[0] for e in active})
-        for i in range(3):
+        for i in range(2):  # what each tick read before issue 26's fix
             wall, gap, value = timed(lambda: raw_json(True, True), ticker)
             rows.append({"what": "watchdog tick read: json, only active (p2p ring)", "rep": i + 1, "wall_ms": wall,
                          "max_tick_gap_ms": gap, "bytes": len(value)})
         if rec is not None and rec.flight is not None:
-            for i in range(3):
-                wall, gap, value = timed(rec.flight.unfinished, ticker)
-                rows.append({"what": "watchdog unfinished() (p2p ring)", "rep": i + 1, "wall_ms": wall,
-                             "max_tick_gap_ms": gap, "bytes": None})
+            watchdog_ticks(rec.flight, rows, ticker, "p2p ring")
+            value = rec.flight.unfinished(0)  # the ring read now: every batch's closing entry says completed
             b["p2p_ring_unfinished"] = {"/".join(k): v for k, v in value.items()} if isinstance(value, dict) \
                 else value
 
@@ -247,10 +267,7 @@ def main() -> None:
                     rows.append({"what": label, "rep": i + 1, "error": f"{type(exc).__name__}: {exc}"[:300]})
                 time.sleep(0.05)
         if rec is not None and rec.flight is not None:
-            for i in range(3):
-                wall, gap, value = timed(rec.flight.unfinished, ticker)
-                rows.append({"what": "watchdog unfinished() (all_reduce ring)", "rep": i + 1, "wall_ms": wall,
-                             "max_tick_gap_ms": gap, "bytes": None})
+            watchdog_ticks(rec.flight, rows, ticker, "all_reduce ring")
         b["rows"] = rows
         figures["dumps"] = b
         save()

@@ -1,11 +1,12 @@
 """An async all_reduce and a batch_isend_irecv held pending, for the recorder's stall detection.
 
-On a GPU (world size 1): after two settling all_reduces, a ``torch.cuda._sleep`` kernel holds the current
-stream for ``--hold`` seconds (calibrated here), and an async all_reduce and a batch_isend_irecv (to itself)
-are issued behind it: NCCL enqueues them at once (their futures complete at enqueue), their work waits for the
-kernel. The main thread polls ``is_completed()``, as a training loop between steps would, so the recorder's
-watchdog runs. Once everything completed the job stays idle for ``--after`` seconds: a stall reported then
-would be a false one. On the CPU (gloo, world size 2) rank 1 joins ``--hold`` seconds late instead.
+On a GPU (world size 1): after two settling all_reduces and a warm-up send/recv exchange, a
+``torch.cuda._sleep`` kernel holds the current stream for ``--hold`` seconds (calibrated here), and an async
+all_reduce and a batch_isend_irecv (to itself) are issued behind it: NCCL enqueues them at once (their futures
+complete at enqueue), their work waits for the kernel. The main thread polls ``is_completed()``, as a training
+loop between steps would, so the recorder's watchdog runs. Once everything completed the job stays idle for
+``--after`` seconds: a stall reported then would be a false one. On the CPU (gloo, world size 2) rank 1 joins
+``--hold`` seconds late instead.
 
 ``--hold 0`` is the control: the same calls complete at once, and the idle time after them must show no stall.
 At the end the job prints what the recorder's watchdog sees in Flight Recorder then (``unfinished()``, the
@@ -76,17 +77,30 @@ def main() -> None:
     send = torch.arange(256, dtype=torch.float32, device=device)
     recv = torch.zeros(256, device=device)
     y = torch.ones(1024, device=device)
+    if not args.no_p2p:
+        # NCCL connects a pair's p2p channels at its first send/recv, inside ncclGroupEnd, and on the H200 run
+        # that first batch_isend_irecv returned only once the held kernel had finished: a warm-up exchange, so
+        # that the held batch below is enqueued at once and Flight Recorder shows it pending (the p2p counter)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]):
+            w.wait()
+        sync(device)
     if not CPU and args.hold > 0:
         rate = cycles_per_second(device)
         info(what="calibrated", cycles_per_s=rate)
         torch.cuda._sleep(int(args.hold * rate))
     elif rank == 1:
         time.sleep(args.hold)
+    recv.zero_()
     info(what="issuing", hold_s=args.hold)
+    t0 = time.monotonic()
     work = dist.all_reduce(y, async_op=True)
+    t1 = time.monotonic()
     reqs = [] if args.no_p2p else dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer),
                                                           dist.P2POp(dist.irecv, recv, peer)])
-    info(what="issued", n_p2p_works=len(reqs))
+    t2 = time.monotonic()
+    # how long each call held the CPU: a batch that returns only after the hold is never pending in Flight
+    # Recorder (its closing entry's CUDA events are recorded after ncclGroupEnd returns)
+    info(what="issued", n_p2p_works=len(reqs), all_reduce_call_s=round(t1 - t0, 4), batch_call_s=round(t2 - t1, 4))
     works = [work, *reqs] if not CPU else [work]  # gloo's p2p works say completed only once waited for
     deadline = time.monotonic() + args.hold + 20
     while not all(w.is_completed() for w in works) and time.monotonic() < deadline:

@@ -265,22 +265,24 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     return backend, rest.split(" ")[0], None, None
 
 
-def stacks_by_collective(dumps: list[FrDump], stacks: StackTable) -> dict[tuple[str, int], Stack]:
-    """The call stack of every collective (group name, collective seq) in these dumps, in one pass.
+def stacks_by_collective(dumps: list[FrDump], stacks: StackTable, p2p: bool = False) -> dict[tuple[str, int], Stack]:
+    """The call stack of every collective (group name, collective seq) in these dumps, in one pass; with
+    ``p2p``, of every send and recv (group name, p2p seq).
 
     Used to resolve call sites on demand when the job was loaded without them: a rank's dumps are read once
     for all the collectives asked about. The latest snapshot wins; in a coalesced group, its first entry
     (the user's call). Frames shared between entries (torch's pickler shares them) are converted once.
     """
     out: dict[tuple[str, int], Stack] = {}
+    key_name = "p2p_seq_id" if p2p else "collective_seq_id"
     for d in reversed(dumps):  # the latest snapshot first
         converted: dict[tuple[int, ...], Stack] = {}
         for e in d.entries:
             frames = e.get("frames")
-            if not frames or not isinstance(frames, list) or e.get("is_p2p"):
+            if not frames or not isinstance(frames, list) or bool(e.get("is_p2p")) != p2p:
                 continue
             pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
-            seq = e.get("collective_seq_id", e.get("seq_id"))
+            seq = e.get(key_name, e.get("seq_id"))
             if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or type(seq) is not int:
                 continue
             key = (pg[0], seq)

@@ -357,6 +357,8 @@ def _ingest(
         assert pg_ids is not None
         pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, in_s)
         distinct_pgs = set(pgs)
+    if p2p_seqs is not None:
+        p2ps = _batch_closers_as_p2p(names, pgs, p2ps, p2p_seqs, parts)
     partition: dict[tuple[Any, bool], list[int] | None]
     if len(distinct_pgs) == 1 and not any_p2p:
         partition = {(pgs[0], False): None}  # the common case: one group, collectives only
@@ -396,6 +398,37 @@ def _ingest(
             setattr(track, f, col)
     _fix_p2p_batches(groups)
     return backend
+
+
+def _batch_closers_as_p2p(names: Sequence, pgs: Sequence, p2ps: tuple, p2p_seqs: Sequence, parts: dict) -> tuple:
+    """The ``is_p2p`` column with the closing entry of each batched send/recv counted as p2p.
+
+    NCCL records each op of a ``batch_isend_irecv`` (``is_p2p``, never completed nor retired: it has no CUDA
+    events) and then a closing ``nccl:coalesced`` entry that carries the batch's state and duration but says
+    ``is_p2p: false`` and repeats the group's last collective ``collective_seq_id`` (seen on torch 2.11, NCCL
+    2.28, format 2.10); it closes the ops right before it, which share its ``p2p_seq_id``::
+
+        {"record_id": 3, "profiling_name": "nccl:send 0->0", "is_p2p": true, "collective_seq_id": 3,
+         "p2p_seq_id": 1, "state": "scheduled", "retired": false}
+        {"record_id": 4, "profiling_name": "nccl:recv 0<-0", "is_p2p": true, ... "p2p_seq_id": 1, ...}
+        {"record_id": 5, "profiling_name": "nccl:coalesced", "is_p2p": false, "collective_seq_id": 3,
+         "p2p_seq_id": 1, "state": "completed", "retired": true, "duration_ms": 3.9}
+
+    Read as a collective, it would fold into collective 3 (an all_reduce) and the batch would stay scheduled
+    forever. The closing entry of a coalesced collective follows collective ops instead, and keeps its place.
+    """
+    out = None
+    last_of_group: dict[Any, int] = {}  # pg -> index of its latest entry so far
+    for i, (name, pg) in enumerate(zip(names, pgs)):
+        before = last_of_group.get(pg)
+        last_of_group[pg] = i
+        if before is None or p2ps[i] or not parts[name][1].endswith("coalesced"):
+            continue
+        if p2ps[before] and p2p_seqs[before] == p2p_seqs[i]:
+            if out is None:
+                out = list(p2ps)
+            out[i] = True
+    return p2ps if out is None else tuple(out)
 
 
 def _unwrap_debug_groups(pgs: Sequence, pg_ids: Sequence, names: Sequence, in_s: Sequence) -> tuple[tuple, set]:

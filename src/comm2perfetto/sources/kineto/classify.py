@@ -5,14 +5,15 @@ parsers (``parse``, ``spans``) ask once per distinct name, category or thread an
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
 from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS, HTA_COMM_KERNELS
 
 __all__ = [
-    "BACKEND_ANNOTATION", "COMM_NAME", "CPU_KINDS", "CPU_KIND_SUFFIXES", "GPU_ANNOTATION_KIND", "GPU_WORK_KINDS",
-    "PROFILER_STEP", "classify_gpu", "is_training_thread", "normalise_kind",
+    "BACKEND_ANNOTATION", "COMM_NAME", "CPU_COMPUTE_KINDS", "CPU_KINDS", "CPU_KIND_SUFFIXES", "GPU_ANNOTATION_KIND",
+    "GPU_WORK_KINDS", "PROFILER_STEP", "classify_gpu", "cpu_class", "is_training_thread", "normalise_kind",
 ]
 
 # A communication event, on any thread or stream: the calling thread's c10d op, a backend's annotation, the
@@ -35,6 +36,8 @@ GPU_WORK_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 GPU_ANNOTATION_KIND = "gpu_user_annotation"
 CPU_KINDS = frozenset({"cpu_op", "user_annotation", "python_function", "hpu_op"})
 CPU_KIND_SUFFIXES = ("_runtime", "_driver")  # cuda_runtime, cuda_driver, xpu_runtime, privateuse1_driver ...
+# The CPU events that can be compute: not python_function (frames wrap everything), not runtime calls.
+CPU_COMPUTE_KINDS = frozenset({"cpu_op", "user_annotation"})
 
 # Comm library worker threads that show up in a trace: gloo runs each collective on its own worker thread
 # ("thread 5433 (pt_gloo_runloop)", seen on torch 2.13), NCCL's watchdog/heartbeat threads are pt_nccl_*.
@@ -42,6 +45,24 @@ _WORKER_THREAD_NAME = re.compile(r"gloo|nccl", re.IGNORECASE)
 # What such a worker records: the backend's own annotation of the collective it runs ("gloo:all_reduce").
 BACKEND_ANNOTATION = re.compile(r"^(gloo|nccl|mpi|ucc|xccl):")
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a trace has millions of CPU ops but a few thousand names
+def cpu_class(kind: str, name: str) -> str | None:
+    """What a training thread's CPU event is to the ``cpu`` basis of ``report`` (and the trace's ``class``):
+    ``"comm"`` for a communication op (``record_param_comms``, ``c10d::allreduce_``, the backend's own
+    ``gloo:all_reduce`` or ``nccl:all_reduce``), ``"compute"`` for any other operator or user annotation, None for
+    what only wraps work (``ProfilerStep#n``, Python frames, runtime and driver calls).
+
+    >>> cpu_class("cpu_op", "aten::mm"), cpu_class("cpu_op", "record_param_comms"), cpu_class("python_function",
+    ...     "train.py(12): step"), cpu_class("user_annotation", "ProfilerStep#3")
+    ('compute', 'comm', None, None)
+    """
+    if COMM_NAME.search(name):
+        return "comm"
+    if kind in CPU_COMPUTE_KINDS and not PROFILER_STEP.match(name):
+        return "compute"
+    return None
 
 
 def normalise_kind(category: str) -> str:

@@ -8,15 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, classify_gpu, is_training_thread
+from comm2perfetto.sources.kineto.classify import (
+    CPU_COMPUTE_KINDS,
+    CPU_KIND_SUFFIXES,
+    classify_gpu,
+    is_training_thread,
+)
 from comm2perfetto.sources.kineto.events import KinetoSpans, Span
 from comm2perfetto.sources.kineto.fields import int_or_none, on_stream, span_ns, span_whole_us
 from comm2perfetto.sources.kineto.parse import ROLE_CPU, ROLE_GPU, ROLE_GPU_ANNOTATION, ROLE_LAUNCH, EventParser
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps
 
 __all__ = ["SpanParser"]
-
-_COMPUTE_KINDS = frozenset({"cpu_op", "user_annotation"})  # not python_function (wraps everything), not runtime
 
 
 class SpanParser(EventParser):
@@ -41,11 +44,13 @@ class SpanParser(EventParser):
     def _plan(self, name: str, category: str) -> tuple[int, list[Span] | None, list[Span] | None, bool, bool,
                                                        int | None]:
         """(role, GPU class list or None, comm list or None, is a backend annotation, CPU span wanted, step).
-        A runtime call (a launch) is not wanted as a span: its role is ROLE_LAUNCH."""
+        A runtime call (a launch) is not wanted as a span: its role is ROLE_LAUNCH. What a CPU span counts as is
+        ``classify.cpu_class``'s answer, decided here once per (name, category): a step, communication, or
+        compute (an operator or annotation that is neither)."""
         _name, is_comm, is_backend, step = self._name(name)
         kind, role = self._kind(category)
         gpu = self.gpu_spans[classify_gpu(name, category, self.hta)] if role == ROLE_GPU else None
-        wanted = step is not None or is_comm or kind in _COMPUTE_KINDS  # runtime calls are neither
+        wanted = step is not None or is_comm or kind in CPU_COMPUTE_KINDS  # runtime calls are neither
         if role == ROLE_CPU and kind.endswith(CPU_KIND_SUFFIXES):
             role = ROLE_LAUNCH
         plan = self._plans[(name, category)] = (role, gpu, self.comm_spans if is_comm else None, is_backend,

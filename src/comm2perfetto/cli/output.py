@@ -1,0 +1,71 @@
+"""Writing a document in the format asked for: text, JSON or CSV, to stdout or ``-o FILE`` (report, compare).
+
+The renderers differ by command; where the text goes, how errors read and what is said on stderr do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from comm2perfetto.cli import UserError, check_writable
+
+FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
+
+
+@dataclass(frozen=True)
+class Renderers:
+    """A command's renderers: the text, CSV on stdout, and CSV files next to ``-o FILE`` (returns their paths)."""
+
+    text: Callable[[dict], str]
+    csv_stdout: Callable[[dict], str]
+    write_csv: Callable[[dict, Path], list[Path]]
+
+
+def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> tuple[Path | None, str, Path | None]:
+    """``-o``, ``--format`` and ``--plot``, checked before the (long) loading: (output file or None for stdout,
+    format: ``--format``, else ``-o``'s suffix, else text; plot file or None)."""
+    out = Path(args.output) if args.output else None
+    fmt = args.format or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
+    if out is not None:
+        check_writable(out)
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        if plot.suffix.lower() not in plot_suffixes:
+            raise UserError(f"--plot writes {', '.join(plot_suffixes)}: not {plot.name!r}")
+        check_writable(plot)
+    return out, fmt, plot
+
+
+def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Renderers) -> None:
+    """Write ``doc`` as ``fmt`` to ``out`` (saying so on stderr) or stdout; UserError when it cannot."""
+    if fmt == "csv" and out is not None:
+        try:
+            written = renderers.write_csv(doc, out)
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        print(f"comm2perfetto {command}: wrote " + ", ".join(map(str, written)), file=sys.stderr)
+        return
+    if fmt == "json":
+        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+    elif fmt == "csv":
+        text = renderers.csv_stdout(doc)
+    else:
+        text = renderers.text(doc)
+    if out is not None:
+        try:
+            out.write_text(text)
+        except OSError as exc:
+            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+        print(f"comm2perfetto {command}: wrote {out}", file=sys.stderr)
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `comm2perfetto report DIR | head`
+        sys.stdout = None

@@ -1,0 +1,1 @@
+"""``comm2perfetto compare BASE NEW``: what changed in communication between two runs, noise told apart."""

@@ -1,0 +1,152 @@
+"""The samples of each side that the statistics compare, taken from its report document as they are.
+
+- **Breakdowns** (step time, compute, communication, exposed communication, idle, overlap, comm/compute):
+  one sample per compared step, from the report's per-step rows (the job's, or one rank's); a side with no
+  step compared gives its whole-run figures, one sample.
+- **Collectives**, per (group, op) and message-size bucket, from the report's ``instances``: the time its
+  collectives take (their durations added up) and their arrival skews added up, one sample per compared step
+  (0 for a step without one), or one per collective when the runs have no steps; each collective's bus
+  bandwidth; the rank that arrived last; counts and bytes are totals.
+- **Stragglers**: per compared step, how long the others waited for each rank: the arrival skew of every
+  collective it arrived last at (the report's ``instances``), summed; the report's straggler table (last
+  arrivals, mean lateness) is shown beside it.
+- **Modules**: each (module, pass, op)'s count and bytes (the report's module table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from comm2perfetto.compare.keys import Bucket, size_bucket
+from comm2perfetto.compare.sides import Side
+
+# The report's breakdown keys, by the name compare gives them (the --fail-on metric names).
+BREAKDOWN_KEYS = {"step_time": "span_s", "compute": "compute_s", "comm": "comm_s", "exposed_comm": "exposed_comm_s",
+                  "idle": "idle_s", "overlap": "overlap_pct", "comm_to_compute": "comm_to_compute"}
+ALL_SIZES = "all"  # the bucket key of a (group, op)'s totals over every size
+
+
+@dataclass
+class CollectiveSamples:
+    """The collectives of one (group, op, size bucket) on one side, over the compared steps."""
+
+    count: int = 0
+    bytes: int = 0
+    durations: list[float] = field(default_factory=list)  # one per collective (for p50 and p99)
+    busbw: list[float] = field(default_factory=list)
+    skews: list[float] = field(default_factory=list)
+    waited_for: dict[int, float] = field(default_factory=dict)  # rank that arrived last -> the skews it caused
+    duration_by_step: dict[int | None, float] = field(default_factory=dict)
+    skew_by_step: dict[int | None, float] = field(default_factory=dict)
+    sampled: bool = True  # False: a report saved without per-collective samples (only its totals are known)
+
+    def per_step(self, side: Side, what: str) -> list[float]:
+        """``duration`` or ``skew``: added up per compared step (0 where none ran), or one sample per
+        collective when the side has no step compared; empty when none of them has that figure."""
+        by_step = self.duration_by_step if what == "duration" else self.skew_by_step
+        if not by_step:
+            return []
+        if not side.steps:
+            return list(self.durations if what == "duration" else self.skews)
+        return [by_step.get(step, 0.0) for step in side.steps]
+
+
+def breakdown_samples(side: Side, rank: str | None = None, per_step: bool = True) -> dict[str, list[float]]:
+    """Metric name -> its value at each compared step (``rank``: that rank's, else the job's); with
+    ``per_step`` False, or no step compared, the whole run's value."""
+    rows = [(s.get("ranks") or {}).get(rank) if rank is not None else s.get("job") for s in side.step_rows]
+    if not per_step or not side.steps:
+        rows = [(side.doc.get("ranks") or {}).get(rank) if rank is not None else side.doc.get("job")]
+    out: dict[str, list[float]] = {}
+    for name, key in BREAKDOWN_KEYS.items():
+        out[name] = [row[key] for row in rows if row is not None and row.get(key) is not None]
+    return out
+
+
+def collective_samples(side: Side) -> dict[tuple[str, str], dict[Bucket | str | None, CollectiveSamples]]:
+    """(group uid, op) -> size bucket -> samples; the bucket :data:`ALL_SIZES` holds the (group, op)'s totals.
+    A group's uid is its ``group_uid``, or its label in a report saved before groups were listed."""
+    out: dict[tuple[str, str], dict[Bucket | str | None, CollectiveSamples]] = {}
+    for row in side.doc.get("collectives") or []:
+        uid = row.get("group_uid") or row.get("process_group")
+        buckets = out.setdefault((uid, row["op"]), {})
+        total = buckets.setdefault(ALL_SIZES, CollectiveSamples())
+        instances = row.get("instances")
+        if instances is None:
+            total.count += row.get("count") or 0
+            total.bytes += row.get("bytes") or 0
+            total.sampled = False
+            continue
+        _add_instances(side, instances, buckets, total)
+    return out
+
+
+def _add_instances(side: Side, columns: Mapping[str, list], buckets: dict, total: CollectiveSamples) -> None:
+    for step, nbytes, duration, busbw, skew, last in zip(
+            columns["step"], columns["bytes"], columns["duration_s"], columns["busbw_gbps"],
+            columns["arrival_skew_s"], columns["last_rank"]):
+        if not side.keeps(step):
+            continue
+        bucket = buckets.setdefault(size_bucket(nbytes), CollectiveSamples())
+        for samples in (bucket, total):
+            samples.count += 1
+            samples.bytes += nbytes or 0
+        if duration is not None:
+            bucket.durations.append(duration)
+            bucket.duration_by_step[step] = bucket.duration_by_step.get(step, 0.0) + duration
+        if busbw is not None:
+            bucket.busbw.append(busbw)
+        if skew is not None:
+            bucket.skews.append(skew)
+            bucket.skew_by_step[step] = bucket.skew_by_step.get(step, 0.0) + skew
+            if last is not None:
+                bucket.waited_for[last] = bucket.waited_for.get(last, 0.0) + skew
+
+
+def wait_caused_samples(side: Side, per_step: bool = True) -> dict[int, list[float]]:
+    """rank -> the seconds the others waited for it at each compared step (the skew of each collective it
+    arrived last at, summed); with ``per_step`` False, or no step compared, one whole-run sum. Every rank of
+    the side has a sample for every step (0 where it was never last)."""
+    steps = side.steps if per_step else ()
+    index = {step: i for i, step in enumerate(steps)}
+    out = {rank: [0.0] * max(len(steps), 1) for rank in side.ranks}
+    for row in side.doc.get("collectives") or []:
+        columns = row.get("instances")
+        if columns is None:
+            continue
+        for step, skew, last in zip(columns["step"], columns["arrival_skew_s"], columns["last_rank"]):
+            if skew is None or last is None or not side.keeps(step):
+                continue
+            i = index.get(step) if steps else 0
+            if i is not None:
+                out.setdefault(last, [0.0] * max(len(steps), 1))[i] += skew
+    return out
+
+
+def straggler_counts(side: Side) -> dict[int, tuple[int, int, float | None]]:
+    """rank -> (last arrivals, collectives joined, mean lateness in s)."""
+    return {s["rank"]: (s["last_arrivals"], s["matched"], s.get("mean_lateness_s"))
+            for s in side.doc.get("stragglers") or []}
+
+
+def module_counts(side: Side) -> dict[tuple[str, str | None, str], tuple[int, int | None]]:
+    """(module path, pass, op) -> (count, bytes), over what the report covered."""
+    return {(m["path"], m.get("pass"), m["op"]): (m["count"], m.get("bytes")) for m in side.doc.get("modules") or []}
+
+
+def steps_covered(side: Side) -> int:
+    """How many steps a side's totals are divided by to give per-step figures (1: per run)."""
+    return len(side.steps) or 1
+
+
+def module_steps(side: Side) -> int:
+    """The steps the report's module table covers: all of the document's (a report built for the compared
+    steps holds only those)."""
+    return len(side.doc.get("steps") or []) or 1
+
+
+def step_figures(side: Side, step: int) -> Mapping[str, Any] | None:
+    """The job's figures at one step, for the side-by-side steps table."""
+    return next((s.get("job") for s in side.doc.get("steps") or [] if s.get("step") == step), None)

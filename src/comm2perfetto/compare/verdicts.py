@@ -1,0 +1,174 @@
+"""One line of the comparison: a metric of one thing (the job, a rank, a collective...) in both runs, its
+change with a confidence interval, and the verdict.
+
+Each metric has a *kind*, which says how noise is told apart:
+
+- ``sampled`` (times, bandwidth, ratios): the rank-based shift of ``statistics.shift`` over the samples of
+  each side (per step, or per collective);
+- ``exact`` (counts and bytes per step): a program issues the same collectives whatever the noise, so any
+  difference is a change;
+
+and a *scale*, the size a change is measured against: ``step`` (a time inside the step, as a share of BASE's
+median step time: exposed communication that grew by 2 ms in a 40 ms step grew by 5 %), ``base`` (its own
+BASE value: a bus bandwidth 20 % lower, a count per step that doubled) or ``absolute`` (a percentage or a
+ratio, whose change is read as it is: overlap in percentage points, comm/compute in its own units).
+
+Verdicts, with ``margin`` the smallest change that counts (``--min-change``: 10 % by default; 10 points for a
+percentage, 0.1 for a ratio):
+
+- ``regressed`` / ``improved``: the whole interval lies beyond the margin, on the worse / better side;
+- ``unchanged``: it does not (the change is within noise, or smaller than the margin);
+- ``inconclusive``: there is no interval (too few samples on a side, or none) and the change seen is beyond
+  the margin: the samples cannot tell it from noise;
+- ``new`` / ``gone``: what exists in one run only (a collective, a module's collectives, a rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from comm2perfetto.compare.statistics import CONFIDENCE, median, shift
+
+REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE, NEW, GONE = (
+    "regressed", "improved", "unchanged", "inconclusive", "new", "gone")
+VERDICTS = (REGRESSED, IMPROVED, NEW, GONE, INCONCLUSIVE, UNCHANGED)  # the order the summary counts them in
+SAMPLED, EXACT = "sampled", "exact"
+STEP, BASE, ABSOLUTE = "step", "base", "absolute"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How one metric is compared. ``worse``: +1 when a higher value is worse, -1 when it is better."""
+
+    name: str
+    unit: str  # "s", "B", "GB/s", "%" (a percentage), "" (a count or ratio)
+    worse: int
+    kind: str
+    scale: str
+    meaning: str
+
+
+METRICS = {m.name: m for m in (
+    Metric("step_time", "s", 1, SAMPLED, STEP, "step time (a step's window; mean over ranks)"),
+    Metric("compute", "s", 1, SAMPLED, STEP, "compute time in a step"),
+    Metric("comm", "s", 1, SAMPLED, STEP, "communication time in a step"),
+    Metric("exposed_comm", "s", 1, SAMPLED, STEP, "communication no compute hides, in a step"),
+    Metric("idle", "s", 1, SAMPLED, STEP, "time neither computing nor communicating, in a step"),
+    Metric("overlap", "%", -1, SAMPLED, ABSOLUTE, "share of communication overlapped with compute"),
+    Metric("comm_to_compute", "", 1, SAMPLED, ABSOLUTE, "communication time / compute time"),
+    Metric("count", "", 1, EXACT, BASE, "collectives per step"),
+    Metric("bytes", "B", 1, EXACT, BASE, "bytes per step"),
+    Metric("duration", "s", 1, SAMPLED, STEP,
+           "the time a step spends in these collectives: their durations (first arrival to last completion)"),
+    Metric("busbw", "GB/s", -1, SAMPLED, BASE, "a collective's bus bandwidth (nccl-tests), from 1 MiB messages"),
+    Metric("skew", "s", 1, SAMPLED, STEP, "these collectives' arrival skews (last arrival - first) in a step"),
+    Metric("wait_caused", "s", 1, SAMPLED, STEP,
+           "how long the others waited for this rank in a step: the skew of each collective it arrived last at"),
+)}
+
+
+@dataclass
+class Line:
+    """One metric of one thing, in both runs. ``base``/``new``: the value each run shows (the median of its
+    samples, a per-step figure, a share in %); ``change``, ``low``, ``high``: the change and its interval in
+    the metric's unit (points for a percentage); ``relative*``: the same divided by the scale (None for
+    ``absolute``, or when the scale is 0); ``n``: samples on each side."""
+
+    section: str
+    key: dict[str, Any]
+    metric: str
+    base: float | None
+    new: float | None
+    base_n: int
+    new_n: int
+    change: float | None
+    low: float | None
+    high: float | None
+    relative: float | None
+    relative_low: float | None
+    relative_high: float | None
+    verdict: str
+    scale: str
+    context: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON line: the key's fields (group, op, size, rank, path, pass) flattened in."""
+        out = asdict(self)
+        key = out.pop("key")
+        metric = METRICS.get(self.metric)
+        return {"section": out.pop("section"), **key, "metric": out.pop("metric"),
+                "unit": metric.unit if metric is not None else "", **out}
+
+
+def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Sequence[float], new: Sequence[float],
+                  margin: float, step_time: float | None = None, confidence: float = CONFIDENCE) -> Line | None:
+    """A sampled metric's line (None when neither side has a sample). ``step_time``: BASE's median step time,
+    the scale of ``step`` metrics (without it they are measured against their own BASE value)."""
+    if not base and not new:
+        return None
+    shown_base = median(base) if base else None
+    shown_new = median(new) if new else None
+    if not base or not new:
+        return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), None, None, None, None,
+                    None, None, INCONCLUSIVE, metric.scale)
+    est = shift(base, new, confidence)
+    change, low, high = est.estimate, est.low, est.high
+    scale_value = None if metric.scale == ABSOLUTE else (step_time if metric.scale == STEP and step_time
+                                                         else shown_base)
+    rel, rel_low, rel_high = _relative((change, low, high), scale_value)
+    if metric.scale == ABSOLUTE:
+        verdict = _verdict(metric, (change, low, high), absolute_margin(metric, margin))
+    else:  # a scale of 0 (nothing in BASE): any change the interval shows
+        verdict = _verdict(metric, (rel, rel_low, rel_high) if scale_value else (change, low, high),
+                           margin if scale_value else 0.0)
+    return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), change, low, high, rel,
+                rel_low, rel_high, verdict,
+                metric.scale if metric.scale != STEP or step_time else BASE)
+
+
+def judge_exact(section: str, key: dict[str, Any], metric: Metric, base: float | None, new: float | None,
+                base_n: int = 1, new_n: int = 1) -> Line:
+    """An exact metric's line: ``new``/``gone`` when one side has none of the thing."""
+    if base is None or new is None:
+        verdict = NEW if base is None else GONE
+        return Line(section, key, metric.name, base, new, base_n if base is not None else 0,
+                    new_n if new is not None else 0, None, None, None, None, None, None, verdict, metric.scale)
+    d = new - base
+    rel = d / base if base else None
+    same = math.isclose(new, base, rel_tol=1e-9, abs_tol=1e-12)
+    verdict = UNCHANGED if same else (REGRESSED if d * metric.worse > 0 else IMPROVED)
+    return Line(section, key, metric.name, base, new, base_n, new_n, d, d, d, rel, rel, rel, verdict, metric.scale)
+
+
+def absolute_margin(metric: Metric, margin: float) -> float:
+    """The margin of an ``absolute`` metric in its own unit: points for a percentage, else the number itself."""
+    return margin * 100 if metric.unit == "%" else margin
+
+
+def _relative(values: tuple[float | None, ...], scale: float | None) -> tuple[float | None, ...]:
+    if not scale:
+        return (None,) * len(values)
+    return tuple(v / scale if v is not None else None for v in values)
+
+
+def _verdict(metric: Metric, change: tuple[float | None, ...], margin: float) -> str:
+    """regressed / improved when the interval lies wholly beyond ``margin``; see the module docstring."""
+    estimate, low, high = change
+    if estimate is None:
+        return INCONCLUSIVE
+    if low is None or high is None:
+        return UNCHANGED if abs(estimate) <= margin else INCONCLUSIVE
+    if low > margin:
+        return REGRESSED if metric.worse > 0 else IMPROVED
+    if high < -margin:
+        return IMPROVED if metric.worse > 0 else REGRESSED
+    return UNCHANGED
+
+
+def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:
+    """A thing present in one run only, with no figure to compare (a rank with data in one run)."""
+    return Line(section, key, "present", None, None, int(base), int(not base), None, None, None, None, None, None,
+                GONE if base else NEW, BASE)

@@ -1,0 +1,85 @@
+"""One classification of every rank's time, drawn by every view: the preview shows what the report measures,
+to a pixel, on public GPU traces; CPU ops that only wrap work are never compute; ranks without data, and time
+no data covers, are said as such."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from comm2perfetto.report.activity import RankActivity, kineto_intervals
+from comm2perfetto.report.classes import rank_classes
+from comm2perfetto.report.intervals import intersection, length, union
+from comm2perfetto.sources.kineto.classify import cpu_class
+from comm2perfetto.sources.kineto.reader import read_kineto
+from comm2perfetto.trace.check import check_trace
+from comm2perfetto.trace.preview import COLOURS
+from support.png import preview_compute_s, preview_rows, read_png
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
+MI300 = DATA / "tracelens_mi300_resnet_act_checkpoint_rank0.json.gz"
+HTA = DATA / "hta_nccl_data.json.gz"
+GLOO = DATA / "gloo_ddp_rank0.json.gz"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "comm2perfetto", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.parametrize("path, ranks", [(MI300, 8), (HTA, 2)], ids=["tracelens-mi300", "hta-a100"])
+def test_the_previews_compute_is_the_reports_to_a_pixel(path, ranks, tmp_path):
+    """Each rank's compute-coloured columns, times a column's time, are the report's compute_s to within one
+    column (HTA's public trace was 100 % compute in the picture where the report measured 17 %); ranks of
+    the job that left no trace are grey all along (no data), not idle."""
+    trace, png = tmp_path / "job.pftrace", tmp_path / "job.png"
+    _cli("merge", str(path), "-o", str(trace), "--preview", str(png))
+    doc = json.loads(_cli("report", str(path), "--format", "json").stdout)
+    shown, column_s = preview_compute_s(png, check_trace(trace), list(range(ranks)))
+    report = doc["ranks"]["0"]["compute_s"]
+    assert 0 < report < doc["ranks"]["0"]["span_s"] / 2
+    assert abs(shown[0] - report) <= column_s, (shown[0], report, column_s)
+    _, _, lines = preview_rows(read_png(png), ranks)
+    for rank in range(1, ranks):
+        assert set(lines[rank]) == {COLOURS["nodata"]}, f"rank {rank} left no data"
+
+
+def test_cpu_ops_that_only_wrap_work_are_never_compute():
+    """ProfilerStep#n, Python frames, the backend's own op (gloo:all_reduce), c10d:: and record_param_comms
+    wrap work or are communication; runtime calls only launch it. On a real gloo DDP trace (with_stack=True):
+    none of them counts as compute, and the compute the report reads is the operators that remain."""
+    trace = read_kineto(GLOO)
+    classes = {ev.name: cpu_class(ev.kind, ev.name) for ev in trace.cpu_ops}
+    wrappers = [name for name, ev_kind in {ev.name: ev.kind for ev in trace.cpu_ops}.items()
+                if name.startswith(("ProfilerStep#", "c10d::", "gloo:", "record_param_comms"))
+                or ev_kind in ("python_function", "cuda_runtime")]
+    assert any(n.startswith("ProfilerStep#") for n in wrappers) and any(n.startswith("c10d::") for n in wrappers)
+    assert all(classes[n] != "compute" for n in wrappers)
+    assert {n for n, k in classes.items() if k == "comm"} >= {n for n in wrappers if n.startswith("c10d::")}
+    compute_ops = [(ev.t_begin_ns, ev.t_end_ns) for ev in trace.cpu_ops if classes[ev.name] == "compute"]
+    assert compute_ops and all(ev.kind in ("cpu_op", "user_annotation") for ev in trace.cpu_ops
+                               if classes[ev.name] == "compute")
+    reported = kineto_intervals([GLOO]).cpu_compute
+    assert reported == union(compute_ops)
+    steps = [(ev.t_begin_ns, ev.t_end_ns) for ev in trace.cpu_ops if ev.name.startswith("ProfilerStep#")]
+    assert length(intersection(union(steps), reported)) < length(union(steps))  # steps are not all compute
+
+
+def test_time_outside_the_profiled_windows_is_no_data_not_idle():
+    """Where compute is known only inside the profiler's windows, the rest is no data, except communication
+    (known everywhere); inside them, what is neither compute nor comm is idle."""
+    a = RankActivity(3, "cpu", (), compute=[(10, 20)], comm=[(30, 35), (60, 70)], memory=[], steps=(),
+                     compute_windows=((0, 40),))
+    c = rank_classes(a, instants=[90])
+    assert c.rank == 3 and c.known == [(10, 40), (60, 70)]
+    assert c.idle() == [(20, 30), (35, 40)]
+    assert c.no_data(0, 100) == [(0, 10), (40, 60), (70, 100)]
+    assert c.instants == [90]
+    whole = rank_classes(RankActivity(0, "gpu", (), compute=[(0, 5)], comm=[(5, 9)], memory=[(9, 10)], steps=()))
+    assert whole.known == [(0, 10)] and whole.idle() == [] and whole.no_data(0, 10) == []

@@ -1,0 +1,260 @@
+"""The comparison document from two report documents made by hand (tests/compare_docs.py), its renderers,
+and the command on saved reports: verdicts follow from the numbers given, derived in each test."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from comm2perfetto.cli import main
+from comm2perfetto.compare.document import build_comparison
+from comm2perfetto.compare.sides import Side
+from comm2perfetto.render.compare_csv import render_csv
+from comm2perfetto.render.compare_plot import render_html
+from comm2perfetto.render.compare_text import render_text
+from comm2perfetto.sources.report_json import check_report
+from support.compare_docs import ReportDoc
+
+STEPS = range(2, 22)  # 20 steps
+UID = "0[0,1]"
+
+
+def _steady(seed: int, span: float = 0.050, exposed: float = 0.005, late: float = 0.0,
+            extra_count: int = 0) -> ReportDoc:
+    """20 steps of about ``span`` (±4 % noise), each with two 1 MiB all_reduces; rank 1 arrives ``late`` at
+    the second one."""
+    rnd = random.Random(seed)
+    doc = ReportDoc()
+    for n in STEPS:
+        jitter = 1 + rnd.uniform(-0.04, 0.04)
+        doc.step(n, (span + late) * jitter, (exposed + late) * jitter)
+        doc.collective(UID, "all_reduce", n, 1 << 20, 0.002 * jitter, 0.0002 * jitter, 0, 10.0 / jitter)
+        doc.collective(UID, "all_reduce", n, 1 << 20, (0.002 + late) * jitter, (0.0002 + late) * jitter, 1,
+                       10.0 / jitter)
+        for _ in range(extra_count):
+            doc.collective(UID, "broadcast", n, 64, 0.0001, 0.0, 0)
+    doc.modules = [{"path": "Net.fc", "pass": "backward", "op": "all_reduce", "count": 40, "bytes": 40 << 20}]
+    return doc
+
+
+def _compare(base: ReportDoc, new: ReportDoc, **kwargs) -> dict:
+    return build_comparison(Side("BASE", "base", check_report(base.build())),
+                            Side("NEW", "new", check_report(new.build())), **kwargs)
+
+
+def _flagged(doc: dict) -> set[tuple]:
+    return {(line["section"], line.get("group"), line.get("op"), line.get("rank"), line["metric"], line["verdict"])
+            for line in doc["lines"] if line["verdict"] != "unchanged"}
+
+
+def test_a_run_compared_with_itself_is_unchanged_everywhere():
+    doc = _compare(_steady(1), _steady(1))
+    assert {line["verdict"] for line in doc["lines"]} == {"unchanged"}
+    assert doc["summary"]["unchanged"] == len(doc["lines"]) > 20
+    assert doc["layout"] == []
+
+
+def test_noise_alone_is_unchanged():
+    doc = _compare(_steady(1), _steady(2))
+    assert _flagged(doc) == set()
+
+
+def test_a_late_rank_is_found_on_its_group_op_and_rank():
+    """Rank 1 is 10 ms late at one of two all_reduces a step: step time and exposed comm +10 ms (20 % of
+    50 ms), the collective's skew and duration too, and rank 1 made the others wait."""
+    doc = _compare(_steady(1), _steady(2, late=0.010))
+    flagged = _flagged(doc)
+    assert ("job", None, None, None, "step_time", "regressed") in flagged
+    assert ("job", None, None, None, "exposed_comm", "regressed") in flagged
+    assert ("collective", "default_pg", "all_reduce", None, "skew", "regressed") in flagged
+    assert ("collective", "default_pg", "all_reduce", None, "duration", "regressed") in flagged
+    assert ("straggler", None, None, 1, "wait_caused", "regressed") in flagged
+    assert not any(f[0] == "straggler" and f[3] == 0 for f in flagged)  # the rank that waited is no culprit
+    assert not any(f[0] in ("module",) or f[4] in ("count", "bytes") for f in flagged)
+    [skew] = [line for line in doc["lines"] if line["metric"] == "skew"]
+    # skews of 0.2 ms and 10.2 ms half the time: the median shift is about 10 ms, 20 % of a 50 ms step
+    assert skew["relative"] == pytest.approx(0.10 / 0.5, rel=0.5)
+    # the others waited for rank 1: 10.2 ms of every 10.4 ms of skew a step
+    assert skew["context"]["new_last"]["rank"] == 1
+    assert skew["context"]["new_last"]["share_pct"] == pytest.approx(100 * 10.2 / 10.4, rel=0.05)
+
+
+def test_counts_are_compared_exactly_and_new_collectives_are_listed():
+    doc = _compare(_steady(1), _steady(1, extra_count=1))
+    flagged = _flagged(doc)
+    assert flagged == {("collective", "default_pg", "broadcast", None, "count", "new")}
+    [line] = [line for line in doc["lines"] if line["verdict"] == "new"]
+    assert line["new"] == 1.0 and line["base"] is None  # one a step
+    gone = _compare(_steady(1, extra_count=2), _steady(1))
+    assert _flagged(gone) == {("collective", "default_pg", "broadcast", None, "count", "gone")}
+
+
+def test_a_size_that_moves_bucket_is_gone_and_new_with_the_totals_beside():
+    base, new = _steady(1), _steady(1)
+    for n in STEPS:  # NEW also issues a 4 MiB all_reduce each step
+        new.collective(UID, "all_reduce", n, 4 << 20, 0.004, 0.0002, 0, 10.0)
+    doc = _compare(base, new)
+    lines = {(line["size"] if isinstance(line["size"], str) else tuple(line["size"]), line["metric"]): line
+             for line in doc["lines"] if line["section"] == "collective"}
+    assert lines[("all", "count")]["base"] == 2.0 and lines[("all", "count")]["new"] == 3.0
+    assert lines[("all", "count")]["verdict"] == "regressed" and lines[("all", "count")]["relative"] == 0.5
+    assert lines[((4 << 20, 8 << 20), "count")]["verdict"] == "new"
+    assert lines[((1 << 20, 2 << 20), "count")]["verdict"] == "unchanged"
+
+
+def test_bandwidth_is_compared_from_one_mebibyte_up():
+    base, new = ReportDoc(), ReportDoc()
+    for doc, busbw in ((base, 10.0), (new, 5.0)):
+        for n in STEPS:
+            doc.step(n, 0.05)
+            doc.collective(UID, "all_reduce", n, 1 << 20, 0.002, 0.0, 0, busbw)
+            doc.collective(UID, "all_gather", n, 1024, 0.0001, 0.0, 0, busbw / 100)
+    lines = {(line["op"], line["metric"]): line for line in _compare(base, new)["lines"] if line.get("op")}
+    assert lines[("all_reduce", "busbw")]["verdict"] == "regressed"
+    assert lines[("all_reduce", "busbw")]["relative"] == pytest.approx(-0.5)
+    assert ("all_gather", "busbw") not in lines  # 1 KiB: its time is latency, which duration shows
+
+
+def test_few_samples_are_inconclusive_not_unchanged():
+    base, new = ReportDoc(), ReportDoc()
+    for n in (1, 2):
+        base.step(n, 0.050)
+        new.step(n, 0.100)
+    doc = _compare(base, new)
+    [step_time] = [line for line in doc["lines"] if line["section"] == "job" and line["metric"] == "step_time"]
+    assert step_time["verdict"] == "inconclusive" and step_time["low"] is None
+    assert step_time["relative"] == pytest.approx(1.0)
+
+
+def test_runs_of_different_shape_say_so_and_compare_what_matches():
+    base = _steady(1)
+    new = ReportDoc(ranks=(0, 1, 2, 3), world_size=4,
+                    groups={"0[0,1,2,3]": {"name": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3]}})
+    for n in STEPS:
+        new.step(n, 0.05, 0.005)
+        new.collective("0[0,1,2,3]", "all_reduce", n, 1 << 20, 0.002, 0.0002, 3, 10.0)
+        new.collective("0[0,1,2,3]", "all_reduce", n, 1 << 20, 0.002, 0.0002, 3, 10.0)
+    doc = _compare(base, new)
+    layout = " ".join(doc["layout"])
+    assert "world size differs: 2 in BASE, 4 in NEW" in layout
+    assert "ranks 2-3 only in NEW" in layout
+    assert "group default_pg: ranks 0-1 in BASE, 0-3 in NEW (matched by its description)" in layout
+    presence = {(line["rank"], line["verdict"]) for line in doc["lines"] if line["metric"] == "present"}
+    assert presence == {(2, "new"), (3, "new")}
+    [count] = [line for line in doc["lines"] if line["metric"] == "count" and line["section"] == "collective"]
+    assert count["verdict"] == "unchanged"  # the group matched by description: its collectives compare
+
+
+def test_a_report_saved_before_samples_existed_compares_by_count():
+    old = _steady(1).build()
+    for row in old["collectives"]:
+        del row["instances"], row["group_uid"]
+    del old["groups"]
+    doc = build_comparison(Side("BASE", "old.json", check_report(old), saved=True),
+                           Side("NEW", "new", check_report(_steady(1).build())))
+    assert any("saved without per-collective samples" in note for note in doc["layout"])
+    [count] = [line for line in doc["lines"] if line["metric"] == "count" and line["section"] == "collective"]
+    assert count["verdict"] == "unchanged" and count["base"] == count["new"] == 2.0
+
+
+def test_renderers_show_the_same_lines():
+    doc = _compare(_steady(1), _steady(2, late=0.010))
+    text = render_text(doc)
+    assert text.startswith("REGRESSED: ")
+    assert "job (median per step)" in text and "rank 1  wait_caused" in text
+    assert "default_pg all_reduce 1MB-2MB  skew" in text and "waited for: rank 0 (50.0%) -> rank 1 (98.1%)" in text
+    assert all(line == line.rstrip() for line in text.splitlines())
+    tables = render_csv(doc)
+    header, *rows = tables["lines"].splitlines()
+    assert header.startswith("section,group,op,size_min,size_max,rank,path,pass,metric,unit,base,new")
+    assert len(rows) == len(doc["lines"])
+    assert tables["steps"].splitlines()[1].startswith("2,2,")
+    page = render_html(doc)
+    assert "<script" not in page and "http" not in page  # opens offline
+    assert page.count('<tr class="regressed">') >= len([x for x in doc["lines"] if x["verdict"] == "regressed"])
+    assert page.count('<g class="pair">') == len(STEPS)
+
+
+# --- the command, on saved reports ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    paths = {}
+    for name, doc in (("base", _steady(1)), ("noise", _steady(2)), ("late", _steady(2, late=0.010))):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(doc.build()))
+    return paths
+
+
+def test_command_exit_status_follows_the_gate(saved, tmp_path, capsys):
+    assert main(["compare", str(saved["base"]), str(saved["noise"]), "--fail-on", "exposed_comm>5%"]) == 0
+    assert capsys.readouterr().out.startswith("UNCHANGED: ")
+    assert main(["compare", str(saved["base"]), str(saved["late"]), "--fail-on", "exposed_comm>5%,count>0"]) == 1
+    err = capsys.readouterr().err
+    assert "--fail-on 'exposed_comm>5%' fired on 3 lines: job exposed_comm +" in err
+    assert "count>0" not in err
+    out = tmp_path / "cmp.json"
+    assert main(["compare", str(saved["base"]), str(saved["late"]), "-o", str(out), "--plot",
+                 str(tmp_path / "cmp.html"), "--steps", "5-14"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["base"]["steps"] == list(range(5, 15)) and doc["steps"][0] == {**doc["steps"][0], "base_step": 5}
+    assert (tmp_path / "cmp.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["compare", str(saved["base"]), str(saved["late"]), "--format", "csv", "-o",
+                 str(tmp_path / "cmp.csv")]) == 0
+    assert (tmp_path / "cmp.lines.csv").exists() and (tmp_path / "cmp.steps.csv").exists()
+
+
+def test_steps_ranges_pair_by_position(saved, capsys):
+    assert main(["compare", str(saved["base"]), str(saved["noise"]), "--steps", "2-6:12-16", "--format",
+                 "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(s["base_step"], s["new_step"]) for s in doc["steps"]] == [(2, 12), (3, 13), (4, 14), (5, 15),
+                                                                       (6, 16)]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--fail-on", "exposed_comm>>5%"], "--fail-on 'exposed_comm>>5%'"),
+    (["--steps", "9-3"], "--steps '9-3': expected A-B"),
+    (["--steps", "1-2:3-4:5-6"], "expected A-B (both runs) or A-B:C-D"),
+    (["--plot", "cmp.png"], "--plot writes .html"),
+    (["--min-change", "lots"], "--min-change 'lots'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(saved, capsys, argv, says):
+    assert main(["compare", str(saved["base"]), str(saved["noise"]), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+def test_bad_inputs_are_one_line_and_exit_2(saved, tmp_path, capsys):
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps({**json.loads(saved["base"].read_text()), "version": 99}))
+    assert main(["compare", str(future), str(saved["base"])]) == 2
+    assert "report version 99 is newer" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "nowhere"), str(saved["base"])]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    mangled = tmp_path / "mangled.json"
+    doc = json.loads(saved["base"].read_text())
+    doc["steps"][0]["step"] = "two"
+    doc["collectives"][0]["instances"]["duration_s"][0] = "slow"
+    mangled.write_text(json.dumps(doc))
+    assert main(["compare", str(mangled), str(saved["base"]), "--format", "json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert compared["base"]["steps"] == list(range(3, 22))  # the bad step row was dropped
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2, 3]")  # JSON, but neither a report nor a profiler trace
+    assert main(["compare", str(other), str(saved["base"])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_shows_an_example_and_the_exit_statuses():
+    proc = subprocess.run([sys.executable, "-m", "comm2perfetto", "compare", "--help"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert "example:\n  comm2perfetto compare base/ new/" in proc.stdout
+    for status in ("0  compared", "1  a --fail-on expression fired", "2  usage or input error", "3  internal error"):
+        assert status in proc.stdout

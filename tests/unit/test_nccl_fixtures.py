@@ -1,0 +1,260 @@
+"""Real NCCL recordings, read without a GPU: what the readers and the watchdog's rules say about them, checked
+against what was seen on the hardware (one H200, torch 2.11.0+cu130, NCCL 2.28.9, world size 1; how each was made
+is in tests/data/nccl/README.md). Expected figures are computed here from the raw files, not copied."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from comm2perfetto.cli import main
+from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.match import load_job
+from comm2perfetto.record.flight import FlightRecorderDumps, nccl_unfinished
+from comm2perfetto.sources.event_log import read_event_log
+from comm2perfetto.sources.safe_pickle import safe_loads
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
+COMM_KERNEL = re.compile(r"^nccl|ncclDevKernel|ncclKernel")  # docs/report.md's classification
+
+
+def _dump(scenario: str, n: int) -> dict:
+    return safe_loads((DATA / scenario / f"rank0.fr-nccl.{n}.pkl").read_bytes())
+
+
+def _calls(scenario: str) -> list:
+    return read_event_log(DATA / scenario / "rank0.events.jsonl").calls
+
+
+def _only(job, op: str | None = None) -> list:
+    """The default group's collectives (op ``op``, or all)."""
+    (collectives,) = job.collectives.values()
+    return [c for c in collectives if op is None or {s.op for s in c.signatures if s is not None} == {op}]
+
+
+@pytest.mark.parametrize("scenario", ["healthy", "sync", "notiming", "graph", "userprof", "p2pidle"])
+def test_diagnose_is_ok_on_the_recordings_where_nothing_went_wrong(scenario):
+    d = diagnose(load_job([DATA / scenario]))
+    assert (d.status, d.findings, d.ranks_with_data) == ("ok", (), (0,))
+
+
+def test_a_batched_send_recv_is_read_as_its_send_and_recv_with_the_closing_entrys_state():
+    """Each step of ``healthy`` is an all_reduce pair and a batch_isend_irecv to itself. NCCL records the batch
+    as a send and a recv that stay scheduled and a closing ``nccl:coalesced`` entry that says ``is_p2p: false``
+    and repeats the last all_reduce's ``collective_seq_id``: it must neither swallow that all_reduce nor leave
+    the send and recv scheduled."""
+    entries = _dump("healthy", 1)["entries"]
+    names = [e["profiling_name"] for e in entries]
+    closers = [e for e in entries if e["profiling_name"] == "nccl:coalesced"]
+    assert len(closers) == 12 and not any(e["is_p2p"] for e in closers)
+    assert all(e["state"] == "scheduled" and not e["retired"] for e in entries if e["is_p2p"])
+    job = load_job([DATA / "healthy"])
+    assert len(_only(job, "all_reduce")) == names.count("nccl:all_reduce") == 26  # 2 before training, 2 a step
+    assert not any("coalesced" in str(s.op) for c in _only(job) for s in c.signatures)
+    (transfers,) = job.p2p.values()
+    assert len(transfers) == names.count("nccl:send 0->0") == 12
+    assert {(t.src, t.dst, t.send.state, t.recv.state) for t in transfers} == {(0, 0, "completed", "completed")}
+
+
+def test_the_held_all_reduce_is_named_and_the_batch_behind_it_completes():
+    """``pending``: an async all_reduce (#3) and a batch_isend_irecv held ~6 s behind a long kernel, then
+    completed. On the device, diagnose named the closing entry (``coalesced #3``) and called the job stuck; the
+    rows must be the all_reduce and the send/recv, and the verdict a stall that resolved: ``ok``, with one
+    resolved finding on all_reduce #3 (world size 1: rank 0 waited on its own GPU work, nobody else is blamed)."""
+    job = load_job([DATA / "pending"])
+    assert [(c.seq, c.signatures[0].op, c.states[0]) for c in _only(job)] == [
+        (1, "all_reduce", "completed"), (2, "all_reduce", "completed"), (3, "all_reduce", "completed"),
+        (4, "all_reduce", "completed")]
+    (transfers,) = job.p2p.values()
+    assert [(t.send.state, t.recv.state) for t in transfers] == [("completed", "completed")]
+    d = diagnose(job)
+    assert d.status == "ok"
+    assert [(f.process_group, f.op, f.seq, bool(f.resolved)) for f in d.findings] == [
+        ("default_pg", "all_reduce", 3, True)]
+    verdict = d.to_json()
+    assert verdict["suspect_ranks"] == [] and verdict["culprit_ranks"] == []  # a resolved stall blames nobody
+
+
+def test_the_live_folder_of_the_held_batch_names_the_all_reduce(tmp_path):
+    """The folder as ``diagnose`` saw it on the device while the work was held: the first stall dump and the
+    log up to it. The all_reduce is unfinished there (the batch's closing entry reads completed: its CUDA events
+    were recorded only after ncclGroupEnd, which on one GPU returned after the hold)."""
+    src = DATA / "pending"
+    for name in ("rank0.fr-nccl.1.pkl", "rank0.fr.1.pkl", "rank0.stacks.1.json"):
+        shutil.copy(src / name, tmp_path / name)
+    (tmp_path / ".live").mkdir()
+    shutil.copy(src / ".live" / "stall.1.json", tmp_path / ".live" / "stall.1.json")
+    lines = (src / "rank0.events.jsonl").read_bytes().splitlines(keepends=True)
+    upto = next(i for i, line in enumerate(lines) if b'"rank0.fr-nccl.1.pkl"' in line)
+    (tmp_path / "rank0.events.jsonl").write_bytes(b"".join(lines[:upto + 1]))
+    stall = _dump("pending", 1)["entries"]
+    assert [(e["profiling_name"], e["state"]) for e in stall if e["collective_seq_id"] == 3] == [
+        ("nccl:all_reduce", "scheduled"), ("nccl:send 0->0", "scheduled"), ("nccl:recv 0<-0", "scheduled"),
+        ("nccl:coalesced", "completed")]
+    d = diagnose(load_job([tmp_path]))
+    assert d.status != "ok"
+    assert [(f.op, f.seq, bool(f.resolved)) for f in d.findings] == [("all_reduce", 3, False)]
+
+
+@pytest.mark.parametrize("scenario, n, unfinished", [
+    ("pending", 1, {("0", "coll"): (3, "nccl:all_reduce")}),  # at the stall: the all_reduce held
+    ("pending", 2, {}), ("pending", 3, {}), ("p2pidle", 1, {}), ("p2pidle", 2, {}), ("healthy", 1, {}),
+])
+def test_the_watchdog_decides_batched_ops_by_their_closing_entry(scenario, n, unfinished):
+    """Every dump holds send/recv entries that stay scheduled and unretired for ever; on the device the
+    watchdog took them as pending and reported a stall after everything had completed."""
+    entries = _dump(scenario, n)["entries"]
+    assert any(e["is_p2p"] and e["state"] == "scheduled" and not e["retired"] for e in entries)
+    got = nccl_unfinished(entries)
+    assert {k: (p.seq, p.name) for k, p in got.items()} == unfinished
+
+
+def test_no_false_stall_on_the_idle_p2p_job_and_one_ring_read():
+    """``p2pidle``'s last dump, as the watchdog's reads would see it for 10 idle seconds with ``--stall-after
+    2``: nothing unfinished, the ring read once, every other tick a status read."""
+    import pickle
+
+    doc = _dump("p2pidle", 2)
+    reads = []
+
+    def ring(*_args):
+        reads.append(1)
+        return pickle.dumps(doc)
+
+    class _Group:  # the default group, four collectives issued (its status in the dump says so)
+        @staticmethod
+        def _get_sequence_number_for_group():
+            return 4
+
+    class _World:
+        def __init__(self) -> None:
+            self.pg_map = {_Group(): None}
+            self.group_count = 1
+
+    class _C10d:
+        _world = _World()
+
+        @staticmethod
+        def get_backend_config(_group):
+            return "cuda:nccl"
+
+    dumps = FlightRecorderDumps(recorder=None, out_dir=".", buffer_size=20000)
+    dumps._c10d, dumps._generic_json, dumps._nccl = _C10d(), None, ring
+    dumps._nccl_json = lambda *_a: json.dumps({"pg_status": doc["pg_status"]}).encode()
+    now = [10**18]
+    dumps._clock = dumps._wall_clock = lambda: now[0]
+    for _ in range(20):
+        now[0] += 5 * 10**8  # the watchdog's tick at --stall-after 2
+        assert dumps.unfinished(2 * 10**9) == {}
+    assert reads == [1]
+
+
+def test_gpu_durations_with_timing_and_none_without():
+    """TORCH_NCCL_ENABLE_TIMING (the recorder's default): every retired collective has duration_ms, and the
+    reader keeps it; ``--no-gpu-timing``: none has."""
+    timed = _dump("healthy", 1)["entries"]
+    retired = [e for e in timed if e["retired"]]
+    assert retired and all(isinstance(e["duration_ms"], float) for e in retired)
+    all_reduce = [e for e in retired if e["profiling_name"] == "nccl:all_reduce"]
+    job = load_job([DATA / "healthy"])
+    read = [c.duration_ns[0] for c in _only(job, "all_reduce") if c.duration_ns and c.duration_ns[0] is not None]
+    assert sorted(read) == sorted(round(e["duration_ms"] * 1e6) for e in all_reduce)
+    assert len(read) == 13  # 13 of the 26 all_reduces retired before the exit dump; the others have no time
+    untimed = _dump("notiming", 1)["entries"]
+    assert untimed and not any(e.get("duration_ms") for e in untimed)
+    assert not any(d for c in _only(load_job([DATA / "notiming"])) for d in c.duration_ns)
+
+
+def test_async_nccl_work_has_no_completion_record_and_flight_recorder_completes_it():
+    first = _calls("healthy")[0]
+    assert (first.op, first.is_async, first.t_done_ns) == ("all_reduce", True, None)
+    (entry,) = [e for e in _dump("healthy", 1)["entries"] if e["collective_seq_id"] == first.seq
+                and e["profiling_name"] == "nccl:all_reduce"]
+    assert entry["state"] == "completed"
+
+
+def test_captured_calls_are_left_out_of_matching():
+    """``graph``: 40 all_reduces captured into a CUDA graph (``v`` records) and replayed; Flight Recorder has no
+    entry for them, and matching does not wait for one."""
+    captured = [c for c in _calls("graph") if c.captured]
+    assert len(captured) == 40
+    seqs = {c.seq for c in captured}
+    entries = [e for d in (1, 2) for e in _dump("graph", d)["entries"]]
+    assert not seqs & {e["collective_seq_id"] for e in entries}
+    matched = {c.seq for c in _only(load_job([DATA / "graph"]))}
+    assert not seqs & matched and {1, 2, 3, 4, 5, max(seqs) + 1} <= matched
+
+
+def test_sync_gives_every_call_a_completion_record():
+    """``sync`` was recorded before `e` was stamped ahead of the synchronisation (the device saw `d` 4-5 us
+    before `e`); each call has its `d` all the same."""
+    calls = _calls("sync")
+    assert calls and all(c.t_done_ns is not None for c in calls)
+
+
+def test_nvtx_ranges_of_several_domains_and_per_domain_contexts():
+    log = read_event_log(DATA / "healthy" / "rank0.events.jsonl")
+    assert {r.domain for r in log.ranges} >= {"data", "optim", None}
+    assert {r.source for r in log.ranges} >= {"nvtx", "torch.cuda.nvtx", "c2p"}
+    first, second = log.calls[:2]
+    assert (first.nvtx, second.nvtx) == (("outer-data", "inner-default"), ("inner-default",))
+
+
+def _kernel_spans(path: Path) -> tuple[dict[str, list[tuple[int, int]]], list[tuple[str, int]]]:
+    """GPU activity by class (communication kernels by name, memory copies and sets, other kernels compute)
+    and the GPU-side ProfilerStep annotations, in ns of the trace's clock."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    spans: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": [], "memory": []}
+    steps = []
+    for e in doc["traceEvents"]:
+        cat, name = e.get("cat"), str(e.get("name"))
+        begin = round(e.get("ts", 0) * 1000)
+        if cat == "kernel":
+            spans["comm" if COMM_KERNEL.search(name) else "compute"].append((begin, begin + round(e["dur"] * 1000)))
+        elif cat in ("gpu_memcpy", "gpu_memset"):
+            spans["memory"].append((begin, begin + round(e["dur"] * 1000)))
+        elif cat == "gpu_user_annotation" and name.startswith("ProfilerStep#"):
+            steps.append((name, begin))
+    return spans, sorted(steps, key=lambda s: s[1])
+
+
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for b, e in sorted(spans):
+        if end is None or b > end:
+            total += e - b
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def test_report_on_the_users_profiler_trace_is_on_the_gpu_basis(tmp_path):
+    """``userprof``: the job's own torch.profiler with a schedule; the report's figures are unions of the trace's
+    GPU kernels (NCCL's ``SendRecv`` kernels the communication: at world size 1 an in-place all_reduce runs no
+    kernel, and its PreMulSum kernel ``oneRankReduce`` is not named as NCCL's)."""
+    (trace,) = (DATA / "userprof").glob("rank0.kineto.*.json.gz")
+    spans, steps = _kernel_spans(trace)
+    assert main(["report", str(DATA / "userprof"), "--format", "json", "-o", str(tmp_path / "r.json")]) == 0
+    doc = json.loads((tmp_path / "r.json").read_text())
+    everything = spans["compute"] + spans["comm"] + spans["memory"]
+    span_ns = max(e for _, e in everything) - min(b for b, _ in everything)
+    rank = doc["ranks"]["0"]
+    assert (doc["basis"], rank["basis"], rank["sources"]) == ("gpu", "gpu", ["profiler GPU kernels"])
+    ns = pytest.approx
+    assert rank["span_s"] == ns(span_ns / 1e9, abs=3e-9)
+    assert rank["compute_s"] == ns(_union_ns(spans["compute"]) / 1e9, abs=3e-9)
+    assert rank["comm_s"] == ns(_union_ns(spans["comm"]) / 1e9, abs=3e-9)
+    assert rank["idle_s"] == ns((span_ns - _union_ns(everything)) / 1e9, abs=3e-9)
+    assert len(spans["comm"]) == 3 and rank["overlap_pct"] == 0.0
+    assert [s["step"] for s in doc["steps"]] == [int(name.rpartition("#")[2]) for name, _ in steps] == [2, 3, 4]
+    for row, (_, begin), (_, end) in zip(doc["steps"], steps, steps[1:]):  # a GPU step lasts until the next
+        assert row["job"]["span_s"] == ns((end - begin) / 1e9, abs=3e-9)
+        assert row["job"]["comm_s"] == ns(_union_ns([s for s in spans["comm"] if begin <= s[0] < end]) / 1e9,
+                                          abs=3e-9)
