@@ -176,8 +176,14 @@ def history_order(job: Job) -> waits.Order:
         if (rank, uid) not in cache:
             group = job.groups.get(uid)
             i = group.ranks.index(rank) if group is not None and rank in group.ranks else -1
-            cache[(rank, uid)] = [(c.seq, t) for c in job.collectives.get(uid, ()) if i >= 0
-                                  and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
+            cols = job.collectives.get(uid, ())
+            if i >= 0 and isinstance(cols, GroupCollectives):  # the rank's columns, not every rank's tuples
+                cache[(rank, uid)] = [(seq, t) for seq, sig, t in zip(
+                    cols.seqs, cols.member_column("signatures", rank), cols.member_column("arrive_ns", rank))
+                    if sig is not None and t is not None]
+            else:
+                cache[(rank, uid)] = [(c.seq, t) for c in cols if i >= 0
+                                      and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
         return cache[(rank, uid)]
 
     def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
