@@ -6,13 +6,17 @@ files:
 
 - floor: read and parse (orjson) every trace in one process, nothing else: the least any reader must do;
 - merge: ``python -m comm2perfetto.cli merge DIR -o job.pftrace``: ranks, collectives matched across ranks,
-         clocks aligned on the NCCL kernels' ends, every CPU op and GPU kernel written to one Perfetto trace;
+         clocks aligned on the NCCL kernels' ends, every CPU op and GPU kernel written to one Perfetto trace,
+         with their args, ids and launch-to-kernel flows;
+- lean:  the same with ``--lean`` (profiler events without args, ids and flows, as merge wrote them before it
+         kept Kineto's detail): the baseline of the bytes per slice the detail costs;
 - HTA:   ``TraceAnalysis(trace_dir=DIR)``: Holistic Trace Analysis loading the same traces (what every HTA
          analysis starts with; it aligns nothing and writes nothing).
 
 Printed: wall time and CPU time (the process and its workers; on a shared machine compare those) and peak RSS
 of each, the ratios, the merge's output size, and how far the clock offsets merge found are from the
-generator's (node k's clock runs k x ``NODE_CLOCK_SKEW_NS`` ahead, 8 ranks a node)::
+generator's (node k's clock runs k x ``NODE_CLOCK_SKEW_NS`` ahead, 8 ranks a node); then, per size, bytes per
+slice and flows of merge and of merge --lean, and their ratio::
 
     pip install 'comm2perfetto[bench]'              # HolisticTraceAnalysis
     python benchmarks/bench_merge_traces.py                     # 8 and 64 ranks, 5 steps
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -72,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, "-m", "comm2perfetto.cli", "merge", str(folder), "-o", str(out)], env)
             if status != 0:
                 raise SystemExit(f"merge exited {status}:\n{text[-2000:]}")
+            lean_out = root / f"r{world}.lean.pftrace"
+            lean_s, lean_mib, status, lean_text, lean_cpu = measure(
+                [sys.executable, "-m", "comm2perfetto.cli", "merge", str(folder), "-o", str(lean_out), "--lean"], env)
+            if status != 0:
+                raise SystemExit(f"merge --lean exited {status}:\n{lean_text[-2000:]}")
+            detail = _detail_line(world, text, out, merge_s, merge_cpu, merge_mib, lean_text, lean_out, lean_s,
+                                  lean_cpu, lean_mib)
             hta = "-"
             hta_s = hta_mib = hta_cpu = None
             if not args.no_hta:
@@ -91,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{(f'{hta_cpu / merge_cpu:.2f}x' if hta_cpu else '-'):>9} "
                   f"{merge_mib:>9.0f} {(f'{hta_mib:.0f}' if hta_mib else '-'):>8} "
                   f"{out.stat().st_size / 2**20:>6.1f}Mi  {found}")
+            print(detail)
             sys.stdout.flush()
             if not args.keep:
                 shutil.rmtree(folder)
@@ -98,6 +111,23 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+_WROTE = re.compile(r"wrote .*?; ([\d,]+) slices, [\d,]+ instants, ([\d,]+) flows")
+
+
+def _detail_line(world: int, text: str, out: Path, merge_s: float, merge_cpu: float, merge_mib: float,
+                 lean_text: str, lean_out: Path, lean_s: float, lean_cpu: float, lean_mib: float) -> str:
+    """What keeping Kineto's args, ids and launch flows costs: merge against merge --lean, same files."""
+    counts = [_WROTE.search(t) for t in (text, lean_text)]
+    if not all(counts):
+        return f"{world:>5} (no summary line to read slices from)"
+    (slices, flows), (lean_slices, lean_flows) = [(int(m.group(1).replace(",", "")), int(m.group(2).replace(
+        ",", ""))) for m in counts if m is not None]
+    per, lean_per = out.stat().st_size / slices, lean_out.stat().st_size / lean_slices
+    return (f"{world:>5}  bytes per slice: merge {per:.1f} ({flows:,} flows), --lean {lean_per:.1f} "
+            f"({lean_flows:,} flows): {per / lean_per:.2f}x; wall/CPU s {merge_s:.1f}/{merge_cpu:.1f} against "
+            f"{lean_s:.1f}/{lean_cpu:.1f}; peak {merge_mib:.0f} against {lean_mib:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ figures::
     python benchmarks/bench_report.py --ranks 8 --steps 5  # quicker
     python benchmarks/bench_report.py --keep /tmp/traces --json figures.json
     python benchmarks/bench_report.py --no-hta             # report alone (no HTA installed)
+    python benchmarks/bench_report.py --traces DIR ...     # real traces: HTA's default against the exact
+
+``--traces`` takes folders of real traces (one job each, e.g. the public ones of tests/data/kineto, each copied
+into a folder of its own) instead of synthetic ones, and prints per rank HTA's default overlap, report's exact
+one and report's ``--hta-scope`` one, and how far HTA's default is from each: the figures docs/report.md
+quotes.
 """
 
 from __future__ import annotations
@@ -123,6 +129,27 @@ def run_hta(folder: Path, env: dict[str, str], temporal: bool) -> dict[str, Any]
             "overlap_pct": {int(r): v for r, v in figures["overlap_pct"].items()}}
 
 
+def compare_real(folders: list[Path], env: dict[str, str]) -> None:
+    """HTA's default overlap against report's exact and --hta-scope figures on real traces, per rank."""
+    print(f"{'traces':<40} {'rank':>4} {'HTA %':>7} {'exact %':>8} {'scope %':>8} {'|HTA-exact| pp':>14} "
+          f"{'|HTA-scope| pp':>14}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        for folder in folders:
+            hta = run_hta(folder, env, temporal=False)["overlap_pct"]
+            exact = run_report(folder, out, env)["overlap_pct"]
+            scope = run_report(folder, out, env, "--hta-scope")["overlap_pct"]
+            for rank in sorted(hta):
+                h, e, s = hta[rank], exact.get(rank), scope.get(rank)
+                print(f"{folder.name:<40} {rank:>4} {h:>7.2f} {_pct(e):>8} {_pct(s):>8} "
+                      f"{_pct(abs(h - e) if e is not None else None):>14} "
+                      f"{_pct(abs(h - s) if s is not None else None):>14}", flush=True)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def max_diff(a: dict[int, float | None], b: dict[int, float | None]) -> float:
     """The largest per-rank |a - b|; infinite when a rank is missing or unknown on either side."""
     if set(a) != set(b):
@@ -147,10 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="write the traces and report's output under DIR and keep them (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p.add_argument("--traces", type=Path, nargs="+", metavar="DIR",
+                   help="compare HTA's default with report's exact and --hta-scope overlap on these folders of "
+                        "real traces (one job each) instead of timing synthetic ones")
     args = p.parse_args(argv)
     compile_package()
     if not args.no_hta and importlib.util.find_spec("hta") is None:
         raise SystemExit(HTA_INSTALL)
+    if args.traces:
+        compare_real(args.traces, dict(os.environ, OMP_NUM_THREADS="1"))
+        return 0
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-report-"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     hta_env = dict(env, HTA_DISABLE_NS_ROUNDING="1") if args.hta_no_rounding else env

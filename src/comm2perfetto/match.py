@@ -66,6 +66,7 @@ from comm2perfetto.sources.discover import (
     dumps_world,
     load_sources,
 )
+from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
@@ -75,8 +76,6 @@ LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
 LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv", "send_object_list",
                            "recv_object_list"})
-# Backends whose synchronous calls return only once the collective completed (return == completion).
-CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
 
 
 # What of the profiler traces a command needs (``load_job(traces=...)``).
@@ -91,7 +90,7 @@ def load_job(
     paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
     read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None, *,
-    traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
+    sample: bool = False, traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
     trace_progress: Callable[[int, int], None] | None = None,
 ) -> Job:
     """Discover, load, align and match everything under ``paths``: the one way every command loads a job.
@@ -104,7 +103,8 @@ def load_job(
     core from 32 ranks on). ``progress(done, total)`` follows the reading of ranks' dumps, ``trace_progress``
     that of their traces. ``align=False`` keeps every rank's own clock (no offsets applied). ``trace_ranks``:
     the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``: which attempt of a job torchrun
-    restarted (default the last; see ``sources.discover``).
+    restarted (default the last; see ``sources.discover``). ``sample``: the ranks with data are a sample of
+    the job (``--sample``; see ``Job.sampled``).
     """
     mode = traces or (TRACES_EVENTS if read_traces else TRACES_NONE)
     if mode not in TRACE_MODES:
@@ -127,7 +127,7 @@ def load_job(
             profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
                                      hta_scope=hta_scope, collectives=True)
             adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
-        job = build_job(src, lazy_stacks=not with_stacks, align=align)
+        job = build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
         return dataclasses.replace(job, profiles=MappingProxyType(profiles)) if mode == TRACES_SPANS else job
     finally:
         if was_enabled:
@@ -147,8 +147,9 @@ def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
     return 1
 
 
-def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Job:
-    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock)."""
+def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
+    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock).
+    ``sample``: the ranks with data are a sample of the job (``Job.sampled``)."""
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
@@ -206,6 +207,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True) -> Jo
         resolver=LazyStacks(src) if lazy_stacks else None,
         attempt=src.attempt,
         attempts=src.attempts,
+        sampled=_sampled(src, world, sample),
     )
 
 
@@ -326,6 +328,7 @@ def _merge_log(
     """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops."""
     rows: dict[str, dict[int, tuple]] = defaultdict(dict)  # uid -> key -> row
     p2p_counters: dict[tuple[str, str, int], int] = defaultdict(int)
+    log_groups: dict[int, Group] = {}  # groups whose `g` record names no backend, with the job's
     # Where FR recorded this rank's p2p ops on a group, they are the source; the recorder's are not added.
     have_fr_p2p = {uid for uid, ops in p2p_ops.items() if ops and any(op.rank == rank for op in ops)} \
         if p2p_ops else set()
@@ -336,8 +339,11 @@ def _merge_log(
         uid = local.get((rank, str(g.name)))
         if uid is None:
             continue
-        backend = g.backend or groups[uid].backend
-        cpu = backend in CPU_BACKENDS
+        if not g.backend and not g.devices:  # the log does not say which backend: the group's (FR's)
+            if call.gid not in log_groups:
+                log_groups[call.gid] = dataclasses.replace(g, backend=groups[uid].backend or "")
+            g = log_groups[call.gid]
+        cpu = g.completes_on_return(call)  # return is completion (a synchronous call on the CPU)
         state, end = _log_state(call, cpu)
         site = sites(call.site)
         if call.op in LOG_P2P_CALLS:
@@ -408,7 +414,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
     kernels' end times by (group uid, seq) per rank, for the clock alignment."""
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
-    no_group = 0
+    no_group = untied = 0  # collectives of no named group; of those, kernels no record_param_comms is tied to
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
     recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
@@ -420,6 +426,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
             uid = local.get((rank, c.pg_name)) if c.pg_name is not None else None
             if uid is None:
                 no_group += 1
+                untied += c.on_gpu and c.t_call_ns is None
                 continue
             by_uid[uid].append(c)
         for uid, group_cols in by_uid.items():
@@ -440,8 +447,12 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
                 gpu_ends[rank][(uid, seq)] = c.t_end_ns
         tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
     if no_group:
-        notes.append(f"{no_group} communication kernel(s) of profiler traces name no process group (torch before "
-                     "2.2 wrote none): drawn on their GPU streams, not matched across ranks")
+        why = [f"{untied} tied to no record_param_comms of the trace by External id (launched before the profiler "
+               "started, or a trace that does not tie them)"] if untied else []
+        if no_group > untied:
+            why.append(f"{no_group - untied} whose record_param_comms names none either")
+        notes.append(f"{no_group} collective(s) of profiler traces name no process group, so they are drawn on their "
+                     f"GPU streams but not matched across ranks: {'; '.join(why)}")
     if not_joined:
         notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
                      f"recorder records of group(s) {', '.join(sorted(not_joined))}")
@@ -538,15 +549,15 @@ def _best_state(fr_state: str, log_state: str) -> str:
 
 
 def _log_state(call, cpu: bool) -> tuple[str, int | None]:
-    """State and end time of a recorder call."""
+    """State and end time of a recorder call; ``cpu``: it had completed when it returned."""
     if call.error is not None:
         return FAILED, call.t_return_ns
     if call.t_done_ns is not None:
         return COMPLETED, call.t_done_ns
     if call.t_return_ns is None:
         return PENDING, None
-    if cpu and not call.is_async:
-        return COMPLETED, call.t_return_ns  # a CPU backend returns from a synchronous call once it is done
+    if cpu:
+        return COMPLETED, call.t_return_ns
     return UNKNOWN, None
 
 
@@ -656,6 +667,16 @@ def _coverage(
             upto = completed_upto(tr) if tr is not None and len(tr) else -1
             out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
     return out
+
+
+def _sampled(src: Sources, world: int | None, sample: bool) -> str | None:
+    """What the coverage of ranks without data means (``Job.sampled``): a job larger than its ranks with data
+    is a sample when the data are profiler traces alone, or when the user says so."""
+    if world is None or world <= len(src.ranks):
+        return None
+    if src.traces and not src.fr and not src.logs:
+        return "traces"
+    return "data" if sample else None
 
 
 def _wrapped(trace: FrRankTrace) -> bool:

@@ -346,18 +346,25 @@ class Collective:
         return max(known)[1] if known else None
 
     def work_of(self, i: int) -> tuple[int | None, int | None]:
-        """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it, else arrival to end."""
+        """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it; on a GPU with only
+        Flight Recorder's ``duration_ms``, that long from its enqueue (where the GPU began it is not known, but
+        not before); on a GPU without either, no end: Flight Recorder's end is when the watchdog noticed it,
+        not when it ended; else (CPU backends) arrival to end."""
         begin = self.gpu_begin_ns[i] if self.gpu_begin_ns else None
         gpu = self.duration_ns[i] if self.duration_ns else None
-        if begin is not None and gpu is not None:
+        arrive = self.arrive_ns[i]
+        if gpu is not None and begin is not None:
             return begin, begin + gpu
-        return self.arrive_ns[i], self.end_ns[i]
+        if not self.on_gpu:
+            return arrive, self.end_ns[i]
+        # On a GPU without its GPU time, neither end says how long it ran: no end (drawn where it was enqueued)
+        return arrive, arrive + gpu if gpu is not None and arrive is not None else None
 
     @property
     def work_ns(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
         """Every rank's ``work_of``: (begins, ends), aligned with ``ranks``; arrivals and ends as they are where
         no trace shows GPU work."""
-        if not self.gpu_begin_ns:
+        if not self.gpu_begin_ns and not self.on_gpu:
             return self.arrive_ns, self.end_ns
         begins, ends = zip(*map(self.work_of, range(len(self.ranks))))
         return begins, ends
@@ -579,6 +586,10 @@ class Job:
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
     attempts: tuple[int, ...] = (0,)
+    # The ranks with data are a sample of a larger job (``world_size``): "traces" when only profiler traces
+    # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
+    # without data is then one that should have left some. A sample's other ranks are not suspects.
+    sampled: str | None = None
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:

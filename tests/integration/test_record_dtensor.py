@@ -77,8 +77,29 @@ def test_module_and_pass_agree_with_comm_debug_mode(recorded, rank):
     assert {(c.op, c.module, c.functional) for c in calls if c not in functional} == {
         ("scatter", None, False), ("broadcast", None, False)}
     for c in functional:
-        assert c.is_async and c.t_done_ns is None and c.t_return_ns >= c.t_call_ns
+        # on CPU tensors, the wait on its output (which blocks until the work is done) says when it was done
+        assert c.is_async and c.t_done_ns is not None and c.t_done_ns >= c.t_return_ns >= c.t_call_ns
         assert (c.shapes, c.dtypes, c.nbytes) == ([[4, 16]], ["Float"], 4 * 16 * 4)
+
+
+def test_every_call_is_timed(recorded):
+    """init_device_mesh("cpu") makes a group whose backend c10d calls ``undefined``, run by gloo: its
+    synchronous calls (parallelize_module's scatter and broadcast) are complete when they return, and the
+    functional all-reduces when the wait on them returns. Every collective has a duration in the report."""
+    log = _log(recorded, 0)
+    group = log.groups[0]
+    assert (group.backend, group.devices) == ("undefined", {"cpu": "gloo"})
+    for rank in (0, 1):
+        for call in _log(recorded, rank).calls:
+            assert group.completes_on_return(call) != call.functional, call
+    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(recorded), "--format", "json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["op"]: r for r in json.loads(proc.stdout)["collectives"]}
+    # per rank: 2 functional all-reduces a step, 3 scatters and 1 broadcast from parallelize_module
+    assert {op: (r["count"], r["timed"]) for op, r in rows.items()} == {
+        "all_reduce": (2 * STEPS, 2 * STEPS), "scatter": (3, 3), "broadcast": (1, 1)}
+    assert all(r["total_s"] > 0 for r in rows.values())
 
 
 def test_functional_calls_join_flight_recorder_by_sequence_number(recorded):

@@ -101,9 +101,11 @@ class FrJob:
 
     def collective(self, rank: int, op: str, in_sizes: list, out_sizes: list | None = None, *,
                    pg: str = "0", dtype: str = "Float", state: str = "completed", site: str = "train.py:57",
-                   t_ns: int | None = None, coalesced: list[tuple[str, list, list]] | None = None) -> None:
+                   t_ns: int | None = None, coalesced: list[tuple[str, list, list]] | None = None,
+                   duration_ms: float | None = None) -> None:
         """Append one collective on ``rank`` (its seq is the next on that group). ``coalesced`` makes it a
-        coalesced group: one entry per (op, in, out) then a closing ``op`` entry, all with the same seq."""
+        coalesced group: one entry per (op, in, out) then a closing ``op`` entry, all with the same seq.
+        ``duration_ms``: its GPU time, as NCCL's Flight Recorder writes it with TORCH_NCCL_ENABLE_TIMING=1."""
         key = (rank, pg)
         self._seq[key] = self._seq.get(key, 0) + 1
         if coalesced:
@@ -111,7 +113,10 @@ class FrJob:
                 self.entries[rank].append(self._base(rank, pg, sub_op, sub_in, sub_out, dtype, "scheduled", site,
                                                      t_ns, False))
         out = out_sizes if out_sizes is not None else in_sizes
-        self.entries[rank].append(self._base(rank, pg, op, in_sizes, out, dtype, state, site, t_ns, False))
+        entry = self._base(rank, pg, op, in_sizes, out, dtype, state, site, t_ns, False)
+        if duration_ms is not None:
+            entry["duration_ms"] = duration_ms
+        self.entries[rank].append(entry)
 
     def p2p(self, rank: int, kind: str, peer: int, sizes: list, *, pg: str = "0", state: str = "completed",
             site: str = "pipe.py:20", batch: bool = False) -> None:

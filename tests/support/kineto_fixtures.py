@@ -199,18 +199,20 @@ class TraceJob:
 
 def write_trace_job(folder: Path, world: int = 3, collectives: int = 6, seq: bool = True,
                     offsets_ns: dict[int, int] | None = None, late_rank: int = 1, start_ns: int | None = None,
-                    name: str = "rank{rank}.pt.trace.json", steps: bool = True) -> TraceJob:
+                    name: str = "rank{rank}.pt.trace.json", steps: bool = True,
+                    sample: list[int] | None = None) -> TraceJob:
     """One NCCL trace per rank: ``collectives`` all-reduces on the default group, one per ``ProfilerStep#n``
     (n from 5), each a ``record_param_comms`` launching a kernel by ``cudaLaunchKernel``. Every rank's kernel
     of a collective ends at the same true time (NCCL finishes together); rank ``late_rank`` issues each one
     300 us after the others. Rank r's clock runs ``offsets_ns[r]`` ahead (default: r * 1.5 ms + 123 ns).
-    ``start_ns``: the true time of the first step (default: TS0 after ``BASE_NS``)."""
+    ``start_ns``: the true time of the first step (default: TS0 after ``BASE_NS``). ``sample``: write only
+    these ranks' traces (people profile a few ranks of a large job)."""
     base_ns = BASE_NS if start_ns is None else start_ns - int(TS0) * 1000
     folder.mkdir(parents=True, exist_ok=True)
     offsets = offsets_ns if offsets_ns is not None else {r: r * 1_500_000 + 123 * bool(r) for r in range(world)}
     paths: list[Path] = []
     ends: list[int] = []
-    for rank in range(world):
+    for rank in range(world) if sample is None else sample:
         doc = KinetoDoc(rank=rank, world_size=world, base_ns=base_ns)
         main = doc.thread(doc.pid, "python")
         off_us = offsets[rank] / 1000

@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,54 @@ def test_an_error_of_the_root_from_any_layer_is_one_line_and_status_2(tmp_path, 
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"comm2perfetto {argv[0]}: error: ") and said in err and err.count("\n") == 1, err
+
+
+RECORDING = Path(__file__).resolve().parents[1] / "data" / "recording" / "subgroups"  # steps 0-3 recorded
+
+
+@pytest.mark.parametrize("command", ["merge", "diagnose", "report"])
+def test_a_missing_folder_is_named_the_same_way_by_every_reader(tmp_path, capsys, command):
+    """``merge nowhere`` said "name the trace with -o ..." (it could not pick DIR.pftrace); every reader now
+    names the folder that is not there, in one line."""
+    for argv in ([command, "nowhere"], [command, str(RECORDING), "nowhere"]):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp_path)
+            assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err == (f"comm2perfetto {command}: error: nowhere: no such file or folder; give the folder the job's "
+                       "dumps were written to\n")
+
+
+def test_report_refuses_steps_the_job_never_ran_and_unknown_output_formats(tmp_path, capsys):
+    assert main(["report", str(RECORDING), "--steps", "100-200"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("comm2perfetto report: error: --steps 100-200: no rank recorded these steps (the job "
+                            "recorded steps 0-3)\n")
+    assert main(["report", str(RECORDING), "--steps", "2-200"]) == 0  # steps the job ran, and more: a report
+    capsys.readouterr()
+    xlsx = tmp_path / "r.xlsx"
+    assert main(["report", str(RECORDING), "-o", str(xlsx)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"comm2perfetto report: error: -o {xlsx}: unknown format '.xlsx'") and err.count("\n") == 1
+    assert not xlsx.exists()
+    assert main(["report", str(RECORDING), "-o", str(xlsx), "--format", "json"]) == 0  # asked for: written
+    assert xlsx.read_text().startswith("{")
+
+
+@pytest.mark.parametrize("argv", [["merge", str(RECORDING), "-o", "{tmp}/job.pftrace"],
+                                  ["report", str(RECORDING)], ["diagnose", str(RECORDING)],
+                                  ["compare", str(RECORDING), str(RECORDING)]])
+def test_a_reader_that_leaves_early_is_no_internal_error(tmp_path, argv):
+    """``comm2perfetto merge DIR | head -1``: stdout is a pipe nobody reads by the time the summary comes. The
+    command's work is done and its exit status says how it went, as when its output is read."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    command = [sys.executable, "-m", "comm2perfetto.cli", *argv]
+    expected = subprocess.run(command, capture_output=True, timeout=120).returncode
+    assert expected in (0, 1)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader left before anything was written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == expected, err
+    assert "internal error" not in err and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -364,3 +364,25 @@ def test_traces_without_seq_that_cover_different_steps_meet_in_the_steps_they_sh
     assert dict(job.clock.offset_ns) == {0: 0, 1: -tj.offsets_ns[1]}  # aligned on the six shared ends
     for c, true_end in zip(cols[1:], tj.ends_ns[1:]):
         assert set(c.end_ns) == {true_end}
+
+
+def test_kernels_of_no_group_are_explained_by_what_the_trace_shows(tmp_path):
+    """The note said "torch before 2.2 wrote none" of any collective without a process group, also of a recent
+    trace whose kernels' launching op is not in it. It now says which: a kernel no record_param_comms is tied
+    to, or one whose record_param_comms names no group either."""
+    doc = KinetoDoc(rank=0, world_size=2)
+    main_tid = doc.thread(doc.pid, "python")
+    doc.cpu(main_tid, "ProfilerStep#1", 0.0, 900.0, cat="user_annotation")
+    # launched before the profiler started: the kernel alone, its args naming no group
+    doc.gpu(NCCL_STREAM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 10.0, 50.0)
+    # a 2023-style pair: tied by External id, neither naming a group
+    rpc = doc.cpu(main_tid, "record_param_comms", 100.0, 20.0)
+    doc.gpu(NCCL_STREAM, "ncclDevKernel_AllGather_RING_LL", 150.0, 50.0,
+            extra={"External id": rpc["args"]["External id"]})
+    doc.write(tmp_path / "rank0.json")
+    job = load_job([tmp_path])
+    (note,) = [n for n in job.notes if "name no process group" in n]
+    assert note.startswith("2 collective(s) of profiler traces name no process group")
+    assert "1 tied to no record_param_comms of the trace by External id" in note
+    assert "1 whose record_param_comms names none either" in note
+    assert "torch before" not in note

@@ -258,3 +258,30 @@ def test_report_on_the_users_profiler_trace_is_on_the_gpu_basis(tmp_path):
         assert row["job"]["span_s"] == ns((end - begin) / 1e9, abs=3e-9)
         assert row["job"]["comm_s"] == ns(_union_ns([s for s in spans["comm"] if begin <= s[0] < end]) / 1e9,
                                           abs=3e-9)
+
+
+def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
+    """``userprof`` merged (the second GPU run's failure: recorder step marks hid the profiler's GPU steps; the
+    watchdog-discovered ends fanned one group out over 17 lanes). A collective is drawn for its ``duration_ms``
+    from its enqueue; a send/recv and a collective without GPU time are instants at their enqueue, saying why;
+    the profiler's ``ProfilerStep#n`` on the GPU get their track beside the recorder's steps."""
+    from comm2perfetto.trace.check import check_trace
+
+    out = tmp_path / "job.pftrace"
+    assert main(["merge", str(DATA / "userprof"), "-o", str(out)]) == 0
+    trace = check_trace(out)
+    entries = [e for n in (1,) for e in _dump("userprof", n)["entries"]]
+    timed = {e["collective_seq_id"]: round(e["duration_ms"] * 1e6) for e in entries
+             if not e["is_p2p"] and e.get("duration_ms") is not None and e["profiling_name"] != "nccl:coalesced"}
+    lanes = [t.name for t in trace.tracks_of("rank 0") if t.name.startswith("default_pg")]
+    assert lanes == ["default_pg"]
+    drawn = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.name != "coalesced"]
+    slices = {e.args["seq"]: e.dur for e in drawn if e.kind == "slice"}
+    assert timed and {seq: slices.get(seq) for seq in timed} == timed
+    untimed = [e for e in drawn if e.kind == "instant"]
+    assert {e.name for e in untimed} >= {"send", "recv"}
+    assert all(e.args["duration"].startswith("unknown: its GPU work was not timed") for e in untimed)
+    gpu_steps = [e.name for e in trace.events_on("steps (GPU)", process_name="rank 0")]
+    assert gpu_steps == ["step 2", "step 3", "step 4"]
+    marked = [f"step {n}" for n, _t, _source in read_event_log(DATA / "userprof" / "rank0.events.jsonl").steps]
+    assert [e.name for e in trace.events_on("steps", process_name="rank 0")] == marked != []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import threading
 import urllib.error
 import urllib.request
@@ -11,6 +12,7 @@ import pytest
 
 from comm2perfetto.cli import UserError, main
 from comm2perfetto.cli.open import UI, deep_link, make_server, run, serve_until_fetched
+from comm2perfetto.trace.formats import sniff_trace
 
 
 def test_the_trace_is_served_once_with_the_ui_origin(tmp_path):
@@ -41,10 +43,26 @@ def test_a_missing_trace_and_a_busy_port_are_one_line_errors(tmp_path, capsys):
     assert main(["open", str(tmp_path / "nope.pftrace"), "--no-browser"]) == 2
     assert "no such trace file" in capsys.readouterr().err
     trace = tmp_path / "job.pftrace"
-    trace.write_bytes(b"x")
+    trace.write_bytes(b"\x0a\x02hi")
     busy = make_server(trace, 0)
     try:
         with pytest.raises(UserError, match="another program"):
             run(argparse.Namespace(trace=str(trace), port=busy.server_address[1], no_browser=True))
     finally:
         busy.server_close()
+
+
+@pytest.mark.parametrize("content", [b"meeting notes: merge the traces", b"", b"\x1f\x8b\x08\x00garbage"])
+def test_a_file_that_is_no_trace_is_refused_before_serving(tmp_path, capsys, content):
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(content)
+    assert main(["open", str(notes), "--no-browser", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"comm2perfetto open: error: {notes}: not a trace") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("head", "kind"), [
+    (b"\x0a\x8f\x01\x12", "perfetto"), (b'\n {"traceEvents": []}', "json"), (b"[{", "json"),
+    (gzip.compress(b'{"traceEvents": []}'), "json"), (b"# tracer: nop\n", "systrace"), (b"hello", None)])
+def test_sniff_trace(head, kind):
+    assert sniff_trace(head) == kind

@@ -257,3 +257,34 @@ def test_async_gpu_work_is_not_logged_done_at_enqueue(tmp_path, monkeypatch, fr_
     assert (call.t_done_ns is not None) == completion_logged
     assert pending == {}  # CPU: completed; device: never tracked as pending
     assert call.t_end_ns == (call.t_done_ns if completion_logged else None)
+
+
+def test_a_group_whose_backend_depends_on_the_device_records_each_call_device(tmp_path, monkeypatch, fr_env):
+    """On a group created as ``cpu:gloo,cuda:nccl`` the tensors' device decides which backend ran a call (and
+    so whether its return was its completion): the recorder writes the device of every call there, bypassing
+    the hot path's signature cache. (No NCCL in a CPU build: c10d's backend config is made to say so.)"""
+    import torch.distributed.distributed_c10d as c10d
+
+    out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            monkeypatch.setattr(c10d, "get_backend_config", lambda group=None: "cpu:gloo,cuda:nccl")
+            mixed = dist.new_group([0])
+            for _ in range(3):
+                dist.all_reduce(torch.ones(2), group=mixed)
+            dist.all_reduce(torch.ones(2))  # the default group: one backend, the signature cache
+            dist.all_reduce(torch.ones(2))
+        finally:
+            comm2perfetto.disable()
+    finally:
+        dist.destroy_process_group()
+    log = read_event_log(os.path.join(out, "rank0.events.jsonl"))
+    assert log.problems == []
+    groups = {g.gid: g for g in log.groups.values()}
+    mixed_gid = next(g.gid for g in groups.values() if g.devices == {"cpu": "gloo", "cuda": "nccl"})
+    on_mixed = [c for c in log.calls if c.gid == mixed_gid]
+    on_default = [c for c in log.calls if c.gid != mixed_gid]
+    assert (len(on_mixed), len(on_default)) == (3, 2)
+    assert [c.device for c in on_mixed] == ["cpu"] * 3 and [c.device for c in on_default] == [None] * 2
+    assert all(groups[c.gid].completes_on_return(c) for c in log.calls)

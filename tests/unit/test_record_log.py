@@ -167,3 +167,64 @@ def test_reader_names_a_missing_file(tmp_path):
     path = tmp_path / "missing.jsonl"
     with pytest.raises(EventLogError, match=r"missing\.jsonl: cannot read"):
         read_event_log(path)
+
+
+# A synchronous call (b, e) on a CPU tensor and one on a CUDA tensor, as the recorder writes them on a group
+# whose backend depends on the device: the `a` record carries the device there.
+MIXED = [
+    ["g", 0, "0", "default_pg", [0, 1, 2, 3], "cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}],
+    ["a", 1, [[4]], ["Float"], 16, "cpu"],
+    ["a", 2, [[4]], ["Float"], 16, "cuda"],
+    ["b", 1, 1000, "all_reduce", 0, 1, None, False, 77, 0, 0, 0, 1],
+    ["e", 1, 1500, 1],
+    ["b", 2, 2000, "all_reduce", 0, 2, None, False, 77, 0, 0, 0, 2],
+    ["e", 2, 2500, 2],
+    ["a", 3, [], [], None],
+    ["b", 3, 3000, "barrier", 0, 3, None, False, 77, 0, 0, 0, 3],
+    ["e", 3, 3500, 3],
+    ["z", 4000, 5, "exit"],
+]
+
+
+@pytest.mark.parametrize(("g", "cpu_call", "cuda_call", "no_tensor"), [
+    # what the recorder writes now: the backend that runs each device's calls
+    (["g", 0, "0", "default_pg", [0, 1, 2, 3], "undefined", {"cpu": "gloo"}], True, True, True),
+    (["g", 0, "0", "default_pg", [0, 1, 2, 3], "nccl", {"cuda": "nccl"}], True, False, False),
+    (MIXED[0], True, False, False),
+    # logs written before the map: c10d's backend string decides ("undefined": not known)
+    (["g", 0, "0", "default_pg", [0, 1, 2, 3], "cpu:gloo"], True, True, True),
+    (["g", 0, "0", "default_pg", [0, 1, 2, 3], "gloo"], True, True, True),
+    (["g", 0, "0", "default_pg", [0, 1, 2, 3], "undefined"], True, False, False),
+])
+def test_completion_on_return_follows_the_call_tensors_and_the_backend_that_ran_it(
+        tmp_path, g, cpu_call, cuda_call, no_tensor):
+    """A synchronous call on CPU tensors is complete when it returns; otherwise the backend that ran the call
+    (by its tensors' device) decides: a CPU backend returns once the work is done, NCCL at enqueue."""
+    path = tmp_path / "rank3.events.jsonl"
+    path.write_bytes(_lines([HEADER, g, *MIXED[1:]]))
+    log = read_event_log(path)
+    assert log.problems == []
+    group = log.groups[0]
+    calls = {c.cid: c for c in log.calls}
+    assert (calls[1].device, calls[2].device, calls[3].device) == ("cpu", "cuda", None)
+    assert [group.completes_on_return(calls[cid]) for cid in (1, 2, 3)] == [cpu_call, cuda_call, no_tensor]
+
+
+def test_async_and_functional_calls_do_not_complete_on_return(tmp_path):
+    path = tmp_path / "rank3.events.jsonl"
+    path.write_bytes(_lines([HEADER, MIXED[0], MIXED[1], ["b", 1, 1000, "all_reduce", 0, 1, None, True, 77, 0, 0,
+                                                          0, 1], ["e", 1, 1500, 1],
+                             ["b", 2, 2000, "all_reduce", 0, 2, None, True, 77, 0, 0, 0, 1, 1], ["e", 2, 2100, 2],
+                             ["d", 2, 2400], MIXED[-1]]))
+    log = read_event_log(path)
+    group = log.groups[0]
+    assert [group.completes_on_return(c) for c in log.calls] == [False, False]
+    assert [c.t_end_ns for c in log.calls] == [None, 2400]
+
+
+def test_a_malformed_device_map_is_left_out(tmp_path):
+    path = tmp_path / "rank3.events.jsonl"
+    path.write_bytes(_lines([HEADER, ["g", 0, "0", "default_pg", [0, 1], "gloo", {"cpu": 5}],
+                             ["a", 1, [[4]], ["Float"], 16, 7], MIXED[-1]]))
+    log = read_event_log(path)
+    assert log.problems == [] and log.groups[0].devices is None

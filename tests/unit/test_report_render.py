@@ -27,12 +27,12 @@ from comm2perfetto.render.report_plot import (
     NO_DATA_COLOUR,
     PlotDependencyError,
     bar_segments,
-    clock_text,
     plot_title,
     render_html,
     write_plot,
 )
 from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, render_text
+from comm2perfetto.render.words import document_clock_text
 
 # --- documents ----------------------------------------------------------------------------------------------
 
@@ -564,18 +564,22 @@ def test_html_shows_every_ranks_and_steps_numbers_as_the_text_does() -> None:
 def test_html_header_says_what_the_report_covers() -> None:
     doc = make_doc()
     doc.update(paths=["runs/job7"], world_size=4,
-               clock={"residual_skew_s": 4.1e-05, "samples": 5, "methods": {str(r): "refined" for r in range(4)}})
+               clock={"residual_skew_s": 4.1e-05, "samples": 5, "method": {str(r): "refined" for r in range(4)}})
     tree = charts(render_html(doc))[0]
     title = "comm2perfetto report: runs/job7 (4 ranks, steps 3-5, basis gpu)"
     assert tree.root.all("title")[0].text == title and tree.root.all("h1")[0].text == title
     facts = {tr.all("th")[0].text: tr.all("td")[0].text for tr in tree.root.all("table")[0].all("tr")}
     assert facts == {"folder": "runs/job7", "ranks": "4 with data (ranks 0-3) of world size 4",
                      "steps": "3-5 (3 steps)", "basis": "gpu (flight recorder, kineto gpu kernels)",
-                     "clocks": "aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
-    doc["clock"]["methods"] = {"0": "assumed", "1": "assumed"}
-    assert clock_text(doc["clock"] | {"residual_skew_s": None}, 2) == (
-        "not aligned: no recorder clock measurement and no collective ends to align on")
-    assert clock_text({"methods": {"0": "measured"}}, 1) == "one rank: one clock, nothing to align"
+                     "clocks": "clocks aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
+    # The page words the clocks as the text report does: one sentence, from render.words.
+    assert facts["clocks"] in render_text(doc)
+    doc["clock"] = {"method": {"0": "assumed", "1": "assumed"}, "residual_skew_s": None, "samples": 0}
+    assert document_clock_text(doc["clock"]) == (
+        "clocks: not aligned (each rank on its own clock): no recorder measurement, and too few collective ends to "
+        "align on")
+    assert document_clock_text({"method": {"0": "measured"}, "samples": 0}) == "clocks: one rank, nothing to align"
+    assert document_clock_text(None) is None
 
 
 def test_html_draws_ranks_without_data_as_no_data() -> None:

@@ -83,6 +83,16 @@ def check_writable(path: Path) -> None:
         raise UserError(f"cannot write {path}: permission denied")
 
 
+def write_stdout(text: str) -> None:
+    """Write a command's output to stdout. A reader that left early (``merge DIR | head -1``) is not an error:
+    the work is done, and the exit status still says how it went."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        sys.stdout = None  # keeps the interpreter's final flush quiet
+
+
 def require_torch(command: str) -> None:
     """record and demo run PyTorch jobs; the readers never import torch, so it is an extra, not a dependency."""
     if importlib.util.find_spec("torch") is None:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.cli import UserError, check_writable, exit_status
+from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
 from comm2perfetto.cli.attempts import with_attempts
 from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT, Diagnosis
 from comm2perfetto.match import TRACES_COLLECTIVES, load_job
@@ -59,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="late: exit 1 also when the job got over a stall (a rank came late, status still ok), "
                         "for a CI gate that must catch slow ranks")
     add_trace_rank_option(p)
+    add_sample_option(p)
     add_reading_options(p)
     p.set_defaults(func=run)
 
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Stacks are read on demand: a report shows a handful.
         job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress, traces=TRACES_COLLECTIVES,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args))
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
+                       sample=args.sample)
     finally:
         progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
@@ -96,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         print(f"comm2perfetto diagnose: {result.status}; wrote {args.output}", file=sys.stderr)
         return _exit_status(result, args.fail_on)
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `diagnose DIR | head`: the reader left; the verdict is still the exit status
-        sys.stdout = None  # keep the interpreter's final flush quiet
+    write_stdout(text)  # `diagnose DIR | head`: the verdict is still the exit status
     return _exit_status(result, args.fail_on)
 
 

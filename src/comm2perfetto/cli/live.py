@@ -205,12 +205,14 @@ class StallWatcher:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {event}: {self._on_stall}\n".encode())
             log.flush()
             try:
+                assert self._on_stall is not None  # only called when --on-stall was given
                 proc = subprocess.Popen(self._on_stall, shell=True, stdin=subprocess.PIPE, stdout=log, stderr=log,
                                         env=env, start_new_session=True)
             except OSError as exc:
                 self._say(f"--on-stall could not start: {exc}")
                 return
             try:
+                assert proc.stdin is not None  # stdin=PIPE
                 proc.stdin.write(data)
                 proc.stdin.close()
             except OSError:  # the command did not read its input

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from comm2perfetto.cli import UserError, exit_status
+from comm2perfetto.trace.formats import sniff_trace
 
 __all__ = ["UI", "add_parser", "deep_link", "make_server", "run", "serve_until_fetched"]
 
@@ -61,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.trace)
     if not path.is_file():
         raise UserError(f"{path}: no such trace file; give the file `comm2perfetto merge` wrote")
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if sniff_trace(head) is None:
+        raise UserError(f"{path}: not a trace (neither Perfetto protobuf nor Chrome JSON; it begins "
+                        f"{head[:12]!r}); give the file `comm2perfetto merge` wrote")
     server = make_server(path, args.port)
     link = deep_link(path.name, PORT)
     print(f"serving {path} on http://127.0.0.1:{args.port}/ until the Perfetto UI has loaded it (Ctrl-C to stop)")

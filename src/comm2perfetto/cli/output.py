@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from comm2perfetto.cli import UserError, check_writable
+from comm2perfetto.cli import UserError, check_writable, write_stdout
 
 FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 
@@ -29,8 +29,12 @@ class Renderers:
 
 def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> tuple[Path | None, str, Path | None]:
     """``-o``, ``--format`` and ``--plot``, checked before the (long) loading: (output file or None for stdout,
-    format: ``--format``, else ``-o``'s suffix, else text; plot file or None)."""
+    format: ``--format``, else ``-o``'s suffix, else text; plot file or None). An ``-o`` suffix of no format
+    (``r.xlsx``) without ``--format`` is refused rather than given text."""
     out = Path(args.output) if args.output else None
+    if out is not None and args.format is None and out.suffix and out.suffix.lower() not in FORMAT_OF_SUFFIX:
+        raise UserError(f"-o {out}: unknown format {out.suffix!r}: name it "
+                        f"{', '.join('FILE' + s for s in FORMAT_OF_SUFFIX)} (no suffix: text), or give --format")
     fmt = args.format or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
     if out is not None:
         check_writable(out)
@@ -64,8 +68,4 @@ def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Rendere
             raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto {command}: wrote {out}", file=sys.stderr)
         return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `comm2perfetto report DIR | head`
-        sys.stdout = None
+    write_stdout(text)  # `comm2perfetto report DIR | head`

@@ -18,7 +18,7 @@ from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
 from comm2perfetto.match import TRACES_NONE, TRACES_SPANS, load_job
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
@@ -59,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "launched inside a ProfilerStep other than the last, NCCL/RCCL kernels as communication "
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
+    add_sample_option(p)
     add_reading_options(p)
     p.set_defaults(func=run)
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
                          hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
                          trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
-                         workers=jobs_option(args))
+                         workers=jobs_option(args), sample=args.sample)
     if plot is not None:
         try:
             write_plot(doc, plot)
@@ -88,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
 def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
                    profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
                    trace_ranks: dict[str, int] | None = None, force: bool = False,
-                   attempt: int | None = None, workers: int | None = None) -> dict:
+                   attempt: int | None = None, workers: int | None = None, sample: bool = False) -> dict:
     """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
-    restarted job, ``attempt`` (default: the last), with a note on how the others ended. Input the user must
-    fix raises a ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
+    restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
+    with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
+    ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
     progress = Progress("reading dumps (ranks)")
     trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
     try:
@@ -99,7 +101,7 @@ def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, de
         job = load_job(paths, force=force, with_stacks=False, progress=progress,
                        traces=TRACES_SPANS if profiler else TRACES_NONE, whole_us=hta_rounding or hta_scope,
                        hta_scope=hta_scope, trace_progress=trace_progress, trace_ranks=trace_ranks, attempt=attempt,
-                       workers=workers)
+                       workers=workers, sample=sample)
     finally:
         progress.finish()
         trace_progress.finish()

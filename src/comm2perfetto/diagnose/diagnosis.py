@@ -29,6 +29,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose import waits
@@ -129,6 +130,8 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         findings.append(no_collectives(job, groups))
     states = {r: _state(r, job, ends, dead, frozen) for r in _world(job, groups)}
     findings = arrange(findings, states, order=history_order(job), halted=frozenset(halted))
+    if job.sampled:  # a sample's other ranks were not observed: nothing speaks for or against them
+        findings = [_within_sample(f, job) for f in findings]
     for j in job.jobs:
         status = j.get("exit_status")
         if isinstance(status, int) and status != 0:
@@ -144,6 +147,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
         groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
+        sampled=job.sampled,
     )
 
 
@@ -638,7 +642,14 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
                          stale: Mapping[int, int] | None = None) -> Finding:
     group = c.group
     joined = list(c.joined_ranks)
-    if stale:
+    suspects = tuple(no_data)
+    if job.sampled:  # the others were not sampled: no evidence for or against any of them
+        detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
+                  f"{group.label}; the other {len(no_data)} of its ranks are not in the sample ({job.sampled} of "
+                  f"{len(job.ranks)} of {job.world_size} ranks), so which of them it waits for cannot be told.")
+        action = "Profile or record every rank of this group to see which one it waits for."
+        suspects = ()
+    elif stale:
         why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
                         "the others completed)" for r, seq in sorted(stale.items()))
         detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
@@ -657,18 +668,29 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         )
     return Finding(
         kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
-        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(), suspect_ranks=tuple(no_data),
+        ranks_joined=tuple(joined), ranks_missing=tuple(no_data), culprit_ranks=(), suspect_ranks=suspects,
         detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
         evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
     )
 
 
+def _within_sample(f: Finding, job: Job) -> Finding:
+    """``f`` naming as culprits and suspects only ranks of the sample (``Job.sampled``): the wait-for graph
+    takes a rank without data for a suspect, which a rank left out of a sample is not."""
+    culprits = tuple(r for r in f.culprit_ranks if r in job.ranks)
+    suspects = tuple(r for r in f.suspect_ranks if r in job.ranks)
+    if (culprits, suspects) == (f.culprit_ranks, f.suspect_ranks):
+        return f
+    return replace(f, culprit_ranks=culprits, suspect_ranks=suspects)
+
+
 def _absentranks_text(job: Job, groups: Sequence[ProcessGroup]) -> list[int]:
-    expected: set[int] = set(range(job.world_size)) if job.world_size else set()
-    expected.update(job.unusable_ranks)  # their dumps were there but unreadable
-    for g in groups:
-        expected.update(g.ranks)
+    expected: set[int] = set(job.unusable_ranks)  # their dumps were there but unreadable
+    if not job.sampled:  # the other ranks of a sample were not profiled: nothing of theirs is missing
+        expected.update(range(job.world_size or 0))
+        for g in groups:
+            expected.update(g.ranks)
     return sorted(expected - set(job.ranks))
 
 

@@ -103,6 +103,8 @@ class Diagnosis:
     # attempt ended (diagnose/attempts.py).
     attempt: int | None = None
     other_attempts: tuple[AttemptEnd, ...] = ()
+    # The ranks with data are a sample of the job (Job.sampled: "traces", "data"): the verdict covers them.
+    sampled: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -126,5 +128,6 @@ class Diagnosis:
             },
             "attempt": self.attempt,
             "other_attempts": [a.to_json() for a in self.other_attempts],
+            "sampled": self.sampled,
         }
 

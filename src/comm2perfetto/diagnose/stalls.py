@@ -9,7 +9,7 @@ MAX_STACK_FRAMES = 12
 
 def stall_times(job: Job) -> list[int]:
     """When the recorder detected stalls, on any rank (aligned to rank 0), earliest first."""
-    out = []
+    out: list[int] = []
     for rank, log in job.logs.items():
         off = job.clock.offset_ns.get(rank, 0)
         out.extend(st.t_ns + off for st in getattr(log, "stalls", ()))

@@ -22,7 +22,7 @@ from comm2perfetto.diagnose.findings import (
     Finding,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
-from comm2perfetto.model import NOT_DONE_STATES, Job, ProcessGroup
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup
 from comm2perfetto.render.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
@@ -289,9 +289,16 @@ def _last_completed(job: Job, groups: Sequence[ProcessGroup], rank: int, issued:
 
 
 def any_matched(job: Job, groups: Sequence[ProcessGroup]) -> bool:
-    """At least one collective every rank of its group recorded (or a send its receiver matched): the
-    evidence an "ok" needs."""
-    return any(all(c.signatures) for g in groups for c in job.collectives.get(g.uid, ())) or any(
+    """At least one collective every rank of its group recorded (of a sample, every rank of it in the group),
+    or a send its receiver matched: the evidence an "ok" needs."""
+    if job.sampled:
+        def joined(c: Collective) -> bool:
+            sigs = [s for r, s in zip(c.ranks, c.signatures) if r in job.ranks]
+            return bool(sigs) and all(s is not None for s in sigs)
+    else:
+        def joined(c: Collective) -> bool:
+            return all(c.signatures)
+    return any(joined(c) for g in groups for c in job.collectives.get(g.uid, ())) or any(
         tr.matched for g in groups for tr in job.p2p.get(g.uid, ()))
 
 

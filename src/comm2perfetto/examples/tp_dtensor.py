@@ -29,8 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+try:
+    from torch.distributed.tensor.debug import CommDebugMode
+except ModuleNotFoundError as missing:  # it imports numpy, which torch (and the `record` extra) do not install
+    raise SystemExit(f"tp_dtensor.py: torch's CommDebugMode needs {missing.name}, which is not installed: "
+                     f"pip install {missing.name}") from None
 
 from _launch import launch
 

@@ -33,11 +33,12 @@ def install_patches(c10d: ModuleType, dist: ModuleType | None = None) -> None:
 
 
 def install_functional_patches(funcol: ModuleType) -> None:
-    """The recorder's wrapper around each functional collective (``torch.distributed._functional_collectives``)."""
+    """The recorder's wrapper around each functional collective (``torch.distributed._functional_collectives``),
+    and around ``wait_tensor``, whose return times those on CPU tensors."""
     from comm2perfetto.record import patch
-    from comm2perfetto.record.recorder import recording_wrapper
+    from comm2perfetto.record.recorder import recording_wrapper, wait_wrapper
 
-    patch.install_functional(funcol, wrap=recording_wrapper)
+    patch.install_functional(funcol, wrap=recording_wrapper, hooks={"wait_tensor": wait_wrapper})
 
 
 def _patch_c10d(module: ModuleType) -> None:

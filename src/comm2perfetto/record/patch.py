@@ -68,12 +68,15 @@ def install(c10d: Any, dist: Any | None = None, *, wrap: WrapperFactory,
             _replaced.append((dist, name, original))
 
 
-def install_functional(funcol: Any, *, wrap: WrapperFactory) -> None:
-    """Wrap every op of ``FUNCTIONAL_OPS`` in ``torch.distributed._functional_collectives`` with ``wrap``.
+def install_functional(funcol: Any, *, wrap: WrapperFactory, hooks: Mapping[str, HookFactory] | None = None) -> None:
+    """Wrap every op of ``FUNCTIONAL_OPS`` in ``torch.distributed._functional_collectives`` with ``wrap``, and
+    replace each function named in ``hooks`` (``wait_tensor``) with ``hooks[name](torch's function)``.
     Idempotent."""
     tracing = getattr(funcol, "_are_we_tracing", None)
     for spec in FUNCTIONAL_OPS:
         _replace(funcol, spec.name, functools.partial(_make_wrapper, wrap, spec, tracing=tracing))
+    for name, factory in (hooks or {}).items():
+        _replace(funcol, name, factory)
 
 
 def uninstall() -> None:

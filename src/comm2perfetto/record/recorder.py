@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,9 @@ _threads = state.threads
 _getframe = sys._getframe
 _dumps = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
+
+# Backends whose synchronous calls return once the work is done (the readers' sources.event_log.CPU_BACKENDS).
+CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
 
 # Steps after which module tracking switches itself off if it had nothing to attribute (check_module_tracking).
 MODULES_GRACE_STEPS = 3
@@ -100,11 +104,11 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
             if call.input_pos < n:  # the usual single input tensor, passed positionally
                 value = args[call.input_pos]
                 if value.__class__ is rec._tensor_type:  # an attribute read, cheaper than isinstance()
-                    shapes = rec._arg_ids.get(value.dtype)
+                    shapes = info.arg_ids.get(value.dtype)
                     if shapes is not None:
                         aid = shapes.get(value.shape)
             if aid is None:
-                aid = rec._arguments(call, args, kwargs)
+                aid = rec._arguments(call, args, kwargs, info)
             backward = rec._graph_task_id() != -1
             ctx = rec._context(thread, backward) if thread.names or backward or thread.stack else 0
             cid = next(rec._cids)
@@ -154,18 +158,21 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
                 rec.log.write_bytes(data)
             if rec._extras:  # after `e`: with --sync the return is the enqueue, and `d` follows the synchronisation
                 rec._extras_after(cid, synced)
-            # Async work stays pending until its future completes. A functional collective returns an
-            # AsyncCollectiveTensor: no future, and waiting is the user's; gloo's p2p work has no future either.
-            # Work on a GPU gets no `d` record: its future completes at enqueue (Work.get_future's docstring:
-            # "for GPU work, fut.done() returns true only whether the operation has been enqueued"), so only
-            # Flight Recorder's state tells when it is done.
-            if result is not None and not call.functional and not rec._sync and rec._cpu_work(call, args, kwargs):
-                works = result if isinstance(result, list) else (result,)
-                futures = _futures_of(works)
-                if futures:
-                    rec._on_completion(record, futures)
-                elif not call.collective:  # gloo's p2p work has no future: watched until it is done
-                    rec._p2p_works[cid] = (record, works, p2p_at)
+            # Async work stays pending until its future completes. Work on a GPU gets no `d` record: its future
+            # completes at enqueue (Work.get_future's docstring: "for GPU work, fut.done() returns true only
+            # whether the operation has been enqueued"), so only Flight Recorder's state tells when it is done.
+            # A functional collective returns an AsyncCollectiveTensor, no future: on CPU tensors, the wait on it
+            # (which blocks until the work is done) says when.
+            if result is not None:
+                if call.functional:
+                    rec._await_functional(cid, result)
+                elif not rec._sync and rec._cpu_work(call, args, kwargs):
+                    works = result if isinstance(result, list) else (result,)
+                    futures = _futures_of(works)
+                    if futures:
+                        rec._on_completion(record, futures)
+                    elif not call.collective:  # gloo's p2p work has no future: watched until it is done
+                        rec._p2p_works[cid] = (record, works, p2p_at)
         except Exception as exc:
             rec.fault(exc)
         return result
@@ -184,6 +191,24 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
     return functional_wrapper
 
 
+def wait_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The replacement of ``_functional_collectives.wait_tensor`` (what an AsyncCollectiveTensor calls when it
+    is first used): the recorder learns when a functional collective on CPU tensors was done."""
+
+    @functools.wraps(original)
+    def wait_tensor(tensor: Any) -> Any:
+        result = original(tensor)
+        rec: Recorder | None = state.recorder  # type: ignore[assignment]
+        if rec is not None and rec._awaited:
+            try:
+                rec.waited(tensor, _time_ns())
+            except Exception as exc:
+                rec.fault(exc)
+        return result
+
+    return wait_tensor
+
+
 class _GroupInfo:
     """A process group seen by the patch layer.
 
@@ -192,10 +217,11 @@ class _GroupInfo:
     numbers: ``p2p_consumed`` counts those, so recorded sequence numbers are always Flight Recorder's.
     """
 
-    __slots__ = ("backend", "desc", "gid", "group", "name", "p2p_consumed", "ranks", "returned", "seq_counter")
+    __slots__ = ("arg_ids", "backend", "cpu", "desc", "gid", "group", "mixed", "name", "p2p_consumed", "ranks",
+                 "returned", "seq_counter")
 
     def __init__(self, gid: int, seq_counter: Any, group: Any, name: str = "", desc: str = "",
-                 ranks: list[int] | None = None, backend: str = "") -> None:
+                 ranks: list[int] | None = None, backend: str = "", devices: dict[str, str] | None = None) -> None:
         self.gid = gid
         self.seq_counter = seq_counter
         self.group = group  # keeps the id() key valid for the group's lifetime
@@ -204,6 +230,14 @@ class _GroupInfo:
         self.desc = desc
         self.ranks = ranks or []
         self.backend = backend
+        # Which backend runs a call is decided by its tensors' device (c10d's backend config: ``cpu:gloo``;
+        # a group created with no backend says ``undefined`` and still runs gloo on CPU tensors).
+        backends = set(devices.values()) if devices else {backend}
+        self.cpu = bool(backends) and backends <= CPU_BACKENDS  # every call returns once its work is done
+        # Several backends, by device (``cpu:gloo,cuda:nccl``): each call's device is written (`a` records
+        # keyed by device), so these calls skip the hot path's signature cache, which does not read it.
+        self.mixed = len(backends) > 1
+        self.arg_ids: dict[Any, dict[Any, int]] = {}  # the hot path's signature cache (the recorder's, unless mixed)
         # The collective sequence number when the last synchronous call on this group returned (None: none
         # yet). On a CPU backend that call had completed.
         self.returned: int | None = None
@@ -260,6 +294,9 @@ class Recorder:
         # Async calls whose work has not completed: cid -> the call's `b` record. A call still running is its
         # thread's ``ThreadState.call`` instead (in_flight()), so a synchronous call costs no bookkeeping.
         self.pending: dict[int, list] = {}
+        # Outputs of functional collectives on CPU tensors not waited on yet: id(storage) -> (weak reference
+        # to it, cid, [outputs of that call not waited on]).
+        self._awaited: dict[int, tuple[Any, int, list[int]]] = {}
         # Async sends and receives whose work has no future (gloo's): cid -> (`b` record, works, each op's
         # index among its kind to its peer), until in_flight() finds the works completed.
         self._p2p_works: dict[int, tuple[list, Any, int | list[int]]] = {}
@@ -340,6 +377,40 @@ class Recorder:
         for future in futures:
             future.add_done_callback(done)
 
+    def _await_functional(self, cid: int, result: Any) -> None:
+        """Remember the storage of a functional collective's outputs on CPU tensors (each AsyncCollectiveTensor's
+        ``elem``) until ``wait_tensor`` returns on a tensor using it: on the CPU that wait blocks until the work
+        is done (funcol's docstring: "blocking on CPU and synchronizing streams on CUDA"), so its return is the
+        call's `d` record, at the latest. The wait may come through another tensor on the same storage (DTensor
+        hands on an alias), hence the storage. A storage nobody waits on is forgotten when freed (a weak
+        reference: its Python object lives as long as the storage)."""
+        outputs = result if isinstance(result, list) else (result,)
+        elems: list[Any] = [getattr(r, "elem", None) for r in outputs]
+        if not elems or not all(isinstance(e, self._tensor_type) and e.device.type == "cpu" for e in elems):
+            return
+        remaining = [len(elems)]
+        awaited = self._awaited
+
+        def forget(ref: Any, key: int) -> None:
+            awaited.pop(key, None)
+
+        for elem in elems:
+            storage = elem.untyped_storage()
+            key = id(storage)
+            awaited[key] = (weakref.ref(storage, functools.partial(forget, key=key)), cid, remaining)
+
+    def waited(self, tensor: Any, t_ns: int) -> None:
+        """``wait_tensor(tensor)`` returned at ``t_ns``: the `d` record of the functional collective whose
+        output's storage ``tensor`` uses, once all of that call's outputs were waited on."""
+        storage = tensor.untyped_storage()
+        entry = self._awaited.pop(id(storage), None)
+        if entry is None or entry[0]() is not storage:
+            return
+        _ref, cid, remaining = entry
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            self._write(["d", cid, t_ns])
+
     def _count_p2p(self, call: BoundSpec, record: list, args: tuple, kwargs: dict) -> int | list[int]:
         """Count a point-to-point call's ops: per group, direction and peer, for the live verdict (the i-th send
         from A to B pairs with B's i-th recv from A); on a GPU also for the dump schedule, as each takes a Flight
@@ -378,24 +449,28 @@ class Recorder:
 
     # --- what a call record refers to: first sight of each (the hot path's cache misses) ------------------------
 
-    def _arguments(self, call: BoundSpec, args: tuple, kwargs: dict) -> int:
-        """Interned id of the input tensors' (shapes, dtypes, bytes): written once per distinct signature."""
+    def _arguments(self, call: BoundSpec, args: tuple, kwargs: dict, info: _GroupInfo) -> int:
+        """Interned id of the input tensors' (shapes, dtypes, bytes[, device]): written once per distinct
+        signature. The device (of the first tensor) is part of it on a group whose backend depends on the
+        device, the one place where it decides which backend ran the call."""
         if self._fault_at == call.name:  # first sight of a signature: where the tests inject a fault
             raise RuntimeError(f"injected recorder fault in {call.name} (COMM2PERFETTO_TEST_FAULT)")
         n = len(args)
         tensor_type = self._tensor_type
-        pairs = [(t.shape, t.dtype) for t in _input_tensors(call, args, kwargs, tensor_type)]
+        tensors = list(_input_tensors(call, args, kwargs, tensor_type))
+        pairs = [(t.shape, t.dtype) for t in tensors]
+        device = tensors[0].device.type if info.mixed and tensors else None
         # Object collectives (no input tensors) have no signature and no bytes.
-        key = tuple(pairs) if call.inputs else None
+        key = (tuple(pairs), device) if call.inputs else None
         aid = self._other_arg_ids.get(key)
         if aid is None:
             aid = self._other_arg_ids[key] = next(self._arg_id_count)
             shapes = [list(shape) for shape, _ in pairs]
             dtypes = [self._dtype_name(dtype) for _, dtype in pairs]
             nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in pairs) if call.inputs else None
-            self._write(["a", aid, shapes, dtypes, nbytes])
-        if call.input_pos < n and args[call.input_pos].__class__ is tensor_type:  # the hot path's key too
-            self._arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid
+            self._write(["a", aid, shapes, dtypes, nbytes] + ([device] if device is not None else []))
+        if not info.mixed and call.input_pos < n and args[call.input_pos].__class__ is tensor_type:
+            info.arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid  # the hot path's key too
         return aid
 
     def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
@@ -461,16 +536,19 @@ class Recorder:
             backend = str(c10d.get_backend(group))
         except Exception:
             backend = ""
+        devices = _device_backends(c10d, group)
         counter = getattr(group, "_get_sequence_number_for_group", None)
         if counter is not None:
             try:
                 counter()
             except Exception:  # backends without a sequence counter
                 counter = None
-        info = _GroupInfo(gid, counter, group, str(name), desc, list(ranks), backend)
+        info = _GroupInfo(gid, counter, group, str(name), desc, list(ranks), backend, devices)
+        if not info.mixed:
+            info.arg_ids = self._arg_ids  # one cache for every group: a signature is the same on any of them
         self._groups[id(group)] = info
         self._group_list.append(info)
-        self._write(["g", gid, name, desc, ranks, backend])
+        self._write(["g", gid, name, desc, ranks, backend, devices])
         return info
 
     @property
@@ -483,11 +561,12 @@ class Recorder:
         return list(self._group_list)
 
     def completed_on_cpu(self, group_name: str, seq: int) -> bool:
-        """Whether the patch layer saw collective ``seq`` of this group complete: a synchronous call on gloo
-        returned at or after it. Gloo's Flight Recorder status can lag behind that (seen on 2.13: a rank idle
-        after a collective still showed it unfinished seconds later), and this evidence wins."""
+        """Whether the patch layer saw collective ``seq`` of this group complete: a synchronous call on a group
+        whose every backend runs on the CPU (gloo, also as ``undefined`` or ``cpu:gloo``) returned at or after
+        it. Gloo's Flight Recorder status can lag behind that (seen on 2.13: a rank idle after a collective
+        still showed it unfinished seconds later), and this evidence wins."""
         for info in self._group_list:
-            if info.name == group_name and "gloo" in info.backend:
+            if info.name == group_name and info.cpu:
                 return info.returned is not None and seq <= info.returned
         return False
 
@@ -621,6 +700,17 @@ def _resolve_functional_group(c10d: Any, group: Any) -> Any:
         warnings.simplefilter("ignore")
         name = funcol._resolve_group_name(group)
     return c10d._resolve_process_group(name)
+
+
+def _device_backends(c10d: Any, group: Any) -> dict[str, str] | None:
+    """The backend that runs the group's calls on each device type, from c10d's backend config
+    (``"cpu:gloo,cuda:nccl"`` -> ``{"cpu": "gloo", "cuda": "nccl"}``); None where torch does not say."""
+    try:
+        config = str(c10d.get_backend_config(group))
+    except Exception:
+        return None
+    pairs = [item.split(":", 1) for item in config.split(",") if ":" in item]
+    return {device.strip(): backend.strip() for device, backend in pairs} or None
 
 
 def _numel(shape: Any) -> int:

@@ -154,7 +154,7 @@ def start(config: RecordConfig, pg: Any) -> None:
     state.recorder = rec
     profiler.install()
     if store is not None:
-        clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
+        _parts["clock"] = clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
     live = None
     if store is not None and config.live and config.stall_after_s is not None:
         from comm2perfetto.record.live import LiveVerdict
@@ -170,9 +170,11 @@ def stop(reason: str, wait: bool = True) -> None:
     """Dump Flight Recorder, close the log and remove every hook. Safe to call twice."""
     # The recorder, also after a fault disabled its patch layer: its log and Flight Recorder still close.
     rec = _parts.pop("recorder", None)
-    watchdog = _parts.pop("watchdog", None)
-    if watchdog is not None:
-        watchdog.stop(wait)
+    # First the recorder's threads: none may be left inside a store call when the interpreter finalises.
+    for name in ("clock", "watchdog"):
+        thread = _parts.pop(name, None)
+        if thread is not None:
+            thread.stop(wait)
     profiler = _parts.pop("profiler", None)
     if rec is None:
         return

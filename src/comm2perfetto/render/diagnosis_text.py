@@ -3,6 +3,7 @@
 Takes a ``Diagnosis`` (see :mod:`comm2perfetto.diagnose.findings`) and nothing else::
 
     STUCK: 1 finding (world size 2, data from ranks 0, 1)
+    OK: every collective matched on the ranks sampled (world size 128, traces of 2 of 128 ranks (0, 1))
 
     [1] missing_ranks on default_pg: all_reduce #4
         culprit: 1
@@ -16,7 +17,7 @@ from typing import TextIO
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.render.words import duration, rank_list, ranks_text
+from comm2perfetto.render.words import duration, rank_list, ranks_text, sample_text
 
 __all__ = ["render_text"]
 
@@ -38,11 +39,15 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
     world = f"world size {d.world_size}" if d.world_size else "world size unknown"
     n = len(d.findings)
     head = _HEADLINE[d.status]
+    if d.sampled and d.status == "ok":
+        head = "OK: every collective matched on the ranks sampled"
     if n and d.status == "ok":  # only stalls the job got over
         head += f"; {n} stall{'s' if n > 1 else ''} resolved"
     elif n:
         head += f": {n} finding{'s' if n > 1 else ''}"
-    out.write(f"{head} ({world}, data from {ranks_text(d.ranks_with_data)})\n")
+    data = (sample_text(d.sampled, d.ranks_with_data, d.world_size) if d.sampled
+            else f"data from {ranks_text(d.ranks_with_data)}")
+    out.write(f"{head} ({world}, {data})\n")
     attempts = attempts_text(d.attempt, d.other_attempts)
     if attempts is not None:
         out.write("\n" + _wrap(attempts, ""))

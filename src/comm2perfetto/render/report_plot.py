@@ -52,9 +52,9 @@ from comm2perfetto.render.report_text import (
     fmt_time,
     rank_sort_key,
 )
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.render.words import document_clock_text, ranks_text
 
-__all__ = ["SUFFIXES", "PlotDependencyError", "clock_text", "header_facts", "plot_title", "render_html",
+__all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
            "write_plot"]
 
 SUFFIXES = (".html", ".png", ".svg")
@@ -130,30 +130,6 @@ def plot_title(doc: Doc) -> str:
     return f"comm2perfetto report: {', '.join(paths) or 'a job'} ({', '.join(what)})"
 
 
-def clock_text(clock: Mapping[str, Any] | None, ranks: int) -> str:
-    """How the ranks' clocks were put on one (the document's ``clock``), in a sentence."""
-    methods: Mapping[str, str] = (clock or {}).get("methods") or {}
-    if ranks <= 1 or len(methods) <= 1:
-        return "one rank: one clock, nothing to align"
-    if all(m == "none" for m in methods.values()):
-        return "not aligned: each rank on its own clock"
-    by: dict[str, list[str]] = {}
-    for rank, method in methods.items():
-        by.setdefault(method, []).append(rank)
-    skew = (clock or {}).get("residual_skew_s")
-    parts = []
-    if skew is not None:
-        parts.append(f"aligned to rank 0; residual skew {fmt_time(skew)} ({(clock or {}).get('samples', 0)} "
-                     "collective ends)")
-    elif set(by) <= {"assumed"}:
-        return "not aligned: no recorder clock measurement and no collective ends to align on"
-    else:
-        parts.append("aligned to rank 0 from the recorder's start-up measurement; residual skew not measurable")
-    if "assumed" in by:
-        parts.append(f"{ranks_text(by['assumed'])}: no clock information, their own clock")
-    return "; ".join(parts)
-
-
 def header_facts(doc: Doc) -> list[tuple[str, str]]:
     """(label, text) lines saying what the report covers: folder, ranks, steps, basis, clocks."""
     ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
@@ -167,7 +143,7 @@ def header_facts(doc: Doc) -> list[tuple[str, str]]:
         ("ranks", f"{len(ranks)} with data ({with_data}){of}"),
         ("steps", _steps_covered(doc) + (f" ({len(steps)} steps)" if len(steps) > 1 else "")),
         ("basis", f"{doc.get('basis') or MISSING}" + (f" ({', '.join(sources)})" if sources else "")),
-        ("clocks", clock_text(doc.get("clock"), len(ranks))),
+        ("clocks", document_clock_text(doc.get("clock")) or MISSING),
     ]
 
 

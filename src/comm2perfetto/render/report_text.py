@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from comm2perfetto.render.words import duration, ranks_text, size, three_digits
+from comm2perfetto.render.words import document_clock_text, duration, ranks_text, size, three_digits
 
 __all__ = ["MISSING", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key",
            "render_text", "table"]
@@ -148,7 +148,11 @@ def _header(doc: Doc) -> list[str]:
     ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
     job = doc.get("job") or {}
     count = job.get("ranks", len(ranks))
-    head = f"comm2perfetto report: {count} rank{'s' if count != 1 else ''}, basis {doc.get('basis') or MISSING}"
+    world = doc.get("world_size")
+    of = f" of {world}" if isinstance(world, int) and world > count else ""
+    sampled = f" (a sample: {doc['sampled']} of {ranks_text(ranks)})" if doc.get("sampled") else ""
+    head = (f"comm2perfetto report: {count}{of} rank{'s' if count != 1 or of else ''}{sampled}, "
+            f"basis {doc.get('basis') or MISSING}")
     steps = [s.get("step") for s in doc.get("steps") or []]
     numbered = [s for s in steps if isinstance(s, int)]
     if numbered:
@@ -159,6 +163,9 @@ def _header(doc: Doc) -> list[str]:
         by_sources.setdefault(tuple(ranks[rank].get("sources") or ()), []).append(rank)
     for sources, members in sorted(by_sources.items(), key=lambda kv: rank_sort_key(kv[1][0])):
         lines.append(f"  data: {', '.join(sources) or 'none'} ({ranks_text(members)})")
+    clock = document_clock_text(doc.get("clock"))
+    if clock:
+        lines.append("  " + clock)
     lines.append(
         f"job: span {fmt_time(job.get('span_s'))}, comm/compute {fmt_ratio(job.get('comm_to_compute'))}, "
         f"overlap {fmt_pct(job.get('overlap_pct'))}, exposed comm {fmt_time(job.get('exposed_comm_s'))}"

@@ -8,6 +8,9 @@ annotations and the preview all call these, so one fact reads the same wherever 
     ranks_text([0, 1, 2, 3, 5])        -> "ranks 0-3, 5"
     duration(12_500_000)               -> "12.5 ms"          nanoseconds in, as the model keeps times
     size(54_477)                       -> "53.2 KiB"         binary multiples, named as such
+    sample_text("traces", [0, 1], 128) -> "traces of 2 of 128 ranks (0, 1)"   a sample of a larger job
+    clock_text({0: "measured", 1: "refined"}, 14_600, 5)
+        -> "clocks aligned to rank 0; residual skew 14.6 us (5 collective ends)"
 
 The order of process groups is a fact of the model: :meth:`comm2perfetto.model.Job.groups_in_order`.
 Standard library only and no import of comm2perfetto, so every layer may word things with it.
@@ -16,9 +19,11 @@ Standard library only and no import of comm2perfetto, so every layer may word th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["MAX_RANK_PARTS", "duration", "rank_list", "ranks_text", "size", "three_digits"]
+__all__ = ["MAX_RANK_PARTS", "clock_text", "duration", "rank_list", "ranks_text", "sample_text", "size",
+           "three_digits"]
 
 # A sentence names at most this many runs or single ranks ("ranks 0-3, 5, 9, ..."); the full list is the JSON's.
 MAX_RANK_PARTS = 6
@@ -106,3 +111,38 @@ def size(n_bytes: float) -> str:
     if abs(n_bytes) < 1024:
         return f"{n_bytes:.0f} B"
     return _scaled(n_bytes, _SIZE_UNITS)
+
+
+def sample_text(what: str, ranks: Sequence[int], world: int | None) -> str:
+    """What a sample of a job's ranks covers (``Job.sampled``: ``traces`` or ``data``):
+    ``traces of 2 of 128 ranks (0, 1)``."""
+    return f"{what} of {len(ranks)} of {world} ranks ({rank_list(ranks)})"
+
+
+def document_clock_text(clock: Mapping[str, Any] | None) -> str | None:
+    """``clock_text`` of a report document's ``clock`` (``{"method": {"0": "measured", ...}, "residual_skew_s":
+    1.6e-05, "samples": 118}``); None where the document has none (no job)."""
+    if not clock:
+        return None
+    residual = clock.get("residual_skew_s")
+    return clock_text({int(r): m for r, m in clock["method"].items()},
+                      round(residual * 1e9) if residual is not None else None, clock["samples"])
+
+
+def clock_text(method: Mapping[int, str], residual_skew_ns: int | None, samples: int) -> str:
+    """How the ranks' clocks were put on rank 0's, always said (merge's summary, the report's header):
+    aligned with the residual left, aligned by the recorder's measurement alone, or not aligned and why.
+    ``method``: rank -> ``refined``, ``measured``, ``assumed`` or ``none`` (model.ClockAlignment)."""
+    if len(method) <= 1:
+        return "clocks: one rank, nothing to align"
+    if residual_skew_ns is not None:
+        return f"clocks aligned to rank 0; residual skew {duration(residual_skew_ns)} ({samples} collective ends)"
+    if all(m == "none" for m in method.values()):
+        return "clocks: not aligned (--no-align): each rank on its own clock"
+    reference = min(method)  # rank 0, or the lowest rank with data: the clock the others are put on
+    assumed = [r for r, m in method.items() if m == "assumed" and r != reference]
+    if not assumed:
+        return "clocks aligned to rank 0 by the recorder's start-up measurement (too few collective ends to refine it)"
+    own = ("each rank on its own clock" if len(assumed) == len(method) - 1
+           else f"{ranks_text(assumed)} on {'its' if len(assumed) == 1 else 'their'} own clock")
+    return f"clocks: not aligned ({own}): no recorder measurement, and too few collective ends to align on"

@@ -5,7 +5,8 @@ traces already reduced to unions (``sources.kineto.profile.read_profiles``), and
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
      "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
-     "notes": [...]}
+     "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
+     "residual_skew_s": 1.5e-05, "samples": 6}}
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 
+from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
 from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
@@ -21,9 +23,13 @@ from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
 
-__all__ = ["VERSION", "build_report", "steps_text"]
+__all__ = ["VERSION", "StepsError", "build_report", "steps_text"]
 
 VERSION = 1
+
+
+class StepsError(Comm2PerfettoError, ValueError):
+    """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
 
 
 def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
@@ -37,7 +43,10 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
                for r, a in activities.items()}
     if steps is not None and not any(windows.values()):
-        notes.append(f"no rank recorded steps {steps[0]}-{steps[1]}: the figures cover nothing")
+        recorded = sorted({n for a in activities.values() for n, _, _ in a.steps})
+        asked = f"{steps[0]}-{steps[1]}" if steps[1] > steps[0] else str(steps[0])
+        raise StepsError(f"--steps {asked}: no rank recorded these steps "
+                         f"({'the job recorded steps ' + steps_text(recorded) if recorded else 'no steps recorded'})")
 
     per_rank: dict[str, dict] = {}
     parts: list[Breakdown] = []
@@ -63,22 +72,20 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
                                                                          "lateness_s": []},
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
-        "clock": _clock(job),
         "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
         + _untimed_note(collectives, bases),
+        "sampled": job.sampled if job is not None else None,
+        "clock": _clock(job) if job is not None else None,
     }
     return doc
 
 
-def _clock(job: Job | None) -> dict:
-    """How the ranks' clocks were put on one: each rank's method (``measured``: the recorder's start-up
-    measurement; ``refined``: from collective ends; ``assumed``: nothing to go on; ``none``: not aligned), and
-    what is left of the skew where collective ends measure it."""
-    if job is None:
-        return {"residual_skew_s": None, "samples": 0, "methods": {}}
-    skew = job.clock.residual_skew_ns
-    return {"residual_skew_s": skew * 1e-9 if skew is not None else None, "samples": job.clock.samples,
-            "methods": {str(r): m for r, m in sorted(job.clock.method.items())}}
+def _clock(job: Job) -> dict:
+    """How the ranks' clocks were put on rank 0's (model.ClockAlignment), for the header's clock line."""
+    clock = job.clock
+    return {"method": {str(r): m for r, m in sorted(clock.method.items())},
+            "residual_skew_s": clock.residual_skew_ns / 1e9 if clock.residual_skew_ns is not None else None,
+            "samples": clock.samples}
 
 
 def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:

@@ -16,7 +16,7 @@ collectives.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from comm2perfetto.model import Collective, Job, op_family, tensor_bytes
@@ -28,7 +28,7 @@ NOT_SEEN = "(issued from C++: DDP, FSDP)"
 
 @dataclass
 class _Row:
-    instances: dict[tuple, int] = field(default_factory=dict)  # collective key -> its bytes
+    instances: dict[Hashable, int] = field(default_factory=dict)  # collective key -> its bytes
     ranks: set[int] = field(default_factory=set)
 
 
@@ -49,10 +49,9 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
             if steps is not None and not steps[0] <= call.step <= steps[1]:
                 continue
             group = log.groups.get(call.gid)
-            if call.seq is not None and group is not None:
-                key = (group.name, tuple(group.ranks), call.seq, call.op)
-            else:
-                key = (rank, call.cid)
+            # One instance per collective: the group's (name, ranks, seq, op) where numbered, else the call's own.
+            key: Hashable = ((group.name, tuple(group.ranks), call.seq, call.op)
+                             if call.seq is not None and group is not None else (rank, call.cid))
             path = aggregate_path(call.module, depth) if call.module else OUTSIDE
             row = rows[(path, call.pass_, call.op)]
             # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
@@ -66,6 +65,8 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
             if all(s is None or s == "kineto" for s in c.sources):
                 continue  # known from profiler traces only: whether Python or C++ issued it is not known
             sig = first_signature(c)
+            if sig is None:  # joined ranks always have a signature; a guard for the type checker
+                continue
             row = rows[(NOT_SEEN, None, op_family(sig.op))]
             row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
             row.ranks.update(c.joined_ranks)

@@ -86,7 +86,8 @@ def total(parts: Iterable[Breakdown]) -> Breakdown:
 def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:
     """The job's row: mean times over ranks, ratios from the totals, and how many ranks it averages."""
     n = len(parts)
-    row = {key: (value / n if n and key.endswith("_s") else value) for key, value in total(parts).as_dict().items()}
+    row = {key: (value / n if n and key.endswith("_s") and value is not None else value)
+           for key, value in total(parts).as_dict().items()}
     # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
     row["idle_s"] = sum(b.idle_ns for b in parts) * NS / n if n else 0.0
     row["ranks"] = n

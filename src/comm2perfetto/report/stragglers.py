@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import cast
 
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.report.bandwidth import percentile
@@ -25,9 +26,9 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
     last: dict[int, int] = defaultdict(int)
     for cols in job.collectives.values():
         for c in cols:
-            arrive = c.ready_ns
-            if len(arrive) < 2 or None in arrive or (keep is not None and not keep(c)):
+            if len(c.ready_ns) < 2 or None in c.ready_ns or (keep is not None and not keep(c)):
                 continue
+            arrive = cast(list[int], c.ready_ns)  # every rank's arrival known (tested above)
             first = min(arrive)
             latest = max(arrive)
             last[c.ranks[arrive.index(latest)]] += 1
@@ -47,7 +48,8 @@ def lateness_map(job: Job, keep: Callable[[Collective], bool] | None = None, col
     """Ranks x collectives lateness for a heat map: the fully joined collectives in time order, sampled
     evenly down to ``columns``; None where a rank is not in that collective's group."""
     joined = [(min(ready), c, ready) for cols in job.collectives.values() for c in cols
-              if len(ready := c.ready_ns) > 1 and None not in ready and (keep is None or keep(c))]
+              if len(c.ready_ns) > 1 and None not in c.ready_ns and (keep is None or keep(c))
+              for ready in (cast(list[int], c.ready_ns),)]
     joined.sort(key=lambda j: j[0])
     if len(joined) > columns:
         step = len(joined) / columns

@@ -152,15 +152,21 @@ def discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[Skipped
     return found, [s for s, _attempt in skipped]
 
 
+def require_paths(paths: Sequence[str | Path]) -> None:
+    """SourceError naming the first of ``paths`` that does not exist (every command says it the same way)."""
+    for root in paths:
+        if not Path(root).exists():
+            raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
+
+
 def _discover(paths: Sequence[str | Path]) -> tuple[list[FoundFile], list[tuple[Skipped, int]]]:
     """``discover``, with the attempt of each file skipped."""
     found: list[FoundFile] = []
     skipped: list[tuple[Skipped, int]] = []
     seen: set[Path] = set()  # `diagnose run1 run1/` or a folder and a file in it: each file is read once
+    require_paths(paths)
     for root in paths:
         root = Path(root)
-        if not root.exists():
-            raise SourceError(f"{root}: no such file or folder; give the folder the job's dumps were written to")
         candidates = [root] if root.is_file() else _walk(root)
         for path in candidates:
             attempt = _attempt_below(root, path)

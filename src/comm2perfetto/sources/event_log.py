@@ -3,7 +3,7 @@
 Raw input, one JSON document per line::
 
     {"kind":"header","format":"comm2perfetto-events","version":1,"rank":0,"world_size":2,...}
-    ["g",0,"0","default_pg",[0,1],"gloo"]
+    ["g",0,"0","default_pg",[0,1],"undefined",{"cpu":"gloo"}]
     ["a",1,[[4]],["Float"],16]
     ["b",7,1795313447406614332,"all_reduce",0,5,null,false,1396872,1,1,3,1]
     ["e",7,1795313447406980001,5]
@@ -46,6 +46,9 @@ from comm2perfetto.sources.limits import (
 __all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log",
            "read_stacks"]
 
+# Backends whose synchronous calls return once the work is done (match.py's rule; the recorder keeps a copy).
+CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
+
 FORMAT_NAME = "comm2perfetto-events"
 SUPPORTED_VERSIONS = (1,)
 
@@ -56,11 +59,47 @@ class EventLogError(Comm2PerfettoError, ValueError):
 
 @dataclass
 class Group:
+    """A process group as the recorder declared it. ``backend`` is c10d's name for it (``gloo``, ``nccl``, and
+    ``undefined`` for a group created without one); ``devices`` is the backend that runs a call on each
+    device type (``{"cpu": "gloo"}``), None in logs written before it was recorded."""
+
     gid: int
     name: str
     desc: str
     ranks: list[int]
     backend: str
+    devices: dict[str, str] | None = None
+
+    def backend_for(self, device: str | None) -> str | None:
+        """The backend that ran a call whose input tensors are on ``device`` (None: no tensor, or the log does
+        not say), or None where that is not known.
+
+        >>> Group(0, "0", "default_pg", [0, 1], "undefined", {"cpu": "gloo"}).backend_for(None)
+        'gloo'
+        >>> Group(0, "0", "default_pg", [0, 1], "cpu:gloo,cuda:nccl").backend_for("cuda")
+        'nccl'
+        """
+        devices = self.devices or _backend_config(self.backend)
+        if device is not None and device in devices:
+            return devices[device]
+        distinct = set(devices.values())
+        return distinct.pop() if len(distinct) == 1 else None
+
+    def completes_on_return(self, call: Call) -> bool:
+        """Whether ``call`` had completed when it returned: a synchronous call on CPU tensors, or one that a
+        backend running on the CPU ran, whatever the group's backend is called (``undefined``, ``cpu:gloo``)."""
+        if call.is_async or call.functional:
+            return False
+        return call.device == "cpu" or self.backend_for(call.device) in CPU_BACKENDS
+
+
+def _backend_config(backend: str) -> dict[str, str]:
+    """c10d's backend string as device -> backend: ``cpu:gloo,cuda:nccl`` by device, ``gloo`` for every
+    device (key ``""``), ``undefined`` (or nothing): {}."""
+    if ":" in backend:
+        pairs = [item.split(":", 1) for item in backend.split(",") if ":" in item]
+        return {device.strip(): name.strip() for device, name in pairs}
+    return {"": backend} if backend and backend != "undefined" else {}
 
 
 @dataclass
@@ -68,7 +107,8 @@ class Call:
     """One ``torch.distributed`` call as the patch layer saw it. Times in ns; None when unknown.
 
     ``functional``: a functional collective (``torch.distributed._functional_collectives``, what DTensor and
-    tensor parallelism use): it returns at once with a tensor to wait on, so ``t_done_ns`` stays None.
+    tensor parallelism use): it returns at once with a tensor to wait on; on CPU tensors ``t_done_ns`` is when
+    the first wait on it returned (its completion at the latest), on a GPU None.
     """
 
     cid: int
@@ -93,6 +133,8 @@ class Call:
     error: str | None = None
     functional: bool = False
     captured: bool = False  # captured into a CUDA graph: issued at each replay, which no source sees
+    # The input tensors' device type, where the recorder wrote it: on groups whose backend depends on it.
+    device: str | None = None
 
     @property
     def t_end_ns(self) -> int | None:
@@ -289,6 +331,11 @@ def _opt_count(v: Any) -> bool:
     return v is None or count_ok(v)
 
 
+def _devices(v: Any) -> bool:  # a `g` record's device -> backend map
+    return isinstance(v, dict) and 0 < len(v) <= 16 and all(
+        isinstance(k, str) and isinstance(x, str) and len(k) <= 32 and len(x) <= 64 for k, x in v.items())
+
+
 def _offset(v: Any) -> bool:  # a clock offset or round trip in ns: either sign, at most a day
     return v is None or (is_int(v) and -MAX_OFFSET_NS <= v <= MAX_OFFSET_NS)
 
@@ -361,7 +408,7 @@ class _Builder:
         self.window = (max(wall - MAX_OFFSET_NS, MIN_TIME_NS), wall + MAX_JOB_NS) if wall is not None else None
         self.strings: dict[int, str] = {}
         self.contexts: dict[int, tuple[tuple[str, ...], str | None, str | None]] = {0: ((), None, None)}
-        self.arguments: dict[int, tuple[list, list, int | None]] = {}
+        self.arguments: dict[int, tuple[list, list, int | None, str | None]] = {}
         self.calls: dict[int, Call] = {}
         self.ranges: dict[int, Range] = {}
 
@@ -417,11 +464,11 @@ class _Builder:
             log.last_ns = t if log.last_ns is None else max(log.last_ns, t)
         if kind == "b":
             nvtx, module, pass_ = self.contexts.get(r[10], ((), None, None))
-            shapes, dtypes, nbytes = self.arguments[r[12]]
+            shapes, dtypes, nbytes, device = self.arguments[r[12]]
             call = Call(
                 cid=r[1], t_call_ns=r[2], op=r[3], gid=r[4], seq=r[5], peer=r[6], is_async=bool(r[7]),
                 tid=r[8], site=self.strings.get(r[9]), nvtx=nvtx, module=module, pass_=pass_, step=r[11],
-                shapes=shapes, dtypes=dtypes, nbytes=nbytes, functional=len(r) > 13 and bool(r[13]),
+                shapes=shapes, dtypes=dtypes, nbytes=nbytes, functional=len(r) > 13 and bool(r[13]), device=device,
             )
             self.calls[call.cid] = call
             log.calls.append(call)
@@ -440,13 +487,16 @@ class _Builder:
         elif kind == "s":
             self.strings[r[1]] = r[2]
         elif kind == "a":
-            self.arguments[r[1]] = (r[2], r[3], r[4])
+            device = r[5] if len(r) > 5 and isinstance(r[5], str) and len(r[5]) <= 32 else None
+            self.arguments[r[1]] = (r[2], r[3], r[4], device)
         elif kind == "c":
             self.contexts[r[1]] = (tuple(r[2]), r[3], r[4])
         elif kind == "g":
             if any(x >= log.world_size for x in r[4]):
                 raise ValueError(f"group {r[2]!r} lists ranks outside the {log.world_size}-rank job")
-            log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5])
+            devices = r[6] if len(r) > 6 and _devices(r[6]) else None
+            log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5] or "",
+                                     devices=devices)
         elif kind == "r":
             rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5],
                         domain=r[6] if len(r) > 6 and isinstance(r[6], str) else None)

@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 from comm2perfetto.errors import OptionError
 from comm2perfetto.trace.sink import TraceSink
 
-__all__ = ["JSON_SUFFIXES", "PERFETTO_SUFFIXES", "format_for", "open_writer"]
+__all__ = ["JSON_SUFFIXES", "PERFETTO_SUFFIXES", "format_for", "open_writer", "sniff_trace"]
 
 PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 JSON_SUFFIXES = (".json", ".json.gz")
@@ -45,3 +46,30 @@ def open_writer(path: str | Path, *, write_to: str | Path | None = None,
     # before the anchor stays below every event (profiler traces may start a little before the first call).
     origin = 0 if realtime_anchor_ns is None else max(0, (realtime_anchor_ns // 10**9 - 60) * 10**9)
     return ChromeJsonWriter(target, gzip=str(path).lower().endswith(".gz"), time_origin_ns=origin)
+
+
+# How each kind of file the Perfetto UI opens begins: a Perfetto protobuf Trace with its first field, `packet`
+# (field 1, length-delimited: tag 0x0a); Chrome JSON (an object or an array); systrace / ftrace text.
+_TEXT_TRACE_STARTS = (b"# tracer:", b"TRACE:", b"<html", b"<!DOCTYPE html")
+
+
+def sniff_trace(head: bytes) -> str | None:
+    """What the first bytes of a file say it is: ``"perfetto"``, ``"json"``, ``"systrace"`` (also gzipped),
+    or None (not a trace the Perfetto UI opens).
+
+    >>> sniff_trace(b"\\x0a\\x8f\\x01"), sniff_trace(b'  {"traceEvents": ['), sniff_trace(b"meeting notes")
+    ('perfetto', 'json', None)
+    """
+    if head[:2] == b"\x1f\x8b":
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 4096)
+        except zlib.error:
+            return None
+    text = head.lstrip()
+    if text[:1] in (b"{", b"["):  # first: JSON may begin with a newline, which is also the protobuf's tag
+        return "json"
+    if head[:1] == b"\x0a":
+        return "perfetto"
+    if text.startswith(_TEXT_TRACE_STARTS):
+        return "systrace"
+    return None

@@ -44,7 +44,7 @@ import numbers
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -830,7 +830,7 @@ class PerfettoWriter:
         return self._stats
 
 
-class _ArgCache(dict):  # type: ignore[type-arg]
+class _ArgCache(dict[tuple[str, Any], bytes]):
     """(arg name, value) -> encoded debug_annotations field; a miss encodes (and maybe caches) the arg.
 
     ``map(cache.__getitem__, args.items())`` runs at C speed while every arg is known; ``__missing__`` costs
@@ -838,15 +838,17 @@ class _ArgCache(dict):  # type: ignore[type-arg]
     """
 
     __slots__ = ("encode",)
+    encode: Callable[[tuple[str, Any]], bytes]
 
     def __missing__(self, item: tuple[str, Any]) -> bytes:
         return self.encode(item)
 
 
-class _SharedCache(dict):  # type: ignore[type-arg]
+class _SharedCache(dict[SharedArgs, bytes]):
     """SharedArgs (by identity) -> its encoded annotations and flow fields; a miss encodes and keeps them."""
 
     __slots__ = ("encode",)
+    encode: Callable[[SharedArgs], bytes]
 
     def __missing__(self, shared: SharedArgs) -> bytes:
         if len(self) >= CACHE_LIMIT:

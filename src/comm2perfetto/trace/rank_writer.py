@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import sub
 from typing import Any
 
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature
+from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature, gpu_backend
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import Call, RankLog
-from comm2perfetto.sources.kineto.classify import cpu_class
+from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.shared_args import Flow, GroupTable, Row, SiteCache, shapes_text, signature_args
 from comm2perfetto.trace.sink import NO_FLOWS, SharedArgs, TraceSink
 
-__all__ = ["Item", "RankWriter", "everything"]
+__all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
+
+# Flow ids of the profiler's launch-to-kernel flows: rank r's k-th is KINETO_FLOW_BASE + r * 2**32 + k, apart
+# from the collectives' and p2p transfers' (1 ... their count) and below 2**53 (exact in Chrome JSON readers).
+KINETO_FLOW_BASE = 1 << 48
+# A GPU collective or send/recv drawn where it was enqueued: Flight Recorder's end is when the watchdog saw it done.
+GPU_UNTIMED = ("unknown: its GPU work was not timed (no profiler trace of its kernels, TORCH_NCCL_ENABLE_TIMING off "
+               "for collectives)")
 
 # An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
 # SharedArgs or None, (flow_start, flow_step, flow_end)).
@@ -41,13 +48,16 @@ class RankWriter:
     def __init__(self, job: Job, rank: int, markers: Markers, flows: Mapping[str, Mapping[int, Flow]],
                  p2p_flows: Mapping[tuple[str, int, int, int], tuple[int, str]], sites: SiteCache,
                  tables: dict[str, GroupTable], inside: Callable[[int, int], bool] | None,
-                 kineto: bool, preview: bool, flow_ids: Callable[[], int] | None = None) -> None:
+                 kineto: bool, preview: bool, flow_ids: Callable[[], int] | None = None,
+                 kineto_detail: bool = True) -> None:
         self.job, self.rank, self.markers = job, rank, markers
         self.flows, self.p2p_flows, self.sites = flows, p2p_flows, sites
         self.window = inside  # None: no window (the hot loop skips the test)
         self.inside = inside or everything
         self.tables = tables
         self.kineto = kineto
+        # Profiler events with their args, ids and launch flows (False, merge --lean: name, times and class)
+        self.kineto_detail = kineto_detail
         self.preview = preview  # collect what the preview draws of diagnose's findings (stalls, missing ranks)
         self.offset = job.clock.offset_ns.get(rank, 0)
         self.families: list[tuple[str, str | None, list[Item]]] = []  # (track name, description, items)
@@ -238,9 +248,10 @@ class RankWriter:
             stop = UNCLOSED
             self.stalled.append(begin)
         elif end is None:
-            # Gloo's Flight Recorder records no end time: an instant where the collective was issued.
+            # Gloo's Flight Recorder records no end time, a GPU collective's is the watchdog's: an instant where
+            # the collective was issued.
             args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
-                                else "unknown (no end time recorded)")
+                                else GPU_UNTIMED if c.on_gpu else "unknown (no end time recorded)")
         elif end < begin:
             stop = begin
         kind = mismatched.get(c.seq)
@@ -254,8 +265,12 @@ class RankWriter:
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return
         sig: Signature = op.signature
-        args = {"peer": peer, "process_group": self.job.groups[uid].label, "index": tr.index,
+        group = self.job.groups[uid]
+        args = {"peer": peer, "process_group": group.label, "index": tr.index,
                 **signature_args(sig), "state": op.state, "matched": tr.matched, "source": op.source}
+        if end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
+            end = None
+            args["duration"] = GPU_UNTIMED
         site = self.sites(op.stack_id)
         if site:
             args["call_site"] = site
@@ -291,7 +306,7 @@ class RankWriter:
 
     def _steps(self, log: RankLog | None) -> None:
         if (log is None or not log.steps) and self.kineto:
-            self._profiler_steps()
+            self._profiler_steps(cpu=True)
             return
         bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
         log_end = self._log_end(log) if log is not None else None
@@ -305,21 +320,27 @@ class RankWriter:
             items.append((t, end, f"step {step}", {"step": step}, "step", None, NO_FLOWS))
         self.families.append(("steps", "step boundaries: optimizer steps, profiler steps or comm2perfetto.step()",
                               items))
+        if self.kineto:  # the recorder's marks are the CPU's steps; the GPU's come from the profiler's kernels
+            self._profiler_steps(cpu=False)
 
-    def _profiler_steps(self) -> None:
-        """The traces' ``ProfilerStep#n`` as the CPU ran them, and the same steps on the GPU: from the first
-        kernel launched in the step to the first of the next step's (``sources.kineto.steps.gpu_step_spans``)."""
-        cpu: list[Item] = []
+    def _profiler_steps(self, cpu: bool) -> None:
+        """The traces' ``ProfilerStep#n`` as the CPU ran them (``cpu``: where the recorder marked no steps), and
+        the same steps on the GPU: from the first kernel launched in the step to the first of the next step's
+        (``sources.kineto.steps.gpu_step_spans``); a track only where a trace shows GPU work."""
+        cpu_items: list[Item] = []
         gpu: list[Item] = []
         for trace in self.job.traces.get(self.rank, ()):
-            for items, steps in ((cpu, trace.steps), (gpu, trace.gpu_steps if trace.gpu_events else ())):
+            for items, steps in ((cpu_items, trace.steps if cpu else ()),
+                                 (gpu, trace.gpu_steps if trace.gpu_events else ())):
                 for n, begin, end in steps:
                     begin, end = begin + self.offset, end + self.offset
                     if end >= begin and self.inside(begin, end):
                         items.append((begin, end, f"step {n}", {"step": n}, "step", None, NO_FLOWS))
-        self.families.append(("steps", "torch.profiler's ProfilerStep#n on the CPU", cpu))
-        self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the next "
-                              "step's first kernel", gpu))
+        if cpu:
+            self.families.append(("steps", "torch.profiler's ProfilerStep#n on the CPU", cpu_items))
+        if gpu or cpu:
+            self.families.append(("steps (GPU)", "the GPU work each step launched: from its first kernel to the "
+                                  "next step's first kernel", gpu))
 
     def _log_end(self, log: RankLog) -> int | None:
         times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
@@ -429,31 +450,73 @@ class RankWriter:
         cpu: dict[str, list[Item]] = {}  # by lane, in the reader's order (threads, then GPU streams)
         gpu: dict[str, list[Item]] = {}
         names: dict[str, str] = {}
+        shared: dict[int, SharedArgs] = {}  # id(detail) -> its SharedArgs: encoded once
+        flow_ids = itertools.count(KINETO_FLOW_BASE + (self.rank << 32))
         for trace in self.job.traces.get(self.rank, ()):
             names.update(trace.lane_names)
+            launches, kernels = self._launch_flows(trace, flow_ids) if self.kineto_detail else ({}, {})
+            for k, ev in enumerate(trace.gpu_events):
+                fid = kernels.get(k) if kernels else None
+                flows = ((), (), (fid,)) if fid is not None else NO_FLOWS
+                self._kineto_item(ev, gpu.setdefault(ev.lane, []), ev.klass, shared, flows)
             for ev in trace.cpu_ops:
-                self._kineto_item(ev, cpu.setdefault(ev.lane, []), cpu_class(ev.kind, ev.name))
-            for ev in trace.gpu_events:
-                self._kineto_item(ev, gpu.setdefault(ev.lane, []), ev.klass)
+                fids = launches.get(ev.correlation) if launches and ev.kind.endswith(CPU_KIND_SUFFIXES) else None
+                flows = (tuple(fids), (), ()) if fids else NO_FLOWS
+                self._kineto_item(ev, cpu.setdefault(ev.lane, []), cpu_class(ev.kind, ev.name), shared, flows)
         for lane, items in cpu.items():
             self.families.append((f"cpu ops ({names.get(lane, lane)})", "torch.profiler CPU ops", items))
         for lane, items in gpu.items():
             self.families.append((names.get(lane, lane),
                                   "kernels, memcpy and memset: class compute, comm or memory", items))
 
-    def _kineto_item(self, ev, items: list[Item], klass: str | None) -> None:
+    def _launch_flows(self, trace: Any, flow_ids: Iterator[int]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Flows from each runtime launch (``cudaLaunchKernel``, ``cuLaunchKernelEx``...) to the GPU work of the
+        same correlation id, as Kineto's ``ac2g`` flow events link them: (correlation -> the flow ids its launch
+        starts, one per GPU event; index in ``trace.gpu_events`` -> the flow id that event ends). Only where
+        both ends are drawn (inside the window): a flow needs two ends."""
+        launches = {ev.correlation: ev for ev in trace.cpu_ops
+                    if ev.correlation is not None and ev.kind.endswith(CPU_KIND_SUFFIXES)}
+        starts: dict[int, list[int]] = {}
+        ends: dict[int, int] = {}
+        if not launches:
+            return starts, ends
+        inside, offset = self.inside, self.offset
+        for k, ev in enumerate(trace.gpu_events):
+            launch = launches.get(ev.correlation)
+            if launch is None:
+                continue
+            begin, at = ev.t_begin_ns + offset, launch.t_begin_ns + offset
+            if inside(begin, begin + max(ev.duration_ns, 0)) and inside(at, at + max(launch.duration_ns, 0)):
+                fid = ends[k] = next(flow_ids)
+                starts.setdefault(ev.correlation, []).append(fid)
+        return starts, ends
+
+    def _kineto_item(self, ev, items: list[Item], klass: str | None, shared: dict[int, SharedArgs],
+                     flows: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]) -> None:
         """``klass``: the class ``report`` counts the event in (a kernel's, or ``classify.cpu_class``'s for a CPU
         op: compute, comm, or None for what only wraps work), in its args as ``class``."""
         begin = ev.t_begin_ns + self.offset
         end = begin + max(ev.duration_ns, 0)
-        if not self.inside(begin, end):
+        if self.window is not None and not self.window(begin, end):
             return
         args = dict(ev.args) if ev.args else {}
         if klass:
             args["class"] = klass
         fid = self.enqueue_flows.get(begin) if self.enqueue_flows and ev.name == "record_param_comms" else None
-        items.append((begin, end, ev.name, args, ev.klass or ev.kind, None,
-                      NO_FLOWS if fid is None else ((fid,), (), ())))
+        if fid is not None:  # the enqueue's flow to its collective's GPU slice (see _flow_from_enqueue)
+            flows = (flows[0] + (fid,), flows[1], flows[2])
+        common = None
+        if self.kineto_detail:
+            if ev.external_id is not None:
+                args["External id"] = ev.external_id
+            if ev.correlation is not None:
+                args["correlation"] = ev.correlation
+            detail = ev.detail
+            if detail:
+                common = shared.get(id(detail))
+                if common is None:
+                    common = shared[id(detail)] = SharedArgs(dict(detail))
+        items.append((begin, end, ev.name, args, ev.klass or ev.kind, common, flows))
         self._seen(begin, end)
 
     def preview_row(self) -> PreviewRow:

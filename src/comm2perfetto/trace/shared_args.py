@@ -181,17 +181,23 @@ class GroupTable:
         return [values[k] for k in self.indices]
 
     def work_columns(self, rank: int) -> tuple[list, list]:
-        """``rank``'s slice of each collective as (begins, ends): its GPU work where a trace shows it (see
-        ``Collective.work_of``), else its arrival to its end."""
+        """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it: its GPU work
+        where a trace shows it; on a GPU with only Flight Recorder's duration, that long from its enqueue, and
+        without either no end (None); else (CPU backends) its arrival to its end."""
         arrive, ends = self.column("arrive_ns", rank), self.column("end_ns", rank)
+        cols = self.cols
+        on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
         gpu_begins = self.column("gpu_begin_ns", rank)
-        if not any(b is not None for b in gpu_begins):
+        if not on_gpu and not any(b is not None for b in gpu_begins):
             return arrive, ends
-        arrive, ends = arrive.copy(), ends.copy()
+        begins, stops = arrive.copy(), ends.copy()
         for k, (b, d) in enumerate(zip(gpu_begins, self.column("duration_ns", rank))):
             if b is not None and d is not None:
-                arrive[k], ends[k] = b, b + d
-        return arrive, ends
+                begins[k], stops[k] = b, b + d
+            elif on_gpu:
+                a = arrive[k]
+                stops[k] = a + d if d is not None and a is not None else None
+        return begins, stops
 
     def shared_of(self, rank: int) -> list[SharedArgs]:
         """The SharedArgs of ``rank``'s slice of each collective, at C speed."""

@@ -51,9 +51,10 @@ class Selection:
 
 def select_ranks(job: Job, markers: Markers, requested: set[int] | None = None, all_ranks: bool = False,
                  limit: int = SAMPLE_LIMIT) -> Selection:
-    """``requested`` ranks, or every rank up to ``limit``; past it, implicated ranks plus an even sample."""
-    have = set(job.ranks) | {r for g in job.groups.values() for r in g.ranks}
-    total = len(have)
+    """``requested`` ranks, or every rank up to ``limit``; past it, implicated ranks plus an even sample. Ranks
+    without data are drawn (they are what a finding may name), except those a sample left out (Job.sampled)."""
+    have = set(job.ranks) | (set() if job.sampled else {r for g in job.groups.values() for r in g.ranks})
+    total = job.world_size or len(have) if job.sampled else len(have)
     if requested is not None:
         return Selection(tuple(sorted(requested & have)), total,
                          f"showing {len(requested & have)} of {total} ranks (--ranks)")
@@ -88,10 +89,11 @@ class TimelineSummary:
 def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
                    progress: Callable[[int, int], None] | None = None,
-                   classes: Mapping[int, RankClasses] | None = None) -> TimelineSummary:
+                   classes: Mapping[int, RankClasses] | None = None, kineto_detail: bool = True) -> TimelineSummary:
     """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end].
     ``preview``: also lay out ``summary.preview``, each rank's ``classes`` (``report.classes.job_classes``: what
-    ``report`` measures) and diagnose's stalls and missing ranks."""
+    ``report`` measures) and diagnose's stalls and missing ranks. ``kineto_detail=False`` (merge --lean): profiler
+    events without their args, ids and launch flows."""
     markers = plan_markers(job, diagnosis)
     shown = set(selection.ranks)
     inside = _window_test(window)
@@ -114,7 +116,8 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     sites = SiteCache(job)
     tables: dict[str, GroupTable] = {}  # per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
-        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview, flow_ids)
+        writer = RankWriter(job, rank, markers, flows, p2p_flows, sites, tables, inside, kineto, preview, flow_ids,
+                            kineto_detail)
         span = writer.write(sink, uuid)
         if span is not None:
             lo, hi = span

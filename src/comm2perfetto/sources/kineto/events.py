@@ -14,8 +14,8 @@ from typing import Any
 from comm2perfetto.sources.kineto.classify import GPU_WORK_KINDS, normalise_kind
 
 __all__ = [
-    "NO_ARGS", "SHOWN_ARGS", "SHOWN_ARG_SET", "ArgValue", "KinetoCommEvent", "KinetoEvent", "KinetoSpans",
-    "KinetoTrace", "Span",
+    "NOT_DETAIL", "NO_ARGS", "SHOWN_ARGS", "SHOWN_ARG_SET", "ArgValue", "Detail", "KinetoCommEvent", "KinetoEvent",
+    "KinetoSpans", "KinetoTrace", "Span",
 ]
 
 # The args worth showing next to an event; the rest (occupancy, registers, Ev Idx ...) is dropped. Most
@@ -29,6 +29,17 @@ SHOWN_ARG_SET = frozenset(SHOWN_ARGS)
 
 ArgValue = str | int | float | bool
 NO_ARGS: Mapping[str, ArgValue] = MappingProxyType({})
+
+# The rest of an event's args, as Perfetto shows them for the raw trace (a kernel's grid, block, registers,
+# shared memory, occupancy; a CPU op's Input Dims, Input type, Concrete Inputs, Sequence number; a runtime
+# call's cbid): ((name, value), ...), lists and objects as their JSON text, one copy per distinct tuple (the
+# same op launches the same kernel with the same args every step). Left out: what is kept elsewhere
+# (``SHOWN_ARGS``, ``External id`` and ``correlation`` as fields, a GPU event's device and stream in its lane)
+# and the profiler's own per-event indices, whose value is only ever their place in the file (Ev Idx, Record
+# function id, Python id, Python parent id): those would make every tuple different.
+Detail = tuple[tuple[str, ArgValue], ...]
+NOT_DETAIL = SHOWN_ARG_SET | {"External id", "correlation", "device", "stream", "Ev Idx", "Record function id",
+                              "Python id", "Python parent id"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +89,8 @@ class KinetoEvent:
     ``lane`` is a display key: ``"thread <tid>"`` for CPU events, ``"gpu <device> stream <stream>"`` for GPU
     ones (``KinetoTrace.lane_names`` has a label for each). ``klass`` is None for CPU events. ``args`` holds
     only the ``SHOWN_ARGS`` present; treat it as read-only. ``external_id`` links a CPU op to the kernels it
-    launched (Kineto's ``External id``), ``correlation`` a ``cudaLaunchKernel`` to its kernel.
+    launched (Kineto's ``External id``), ``correlation`` a ``cudaLaunchKernel`` to its kernel. ``detail``: the
+    other args (see ``Detail``): ``(("grid", "[2, 1, 1]"),)`` above.
     """
 
     name: str
@@ -90,6 +102,7 @@ class KinetoEvent:
     args: Mapping[str, ArgValue] = field(default_factory=lambda: NO_ARGS)
     external_id: int | None = None
     correlation: int | None = None
+    detail: Detail = ()
 
     @property
     def t_end_ns(self) -> int:

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from comm2perfetto.sources.kineto.classify import (
     BACKEND_ANNOTATION,
     COMM_NAME,
@@ -26,9 +28,11 @@ from comm2perfetto.sources.kineto.classify import (
 )
 from comm2perfetto.sources.kineto.events import (
     NO_ARGS,
+    NOT_DETAIL,
     SHOWN_ARG_SET,
     SHOWN_ARGS,
     ArgValue,
+    Detail,
     KinetoCommEvent,
     KinetoEvent,
     KinetoTrace,
@@ -36,7 +40,14 @@ from comm2perfetto.sources.kineto.events import (
 from comm2perfetto.sources.kineto.fields import int_or_none, span_ns, stream_from_tid
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps, profiler_steps
 
-__all__ = ["ROLE_CPU", "ROLE_GPU", "ROLE_GPU_ANNOTATION", "ROLE_LAUNCH", "ROLE_SKIP", "EventParser"]
+__all__ = ["MAX_ARG_TEXT", "ROLE_CPU", "ROLE_GPU", "ROLE_GPU_ANNOTATION", "ROLE_LAUNCH", "ROLE_SKIP", "EventParser"]
+
+_dumps = orjson.dumps
+
+# An arg's text (a string, or a list's JSON) is cut to this many characters: what a person reads in the UI.
+MAX_ARG_TEXT = 2000
+# At most this many detail args an event (Kineto writes up to about 15).
+MAX_DETAIL_ARGS = 64
 
 class _Thread:
     """What the parser gathers about one CPU thread: its KinetoEvents (the span parser: its compute spans)."""
@@ -75,6 +86,7 @@ class EventParser:
         self._kinds: dict[str, tuple[str, int]] = {}  # category -> (kind, its ROLE_*)
         self._klasses: dict[tuple[str, str], str] = {}  # (kernel name, category) -> classify_gpu
         self._strings: dict[str, str] = {}
+        self._details: dict[bytes, Detail] = {}  # the detail args' JSON -> their one Detail
 
     def _intern(self, text: str) -> str:
         return self._strings.setdefault(text, text)
@@ -132,6 +144,7 @@ class EventParser:
         if role == ROLE_SKIP:
             return
         shown = NO_ARGS if SHOWN_ARG_SET.isdisjoint(args) else self._args(args)
+        detail = self._detail(args) if args else ()
         external, correlation = args.get("External id"), args.get("correlation")
         if external is not None and external.__class__ is not int:
             external = int_or_none(external)
@@ -145,7 +158,7 @@ class EventParser:
                     return
             thread = self.threads.get((pid, tid)) or self._thread(pid, tid)
             thread.events.append(KinetoEvent(name, begin, duration, thread.lane, kind, None, shown, external,
-                                             correlation))
+                                             correlation, detail))
             if not is_backend:
                 thread.only_backend = False
             if step is not None:
@@ -165,10 +178,12 @@ class EventParser:
             return
         lane = self.gpu_lanes.get((device, stream)) or self._gpu_lane(device, stream)
         if role == ROLE_GPU_ANNOTATION:
-            self.gpu_ann.append(KinetoEvent(name, begin, duration, lane, kind, None, shown, external, correlation))
+            self.gpu_ann.append(KinetoEvent(name, begin, duration, lane, kind, None, shown, external, correlation,
+                                            detail))
         else:
             klass = self._klasses.get((name, category)) or self._klass(name, category)
-            self.gpu.append(KinetoEvent(name, begin, duration, lane, kind, klass, shown, external, correlation))
+            self.gpu.append(KinetoEvent(name, begin, duration, lane, kind, klass, shown, external, correlation,
+                                        detail))
 
     def _thread(self, pid: int, tid: int) -> _Thread:
         thread = self.threads[(pid, tid)] = _Thread(tid)
@@ -230,6 +245,30 @@ class EventParser:
             elif isinstance(value, (int, float)):  # bool too: it is an int
                 kept[key] = value
         return kept if kept else NO_ARGS
+
+    def _detail(self, args: dict[str, Any]) -> Detail:
+        """The event's other args (``events.Detail``), one shared copy per distinct set; values checked here:
+        numbers and strings as they are (strings cut to ``MAX_ARG_TEXT``), lists and objects as their JSON
+        text, anything else (null) left out. Keyed by the args' JSON (values may be lists: unhashable), which
+        costs less than looking at each value of every event."""
+        rest = {key: value for key, value in args.items() if key not in NOT_DETAIL}
+        if not rest:
+            return ()
+        text = _dumps(rest)
+        known = self._details.get(text)
+        if known is not None:
+            return known
+        kept: list[tuple[str, ArgValue]] = []
+        for key, value in list(rest.items())[:MAX_DETAIL_ARGS]:
+            kind = value.__class__
+            if kind is int or kind is float or kind is bool:
+                kept.append((key, value))
+            elif kind is str:
+                kept.append((key, self._intern(value[:MAX_ARG_TEXT])))
+            elif kind is list or kind is dict:
+                kept.append((key, self._intern(_dumps(value).decode()[:MAX_ARG_TEXT])))
+        detail = self._details[text] = tuple(kept)
+        return detail
 
     def _metadata(self, ev: dict[str, Any]) -> None:
         if ev.get("name") != "thread_name":

@@ -1,0 +1,122 @@
+"""A sample of ranks is not a broken job: profiler traces of 2 ranks of a 128-rank job (people profile a few
+ranks), or dumps of some ranks read with ``--sample``. The verdict covers the ranks present, names no absent
+rank as culprit, and every view says what the data cover ("traces of 2 of 128 ranks"); merge and report always
+say how the clocks were aligned."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from comm2perfetto.cli import main
+from comm2perfetto.trace.check import check_trace
+from support.factories import steady_job
+from support.kineto_fixtures import write_trace_job
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.fixture
+def two_of_128(tmp_path):
+    folder = tmp_path / "traces"
+    write_trace_job(folder, world=128, sample=[0, 1])
+    return folder
+
+
+def test_diagnose_covers_the_traced_ranks_and_blames_no_other(two_of_128, capsys):
+    code, out, _ = _run(capsys, "diagnose", str(two_of_128))
+    assert code == 0, out
+    assert out.startswith("OK: every collective matched on the ranks sampled (world size 128, traces of 2 of 128 "
+                          "ranks (0, 1))\n"), out
+    code, out, _ = _run(capsys, "diagnose", str(two_of_128), "--format", "json")
+    doc = json.loads(out)
+    assert (code, doc["status"], doc["findings"], doc["sampled"], doc["world_size"], doc["ranks_with_data"]) == (
+        0, "ok", [], "traces", 128, [0, 1])
+
+
+def test_merge_and_report_say_what_the_traces_cover_and_how_the_clocks_were_aligned(two_of_128, tmp_path, capsys):
+    target = tmp_path / "job.pftrace"
+    code, out, _ = _run(capsys, "merge", str(two_of_128), "-o", str(target))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].startswith("  ranks: 2 of 128 (a sample: traces of ranks 0, 1); collectives: 6;"), out
+    # write_trace_job's kernels of a collective end at the same true time on every rank: the clocks align exactly
+    assert lines[2] == "  clocks aligned to rank 0; residual skew 0 s (6 collective ends)", out
+    assert lines[3] == "  findings: none (every collective matched on the ranks sampled)", out
+    trace = check_trace(target)
+    processes = sorted(t.name for t in trace.tracks.values() if t.kind == "process" and t.name.startswith("rank"))
+    assert processes == ["rank 0", "rank 1"]  # not 126 empty processes for the ranks nobody profiled
+
+    code, out, _ = _run(capsys, "report", str(two_of_128))
+    assert code == 0
+    head = out.splitlines()[:3]
+    assert head[0].startswith("comm2perfetto report: 2 of 128 ranks (a sample: traces of ranks 0, 1), basis gpu")
+    assert head[2] == "  clocks aligned to rank 0; residual skew 0 s (6 collective ends)", out
+    code, out, _ = _run(capsys, "report", str(two_of_128), "--format", "json")
+    doc = json.loads(out)
+    assert (doc["world_size"], doc["sampled"], doc["clock"]["samples"]) == (128, "traces", 6)
+    assert doc["clock"]["method"] == {"0": "assumed", "1": "refined"}
+
+
+def _dumps(tmp_path, stuck: bool = False, missing: int | None = None):
+    """Dumps of ranks 0 and 1 of a 4-rank job: three completed collectives, then (``stuck``) a fourth both
+    wait in, or one rank ``missing`` never issues while the other waits in it."""
+    job = steady_job(world=4, steps=3)
+    for r in job.ranks:
+        if stuck and r != missing:
+            job.collective(r, "all_reduce", [[4]], state="started", site="train.py:57")
+    folder = tmp_path / "dumps"
+    job.write(folder, ranks=[0, 1])
+    return folder
+
+
+def test_without_sample_absent_ranks_are_suspects_and_with_it_they_are_not(tmp_path, capsys):
+    folder = _dumps(tmp_path)
+    code, out, _ = _run(capsys, "diagnose", str(folder), "--format", "json")
+    doc = json.loads(out)
+    assert (code, [(f["kind"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]], doc["sampled"]) == (
+        1, [("no_dump", [], [2, 3])], None)
+    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample")
+    assert code == 0, out
+    assert "(world size 4, data of 2 of 4 ranks (0, 1))" in out.splitlines()[0], out
+
+
+def test_a_sample_stuck_in_a_collective_names_no_culprit_it_cannot_see(tmp_path, capsys):
+    folder = _dumps(tmp_path, stuck=True)
+    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample", "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and doc["status"] == "incomplete"
+    (finding,) = doc["findings"]
+    assert (finding["kind"], finding["seq"], finding["culprit_ranks"], finding["suspect_ranks"],
+            finding["ranks_joined"]) == ("no_dump", 4, [], [], [0, 1])
+    assert "not in the sample" in finding["detail"]
+    assert (doc["culprit_ranks"], doc["suspect_ranks"]) == ([], [])
+
+
+def test_a_sample_still_names_a_present_rank_that_never_issued_a_collective(tmp_path, capsys):
+    folder = _dumps(tmp_path, stuck=True, missing=1)
+    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample", "--format", "json")
+    doc = json.loads(out)
+    assert code == 1
+    assert [(f["kind"], f["seq"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]] == [
+        ("missing_ranks", 4, [1], [])]
+
+
+def test_the_preview_names_a_finding_without_a_collective_by_its_kind(tmp_path, capsys, monkeypatch):
+    """The preview's header printed ``no_dump: None ( seq None)`` for a finding about no collective."""
+    drawn = {}
+
+    def fake_render(path, rows, begin, end, *, title, notes):
+        drawn["notes"] = notes
+
+    monkeypatch.setattr("comm2perfetto.trace.preview.render_preview", fake_render)
+    folder = _dumps(tmp_path)
+    code, _, _ = _run(capsys, "merge", str(folder), "-o", str(tmp_path / "job.pftrace"), "--preview",
+                      str(tmp_path / "job.png"))
+    assert code == 0
+    assert drawn["notes"] == ["diagnose: incomplete", "no_dump"]
