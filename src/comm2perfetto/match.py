@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from comm2perfetto.align import measured_offsets, refine
 from comm2perfetto.group_columns import GroupCollectives, Rows, Track, completed_upto, first_last, rows_of, shift_track
@@ -278,8 +278,8 @@ def _resolve_groups(
             else:
                 ranks, source = tuple(sorted(mentions[name])), "inferred"
         uid = _uid(name, tuple(ranks))
-        old = groups.get(uid)
-        if old is None or (not _meaningful(old.desc) and _meaningful(desc)):
+        known = groups.get(uid)
+        if known is None or (not _meaningful(known.desc) and _meaningful(desc)):
             groups[uid] = ProcessGroup(uid, name, desc, tuple(ranks), backend, source)
         out[(rank, name)] = uid
     inferred = sorted({g.label for g in groups.values() if g.ranks_source == "inferred"})
@@ -408,10 +408,12 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     durations = fr.durations if fr is not None else None
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
+    values: tuple[Any, ...]
     for key in sorted(set(index) | set(rows)):
         i = index.get(key)
         row = rows.get(key)
         if i is None:  # the recorder only
+            assert row is not None
             sig, state, t_call, t_end, site, precise = row
             values = (sig, state, t_call, None, t_end, site, "log", sig)
         elif row is None:  # Flight Recorder only
@@ -419,7 +421,7 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
             values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
             precise = False
         else:  # both: FR's signature and start, the recorder's arrival and end
-            assert fr is not None
+            assert fr is not None and row is not None
             sig, state, t_call, t_end, site, precise = row
             fr_sig = fr.sigs[i]
             if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
@@ -447,7 +449,7 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
     recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
     numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
-    places: dict[str, list] = defaultdict(list)  # uid -> every rank's order places (numbered by order_numbers)
+    places: dict[str, list[tuple[int, int]]] = defaultdict(list)  # uid -> every rank's order places
     for rank, cols in sorted(trace_cols.items()):
         by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
         for c in cols:
@@ -463,12 +465,13 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
                 if uid in recorded:
                     not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
                     continue
-                places[uid].extend(keys)
+                places[uid].extend(cast(list[tuple[int, int]], keys))
             numbered_cols.append((rank, uid, numbering, keys, group_cols))
     numbers = {uid: order_numbers(p) for uid, p in places.items()}
     for rank, uid, numbering, keys, group_cols in numbered_cols:
-        seqs = keys if numbering == SEQ else [numbers[uid][k] for k in keys]
-        rows = {}
+        seqs = cast(list[int], keys) if numbering == SEQ else [numbers[uid][k]
+                                                                for k in cast(list[tuple[int, int]], keys)]
+        rows: dict[int, TraceCollective] = {}
         for seq, c in zip(seqs, group_cols):
             rows[seq] = c
             if c.on_gpu:
@@ -522,13 +525,15 @@ def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows
         out.gpu_begins = [kernels[key].t_begin_ns if key in kernels else None for key in keys]
     sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
     log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
+    values: tuple[Any, ...]
     for key in keys:
         i, c = index.get(key), rows.get(key)
         if c is None:
+            assert i is not None
             values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
                       track.stack_ids[i], sources[i], log_sigs[i])
         elif i is None:
-            arrive = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
+            arrive: int | None = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
             values = (_trace_signature(c), COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
         else:
             arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
