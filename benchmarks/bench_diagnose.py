@@ -66,13 +66,13 @@ OPS = (("nccl:all_reduce", [[25_000_000]], None), ("nccl:_all_gather_base", [[1_
        ("nccl:_reduce_scatter_base", [[4_194_304]], "scatter"), ("nccl:broadcast", [[1024, 1024]], None))
 
 
-def write_dumps(folder: Path, world: int, entries: int) -> int:
-    """One 2.10 dump per rank; returns the planted culprit rank."""
+def write_dumps(folder: Path, world: int, entries: int, ranks: range | None = None) -> int:
+    """One 2.10 dump per rank (of ``ranks``, default all); returns the planted culprit rank."""
     folder.mkdir(parents=True, exist_ok=True)
     culprit = world - 1
     frames = _frames()
     pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
-    for rank in range(world):
+    for rank in ranks if ranks is not None else range(world):
         shared = [[dict(f) for f in site] for site in frames]  # this dump's own frame dicts, shared inside it
         n = entries - 1 if rank == culprit else entries
         out = []

@@ -25,16 +25,18 @@ How records meet:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, cast
 
-from comm2perfetto.align import measured_offsets, refine, shift
+from comm2perfetto.align import measured_offsets, refine
+from comm2perfetto.group_columns import GroupCollectives, Rows, Track, completed_upto, first_last, rows_of, shift_track
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -50,14 +52,24 @@ from comm2perfetto.model import (
     P2PTransfer,
     ProcessGroup,
     RankInfo,
+    RankProfile,
     Signature,
-    gpu_backend,
+    Stack,
     op_family,
 )
-from comm2perfetto.sources.discover import Sources, drop_traces, dumps_world, load_sources
+from comm2perfetto.sources.discover import (
+    PARALLEL_MIN_RANKS,
+    Sources,
+    adopt_traces,
+    cores,
+    drop_traces,
+    dumps_world,
+    load_sources,
+)
 from comm2perfetto.sources.event_log import Group
-from comm2perfetto.sources.fr.dump import read_fr_dump, stack_for
-from comm2perfetto.sources.fr.ingest import FrRankTrace, GroupTrack
+from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
+from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
+from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
@@ -66,53 +78,73 @@ LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"
                            "recv_object_list"})
 
 
-@dataclass(slots=True)
-class _Track:
-    """One rank's collectives on one group, merged from FR and the recorder. Columns aligned by row."""
-
-    seqs: list[int]
-    sigs: list[Signature]
-    states: list[str]
-    arrive: list[int | None]
-    start: list[int | None]
-    end: list[int | None]
-    stack_ids: list[int | None]
-    sources: list[str] | None  # None: every row is "fr"
-    log_sigs: list[Signature | None] | None = None
-    log_ends: dict[int, int] = field(default_factory=dict)  # seq -> precise end (recorder return)
-    durations: list[int | None] | None = None  # GPU time (FR's duration_ms) by row; None: no row has one
-    gpu_begins: list[int | None] | None = None  # the kernels' begin (profiler traces) by row; None: no row has one
+# What of the profiler traces a command needs (``load_job(traces=...)``).
+TRACES_NONE = "none"  # left out (--no-profiler)
+TRACES_COLLECTIVES = "collectives"  # their communication events only, for the matching (diagnose)
+TRACES_SPANS = "spans"  # also unions of compute and communication per rank (``Job.profiles``: report)
+TRACES_EVENTS = "events"  # every event (``Job.traces``: merge draws them)
+TRACE_MODES = (TRACES_NONE, TRACES_COLLECTIVES, TRACES_SPANS, TRACES_EVENTS)
 
 
 def load_job(
     paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
     workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
-    sample: bool = False,
+    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None, *,
+    sample: bool = False, traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
+    trace_progress: Callable[[int, int], None] | None = None,
 ) -> Job:
-    """Discover, load, align and match everything under ``paths``. Raises ``SourceError`` on bad input.
+    """Discover, load, align and match everything under ``paths``: the one way every command loads a job.
+    Raises ``SourceError`` on bad input.
 
-    ``with_stacks=False`` defers reading Flight Recorder call stacks until ``Job.stack_of`` asks (diagnose
-    needs a handful, merge needs them all). ``progress(done, total)`` follows the reading of ranks' dumps.
-    ``align=False`` keeps every rank's own clock (no offsets applied). ``read_traces=False`` leaves profiler
-    traces out; ``trace_ranks``: the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``:
-    which attempt of a job torchrun restarted (default the last; see ``sources.discover``). ``sample``: the
-    ranks with data are a sample of the job (``--sample``; see ``Job.sampled``).
+    What each command needs: stacks eager (``with_stacks=True``: merge draws them all) or lazy (read on demand
+    by ``Job.stack_of``: diagnose needs a handful); ``traces`` one of ``TRACE_MODES`` (default: ``events``, or
+    ``none`` with ``read_traces=False``), read in worker processes except ``events``; ``whole_us`` and
+    ``hta_scope``: read the spans as HTA does. ``workers``: processes reading the ranks' files (default: every
+    core from 32 ranks on). ``progress(done, total)`` follows the reading of ranks' dumps, ``trace_progress``
+    that of their traces. ``align=False`` keeps every rank's own clock (no offsets applied). ``trace_ranks``:
+    the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``: which attempt of a job torchrun
+    restarted (default the last; see ``sources.discover``). ``sample``: the ranks with data are a sample of
+    the job (``--sample``; see ``Job.sampled``).
     """
+    mode = traces or (TRACES_EVENTS if read_traces else TRACES_NONE)
+    if mode not in TRACE_MODES:
+        raise ValueError(f"traces={mode!r}: one of {', '.join(TRACE_MODES)}")
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         src = load_sources(paths, force=force, with_stacks=with_stacks,
-                           workers=workers, progress=progress, read_traces=read_traces,
+                           workers=workers, progress=progress, read_traces=mode == TRACES_EVENTS,
                            trace_ranks=trace_ranks, attempt=attempt)
-        if not read_traces:
+        profiles: dict[int, RankProfile] = {}
+        if mode == TRACES_NONE:
             drop_traces(src)
-        return build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
+        elif mode != TRACES_EVENTS and src.kineto:
+            from comm2perfetto.sources.kineto.profile import read_profiles  # only where there are traces
+
+            n = workers if workers is not None else _trace_workers(src.kineto)
+            profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
+                                     hta_scope=hta_scope, collectives=True)
+            adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
+        job = build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
+        return dataclasses.replace(job, profiles=MappingProxyType(profiles)) if mode == TRACES_SPANS else job
     finally:
         if was_enabled:
             gc.enable()
+
+
+PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
+
+
+def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
+    """Processes to read the profiler traces in: every core for big traces (or many ranks), else this one."""
+    paths = [p for ps in kineto.values() for p in ps]
+    if len(kineto) < 2:
+        return 1
+    if len(kineto) >= PARALLEL_MIN_RANKS or sum(p.stat().st_size for p in paths if p.exists()) >= PARALLEL_TRACE_BYTES:
+        return min(len(kineto), cores())
+    return 1
 
 
 def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
@@ -122,7 +154,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
     groups, local = _resolve_groups(src, world, notes, trace_cols)
-    tracks: dict[tuple[int, str], _Track] = {}
+    tracks: dict[tuple[int, str], Track] = {}
     p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
     log_seen: dict[str, set[int]] = defaultdict(set)
 
@@ -131,8 +163,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
             uid = local.get((rank, key[0]))
             if uid is None:
                 continue
-            if gt.seqs:
-                tracks[(rank, uid)] = _fr_track(gt)
+            if len(gt):
+                tracks[(rank, uid)] = gt
             p2p_ops[uid].extend(_fr_p2p(rank, gt, groups[uid]))
     sites = _SiteInterner(src.stack_table)
     unnumbered: dict[str, dict[int, list[tuple]]] = defaultdict(dict)
@@ -148,7 +180,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         reference = 0 if 0 in ends or not ends else min(ends)
         clock = refine(measured_offsets(src.logs, src.ranks), ends, reference)
         # Plain dumps carry no measurement: their completed collectives show a skew of seconds, if any.
-        clock = refine(clock, _fr_ends(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
+        clock = refine(clock, _FrEnds(tracks, src.logs), reference, min_correction_ns=FR_SKEW_NS,
                        only_assumed=True)
     else:
         clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
@@ -246,8 +278,8 @@ def _resolve_groups(
             else:
                 ranks, source = tuple(sorted(mentions[name])), "inferred"
         uid = _uid(name, tuple(ranks))
-        old = groups.get(uid)
-        if old is None or (not _meaningful(old.desc) and _meaningful(desc)):
+        known = groups.get(uid)
+        if known is None or (not _meaningful(known.desc) and _meaningful(desc)):
             groups[uid] = ProcessGroup(uid, name, desc, tuple(ranks), backend, source)
         out[(rank, name)] = uid
     inferred = sorted({g.label for g in groups.values() if g.ranks_source == "inferred"})
@@ -271,14 +303,6 @@ def _uid(name: str, ranks: tuple[int, ...]) -> str:
 # --- per-rank tracks -------------------------------------------------------------------------------------
 
 
-def _fr_track(gt: GroupTrack) -> _Track:
-    return _Track(
-        seqs=gt.seqs, sigs=gt.sigs, states=gt.states, arrive=gt.created_ns, start=gt.started_ns,
-        end=gt.completed_ns, stack_ids=gt.stack_ids, sources=None,
-        durations=gt.durations_ns if any(gt.durations_ns) else None,
-    )
-
-
 def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
     out = []
     counters: dict[tuple[str, int], int] = defaultdict(int)
@@ -300,7 +324,7 @@ def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
 
 def _merge_log(
     rank: int, log, groups: dict[str, ProcessGroup], local: dict[tuple[int, str], str],
-    tracks: dict[tuple[int, str], _Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
+    tracks: dict[tuple[int, str], Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
     sites: _SiteInterner, unnumbered: dict[str, dict[int, list[tuple]]],
 ) -> None:
     """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops; the
@@ -320,7 +344,7 @@ def _merge_log(
             continue
         if not g.backend and not g.devices:  # the log does not say which backend: the group's (FR's)
             if call.gid not in log_groups:
-                log_groups[call.gid] = replace(g, backend=groups[uid].backend or "")
+                log_groups[call.gid] = dataclasses.replace(g, backend=groups[uid].backend or "")
             g = log_groups[call.gid]
         cpu = g.completes_on_return(call)  # return is completion (a synchronous call on the CPU)
         state, end = _log_state(call, cpu)
@@ -352,7 +376,7 @@ def _merge_log(
 
 
 def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict[str, ProcessGroup],
-                     tracks: dict[tuple[int, str], _Track], log_seen: dict[str, set[int]], notes: list[str]) -> None:
+                     tracks: dict[tuple[int, str], Track], log_seen: dict[str, set[int]], notes: list[str]) -> None:
     """Number the recorder's collectives that carry no sequence number (a group whose backend keeps no counter)
     by their order on each rank: the i-th collective a rank issued on a group meets every other rank's i-th.
     Only on a group where no rank has a sequence number for any collective (Flight Recorder's or the
@@ -373,17 +397,23 @@ def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict
                      f"ranks by their order on each rank")
 
 
-def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
+def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     """Fold recorder rows (by key) into the FR track of the same rank and group (or make a new one)."""
+    fr = rows_of(track) if track is not None else None
     index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
-    out = _Track([], [], [], [], [], [], [], [], [], {})
+    out = Rows([], [], [], [], [], [], [], [], [], {})
+    # every column of the new rows (sources and log_sigs are lists here, not None)
+    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                      _listed(out.sources), _listed(out.log_sigs))
     durations = fr.durations if fr is not None else None
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
+    values: tuple[Any, ...]
     for key in sorted(set(index) | set(rows)):
         i = index.get(key)
         row = rows.get(key)
         if i is None:  # the recorder only
+            assert row is not None
             sig, state, t_call, t_end, site, precise = row
             values = (sig, state, t_call, None, t_end, site, "log", sig)
         elif row is None:  # Flight Recorder only
@@ -391,18 +421,17 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
             values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
             precise = False
         else:  # both: FR's signature and start, the recorder's arrival and end
-            assert fr is not None
+            assert fr is not None and row is not None
             sig, state, t_call, t_end, site, precise = row
             fr_sig = fr.sigs[i]
             if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
-                fr_sig = replace(fr_sig, root=sig.root)
+                fr_sig = dataclasses.replace(fr_sig, root=sig.root)
             values = (
                 fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )
-        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                  out.sources, out.log_sigs), values):
+        for column, value in zip(columns, values):
             column.append(value)
         out.seqs.append(key)
         if precise and values[4] is not None:
@@ -411,16 +440,16 @@ def _merge_rows(fr: _Track | None, rows: dict[int, tuple]) -> _Track:
 
 
 def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple[int, str], str],
-                  tracks: dict[tuple[int, str], _Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
+                  tracks: dict[tuple[int, str], Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
     """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
     kernels' end times by (group uid, seq) per rank, for the clock alignment."""
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     no_group = untied = 0  # collectives of no named group; of those, kernels no record_param_comms is tied to
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
-    recorded = {uid for (_rank, uid), track in tracks.items() if track.seqs}
+    recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
     numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
-    places: dict[str, list] = defaultdict(list)  # uid -> every rank's order places (numbered by order_numbers)
+    places: dict[str, list[tuple[int, int]]] = defaultdict(list)  # uid -> every rank's order places
     for rank, cols in sorted(trace_cols.items()):
         by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
         for c in cols:
@@ -436,12 +465,13 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
                 if uid in recorded:
                     not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
                     continue
-                places[uid].extend(keys)
+                places[uid].extend(cast(list[tuple[int, int]], keys))
             numbered_cols.append((rank, uid, numbering, keys, group_cols))
     numbers = {uid: order_numbers(p) for uid, p in places.items()}
     for rank, uid, numbering, keys, group_cols in numbered_cols:
-        seqs = keys if numbering == SEQ else [numbers[uid][k] for k in keys]
-        rows = {}
+        seqs = cast(list[int], keys) if numbering == SEQ else [numbers[uid][k]
+                                                                for k in cast(list[tuple[int, int]], keys)]
+        rows: dict[int, TraceCollective] = {}
         for seq, c in zip(seqs, group_cols):
             rows[seq] = c
             if c.on_gpu:
@@ -460,6 +490,12 @@ def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tupl
     return gpu_ends
 
 
+def _listed(column: list | None) -> list:
+    """A column that ``Rows`` types as optional, which this caller made a list."""
+    assert column is not None
+    return column
+
+
 def _trace_signature(c: TraceCollective) -> Signature:
     sizes = ((c.in_nelems,),) if c.in_nelems is not None else None
     out = ((c.out_nelems,),) if c.out_nelems is not None else None
@@ -467,38 +503,43 @@ def _trace_signature(c: TraceCollective) -> Signature:
     return Signature(c.op, sizes, dtypes, out, dtypes if out is not None else None, "kineto")
 
 
-def _join_trace_rows(track: _Track | None, rows: dict[int, TraceCollective]) -> _Track:
+def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows:
     """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
     and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner).
     The kernels are the row's GPU time: their begin and first-begin-to-last-end (over Flight Recorder's
     duration_ms, which times the same work with CUDA events but says nothing of when it began)."""
+    track = rows_of(fr) if fr is not None else None
     if track is None:
-        track = _Track([], [], [], [], [], [], [], [], [], {})
+        track = Rows([], [], [], [], [], [], [], [], [], {})
     index = {s: i for i, s in enumerate(track.seqs)}
-    out = _Track([], [], [], [], [], [], [], [], [], dict(track.log_ends))
+    out = Rows([], [], [], [], [], [], [], [], [], dict(track.log_ends))
+    # every column of the new rows (sources and log_sigs are lists here, not None)
+    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
+                                      _listed(out.sources), _listed(out.log_sigs))
     keys = sorted(set(index) | set(rows))
     if track.durations is not None or any(c.on_gpu for c in rows.values()):
         kernels = {key: c for key, c in rows.items() if c.on_gpu}
-        fr = track.durations or []
+        fr_gpu = track.durations or []
         out.durations = [kernels[key].t_end_ns - kernels[key].t_begin_ns if key in kernels
-                         else fr[index[key]] if fr and key in index else None for key in keys]
+                         else fr_gpu[index[key]] if fr_gpu and key in index else None for key in keys]
         out.gpu_begins = [kernels[key].t_begin_ns if key in kernels else None for key in keys]
     sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
     log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
+    values: tuple[Any, ...]
     for key in keys:
         i, c = index.get(key), rows.get(key)
         if c is None:
+            assert i is not None
             values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
                       track.stack_ids[i], sources[i], log_sigs[i])
         elif i is None:
-            arrive = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
+            arrive: int | None = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
             values = (_trace_signature(c), COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
         else:
             arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
             values = (track.sigs[i], COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
                       f"{sources[i]}+kineto", log_sigs[i])
-        for column, value in zip((out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                  out.sources, out.log_sigs), values):
+        for column, value in zip(columns, values):
             column.append(value)
         out.seqs.append(key)
     return out
@@ -596,30 +637,51 @@ def parse_site(site: str) -> Frame:
 FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog poll: only a larger skew is fixed
 
 
-def _fr_ends(tracks: dict[tuple[int, str], _Track],
-             logs: Mapping[int, object]) -> dict[int, dict[tuple[str, int], int]]:
+class _FrEnds(Mapping[int, Mapping[tuple[str, int], int]]):
     """When each rank's Flight Recorder saw its collectives complete (NCCL's watchdog: a late bound), for the
-    ranks without an event log; gloo's entries never complete, so none there."""
-    out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
-    for (rank, uid), tr in tracks.items():
-        if rank in logs or tr.sources is not None:
-            continue
-        for seq, state, end in zip(tr.seqs, tr.states, tr.end):
-            if state == COMPLETED and end is not None:
-                out[rank][(uid, seq)] = end
-    return out
+    ranks without an event log, as ``align.refine`` reads them: (group uid, seq) -> end, per rank. gloo's
+    entries never complete, so none there. A rank's ends are built when asked and not kept: every rank's at
+    once would be a dict entry per collective of the job (33 million at 16,384 ranks)."""
+
+    def __init__(self, tracks: dict[tuple[int, str], Track], logs: Mapping[int, object]) -> None:
+        self._tracks: dict[int, list[tuple[str, Track]]] = {}
+        for (rank, uid), tr in tracks.items():
+            if rank not in logs and (isinstance(tr, GroupTrack) or tr.sources is None):
+                self._tracks.setdefault(rank, []).append((uid, tr))
+
+    def __getitem__(self, rank: int) -> dict[tuple[str, int], int]:
+        out: dict[tuple[str, int], int] = {}
+        for uid, tr in self._tracks[rank]:
+            if isinstance(tr, GroupTrack):
+                done = STATE_CODE[COMPLETED]
+                for seq, code, end in zip(tr.seq_col, tr.state_col, tr.completed_col):
+                    if code == done and end != NO_VALUE:
+                        out[(uid, seq)] = end
+                continue
+            for seq, state, t in zip(tr.seqs, tr.states, tr.end):
+                if state == COMPLETED and t is not None:
+                    out[(uid, seq)] = t
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._tracks)
+
+    def __len__(self) -> int:
+        return len(self._tracks)
 
 
-def _precise_ends(tracks: dict[tuple[int, str], _Track]) -> dict[int, dict[tuple[str, int], int]]:
+def _precise_ends(tracks: dict[tuple[int, str], Track]) -> dict[int, dict[tuple[str, int], int]]:
     out: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     for (rank, uid), tr in tracks.items():
+        if not isinstance(tr, Rows):
+            continue  # Flight Recorder alone: no precise end
         for seq, t in tr.log_ends.items():
             out[rank][(uid, seq)] = t
     return out
 
 
 def _coverage(
-    src: Sources, groups: dict[str, ProcessGroup], tracks: dict[tuple[int, str], _Track]
+    src: Sources, groups: dict[str, ProcessGroup], tracks: dict[tuple[int, str], Track]
 ) -> dict[tuple[int, str], Coverage]:
     out: dict[tuple[int, str], Coverage] = {}
     for uid, group in groups.items():
@@ -630,15 +692,12 @@ def _coverage(
                 continue
             tr = tracks.get((rank, uid))
             wrapped = fr is not None and _wrapped(fr) and not has_log
-            if tr is None or not tr.seqs:
+            if tr is None or not len(tr):
                 first, last = (1 << 62 if wrapped else 0), -1
             else:
-                first = min(tr.seqs[0], tr.seqs[-1]) if wrapped else 0
-                last = max(tr.seqs[-1], tr.seqs[0])
-            upto = -1
-            if tr is not None and tr.seqs:
-                bad = [tr.states.index(st) for st in set(tr.states) if st != COMPLETED]
-                upto = tr.seqs[min(bad) - 1] if bad and min(bad) > 0 else (-1 if bad else tr.seqs[-1])
+                low, last = first_last(tr)
+                first = low if wrapped else 0
+            upto = completed_upto(tr) if tr is not None and len(tr) else -1
             out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
     return out
 
@@ -655,7 +714,7 @@ def _sampled(src: Sources, world: int | None, sample: bool) -> str | None:
 
 def _wrapped(trace: FrRankTrace) -> bool:
     """True when the ring buffer overwrote the rank's first records (its oldest record id is not 0)."""
-    ids = [gt.record_ids[0] for gt in trace.groups.values() if gt.record_ids]
+    ids = [gt.first_record_id for gt in trace.groups.values() if gt.first_record_id != NO_VALUE]
     ids += [gt.p2p[0][8] for gt in trace.groups.values() if gt.p2p]
     return bool(ids) and min(ids) > 0
 
@@ -664,72 +723,14 @@ def _wrapped(trace: FrRankTrace) -> bool:
 
 
 def _collectives(
-    group: ProcessGroup, tracks: dict[tuple[int, str], _Track], clock: ClockAlignment, stacks: tuple
-) -> tuple[Collective, ...]:
-    """Turn the members' row-per-collective columns into one Collective per seq (column transposition)."""
-    members = group.ranks
-    present = [(r, tracks.get((r, group.uid))) for r in members]
-    have = [tr for _, tr in present if tr is not None and tr.seqs]
-    if not have:
-        return ()
-    lo = min(min(tr.seqs[0], tr.seqs[-1]) for tr in have)
-    hi = max(max(tr.seqs[0], tr.seqs[-1]) for tr in have)
-    n = hi - lo + 1
-    empty = [None] * n
-    cols: dict[str, list[list]] = {k: [] for k in ("sig", "state", "arrive", "start", "end", "stack", "source")}
-    for rank, tr in present:
-        if tr is None or not tr.seqs:
-            for k in cols:
-                cols[k].append(empty)
-            continue
-        off = clock.offset_ns.get(rank, 0)
-        dense = _densify(tr.seqs, lo, n)
-        cols["sig"].append(dense(tr.sigs))
-        cols["state"].append(dense(tr.states))
-        cols["arrive"].append(dense(shift(tr.arrive, off)))
-        cols["start"].append(dense(shift(tr.start, off)))
-        cols["end"].append(dense(shift(tr.end, off)))
-        cols["stack"].append(dense(tr.stack_ids))
-        cols["source"].append(dense(tr.sources if tr.sources is not None else ["fr"] * len(tr.seqs)))
-    out = []
-    # GPU times (profiler kernels, NCCL with timing): only where some member has them, so that other jobs pay
-    # nothing here
-    timed = begins = None
-    if any(tr is not None and tr.durations is not None for _, tr in present):
-        timed = list(zip(*(_densify(tr.seqs, lo, n)(tr.durations) if tr is not None and tr.seqs
-                           and tr.durations is not None else empty for _, tr in present)))
-    if any(tr is not None and tr.gpu_begins is not None for _, tr in present):
-        begins = list(zip(*(_densify(tr.seqs, lo, n)(shift(tr.gpu_begins, clock.offset_ns.get(rank, 0)))
-                            if tr is not None and tr.seqs and tr.gpu_begins is not None else empty
-                            for rank, tr in present)))
-    on_gpu = timed is not None or gpu_backend(group.backend)
-    rows = zip(*(zip(*cols[k]) for k in ("sig", "state", "arrive", "start", "end", "stack", "source")))
-    for i, (sigs, states, arrive, start, end, stack, source) in enumerate(rows):
-        if not any(sigs):  # no member recorded this seq (signatures are always truthy)
-            continue
-        out.append(Collective(
-            group=group, seq=lo + i, ranks=members, signatures=sigs, states=states, arrive_ns=arrive,
-            start_ns=start, end_ns=end, stack_ids=stack, sources=source, stacks=stacks,
-            duration_ns=timed[i] if timed is not None else (), gpu_begin_ns=begins[i] if begins is not None else (),
-            on_gpu=on_gpu,
-        ))
-    return tuple(out)
-
-
-def _densify(seqs: list[int], lo: int, n: int):
-    """A function spreading a column given row-per-seq onto the dense range [lo, lo + n)."""
-    a, b = seqs[0], seqs[-1]
-    if b - a + 1 == len(seqs):  # contiguous (the usual case): pad both ends
-        head, tail = [None] * (a - lo), [None] * (lo + n - 1 - b)
-        return lambda col: head + list(col) + tail
-
-    def spread(col: list) -> list:
-        out = [None] * n
-        for s, v in zip(seqs, col):
-            out[s - lo] = v
-        return out
-
-    return spread
+    group: ProcessGroup, tracks: dict[tuple[int, str], Track], clock: ClockAlignment, stacks: tuple
+) -> GroupCollectives:
+    """The group's collectives as views over its members' tracks, moved onto the job's clock here, once."""
+    members = [tracks.get((r, group.uid)) for r in group.ranks]
+    for rank, tr in zip(group.ranks, members):
+        if tr is not None:
+            shift_track(tr, clock.offset_ns.get(rank, 0))
+    return GroupCollectives(group, members, stacks)
 
 
 def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfer, ...]:
@@ -781,29 +782,36 @@ def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
 class LazyStacks:
     """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
 
-    A report asks for a handful (the culprits' and a few others'), so each request re-reads that rank's
-    dumps rather than keeping millions of frame lists in memory.
+    A report asks for a handful (the culprits' and a few others'): the first question about a rank reads its
+    dumps once and keeps that rank's stacks by collective (a few thousand keys onto a handful of stacks);
+    the latest ranks asked about are kept, not every rank's.
     """
+
+    KEPT_RANKS = 16
 
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._cache: dict[tuple[int, str, int, bool], tuple] = {}
+        self._by_rank: dict[tuple[int, bool], dict[tuple[str, int], Stack]] = {}
 
-    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> tuple:
-        key = (rank, pg_name, seq, p2p)
-        if key not in self._cache:
+    def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> Stack:
+        known = self._by_rank.get((rank, p2p))
+        if known is None:
             dumps = []
             for path in self._files.get(rank, ()):
                 try:
                     dumps.append(read_fr_dump(path))  # bounded and gunzipped as at load
                 except ValueError:
                     continue  # it was readable a moment ago; without it there is just no stack
-            self._cache[key] = stack_for(dumps, self._table, pg_name, seq, p2p)
-        return self._cache[key]
+            if len(self._by_rank) >= self.KEPT_RANKS:
+                del self._by_rank[next(iter(self._by_rank))]
+            known = self._by_rank[(rank, p2p)] = stacks_by_collective(dumps, self._table, p2p)
+        return known.get((pg_name, seq), ())
 
 
-def find_collective(cols: tuple[Collective, ...], seq: int) -> Collective | None:
-    """The collective with this seq in a group's seq-ordered tuple."""
+def find_collective(cols: Sequence[Collective], seq: int) -> Collective | None:
+    """The collective with this seq in a group's seq-ordered collectives."""
+    if isinstance(cols, GroupCollectives):
+        return cols.find(seq)
     i = bisect.bisect_left(cols, seq, key=lambda c: c.seq)
     return cols[i] if i < len(cols) and cols[i].seq == seq else None

@@ -10,19 +10,20 @@ to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stac
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
 
-The per-rank data of a collective is stored column-wise (one tuple per field, aligned with the group's
-ranks) rather than as one object per rank and collective: a 1024-rank job with 2000 collectives would
-otherwise build two million objects. ``Collective.part(rank)`` builds the per-rank view on demand.
+The per-rank data of collectives is stored column-wise (per rank and group, compact typed columns) rather
+than as one object per rank and collective: a 16,384-rank job with 2000 collectives would otherwise build
+33 million objects. A ``Collective`` is a view that builds its per-rank tuples when read, and
+``Collective.part(rank)`` one rank's share.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog
@@ -209,55 +210,107 @@ class CollectivePart:
     source: str  # "fr", "log" or "fr+log"
 
 
-@dataclass(frozen=True, slots=True)
+class CollectiveColumns(Protocol):
+    """Where a ``Collective`` reads its per-rank values: one group's columns (``match.GroupCollectives``)."""
+
+    def values(self, name: str, index: int) -> tuple:
+        """The per-rank tuple of field ``name`` (``signatures``, ``states``, ``arrive_ns``, ``start_ns``,
+        ``end_ns``, ``stack_ids``, ``sources``, ``duration_ns``, ``gpu_begin_ns``) of the ``index``-th
+        collective."""
+        ...
+
+    @property
+    def on_gpu(self) -> bool:
+        """The group runs on a GPU backend or some member's GPU time is known (see ``Collective.on_gpu``)."""
+        ...
+
+    def position(self, rank: int) -> int:
+        """Where ``rank`` sits in the group's ranks (ValueError when it is no member)."""
+        ...
+
+
+_T = TypeVar("_T")
+
+
+class _PerRank(Generic[_T]):
+    """A ``Collective`` field read from the group's columns when first asked, then kept in the view's own
+    ``__dict__``, which later reads find first (as ``functools.cached_property`` does): a plain attribute read."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Collective, owner: type | None = None) -> _T:
+        value = obj.__dict__[self.name] = obj._columns.values(self.name, obj._index)
+        return value  # type: ignore[return-value]
+
+
 class Collective:
     """One logical collective: (process group, sequence number) across the group's ranks.
 
     Every per-rank tuple is aligned with ``ranks`` (the group's global ranks); ``None`` where that rank
     has no record of this collective. Times are aligned to rank 0's clock. ``stack_ids`` index ``stacks``;
     they are None for Flight Recorder records of a job loaded without stacks: ``Job.stack_of`` reads those.
+    ``duration_ns``: each rank's GPU time of it, () when no rank has one: its communication kernels in a
+    profiler trace (first begin to last end), else Flight Recorder's duration_ms (NCCL with
+    TORCH_NCCL_ENABLE_TIMING). ``gpu_begin_ns``: each rank's GPU begin of it, where a profiler trace shows its
+    kernels (its GPU work is then [gpu_begin, gpu_begin + duration]); () when no rank has one.
+
+    A view: the values live in the group's columns (one per rank and field, see ``match.GroupCollectives``)
+    and each per-rank tuple is built when first read, then kept as long as the view is. A job of 16,384
+    ranks and 2,000 collectives holds 33 million values, not 33 million objects.
     """
 
-    group: ProcessGroup
-    seq: int
-    ranks: tuple[int, ...]
-    signatures: tuple[Signature | None, ...]
-    states: tuple[str | None, ...]
-    arrive_ns: tuple[int | None, ...]
-    start_ns: tuple[int | None, ...]
-    end_ns: tuple[int | None, ...]
-    stack_ids: tuple[int | None, ...]
-    sources: tuple[str | None, ...]
-    stacks: tuple[Stack, ...] = field(repr=False, compare=False, default=())
-    # Each rank's GPU time of it, aligned with ``ranks``; () when no rank has one: its communication kernels in
-    # a profiler trace (first begin to last end), else Flight Recorder's duration_ms (NCCL with
-    # TORCH_NCCL_ENABLE_TIMING).
-    duration_ns: tuple[int | None, ...] = ()
-    # Each rank's GPU begin of it, where a profiler trace shows its kernels (its GPU work is then
-    # [gpu_begin, gpu_begin + duration]); () when no rank has one.
-    gpu_begin_ns: tuple[int | None, ...] = ()
-    # It runs on a GPU backend (NCCL ...) or some rank's GPU time is known: its time is then its GPU work only,
-    # never a CPU call or Flight Recorder's discovery times (the GPU queue and the watchdog's polling).
-    on_gpu: bool = False
+
+    def __init__(self, group: ProcessGroup, seq: int, ranks: tuple[int, ...], columns: CollectiveColumns,
+                 index: int, stacks: tuple[Stack, ...] = ()) -> None:
+        self.group = group
+        self.seq = seq
+        self.ranks = ranks
+        self.stacks = stacks
+        self._columns = columns
+        self._index = index
+
+    signatures = _PerRank[tuple["Signature | None", ...]]("signatures")
+    states = _PerRank[tuple["str | None", ...]]("states")
+    arrive_ns = _PerRank[tuple["int | None", ...]]("arrive_ns")
+    start_ns = _PerRank[tuple["int | None", ...]]("start_ns")
+    end_ns = _PerRank[tuple["int | None", ...]]("end_ns")
+    stack_ids = _PerRank[tuple["int | None", ...]]("stack_ids")
+    sources = _PerRank[tuple["str | None", ...]]("sources")
+    duration_ns = _PerRank[tuple["int | None", ...]]("duration_ns")
+    gpu_begin_ns = _PerRank[tuple["int | None", ...]]("gpu_begin_ns")
+
+    @property
+    def on_gpu(self) -> bool:
+        """It runs on a GPU backend (NCCL ...) or some rank's GPU time is known: its time is then its GPU work
+        only, never a CPU call or Flight Recorder's discovery times (the GPU queue and the watchdog's polling)."""
+        return self._columns.on_gpu
+
+    def __repr__(self) -> str:
+        return f"Collective({self.group.uid!r}, seq={self.seq}, op={self.op!r})"
 
     @property
     def op(self) -> str:
         """The op most ranks issued."""
         counts: dict[str, int] = {}
-        for sig in self.signatures:
+        for sig in set(self.signatures):  # a handful of distinct signatures across thousands of ranks
             if sig is not None:
-                counts[sig.op] = counts.get(sig.op, 0) + 1
+                counts[sig.op] = counts.get(sig.op, 0) + self.signatures.count(sig)
         return max(counts, key=counts.__getitem__) if counts else "?"
 
     @property
     def joined_ranks(self) -> tuple[int, ...]:
         return tuple(r for r, s in zip(self.ranks, self.signatures) if s is not None)
 
+    def index_of(self, rank: int) -> int:
+        """Where ``rank`` sits in ``ranks`` (ValueError when it is no member): a dict lookup, not a scan."""
+        return self._columns.position(rank)
+
     def state_of(self, rank: int) -> str | None:
-        return self.states[self.ranks.index(rank)]
+        return self.states[self._columns.position(rank)]
 
     def arrival_of(self, rank: int) -> int | None:
-        return self.arrive_ns[self.ranks.index(rank)]
+        return self.arrive_ns[self._columns.position(rank)]
 
     @property
     def last_arrival_rank(self) -> int | None:
@@ -327,8 +380,10 @@ class Collective:
 
         >>> g = ProcessGroup("0[0,1]", "0", "default_pg", (0, 1))
         >>> s = Signature("all_reduce", ((4,),), ("Float",), None, None)
-        >>> c = Collective(g, 1, (0, 1), (s, s), ("completed",) * 2, (0, 50), (None, None), (400, 420), (None,) * 2,
-        ...                ("kineto",) * 2, duration_ns=(120, 40), gpu_begin_ns=(300, 380), on_gpu=True)
+        >>> from comm2perfetto.group_columns import GroupCollectives, Rows
+        >>> c = GroupCollectives(g, [Rows([1], [s], ["completed"], [a], [None], [e], [None], ["kineto"], durations=[d],
+        ...                               gpu_begins=[b]) for a, e, d, b in ((0, 400, 120, 300), (50, 420, 40, 380))],
+        ...                      ())[0]
         >>> c.timing(), c.ready_ns, c.work_of(1), c.queue_ns()
         ((120, 40), (300, 380), (380, 420), [300, 330])
         """
@@ -353,7 +408,7 @@ class Collective:
         return self.states.count(COMPLETED) == len(self.states)
 
     def part(self, rank: int) -> CollectivePart | None:
-        i = self.ranks.index(rank)
+        i = self._columns.position(rank)
         sig = self.signatures[i]
         if sig is None:
             return None
@@ -478,6 +533,28 @@ class RankInfo:
     stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
 
 
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans, on that rank's own clock
+    (``sources.kineto.profile.kineto_intervals`` reads them; ``Job.profiles`` holds them). Picklable, small."""
+
+    gpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    gpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    gpu_memory: list[tuple[int, int]] = field(default_factory=list)
+    cpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    cpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
+    # leaves their shape, so the workers that read the traces compute them, in parallel.
+    gpu_overlapped: list[tuple[int, int]] | None = None
+    gpu_busy: list[tuple[int, int]] | None = None
+    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
+    windows: tuple[tuple[int, int], ...] = ()  # each trace's first to last event: where the profiler was running
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
+    events: int = 0
+    notes: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """Everything one job left behind, loaded, aligned and matched."""
@@ -485,7 +562,7 @@ class Job:
     world_size: int | None
     ranks: Mapping[int, RankInfo]
     groups: Mapping[str, ProcessGroup]
-    collectives: Mapping[str, tuple[Collective, ...]]  # by group uid, in seq order
+    collectives: Mapping[str, Sequence[Collective]]  # by group uid, in seq order (views over columns)
     p2p: Mapping[str, tuple[P2PTransfer, ...]]  # by group uid
     coverage: Mapping[tuple[int, str], Coverage]  # by (rank, group uid)
     stacks: tuple[Stack, ...]
@@ -504,6 +581,8 @@ class Job:
     traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
     resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
+    # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)
+    profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
     attempts: tuple[int, ...] = (0,)
@@ -531,7 +610,7 @@ class Job:
 
     def stack_of(self, c: Collective, rank: int) -> Stack:
         """The call stack of ``rank``'s part in ``c`` (read from its dump now if it was loaded lazily)."""
-        i = c.ranks.index(rank)
+        i = c.index_of(rank)
         sid = c.stack_ids[i]
         if sid is not None:
             return self.stack(sid)

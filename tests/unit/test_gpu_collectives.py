@@ -17,8 +17,8 @@ import pytest
 
 from comm2perfetto.match import load_job
 from comm2perfetto.model import DTYPE_BYTES
-from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
+from comm2perfetto.sources.kineto.profile import read_profiles
 from comm2perfetto.trace.check import check_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"

@@ -25,12 +25,13 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
-from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
+from comm2perfetto.cli.attempts import with_attempts
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT, Diagnosis
-from comm2perfetto.match import load_job
+from comm2perfetto.match import TRACES_COLLECTIVES, load_job
 from comm2perfetto.render.diagnosis_text import render_text
 
 __all__ = ["add_parser", "run"]
@@ -59,9 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "for a CI gate that must catch slow ranks")
     add_trace_rank_option(p)
     add_sample_option(p)
-    add_attempt_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
@@ -75,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("reading Flight Recorder dumps (ranks)", then="matching collectives across ranks")
     try:
         # Stacks are read on demand: a report shows a handful.
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, sample=args.sample)
+        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress, traces=TRACES_COLLECTIVES,
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
+                       sample=args.sample)
     finally:
         progress.finish()
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
-from comm2perfetto.cli.attempts import add_attempt_option, with_attempts
+from comm2perfetto.cli.attempts import with_attempts
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
 from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
@@ -76,9 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "smaller on public GPU traces)")
     add_trace_rank_option(p)
     add_sample_option(p)
-    add_attempt_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
@@ -104,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
                        align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, sample=args.sample)
+                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
+                       sample=args.sample)
     finally:
         progress.finish()
     with Phase("diagnosing"):
@@ -158,10 +158,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, RankClasses]:
     """What the preview draws of each rank: the classes ``report`` measures, from the same code and the same
-    reading of the profiler traces (``report.activity.read_profiles``, in as many workers as report uses), so
-    that the picture and the report's figures agree to a pixel."""
-    from comm2perfetto.report.activity import read_profiles  # only with --preview
+    reading of the profiler traces (``sources.kineto.profile.read_profiles``, in worker processes), so that the
+    picture and the report's figures agree to a pixel."""
     from comm2perfetto.report.classes import job_classes
+    from comm2perfetto.sources.kineto.profile import read_profiles  # only with --preview
 
     files = {} if no_profiler else {r: [Path(p) for p in job.ranks[r].kineto_files]
                                     for r in ranks if r in job.ranks and job.ranks[r].kineto_files}

@@ -10,27 +10,23 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import sys
-from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option, attempts_note
+from comm2perfetto.cli.attempts import attempts_note
+from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
+from comm2perfetto.match import TRACES_NONE, TRACES_SPANS, load_job
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
-from comm2perfetto.report.activity import read_profiles
 from comm2perfetto.report.document import build_report
-from comm2perfetto.sources.discover import adopt_traces, drop_traces, load_sources
 
 __all__ = ["add_parser", "build_document", "run"]
-
-_MAX_PROFILE_WORKERS = 8
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,9 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(not symmetric memory, NVSHMEM ...), times rounded as --hta-rounding does")
     add_trace_rank_option(p)
     add_sample_option(p)
-    add_attempt_option(p)
-    p.add_argument("--force", action="store_true",
-                   help="read files that look like they come from different jobs together anyway")
+    add_reading_options(p)
     p.set_defaults(func=run)
 
 
@@ -80,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
                          hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
                          trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
-                         sample=args.sample)
+                         workers=jobs_option(args), sample=args.sample)
     if plot is not None:
         try:
             write_plot(doc, plot)
@@ -95,48 +89,39 @@ def run(args: argparse.Namespace) -> int:
 def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
                    profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
                    trace_ranks: dict[str, int] | None = None, force: bool = False,
-                   attempt: int | None = None, sample: bool = False) -> dict:
+                   attempt: int | None = None, workers: int | None = None, sample: bool = False) -> dict:
     """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
     restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
     with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
-    ``Comm2PerfettoError``."""
+    ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
     progress = Progress("reading dumps (ranks)")
+    trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
     try:
-        # profiler traces are listed here and read below, as spans and communication events, in workers
-        src = load_sources(paths, force=force, with_stacks=False, progress=progress, read_traces=False,
-                           trace_ranks=trace_ranks, attempt=attempt)
-        if not profiler:
-            drop_traces(src)
+        # profiler traces as spans and communication events, read in worker processes
+        job = load_job(paths, force=force, with_stacks=False, progress=progress,
+                       traces=TRACES_SPANS if profiler else TRACES_NONE, whole_us=hta_rounding or hta_scope,
+                       hta_scope=hta_scope, trace_progress=trace_progress, trace_ranks=trace_ranks, attempt=attempt,
+                       workers=workers, sample=sample)
     finally:
         progress.finish()
-    kineto = {} if not profiler else {r: [Path(p) for p in files] for r, files in src.kineto.items()}
-    progress = Progress("reading profiler traces (ranks)")
-    try:
-        profiles = read_profiles(kineto, workers=min(len(kineto), os.cpu_count() or 1, _MAX_PROFILE_WORKERS),
-                                 progress=progress, whole_us=hta_rounding or hta_scope,
-                                 hta_scope=hta_scope, collectives=True)
-    finally:
-        progress.finish()
-    adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
-    job = None
-    if src.fr or src.logs or src.traces:
-        from comm2perfetto.match import build_job  # matching is a third of the start-up: only when needed
-
-        with Phase("matching collectives across ranks"):
-            job = build_job(src, lazy_stacks=True, sample=sample)
+        trace_progress.finish()
+    profiles = dict(job.profiles)
+    # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
+    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values()) \
+        or any(p.traces for p in profiles.values())
     with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job, profiles, steps=steps, depth=depth)
+        doc = build_report(job if matched else None, profiles, steps=steps, depth=depth)
     doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
     if hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
     elif hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(src.attempt, src.attempts, paths, force, trace_ranks or {}, "this report")
+    attempts = attempts_note(job.attempt, job.attempts, paths, force, trace_ranks or {}, "this report")
     if attempts is not None:
         doc["notes"].insert(0, attempts)
-    doc["notes"].extend(job.notes if job is not None else src.notes)
-    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in src.skipped)
+    doc["notes"].extend(job.notes)
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
     return doc
 
 

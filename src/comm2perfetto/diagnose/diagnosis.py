@@ -25,6 +25,8 @@ scatter/gather's per-rank sizes are allowed to differ. Unlike it, the culprit of
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -60,6 +62,7 @@ from comm2perfetto.diagnose.weigh import (
     in_progress,
     no_collectives,
 )
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -177,8 +180,14 @@ def history_order(job: Job) -> waits.Order:
         if (rank, uid) not in cache:
             group = job.groups.get(uid)
             i = group.ranks.index(rank) if group is not None and rank in group.ranks else -1
-            cache[(rank, uid)] = [(c.seq, t) for c in job.collectives.get(uid, ()) if i >= 0
-                                  and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
+            cols = job.collectives.get(uid, ())
+            if i >= 0 and isinstance(cols, GroupCollectives):  # the rank's columns, not every rank's tuples
+                cache[(rank, uid)] = [(seq, t) for seq, sig, t in zip(
+                    cols.seqs, cols.member_column("signatures", rank), cols.member_column("arrive_ns", rank))
+                    if sig is not None and t is not None]
+            else:
+                cache[(rank, uid)] = [(c.seq, t) for c in cols if i >= 0
+                                      and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
         return cache[(rank, uid)]
 
     def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
@@ -255,7 +264,8 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
     start = max((c.first_seq for c in covs if c is not None), default=0)
     n = len(group.ranks)
     horizon = _stale_dumps(job, group, cols)
-    for c in cols:
+    settled = cols.settled_prefix() if isinstance(cols, GroupCollectives) else 0  # skipped in C, not one by one
+    for c in itertools.islice(cols, settled, None):
         if c.seq < start:
             continue
         beyond = {r for r, h in horizon.items() if c.seq >= h}  # their dump is too old to speak about c
@@ -292,19 +302,39 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
     collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
     without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
     out: dict[int, int] = {}
+    done_somewhere: dict[int, bool] = {}
+
+    def completed_anywhere(k: int) -> bool:
+        if k not in done_somewhere:
+            done_somewhere[k] = COMPLETED in cols[k].states
+        return done_somewhere[k]
+
     for i, rank in enumerate(group.ranks):
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
             continue
-        tail = [c for c in cols if c.signatures[i] is not None and c.seq <= cov.last_seq][-STALE_TAIL:]
-        stale = []
-        for c in reversed(tail):
-            if c.states[i] not in (STARTED, SCHEDULED) or COMPLETED not in c.states:
+        # its last records (up to STALE_TAIL), newest first, read one value at a time: no rank's tuple of
+        # every collective (a group of 16,384 ranks asks this of each)
+        stale: list[int] = []
+        seen = 0
+        k = bisect.bisect_right(cols, cov.last_seq, key=lambda c: c.seq) - 1
+        while k >= 0 and seen < STALE_TAIL:
+            state = _state_at(cols, i, rank, k)
+            k -= 1
+            if state is None:
+                continue  # no record of it on this rank
+            seen += 1
+            if state not in (STARTED, SCHEDULED) or not completed_anywhere(k + 1):
                 break
-            stale.append(c.seq)
+            stale.append(cols[k + 1].seq)
         if len(stale) >= 2:
             out[rank] = min(stale)
     return out
+
+
+def _state_at(cols: Sequence[Collective], i: int, rank: int, k: int) -> str | None:
+    """The state of ``rank`` (``i``-th member) in the ``k``-th collective, read from its column alone."""
+    return cols.value("states", rank, k) if isinstance(cols, GroupCollectives) else cols[k].states[i]
 
 
 def _harmless(c: Collective) -> bool:

@@ -15,47 +15,37 @@ Two bases, chosen per rank:
   annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
   inside a user's range that wraps the whole step.
 
-Profiler traces are read in worker processes (:func:`kineto_intervals` returns compact unions, not events).
+Profiler traces are read by the loader (``match.load_job(traces="spans")``), in worker processes, into compact
+unions (``sources.kineto.profile.RankProfile``), not events.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
-from functools import cached_property, partial
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from operator import itemgetter
-from pathlib import Path
 
-from comm2perfetto.model import Job
-from comm2perfetto.report.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto_spans
+from comm2perfetto.group_columns import GroupCollectives
+from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
+from comm2perfetto.model import Job, RankProfile
+from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
+
+__all__ = [
+    "CPU",
+    "GPU",
+    "RankActivity",
+    "RankProfile",
+    "flight_recorder_comm",
+    "kineto_intervals",
+    "rank_activity",
+    "read_profiles",
+]
 
 GPU = "gpu"
 CPU = "cpu"
 _END = itemgetter(1)
-
-
-@dataclass(frozen=True)
-class KinetoIntervals:
-    """One rank's profiler traces reduced to unions, on that rank's own clock. Picklable, small."""
-
-    gpu_compute: list[Span] = field(default_factory=list)
-    gpu_comm: list[Span] = field(default_factory=list)
-    gpu_memory: list[Span] = field(default_factory=list)
-    cpu_compute: list[Span] = field(default_factory=list)
-    cpu_comm: list[Span] = field(default_factory=list)
-    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
-    # leaves their shape, so the workers that read the traces compute them, in parallel.
-    gpu_overlapped: list[Span] | None = None
-    gpu_busy: list[Span] | None = None
-    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
-    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
-    windows: tuple[Span, ...] = ()  # each trace's first to last event: where the profiler was running
-    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
-    events: int = 0
-    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,86 +85,19 @@ class RankActivity:
         return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
 
 
-def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False,
-                     collectives: bool = False) -> KinetoIntervals:
-    """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
-    ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
-    gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
-    cpu_compute: list[Span] = []
-    cpu_comm: list[Span] = []
-    steps: list[tuple[int, int, int]] = []
-    gpu_steps: list[tuple[int, int, int]] = []
-    windows: list[Span] = []
-    traces: list = []
-    notes: list[str] = []
-    events = 0
-    for path in paths:
-        try:
-            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
-        except KinetoFormatError as exc:
-            notes.append(f"skipped {path}: {exc}")
-            continue
-        events += trace.event_count
-        for klass, spans in trace.gpu.items():
-            gpu[klass] += spans
-        cpu_compute += trace.cpu_compute
-        cpu_comm += trace.comm
-        steps.extend(trace.steps)
-        gpu_steps.extend(trace.gpu_steps)
-        if trace.collectives is not None:
-            traces.append(trace.collectives)
-        parts = [part for part in (trace.cpu_compute, trace.comm, *trace.gpu.values()) if part]
-        if parts:  # tuple comparison and itemgetter: C speed on a trace's hundred thousand spans
-            windows.append((min(min(part)[0] for part in parts), max(max(part, key=_END)[1] for part in parts)))
-    windows.sort()
-    if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
-        compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
-        return KinetoIntervals(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
-                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
-                               gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
-                               events=events, notes=tuple(notes))
-    return KinetoIntervals(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
-                           traces=tuple(traces), events=events,
-                           notes=tuple(notes))
-
-
-def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
-                  progress: Callable[[int, int], None] | None = None,
-                  whole_us: bool = False, hta_scope: bool = False,
-                  collectives: bool = False) -> dict[int, KinetoIntervals]:
-    """:func:`kineto_intervals` for every rank, in up to ``workers`` processes."""
-    ranks = sorted(kineto_files)
-    tasks = [kineto_files[r] for r in ranks]
-    read = partial(kineto_intervals, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
-    if workers <= 1 or len(ranks) <= 1:
-        return _gather(ranks, map(read, tasks), progress)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return _gather(ranks, pool.map(read, tasks), progress)
-
-
-def _gather(ranks: list[int], results: Iterable[KinetoIntervals],
-            progress: Callable[[int, int], None] | None) -> dict[int, KinetoIntervals]:
-    out: dict[int, KinetoIntervals] = {}
-    for i, (rank, result) in enumerate(zip(ranks, results)):
-        out[rank] = result
-        if progress:
-            progress(i + 1, len(ranks))
-    return out
-
-
-def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
+def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
                   fr_comm: Mapping[int, list[Span]] | None = None) -> RankActivity:
     """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``:
     ``flight_recorder_comm(job)``, when the caller has it for every rank already."""
     offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
     log = job.logs.get(rank) if job is not None else None
-    profile = profile or KinetoIntervals()
+    profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
-        compute, comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
+        gpu_compute, gpu_comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
         steps = tuple((n, b + offset, e + offset) for n, b, e in profile.gpu_steps) \
-            or _steps(log, profile, offset, envelope(compute, comm))
-        return RankActivity(rank, GPU, ("profiler GPU kernels",), compute, comm, _shift(profile.gpu_memory, offset),
+            or _steps(log, profile, offset, envelope(gpu_compute, gpu_comm))
+        return RankActivity(rank, GPU, ("profiler GPU kernels",), gpu_compute, gpu_comm,
+                            _shift(profile.gpu_memory, offset),
                             steps,
                             _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
                             tuple(_shift(list(profile.windows), offset)))
@@ -213,18 +136,28 @@ def rank_activity(job: Job | None, rank: int, profile: KinetoIntervals | None,
 def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
     """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
     patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
-    One pass over the job's collectives serves every rank."""
+    Each rank's values are read as its columns across the group's collectives (C-level slices), not as one
+    tuple of every rank per collective."""
     spans: dict[int, list[Span]] = defaultdict(list)
     for cols in job.collectives.values():
-        for c in cols:
-            for rank, source, start, arrive, end in zip(c.ranks, c.sources, c.start_ns, c.arrive_ns, c.end_ns):
+        if not cols:
+            continue
+        for rank in cols[0].ranks:
+            rows: Iterable[tuple]
+            if isinstance(cols, GroupCollectives):
+                rows = zip(*(cols.member_column(name, rank) for name in ("sources", "start_ns", "arrive_ns", "end_ns")))
+            else:
+                rows = ((c.sources[i], c.start_ns[i], c.arrive_ns[i], c.end_ns[i])
+                        for c in cols for i in (c.index_of(rank),))
+            out = spans[rank]
+            for source, start, arrive, end in rows:
                 begin = start or arrive
                 if source == "fr" and begin is not None and end is not None and end > begin:
-                    spans[rank].append((begin, end))
-    return spans
+                    out.append((begin, end))
+    return {rank: out for rank, out in spans.items() if out}
 
 
-def _steps(log, profile: KinetoIntervals, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
+def _steps(log, profile: RankProfile, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
     """Step windows on the job clock: the recorder's step marks (step n runs from the mark that started it to
     the next one, the last to the end of the rank's activity), else the profiler's ``ProfilerStep#n``."""
     marks = [(step, t) for step, t, _source in log.steps] if log is not None else []

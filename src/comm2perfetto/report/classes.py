@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from comm2perfetto.model import Job
-from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
+from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
 from comm2perfetto.report.intervals import Span, difference, intersection, union
 
 __all__ = ["CLASSES", "COMM", "COMPUTE", "IDLE", "MEMORY", "NO_DATA", "WAITING", "RankClasses", "comm_instants",
@@ -73,7 +73,7 @@ def rank_classes(activity: RankActivity, instants: Iterable[int] = ()) -> RankCl
     return RankClasses(activity.rank, activity.compute, activity.comm, activity.memory, known, sorted(instants))
 
 
-def job_classes(job: Job | None, profiles: Mapping[int, KinetoIntervals], ranks: Iterable[int]
+def job_classes(job: Job | None, profiles: Mapping[int, RankProfile], ranks: Iterable[int]
                 ) -> dict[int, RankClasses]:
     """``rank_classes`` of each of ``ranks``, from the same activity ``report`` measures (``rank_activity``);
     a rank without data has no data all along."""

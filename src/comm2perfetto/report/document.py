@@ -1,7 +1,7 @@
 """The report document: every analysis over a job, as one plain dict (the JSON contract in docs/report.md).
 
 ``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
-traces already reduced to unions (``activity.read_profiles``), and returns::
+traces already reduced to unions (``sources.kineto.profile.read_profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
      "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
-from comm2perfetto.report.activity import KinetoIntervals, RankActivity, flight_recorder_comm, rank_activity
+from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
 from comm2perfetto.report.bandwidth import collective_table
 from comm2perfetto.report.modules import module_table
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
@@ -32,12 +32,13 @@ class StepsError(Comm2PerfettoError, ValueError):
     """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
 
 
-def build_report(job: Job | None, profiles: Mapping[int, KinetoIntervals], steps: tuple[int, int] | None = None,
+def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
                  depth: int | None = None) -> dict:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
     fr_comm = flight_recorder_comm(job) if job is not None else {}
-    activities = {r: rank_activity(job, r, profiles.get(r), fr_comm) for r in ranks}
+    # each rank's Flight Recorder spans are handed over and dropped once its union is made: never held twice
+    activities = {r: rank_activity(job, r, profiles.get(r), {r: fr_comm.pop(r, [])}) for r in ranks}
     notes = [n for p in profiles.values() for n in p.notes]
     windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
                for r, a in activities.items()}

@@ -38,6 +38,7 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
+from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
@@ -60,6 +61,7 @@ __all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover
 HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"
+FR_COLUMNS = "fr_columns"  # a rank's Flight Recorder data in compact columns (``comm2perfetto compact``)
 VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
 
 
@@ -112,6 +114,8 @@ def classify(head: bytes, name: str) -> str | None:
     """Which kind of file these first bytes start, or None when unknown."""
     if looks_like_pickle(head):
         return FR
+    if head.startswith(COLUMNS_MAGIC):
+        return FR_COLUMNS
     if head[:2] == b"\x1f\x8b":
         inner = gunzip_head(head, HEAD_BYTES)
         if looks_like_pickle(inner):  # a gzipped dump (rank3.pkl.gz)
@@ -207,7 +211,7 @@ def _attempt_below(root: Path, path: Path) -> int:
 
 
 # What torchrun's restart makes anew in each attempt; job files describe the whole run.
-_ATTEMPT_KINDS = (FR, EVENT_LOG, STACKS, KINETO)
+_ATTEMPT_KINDS = (FR, FR_COLUMNS, EVENT_LOG, STACKS, KINETO)
 # A job file's fields that tell how the whole run ended: its last attempt's ending, none of an earlier one's.
 _RUN_END_FIELDS = ("exit_status", "signal", "signal_ns", "killed_leftovers")
 
@@ -250,7 +254,7 @@ def load_sources(
     With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
     ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
     ``Job.stack_of`` re-reads the few a report needs. ``workers``: processes reading dumps (default: one per
-    CPU up to 8 from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides). ``progress(done, total)``
+    core from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides; ``--jobs``). ``progress(done, total)``
     is called as ranks' dumps are read.
     """
     found, skipped = _discover(paths)
@@ -304,7 +308,7 @@ def load_sources(
     src.skipped.extend(trace_skipped)
     problems.extend(trace_problems)
 
-    _load_fr(by_kind[FR], src, problems, with_stacks, workers, progress)
+    _load_fr(by_kind[FR] + by_kind[FR_COLUMNS], src, problems, with_stacks, workers, progress)
     _drop_outside_world(src, trace_world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
@@ -403,7 +407,7 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
     reference: dict[tuple[str, str], tuple[int, dict[int, int]]] = {}
     for rank in sorted(src.fr):
         for key, gt in src.fr[rank].groups.items():
-            times = {s: t for s, t in zip(gt.seqs[-MIXED_TAIL:], gt.created_ns[-MIXED_TAIL:]) if t}
+            times = {s: t for s, t in zip(gt.seq_col[-MIXED_TAIL:], gt.created_col[-MIXED_TAIL:]) if t > 0}
             if key not in reference:
                 reference[key] = (rank, times)
                 continue
@@ -480,7 +484,7 @@ def _dumps_times(src: Sources) -> list[int]:
     times: list[int] = []
     for trace in src.fr.values():
         for gt in trace.groups.values():
-            known = [t for t in (gt.created_ns[:1] + gt.created_ns[-1:]) if t]
+            known = [t for t in (gt.created_col[:1] + gt.created_col[-1:]) if t > 0]
             times.extend(known)
     for log in src.logs.values():
         times.extend(c.t_call_ns for c in log.calls[:1] + log.calls[-1:])
@@ -488,7 +492,6 @@ def _dumps_times(src: Sources) -> list[int]:
 
 
 PARALLEL_MIN_RANKS = 32  # below this, starting workers costs more than it saves
-MAX_WORKERS = 8
 
 
 def _load_fr(
@@ -549,7 +552,15 @@ def _worker_count(ranks: int, requested: int | None) -> int:
         return max(1, min(requested, ranks))
     if ranks < PARALLEL_MIN_RANKS or not sys.platform.startswith("linux"):
         return 1
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    return max(1, min(cores(), ranks))
+
+
+def cores() -> int:
+    """The cores this process may run on (a job scheduler's CPU set, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 # What reading one rank's dumps gives: (rank, its columns or None, a conflict, what was skipped, the stacks used).
@@ -559,8 +570,12 @@ _RankLoad = tuple[int, FrRankTrace | None, str | None, list[Skipped], dict[int, 
 def _load_rank(
     rank: int, files: list[FoundFile], stack_table: StackTable, signatures: SignatureTable, with_stacks: bool,
 ) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
-    """Read and normalise one rank's dumps: (trace or None, snapshot conflict, skipped files, stacks used)."""
+    """Read and normalise one rank's dumps (or its compact columns file, written by ``comm2perfetto compact``):
+    (trace or None, snapshot conflict, skipped files, stacks used)."""
     skipped: list[Skipped] = []
+    columns = [f for f in files if f.kind == FR_COLUMNS]
+    if columns:
+        return _load_columns(rank, columns[0], [f for f in files if f is not columns[0]], stack_table, signatures)
     dumps: list[FrDump] = []
     for f in files:
         try:
@@ -579,6 +594,25 @@ def _load_rank(
     return trace, conflict, skipped, {}
 
 
+def _load_columns(rank: int, f: FoundFile, others: list[FoundFile], stack_table: StackTable,
+                  signatures: SignatureTable) -> tuple[FrRankTrace | None, str | None, list[Skipped], dict[int, Any]]:
+    """A rank's compact columns file, checked as any input; the rank's other dumps are left aside."""
+    skipped = [Skipped(str(o.path), f"rank {rank}'s compact columns file {f.path.name} is read instead")
+               for o in others]
+    from comm2perfetto.sources.fr.compact import read_fr_columns  # only where `compact` wrote files
+
+    try:
+        trace, conflict = read_fr_columns(f.path, stack_table)
+    except FrFormatError as exc:
+        return None, None, [*skipped, Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: "))], {}
+    if trace.rank != rank:
+        return None, None, [*skipped, Skipped(str(f.path), f"holds rank {trace.rank}'s data but its name says rank "
+                                                           f"{rank}; not read")], {}
+    for track in trace.groups.values():  # one object per distinct signature, as for dumps
+        track.sig_table = list(map(signatures.intern, track.sig_table))
+    return trace, conflict, skipped, {}
+
+
 # --- parallel loading ------------------------------------------------------------------------------------
 
 _worker_tables: tuple[StackTable, SignatureTable] | None = None
@@ -593,9 +627,9 @@ def _worker_load(task: tuple[int, list[FoundFile], bool]) -> tuple:
     rank, files, with_stacks = task
     trace, conflict, skipped, _ = _load_rank(rank, files, stacks, signatures, with_stacks)
     used: dict[int, Any] = {}
-    if trace is not None and with_stacks:
+    if trace is not None and (with_stacks or any(t.stack_table for t in trace.groups.values())):
         for track in trace.groups.values():
-            for sid in set(track.stack_ids) | {row[7] for row in track.p2p}:
+            for sid in set(track.stack_table) | {row[7] for row in track.p2p}:
                 if sid is not None:
                     used[sid] = stacks.stacks[sid]
     return rank, trace, conflict, skipped, used
@@ -618,16 +652,14 @@ def _adopt(trace: FrRankTrace, used_stacks: dict[int, Any], src: Sources) -> Non
     distinct signatures and stacks.
     """
     table = src.stack_table
-    sid_of: dict[int | None, int | None] = {None: None}
+    sid_of: dict[int, int] = {}
     for sid, stack in used_stacks.items():
         sid_of[sid] = table.intern(tuple(table.frame(f.file, f.line, f.func) for f in stack))
     intern = src.signatures.intern
     for track in trace.groups.values():
-        ids = list(map(id, track.sigs))
-        new = {k: intern(s) for k, s in dict(zip(ids, track.sigs)).items()}
-        track.sigs = list(map(new.__getitem__, ids))
+        track.sig_table = list(map(intern, track.sig_table))  # the columns hold ids into these: nothing per row
         if used_stacks:
-            track.stack_ids = list(map(sid_of.__getitem__, track.stack_ids))
+            track.stack_table = list(map(sid_of.__getitem__, track.stack_table))
         if track.p2p:
             track.p2p = [row[:3] + (intern(row[3]),) + row[4:7] + (sid_of.get(row[7]),) + row[8:]
                          for row in track.p2p]

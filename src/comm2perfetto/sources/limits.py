@@ -25,9 +25,9 @@ MAX_FILE_BYTES = 1 << 29
 # The largest profiler trace read (after gzip): Kineto JSON of many profiled GPU steps reaches a gigabyte.
 MAX_TRACE_BYTES = 1 << 31
 # Times are integer nanoseconds of CLOCK_REALTIME (or, in some fields, CLOCK_MONOTONIC): never negative and
-# within a uint64, which Perfetto's timestamps are (and an array('Q') checks in C). Ids and sequence numbers
-# have the same range.
-MAX_TIME_NS = (1 << 64) - 1
+# within an int64 (the year 2262), which the readers' columns hold them in (and an array('q') checks in C).
+# Ids and sequence numbers have the same range.
+MAX_TIME_NS = (1 << 63) - 1
 # A time of a job's event is at least a day after the epoch (clock offsets between ranks, at most a day too,
 # never take it below zero) and, in an event log, within a year of the rank's start (its header's wall_ns).
 MIN_TIME_NS = 86_400 * 10**9
@@ -105,7 +105,7 @@ def world_ok(value: Any) -> TypeGuard[int]:
 
 
 def time_ok(value: Any) -> bool:
-    """A time in ns: an int in [0, 2**64)."""
+    """A time in ns: an int in [0, 2**63)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
 
 
@@ -114,7 +114,7 @@ def opt_time_ok(value: Any) -> bool:
 
 
 def count_ok(value: Any) -> bool:
-    """A sequence number, id or size: an int in [0, 2**64)."""
+    """A sequence number, id or size: an int in [0, 2**63)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
 
 

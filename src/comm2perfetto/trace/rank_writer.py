@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from operator import itemgetter, sub
+from operator import sub
 from typing import Any
 
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature, gpu_backend
@@ -151,7 +151,7 @@ class RankWriter:
             out.append((group.label, items))
         return out
 
-    def _group_collectives(self, uid: str, cols: tuple[Collective, ...], i: int, items: list[Item]) -> None:
+    def _group_collectives(self, uid: str, cols: Sequence[Collective], i: int, items: list[Item]) -> None:
         """This rank's slice of every collective of one group: the hot part of a big merge (2M slices).
 
         Built a column at a time at C speed (every collective's value for this rank at once, see GroupTable).
@@ -165,13 +165,12 @@ class RankWriter:
         stalled = {seq: waits[rank] for (u, seq), waits in self.markers.stalled.items()
                    if u == uid and rank in waits}
         mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
-        get = itemgetter(i)
-        arrive, ends = list(map(get, table.arrive)), list(map(get, table.ends))
+        arrive, ends = table.work_columns(rank)  # its GPU work where a trace shows it, else arrival to end
         odd: Sequence[int]
         if self.window is not None:
             odd = range(len(arrive))
         else:
-            odd = table.odd_positions(list(map(get, table.signatures)), arrive, ends)
+            odd = table.odd_positions(table.column("signatures", rank), arrive, ends)
             marked = {table.position[seq] for seq in (*stalled, *mismatched) if seq in table.position}
             if marked:
                 odd = sorted(marked.union(odd))
@@ -185,7 +184,7 @@ class RankWriter:
         # {"lateness_ns": arrival - the first rank's}, made at C speed
         lateness = map(dict.fromkeys, itertools.repeat(("lateness_ns",)), map(sub, begins, table.firsts))
         slices: list[Item | None] = list(zip(arrive, ends, table.ops, lateness, itertools.repeat("collective"),
-                                             table.shared_of(get, rank), itertools.repeat(NO_FLOWS)))
+                                             table.shared_of(rank), itertools.repeat(NO_FLOWS)))
         if len(odd) < len(slices):
             self._seen(min(begins), max(stops))
         for k in odd:
@@ -224,7 +223,8 @@ class RankWriter:
     def _collective_slice(self, row: Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
                           ) -> Item | None:
         """This rank's slice of one collective, the careful way (see _group_collectives); None: none here."""
-        c, common, flow = row
+        cols, k, common, flow = row
+        c = cols[k]
         sig = c.signatures[i]
         if sig is None:
             return None

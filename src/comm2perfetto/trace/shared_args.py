@@ -11,10 +11,11 @@ import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import getitem, gt, is_not, itemgetter, not_
+from operator import getitem, gt, is_not, not_
 from types import MappingProxyType
 from typing import Any
 
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import Collective, Job, Signature, call_site, tensor_bytes
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
@@ -115,60 +116,94 @@ class _Common(dict[tuple[str | None, int | None, str | None, int | None], Shared
         return self.others[-1]
 
 
-# Per collective of a group: the collective, the shared part of its slices, its flow.
-Row = tuple[Collective, _Common, Flow | None]
+# Per collective of a group: where to read the collective (its group's collectives, its position), the shared
+# part of its slices, its flow. Not the view itself: a view keeps the per-rank tuples it has built.
+Row = tuple[Sequence[Collective], int, _Common, Flow | None]
 
 
 class GroupTable:
     """One group's collectives laid out for the rank-by-rank walk; built once, read by every rank.
 
-    ``rows``: per collective some rank issued, the collective, what its slices share and its flow. Per-rank
-    fields are columns, one per-rank tuple per collective: ``map(itemgetter(i), table.arrive)`` reads rank
-    ``i``'s arrival in every collective at C speed. The other lists hold one value per collective.
+    ``rows``: per collective, where to read it, what its slices share and its flow. Per-rank fields are read
+    as one rank's column across the group's collectives (``column``: C-level slices of that rank's track,
+    see ``group_columns``), so no per-rank tuple of every collective is held: the table costs a few values per
+    collective whatever the group's size. The other lists hold one value per collective.
     """
 
-    def __init__(self, cols: tuple[Collective, ...], flows: Mapping[int, Flow], sites: SiteCache) -> None:
+    def __init__(self, cols: Sequence[Collective], flows: Mapping[int, Flow], sites: SiteCache) -> None:
+        self.cols = cols
         self.rows: list[Row] = []
-        for c in cols:
-            sig = next((s for s in c.signatures if s is not None), None)
-            if sig is not None:
-                flow = flows.get(c.seq)
-                self.rows.append((c, _Common(c, sig, sites, flow), flow))
-        issued = [c for c, _, _ in self.rows]
-        self.position = {c.seq: k for k, c in enumerate(issued)}
-        self.signatures = [c.signatures for c in issued]
-        # each rank's slice: its GPU work where a trace shows it, else its arrival to its end
-        work = [c.work_ns for c in issued]
-        self.arrive = [begins for begins, _ in work]
-        self.ends = [ends for _, ends in work]
-        self.states = [c.states for c in issued]
-        self.stack_ids = [c.stack_ids for c in issued]
-        self.sources = [c.sources for c in issued]
-        self.commons = [common for _, common, _ in self.rows]
+        usual_states: list[str | None] = []
+        usual_stack_ids: list[int | None] = []
+        usual_sources: list[str | None] = []
+        for k, c in enumerate(cols):  # each view is dropped after this: its tuples are not kept
+            sigs = c.signatures
+            j, sig = next(((j, s) for j, s in enumerate(sigs) if s is not None), (None, None))
+            if sig is None or j is None:
+                continue
+            flow = flows.get(c.seq)
+            self.rows.append((cols, k, _Common(c, sig, sites, flow), flow))
+            usual_states.append(c.states[j])
+            usual_stack_ids.append(c.stack_ids[j])
+            usual_sources.append(c.sources[j])
+        self.indices = [k for _, k, _, _ in self.rows]
+        self.seqs = [cols[k].seq for k in self.indices] if len(self.indices) != len(cols) else \
+            [c.seq for c in cols]
+        self.position = {seq: k for k, seq in enumerate(self.seqs)}
+        self.commons = [common for _, _, common, _ in self.rows]
         self.common_sigs = [common.sig for common in self.commons]
         self.ops = [sig.op for sig in self.common_sigs]
         self.firsts = [common.first or 0 for common in self.commons]  # 0: no arrival, the careful way
         # Flow roles: the middle one (shared_of puts the first and last rank's in their place).
-        self.roles = [None if flow is None else STEP for _, _, flow in self.rows]
+        self.roles = [None if flow is None else STEP for _, _, _, flow in self.rows]
         self.flow_starts: dict[int, list[int]] = defaultdict(list)  # rank -> positions of the flows it starts
         self.flow_ends: dict[int, list[int]] = defaultdict(list)
-        for k, (_, _, flow) in enumerate(self.rows):
+        for k, (_, _, _, flow) in enumerate(self.rows):
             if flow is not None:
                 self.flow_starts[flow.first].append(k)
                 self.flow_ends[flow.last].append(k)
         # The (state, stack id, source) of the first rank with a slice, and its SharedArgs: what most ranks have.
-        usual = [c.signatures.index(common.sig) for c, common, _ in self.rows]
-        self.usual_states = [c.states[j] for c, j in zip(issued, usual)]
-        self.usual_stack_ids = [c.stack_ids[j] for c, j in zip(issued, usual)]
-        self.usual_sources = [c.sources[j] for c, j in zip(issued, usual)]
+        self.usual_states, self.usual_stack_ids, self.usual_sources = usual_states, usual_stack_ids, usual_sources
         self.usual_shared = list(map(getitem, self.commons, zip(self.usual_states, self.usual_stack_ids,
                                                                 self.usual_sources, self.roles)))
 
-    def shared_of(self, get: itemgetter, rank: int) -> list[SharedArgs]:
-        """The SharedArgs of ``rank``'s slice of each collective (``get`` reads its column), at C speed."""
-        states = list(map(get, self.states))
-        stack_ids = list(map(get, self.stack_ids))
-        sources = list(map(get, self.sources))
+    def column(self, name: str, rank: int) -> list:
+        """``rank``'s value of a per-rank field (``signatures``, ``arrive_ns``, ``end_ns``, ``states`` ...) in
+        each collective of the table, in order."""
+        cols = self.cols
+        if isinstance(cols, GroupCollectives):
+            values = cols.member_column(name, rank)
+        else:
+            i = cols[0].ranks.index(rank) if cols else 0
+            values = [v[i] if (v := getattr(c, name)) else None for c in cols]  # () where no rank has a value
+        if len(self.indices) == len(values):
+            return values
+        return [values[k] for k in self.indices]
+
+    def work_columns(self, rank: int) -> tuple[list, list]:
+        """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it: its GPU work
+        where a trace shows it; on a GPU with only Flight Recorder's duration, that long from its enqueue, and
+        without either no end (None); else (CPU backends) its arrival to its end."""
+        arrive, ends = self.column("arrive_ns", rank), self.column("end_ns", rank)
+        cols = self.cols
+        on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
+        gpu_begins = self.column("gpu_begin_ns", rank)
+        if not on_gpu and not any(b is not None for b in gpu_begins):
+            return arrive, ends
+        begins, stops = arrive.copy(), ends.copy()
+        for k, (b, d) in enumerate(zip(gpu_begins, self.column("duration_ns", rank))):
+            if b is not None and d is not None:
+                begins[k], stops[k] = b, b + d
+            elif on_gpu:
+                a = arrive[k]
+                stops[k] = a + d if d is not None and a is not None else None
+        return begins, stops
+
+    def shared_of(self, rank: int) -> list[SharedArgs]:
+        """The SharedArgs of ``rank``'s slice of each collective, at C speed."""
+        states = self.column("states", rank)
+        stack_ids = self.column("stack_ids", rank)
+        sources = self.column("sources", rank)
         if states == self.usual_states and stack_ids == self.usual_stack_ids and sources == self.usual_sources:
             shared = self.usual_shared.copy()
         else:  # _Common.__missing__ makes the ones not seen yet

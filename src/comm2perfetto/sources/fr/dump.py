@@ -41,7 +41,8 @@ from comm2perfetto.sources.fr.tables import StackTable, stack_id
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
-__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name", "stack_for"]
+__all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name",
+           "stacks_by_collective"]
 
 P2P_OPS = frozenset({"send", "recv"})
 _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
@@ -148,7 +149,7 @@ def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgC
         if isinstance(ranks, str):  # FR writes the list as a string, "[0, 1]"
             ranks = _rank_list(ranks)
         elif isinstance(ranks, (list, tuple)):
-            ranks = _checked_ranks(ranks)
+            ranks = checked_ranks(ranks)
         if isinstance(ranks, tuple) and ranks:
             out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
         elif name:
@@ -177,13 +178,13 @@ def _rank_list(text: str) -> tuple[int, ...] | None:
                 value = ast.literal_eval(text)  # e.g. "(0, 1)"; literal_eval evaluates data only
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 value = None
-    ranks = _checked_ranks(value) if isinstance(value, (list, tuple)) else None
+    ranks = checked_ranks(value) if isinstance(value, (list, tuple)) else None
     if len(_RANK_LISTS) < 4096:
         _RANK_LISTS[text] = ranks
     return ranks
 
 
-def _checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
+def checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
     if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
         return None
     ranks = tuple(value)
@@ -264,22 +265,32 @@ def split_profiling_name(name: str) -> tuple[str, str, int | None, int | None]:
     return backend, rest.split(" ")[0], None, None
 
 
-def stack_for(dumps: list[FrDump], stacks: StackTable, pg_name: str, seq: int, p2p: bool = False) -> Stack:
-    """The call stack of one collective (group name, collective seq), or with ``p2p`` of one send or recv
-    (group name, p2p seq), in these dumps, () if absent.
+def stacks_by_collective(dumps: list[FrDump], stacks: StackTable, p2p: bool = False) -> dict[tuple[str, int], Stack]:
+    """The call stack of every collective (group name, collective seq) in these dumps, in one pass; with
+    ``p2p``, of every send and recv (group name, p2p seq).
 
-    Used to resolve call sites on demand when the job was loaded without them.
+    Used to resolve call sites on demand when the job was loaded without them: a rank's dumps are read once
+    for all the collectives asked about. The latest snapshot wins; in a coalesced group, its first entry
+    (the user's call). Frames shared between entries (torch's pickler shares them) are converted once.
     """
-    key = "p2p_seq_id" if p2p else "collective_seq_id"
+    out: dict[tuple[str, int], Stack] = {}
+    key_name = "p2p_seq_id" if p2p else "collective_seq_id"
     for d in reversed(dumps):  # the latest snapshot first
+        converted: dict[tuple[int, ...], Stack] = {}
         for e in d.entries:
             frames = e.get("frames")
             if not frames or not isinstance(frames, list) or bool(e.get("is_p2p")) != p2p:
                 continue
             pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
-            if not isinstance(pg, (tuple, list)) or not pg or pg[0] != pg_name:
+            seq = e.get(key_name, e.get("seq_id"))
+            if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or type(seq) is not int:
                 continue
-            if e.get(key, e.get("seq_id")) == seq:
-                # the first entry of a coalesced group holds the user's call
-                return stacks.stacks[stack_id(frames, {}, stacks)]
-    return ()
+            key = (pg[0], seq)
+            if key in out:
+                continue
+            ids = tuple(map(id, frames))
+            stack = converted.get(ids)
+            if stack is None:
+                stack = converted[ids] = stacks.stacks[stack_id(frames, {}, stacks)]
+            out[key] = stack
+    return out

@@ -1,7 +1,8 @@
 """Normalising one rank's Flight Recorder entries into columns (the hot path of loading). Never imports torch.
 
 Raw entries (see ``dump.py`` for the format) become, per process group, one row per collective in a
-few lists (``GroupTrack``) plus the group's point-to-point ops; the entry dicts are dropped right after. The
+few lists, packed at the end into compact columns (``columns.GroupTrack``), plus the group's point-to-point
+ops; the entry dicts are dropped right after. The
 work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
 Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
 the first rank's, old formats. Entries are checked the same way (one C pass per column: an array('Q')
@@ -16,18 +17,22 @@ from array import array
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from math import isnan
 from operator import itemgetter
 from typing import Any
 
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, Signature
+from comm2perfetto.sources.fr.columns import GroupTrack
 from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
 
 
 @dataclass(slots=True)
-class GroupTrack:
-    """One rank's collectives on one process group, as columns sorted by seq (one row per collective)."""
+class _Rows:
+    """One rank's collectives on one process group while they are assembled, as lists sorted by seq (one row
+    per collective); ``GroupTrack.from_rows`` then packs them into compact columns."""
 
     name: str
     desc: str
@@ -41,8 +46,8 @@ class GroupTrack:
     stack_ids: list[int | None] = field(default_factory=list)
     op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
     record_ids: list[int] = field(default_factory=list)
-    # The GPU time of each collective (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
-    durations_ns: list[int | None] = field(default_factory=list)
+    # The GPU time of each collective in ms (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
+    durations_ms: list[float | None] = field(default_factory=list)
     # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
     p2p: list[tuple] = field(default_factory=list)
 
@@ -56,7 +61,7 @@ class FrRankTrace:
     version: str
     backend: str
     pg_config: dict[str, PgConfig]
-    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc)
+    groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc): compact columns
     completed_upto: dict[tuple[str, str], int]
     notes: list[str] = field(default_factory=list)  # what was skipped while reading, one line per kind
 
@@ -146,7 +151,7 @@ def build_rank_trace(
     for d in sorted(dumps, key=_snapshot_age):  # later snapshots win
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
-    groups: dict[tuple[str, str], GroupTrack] = {}
+    groups: dict[tuple[str, str], _Rows] = {}
     entries, cols, rejected = _checked(entries)
     if rejected:
         notes.append(f"{_files_text(dumps)}: {rejected[0]:,} malformed Flight Recorder entries skipped "
@@ -155,9 +160,15 @@ def build_rank_trace(
     completed_upto = _apply_pg_status(groups, status, backend)
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
-        groups=groups, completed_upto=completed_upto, notes=notes,
+        groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto, notes=notes,
     )
     return trace, conflict
+
+
+def _compact(rows: _Rows) -> GroupTrack:
+    return GroupTrack.from_columns(rows.name, rows.desc, rows.pg_ids, rows.seqs, rows.sigs, rows.states,
+                                   rows.created_ns, rows.started_ns, rows.completed_ns, rows.stack_ids,
+                                   rows.record_ids, rows.durations_ms, rows.p2p)
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -174,7 +185,6 @@ _MODERN_KEYS = (
     "time_discovered_completed_ns", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
     "output_dtypes", "record_id",
 )
-_modern_row = itemgetter(*_MODERN_KEYS)
 
 
 def _slow_row(e: dict[str, Any], index: int) -> tuple:
@@ -197,13 +207,17 @@ def _slow_row(e: dict[str, Any], index: int) -> tuple:
     )
 
 
-def _rows(entries: list[dict[str, Any]]) -> list[tuple]:
+_GETTERS = tuple(map(itemgetter, _MODERN_KEYS))
+
+
+def _columns(entries: list[dict[str, Any]]) -> list[tuple]:
+    """One tuple per key of ``_MODERN_KEYS``, each read in one C pass over the entries (no per-entry tuple)."""
     if entries and all(k in entries[0] for k in _MODERN_KEYS):
         try:
-            return list(map(_modern_row, entries))
+            return [tuple(map(get, entries)) for get in _GETTERS]
         except (KeyError, TypeError):
             pass  # a mixed dump: take the careful path
-    return [_slow_row(e, i) for i, e in enumerate(entries)]
+    return list(zip(*[_slow_row(e, i) for i, e in enumerate(entries)]))
 
 
 def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
@@ -216,10 +230,10 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     tuple per key of ``_MODERN_KEYS``, what ``_ingest`` works on), and (count, first problem) of those that
     do not. Whole columns are checked in C; only a rank whose columns fail is checked entry by entry.
     """
-    rows = _rows(entries)
-    cols = list(zip(*rows))
-    if not rows or _columns_ok(cols):
+    cols = _columns(entries)
+    if not entries or _columns_ok(cols):
         return entries, cols, None
+    rows = list(zip(*cols))
     kept, kept_rows, bad, first = [], [], 0, ""
     for e, row in zip(entries, rows):
         problem = _row_problem(row)
@@ -239,7 +253,8 @@ def _columns_ok(cols: list[tuple]) -> bool:
     names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
     if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
         return False
-    if created.count(None) != len(created) and min(x for x in created if x is not None) < MIN_TIME_NS:
+    known = created if None not in created else [x for x in created if x is not None]
+    if known and min(known) < MIN_TIME_NS:
         return False
     try:  # few distinct values: checking them is free next to building the sets
         return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
@@ -249,16 +264,16 @@ def _columns_ok(cols: list[tuple]) -> bool:
 
 
 def _counts(col: tuple) -> bool:
-    """Every value (None aside) is an int in [0, 2**64): one C pass, as array's unsigned 64-bit conversion
-    refuses any other type (bools aside: they are ints) and any other range."""
+    """Every value (None aside) is an int in [0, 2**63): one C pass, as array's signed 64-bit conversion
+    refuses any other type (bools aside: they are ints) and any larger value, and one for the minimum."""
     nones = col.count(None)
     if nones == len(col):
         return True
     try:
-        array("Q", [x for x in col if x is not None] if nones else col)
+        values = array("q", [x for x in col if x is not None] if nones else col)
     except (TypeError, OverflowError):
         return False
-    return True
+    return min(values) >= 0
 
 
 def _pg_ok(pg: Any) -> bool:
@@ -295,7 +310,7 @@ _STATE_LOOKUP = _StateLookup(_STATE_NAMES)
 
 
 def _ingest(
-    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], GroupTrack],
+    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], _Rows],
     stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> str:
     """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
@@ -325,7 +340,7 @@ def _ingest(
     # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
-    durations = list(map(_duration_ns, (e.get("duration_ms") for e in entries))) if timed else [None] * len(names)
+    durations = _durations_ms(list(map(dict.get, entries, repeat("duration_ms")))) if timed else [None] * len(names)
     if with_stacks and "frames" in entries[0]:
         sids = _stack_ids([e.get("frames") for e in entries], stacks)
     else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
@@ -358,7 +373,7 @@ def _ingest(
         key = (str(pg[0]), str(pg[1]))
         track = groups.get(key)
         if track is None:
-            track = groups[key] = GroupTrack(key[0], key[1])
+            track = groups[key] = _Rows(key[0], key[1])
         take = (lambda col: col) if idx is None else (lambda col, _i=idx: [col[i] for i in _i])
         if pg_ids is not None:
             track.pg_ids.update(x for x in set(take(pg_ids)) if x is not None)
@@ -435,10 +450,10 @@ def _unwrap_debug_groups(pgs: Sequence, pg_ids: Sequence, names: Sequence, in_s:
 
 
 _TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "completed_ns", "stack_ids", "op_ids",
-                 "record_ids", "durations_ns")
+                 "record_ids", "durations_ms")
 
 
-def _add_p2p(track: GroupTrack, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
+def _add_p2p(track: _Rows, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
              created, t_co, sids, rids, signatures: SignatureTable) -> None:
     for name, p2p_seq, i_s, i_d, o_s, o_d, state, t0, t1, sid, rid in zip(
             take(names), take(p2p_seqs), take(in_s), take(in_d), take(out_s), take(out_d),
@@ -471,6 +486,17 @@ def _duration_ns(ms: Any) -> int | None:
     if type(ms) not in (float, int) or not 0 <= ms < MAX_DURATION_MS:  # NaN fails both comparisons
         return None
     return round(ms * 1_000_000)
+
+
+def _durations_ms(raw: list[Any]) -> list[float | None]:
+    """FR's ``duration_ms`` of every entry, None where absent or not a plausible duration (see
+    ``_duration_ns``): checked a column at a time in C where every value is a number in range."""
+    present = [x for x in raw if x is not None]
+    if set(map(type, present)) <= {float, int}:
+        values = array("d", present)
+        if not values or (min(values) >= 0 and max(values) < MAX_DURATION_MS and not any(map(isnan, values))):
+            return raw
+    return [x if _duration_ns(x) is not None else None for x in raw]
 
 
 # A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
@@ -507,7 +533,7 @@ def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple
     return out
 
 
-def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
+def _fix_p2p_batches(groups: dict[tuple[str, str], _Rows]) -> None:
     """Ops of a batched p2p stay ``scheduled``; the closing ``coalesced`` entry with the same p2p seq has
     the real state: give it to them, and drop the closing entry (it is not a transfer)."""
     for track in groups.values():
@@ -526,7 +552,7 @@ def _fix_p2p_batches(groups: dict[tuple[str, str], GroupTrack]) -> None:
 
 
 def _apply_pg_status(
-    groups: dict[tuple[str, str], GroupTrack], status: dict[int, tuple[int, int, int]], backend: str
+    groups: dict[tuple[str, str], _Rows], status: dict[int, tuple[int, int, int]], backend: str
 ) -> dict[tuple[str, str], int]:
     """Gloo's entries never leave ``scheduled``: their state means "unknown", except where
     ``pg_status.last_completed_collective`` says they completed. Gloo counts that number in its own
