@@ -290,6 +290,24 @@ def test_nccl_collectives_without_a_gpu_time_are_untimed(tmp_path):
     assert row["transfer_s"] == pytest.approx(2 * 20_000 * 1e-9)
 
 
+def test_nccl_communication_time_is_the_gpu_time_not_the_discovery(tmp_path):
+    """The report's communication on an NCCL job known from Flight Recorder alone is what the merged trace
+    draws: each collective's duration_ms from its enqueue, nothing for one without (its 50 us
+    enqueue-to-discovery span is the watchdog's polling, not communication)."""
+    fr = FrJob(world=2)
+    for i in range(3):
+        for r in fr.ranks:
+            fr.collective(r, "all_reduce", [[512, 512]], t_ns=T0_NS + i * 1_000_000 + r * 10_000,
+                          duration_ms=0.020 if i < 2 else None)
+    fr.write(tmp_path)
+    job = load_job([tmp_path])
+    for rank in fr.ranks:
+        comm = rank_activity(job, rank, None).comm
+        assert length(union(comm)) == 2 * 20_000, comm
+        assert [c.work_of(c.ranks.index(rank)) for c in next(iter(job.collectives.values()))][:2] == [
+            (b, b + 20_000) for b, _ in comm]
+
+
 def test_stragglers_rank_the_last_arriver_first(tmp_path):
     job = _staggered_job(tmp_path)
     rows = straggler_table(job)

@@ -136,23 +136,33 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
 def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
     """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
     patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
+    On a GPU backend Flight Recorder's end is when its watchdog noticed the work done: a collective counts its
+    ``duration_ms`` from its enqueue (``Collective.work_of``, as the trace draws it), or nothing without one.
     Each rank's values are read as its columns across the group's collectives (C-level slices), not as one
     tuple of every rank per collective."""
     spans: dict[int, list[Span]] = defaultdict(list)
+    names = ("sources", "start_ns", "arrive_ns", "end_ns", "duration_ns")
     for cols in job.collectives.values():
         if not cols:
             continue
+        on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
         for rank in cols[0].ranks:
             rows: Iterable[tuple]
             if isinstance(cols, GroupCollectives):
-                rows = zip(*(cols.member_column(name, rank) for name in ("sources", "start_ns", "arrive_ns", "end_ns")))
+                rows = zip(*(cols.member_column(name, rank) for name in names))
             else:
-                rows = ((c.sources[i], c.start_ns[i], c.arrive_ns[i], c.end_ns[i])
+                rows = ((c.sources[i], c.start_ns[i], c.arrive_ns[i], c.end_ns[i],
+                         c.duration_ns[i] if c.duration_ns else None)
                         for c in cols for i in (c.index_of(rank),))
             out = spans[rank]
-            for source, start, arrive, end in rows:
-                begin = start or arrive
-                if source == "fr" and begin is not None and end is not None and end > begin:
+            for source, start, arrive, end, gpu in rows:
+                if source != "fr":
+                    continue
+                if on_gpu:
+                    begin, end = arrive, (arrive + gpu if arrive is not None and gpu is not None else None)
+                else:
+                    begin = start or arrive
+                if begin is not None and end is not None and end > begin:
                     out.append((begin, end))
     return {rank: out for rank, out in spans.items() if out}
 
