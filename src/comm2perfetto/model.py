@@ -100,6 +100,25 @@ def gpu_backend(backend: str | None) -> bool:
                                  for part in backend.lower().split(","))  # type: ignore[union-attr]
 
 
+def work_span(arrive: int | None, end: int | None, gpu_begin: int | None, gpu_ns: int | None,
+              on_gpu: bool) -> tuple[int | None, int | None]:
+    """(begin, end) of one rank's part of a collective: its GPU work where a trace shows it (``gpu_begin``
+    and ``gpu_ns``); on a GPU with only Flight Recorder's ``duration_ms`` (``gpu_ns``), that long from its
+    enqueue (where the GPU began it is not known, but not before); on a GPU without either, no end: Flight
+    Recorder's end is when the watchdog noticed it, not when it ended; else (CPU backends) arrival to end.
+
+    >>> work_span(100, 900, 300, 40, True), work_span(100, 900, None, 40, True), work_span(100, 900, None, None, True)
+    ((300, 340), (100, 140), (100, None))
+    >>> work_span(100, 900, None, None, False)
+    (100, 900)
+    """
+    if gpu_ns is not None and gpu_begin is not None:
+        return gpu_begin, gpu_begin + gpu_ns
+    if not on_gpu:
+        return arrive, end
+    return arrive, arrive + gpu_ns if gpu_ns is not None and arrive is not None else None
+
+
 def op_family(op: str) -> str:
     """The collective an op name stands for, whatever the source's spelling: ``_allgather_base`` -> ``all_gather``."""
     if any(op.startswith(p) for p in _ALL_TO_ALL):
@@ -346,19 +365,9 @@ class Collective:
         return max(known)[1] if known else None
 
     def work_of(self, i: int) -> tuple[int | None, int | None]:
-        """(begin, end) of rank ``ranks[i]``'s part: its GPU work where a trace shows it; on a GPU with only
-        Flight Recorder's ``duration_ms``, that long from its enqueue (where the GPU began it is not known, but
-        not before); on a GPU without either, no end: Flight Recorder's end is when the watchdog noticed it,
-        not when it ended; else (CPU backends) arrival to end."""
-        begin = self.gpu_begin_ns[i] if self.gpu_begin_ns else None
-        gpu = self.duration_ns[i] if self.duration_ns else None
-        arrive = self.arrive_ns[i]
-        if gpu is not None and begin is not None:
-            return begin, begin + gpu
-        if not self.on_gpu:
-            return arrive, self.end_ns[i]
-        # On a GPU without its GPU time, neither end says how long it ran: no end (drawn where it was enqueued)
-        return arrive, arrive + gpu if gpu is not None and arrive is not None else None
+        """(begin, end) of rank ``ranks[i]``'s part (``work_span``)."""
+        return work_span(self.arrive_ns[i], self.end_ns[i], self.gpu_begin_ns[i] if self.gpu_begin_ns else None,
+                         self.duration_ns[i] if self.duration_ns else None, self.on_gpu)
 
     @property
     def work_ns(self) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:

@@ -268,9 +268,9 @@ def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
             raise
         thread.call = None
         try:
-            if rec._extras:
-                rec._extras_after(cid, synced)
             rec._write(["e", cid, _time_ns(), seq])
+            if rec._extras:  # after `e`, as in the patch layer: `d` follows the synchronisation
+                rec._extras_after(cid, synced)
             work = result[-1] if isinstance(result, tuple) else result
             futures = _futures_of((unbox_work(work),)) if work is not None else []
             if futures:

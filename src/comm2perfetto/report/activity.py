@@ -29,7 +29,7 @@ from operator import itemgetter
 
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import Job, RankProfile
+from comm2perfetto.model import Job, RankProfile, work_span
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
 __all__ = [
@@ -158,8 +158,8 @@ def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
             for source, start, arrive, end, gpu in rows:
                 if source != "fr":
                     continue
-                if on_gpu:
-                    begin, end = arrive, (arrive + gpu if arrive is not None and gpu is not None else None)
+                if on_gpu:  # Flight Recorder alone: no kernel begin
+                    begin, end = work_span(arrive, end, None, gpu, True)
                 else:
                     begin = start or arrive
                 if begin is not None and end is not None and end > begin:

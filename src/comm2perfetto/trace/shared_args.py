@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import Collective, Job, Signature, call_site, tensor_bytes
+from comm2perfetto.model import Collective, Job, Signature, call_site, tensor_bytes, work_span
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
 __all__ = ["END", "START", "STEP", "Flow", "GroupTable", "Row", "SiteCache", "known", "rank_at", "shapes_text",
@@ -181,22 +181,17 @@ class GroupTable:
         return [values[k] for k in self.indices]
 
     def work_columns(self, rank: int) -> tuple[list, list]:
-        """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it: its GPU work
-        where a trace shows it; on a GPU with only Flight Recorder's duration, that long from its enqueue, and
-        without either no end (None); else (CPU backends) its arrival to its end."""
+        """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it
+        (``model.work_span``), read as columns."""
         arrive, ends = self.column("arrive_ns", rank), self.column("end_ns", rank)
         cols = self.cols
         on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
         gpu_begins = self.column("gpu_begin_ns", rank)
         if not on_gpu and not any(b is not None for b in gpu_begins):
             return arrive, ends
-        begins, stops = arrive.copy(), ends.copy()
-        for k, (b, d) in enumerate(zip(gpu_begins, self.column("duration_ns", rank))):
-            if b is not None and d is not None:
-                begins[k], stops[k] = b, b + d
-            elif on_gpu:
-                a = arrive[k]
-                stops[k] = a + d if d is not None and a is not None else None
+        spans = map(work_span, arrive, ends, gpu_begins, self.column("duration_ns", rank),
+                    itertools.repeat(on_gpu))
+        begins, stops = (list(column) for column in zip(*spans)) if arrive else ([], [])
         return begins, stops
 
     def shared_of(self, rank: int) -> list[SharedArgs]:
