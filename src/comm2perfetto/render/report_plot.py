@@ -137,7 +137,7 @@ def header_facts(doc: Doc) -> list[tuple[str, str]]:
     with_data = ranks_text(sorted(ranks, key=rank_sort_key)) if ranks else "none"
     of = f" of world size {world}" if isinstance(world, int) and world > 0 else ""
     sources = sorted({s for r in ranks.values() for s in r.get("sources") or ()})
-    steps = [s for s in doc.get("steps") or []]
+    steps = doc.get("steps") or []
     return [
         ("folder", ", ".join(str(p) for p in doc.get("paths") or []) or MISSING),
         ("ranks", f"{len(ranks)} with data ({with_data}){of}"),
