@@ -16,7 +16,7 @@ times, late by a poll) show a skew of more than ``match.FR_SKEW_NS``: then those
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from statistics import median
 from types import MappingProxyType
 
@@ -59,21 +59,39 @@ def refine(
     only ranks with no measured offset.
     """
     ref = end_times.get(reference)
-    offsets = dict(clock.offset_ns)
-    method = dict(clock.method)
     if not ref:
         return clock
+
+    def differences(rank: int) -> list[int]:
+        return [t - ref[key] for key, t in end_times[rank].items() if key in ref]
+
+    return refine_by_differences(clock, end_times, differences, reference, min_correction_ns, only_assumed)
+
+
+def refine_by_differences(
+    clock: ClockAlignment, ranks: Iterable[int], differences: Callable[[int], Sequence[int]], reference: int = 0,
+    min_correction_ns: int = 0, only_assumed: bool = False,
+) -> ClockAlignment:
+    """``refine`` from each rank's end differences: ``differences(rank)`` lists, for collectives that rank and
+    the reference both completed, the rank's local end minus the reference's (each clock its own, no offsets
+    applied). Called once per rank to refine, so that only one rank's differences are alive at a time.
+
+    >>> clock = measured_offsets({}, [0, 1])
+    >>> refine_by_differences(clock, [0, 1], lambda rank: [2_000, 2_100, 1_900, 2_000, 2_050]).offset_ns[1]
+    -2000
+    """
+    offsets = dict(clock.offset_ns)
+    method = dict(clock.method)
     residuals: list[int] = []
     total = 0
-    for rank, ends in end_times.items():
+    for rank in ranks:
         if rank == reference or (only_assumed and method.get(rank, "assumed") != "assumed"):
             continue
-        diffs = [
-            (t + offsets.get(rank, 0)) - (ref[key] + offsets.get(reference, 0))
-            for key, t in ends.items() if key in ref
-        ]
-        if len(diffs) < MIN_SAMPLES:
+        raw = differences(rank)
+        if len(raw) < MIN_SAMPLES:
             continue
+        apart = offsets.get(rank, 0) - offsets.get(reference, 0)
+        diffs = [d + apart for d in raw] if apart else raw
         correction = int(median(diffs))
         if abs(correction) < min_correction_ns:
             continue

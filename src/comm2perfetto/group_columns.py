@@ -105,7 +105,8 @@ def shift_track(track: Track, offset: int) -> None:
     track.log_ends = {k: t + offset for k, t in track.log_ends.items()}
 
 
-def _contiguous(seqs: Sequence[int]) -> bool:
+def contiguous(seqs: Sequence[int]) -> bool:
+    """One row per seq, consecutive (the common case: slices of the columns line up by seq)."""
     return len(seqs) > 0 and seqs[-1] - seqs[0] + 1 == len(seqs)
 
 
@@ -119,7 +120,7 @@ class _Member:
         self.seqs = seqs
         self.first = seqs[0]
         self.n = len(seqs)
-        self.contiguous = _contiguous(seqs)
+        self.contiguous = contiguous(seqs)
         self.pos: dict[int, int] | None = None
         # name -> (column or None, decoding: None (as is), _TIME, a lookup list, or ("const", value))
         self.columns: dict[str, tuple[Any, Any]] = {}

@@ -194,3 +194,25 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
     c = parallel.collectives["0[0,1,2,3,4,5]"][0]
     assert all(s is c.signatures[0] for s in c.signatures)
     assert [t.matched for t in parallel.p2p["0[0,1,2,3,4,5]"]] == [True]
+
+
+def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_completions(tmp_path):
+    """Rank 1's clock is 3 s ahead; its 1,000 completions are compared with rank 0's over every 4th seq (at
+    most FR_END_SAMPLES), read as column slices, and the dict path on plain rows gives the same differences."""
+    from comm2perfetto.group_columns import rows_of
+    from comm2perfetto.match import FR_END_SAMPLES, _end_differences
+    from comm2perfetto.sources.discover import load_sources
+
+    job = FrJob(world=2)
+    for r in job.ranks:
+        for i in range(1000):
+            job.collective(r, "all_reduce", [[4]], t_ns=T0_NS + i * STEP_NS + (3 * 10**9 + i % 7 * 1000 if r else 0))
+    job.write(tmp_path)
+    loaded = load_job([tmp_path])
+    assert loaded.clock.method[1] == "refined" and abs(loaded.clock.offset_ns[1] + 3 * 10**9) < 10_000
+    assert loaded.clock.samples == 1000 // 4 <= FR_END_SAMPLES
+    src = load_sources([tmp_path])
+    (t0,), (t1,) = (list(src.fr[r].groups.values()) for r in (0, 1))
+    sampled = _end_differences(t1, t0)
+    assert len(sampled) == 250 and sampled == _end_differences(rows_of(t1), rows_of(t0))
+    assert sorted({d // 1000 for d in sampled}) == [3_000_000 + k for k in range(7)]
