@@ -21,7 +21,8 @@ from operator import itemgetter
 from typing import Any, overload
 
 from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack, gpu_backend
-from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns
+from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns_col
+from comm2perfetto.sources.fr.tables import contiguous
 
 # Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
 # the field is first read (one zip over the ranks' columns) and kept, and so are its views: cheaper than
@@ -32,7 +33,7 @@ FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids"
 # Fields that are () in every view of a group where no member has a value (see ``Collective``).
 _OPTIONAL = ("duration_ns", "gpu_begin_ns")
 _TIME = object()  # decoding of a time column: NO_VALUE (-1) -> None
-_MS = object()  # decoding of Flight Recorder's durations: ms (-1: unknown) -> ns
+_MS = object()  # Flight Recorder's durations: ms (-1: unknown), read as ns (see _Member.field)
 
 
 @dataclass(slots=True)
@@ -105,11 +106,6 @@ def shift_track(track: Track, offset: int) -> None:
     track.log_ends = {k: t + offset for k, t in track.log_ends.items()}
 
 
-def contiguous(seqs: Sequence[int]) -> bool:
-    """One row per seq, consecutive (the common case: slices of the columns line up by seq)."""
-    return len(seqs) > 0 and seqs[-1] - seqs[0] + 1 == len(seqs)
-
-
 class _Member:
     """How to read one rank's values of one field: its column and how to decode it."""
 
@@ -160,9 +156,17 @@ class _Member:
             self.pos = {s: j for j, s in enumerate(self.seqs)}
         return self.pos.get(seq)
 
+    def field(self, name: str) -> tuple[Any, Any]:
+        """(column or None, decoding) of one field. Flight Recorder's durations (ms, float) become int64 ns the
+        first time they are read (a report reads them, diagnose does not), then decode as times."""
+        col, how = self.columns[name]
+        if how is _MS:
+            col, how = self.columns[name] = (ms_to_ns_col(col), _TIME)
+        return col, how
+
     def column(self, name: str) -> list:
         """This member's decoded values of one field, one per row."""
-        col, how = self.columns[name]
+        col, how = self.field(name)
         if col is None:
             return [how if isinstance(how, str) else None] * self.n
         return _decode(list(col), how)
@@ -178,8 +182,6 @@ def _decode(values: list, how: Any) -> list:
         return values
     if how is _TIME:
         return values if not values or min(values) >= 0 else [None if v < 0 else v for v in values]
-    if how is _MS:
-        return ms_to_ns(values)
     return list(map(how.__getitem__, values))
 
 
@@ -202,17 +204,17 @@ class _Run:
             j = seq - head.first
             if not 0 <= j < head.n:
                 return [None] * self.size
-            col, how = head.columns[name]
+            col, how = head.field(name)
             if col is None:
                 return [how if isinstance(how, str) else None] * self.size
             cols = self._columns.get(name)
             if cols is None:
-                cols = self._columns[name] = [m.columns[name][0] for m in members]
+                cols = self._columns[name] = [m.field(name)[0] for m in members]
             return _decode(list(map(itemgetter(j), cols)), how)
         row = head.row(seq)
         if row is None:
             return [None]
-        col, how = head.columns[name]
+        col, how = head.field(name)
         if col is None:
             return [how if isinstance(how, str) else None]
         return _decode([col[row]], how)
@@ -371,7 +373,7 @@ class GroupCollectives(Sequence[Collective]):
         row = m.row(self.seqs[index]) if m is not None else None
         if m is None or row is None:
             return None
-        col, how = m.columns[name]
+        col, how = m.field(name)
         if col is None:
             return how if isinstance(how, str) else None
         return _decode([col[row]], how)[0]

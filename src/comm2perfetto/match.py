@@ -41,7 +41,6 @@ from comm2perfetto.group_columns import (
     Rows,
     Track,
     completed_upto,
-    contiguous,
     first_last,
     rows_of,
     shift_track,
@@ -77,8 +76,9 @@ from comm2perfetto.sources.discover import (
 )
 from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
-from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
+from comm2perfetto.sources.fr.dump import Ranks, read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
+from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
@@ -243,7 +243,7 @@ def _resolve_groups(
 ) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str]]:
     """Every process group of the job, and which one each rank's local name means."""
     # (rank, name) -> (desc, ranks or None, source, backend)
-    local: dict[tuple[int, str], tuple[str, tuple[int, ...] | None, str, str | None]] = {}
+    local: dict[tuple[int, str], tuple[str, Ranks | None, str, str | None]] = {}
     for rank, trace in src.fr.items():
         for name, desc in trace.groups:
             cfg = trace.pg_config.get(name)
@@ -281,13 +281,14 @@ def _resolve_groups(
             mentions[name].add(rank)
     groups: dict[str, ProcessGroup] = {}
     out: dict[tuple[int, str], str] = {}
+    inferred_ranks = {name: tuple(sorted(ranks)) for name, ranks in mentions.items()}
     for (rank, name), (desc, ranks, source, backend) in sorted(local.items()):
         if ranks is None:
             if name == "0" and world:
-                ranks, source = tuple(range(world)), "world"
+                ranks, source = range(world), "world"
             else:
-                ranks, source = tuple(sorted(mentions[name])), "inferred"
-        uid = _uid(name, tuple(ranks))
+                ranks, source = inferred_ranks[name], "inferred"
+        uid = _uid(name, ranks)
         known = groups.get(uid)
         if known is None or (not _meaningful(known.desc) and _meaningful(desc)):
             groups[uid] = ProcessGroup(uid, name, desc, tuple(ranks), backend, source)
@@ -306,8 +307,9 @@ def _meaningful(desc: str | None) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _uid(name: str, ranks: tuple[int, ...]) -> str:
-    return f"{name}[{','.join(map(str, ranks))}]"  # every rank of a 1024-rank group asks: cached
+def _uid(name: str, ranks: Ranks) -> str:
+    # Every rank of a group asks: cached, by a key that hashes in no time where the ranks are a range.
+    return f"{name}[{','.join(map(str, ranks))}]"
 
 
 # --- per-rank tracks -------------------------------------------------------------------------------------

@@ -196,6 +196,32 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
     assert [t.matched for t in parallel.p2p["0[0,1,2,3,4,5]"]] == [True]
 
 
+def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monkeypatch):
+    """Two ranks come back from the workers, then the pool breaks: the other ranks are read here, each once,
+    and the notes say so."""
+    from comm2perfetto.sources import discover
+
+    job = FrJob(world=4)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[8]])
+    job.write(tmp_path)
+    real = discover._load_parallel
+
+    def breaks(per_rank, workers, with_stacks):
+        for n, result in enumerate(real(per_rank, workers, with_stacks)):
+            if n == 2:
+                raise OSError("a worker died")
+            yield result
+
+    monkeypatch.setattr(discover, "_load_parallel", breaks)
+    seen = []
+    loaded = load_job([tmp_path], workers=2, progress=lambda done, total: seen.append((done, total)))
+    assert [c.joined_ranks for c in loaded.collectives["0[0,1,2,3]"]] == [(0, 1, 2, 3)]
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert any("worker processes failed (OSError); the ranks left were read in this process" in n
+               for n in loaded.notes)
+
+
 def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_completions(tmp_path):
     """Rank 1's clock is 3 s ahead; its 1,000 completions are compared with rank 0's over every 4th seq (at
     most FR_END_SAMPLES), read as column slices, and the dict path on plain rows gives the same differences."""

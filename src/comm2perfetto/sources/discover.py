@@ -26,7 +26,7 @@ import os
 import socket
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
 from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC
-from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
+from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, Ranks, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto.events import KinetoTrace
@@ -517,19 +517,21 @@ def _load_fr(
             continue
         per_rank[rank].append(f)
     n = _worker_count(len(per_rank), workers)
-    results: Iterable[_RankLoad] | None = None
-    if n > 1:
-        try:
-            results = list(_load_parallel(per_rank, n, with_stacks))
-        except (OSError, RuntimeError, MemoryError, EOFError) as exc:  # no fork, a worker killed...: do it here
-            src.notes.append(f"reading dumps in worker processes failed ({type(exc).__name__}); read serially")
-            n = 1
-    if results is None:
-        results = (
-            (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, with_stacks)
-            for rank in sorted(per_rank)
-        )
-    for done, (rank, trace, conflict, skipped, used_stacks) in enumerate(results, 1):
+    loaded: set[int] = set()
+
+    def results() -> Iterator[tuple[_RankLoad, bool]]:
+        if n > 1:
+            try:
+                for result in _load_parallel(per_rank, n, with_stacks):
+                    yield result, True
+            except (OSError, RuntimeError, MemoryError, EOFError) as exc:  # no fork, a worker killed...
+                src.notes.append(f"reading dumps in worker processes failed ({type(exc).__name__}); the ranks "
+                                 "left were read in this process")
+        for rank in sorted(set(per_rank) - loaded):
+            yield (rank,) + _load_rank(rank, per_rank[rank], src.stack_table, src.signatures, with_stacks), False
+
+    for done, ((rank, trace, conflict, skipped, used_stacks), from_worker) in enumerate(results(), 1):
+        loaded.add(rank)
         if progress is not None:
             progress(done, len(per_rank))
         if trace is None:
@@ -539,7 +541,7 @@ def _load_fr(
             problems.append(conflict)
         if trace is not None:
             src.notes.extend(trace.notes)
-            if n > 1:
+            if from_worker:
                 _adopt(trace, used_stacks, src)
             src.fr[rank] = trace
 
@@ -693,7 +695,7 @@ def _drop_outside_world(src: Sources, trace_world: int | None = None) -> None:
 
 def _check_fr_groups(src: Sources, problems: list[str]) -> None:
     """Dumps of one job agree on each group's members; the default group's size is the world size."""
-    seen: dict[str, tuple[tuple[int, ...], int]] = {}
+    seen: dict[str, tuple[Ranks, int]] = {}
     for rank, trace in src.fr.items():
         for name, cfg in trace.pg_config.items():
             if cfg.ranks is None:

@@ -14,8 +14,9 @@ reads one collective's values across ranks, or one rank's values across collecti
 
 Missing values are ``NO_VALUE`` (-1): every time and id a reader accepts is >= 0 (``limits.count_ok``).
 
->>> t = GroupTrack.from_columns("0", "default_pg", {0}, [1], [_SIG], ["completed"], [10**18], [None],
-...                             [10**18 + 5], [None], [0], [0.0025])
+>>> q = lambda *values: array("q", values)
+>>> t = GroupTrack.from_arrays("0", "default_pg", {0}, q(1), array("i", [0]), [_SIG], bytes([STATE_CODE["completed"]]),
+...                            q(10**18), q(NO_VALUE), q(10**18 + 5), None, q(0), array("d", [0.0025]))
 >>> t.seqs, t.states, t.started_ns, t.durations_ns
 ([1], ['completed'], [None], [2500])
 """
@@ -25,6 +26,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import mul
 from typing import Any
 
 from comm2perfetto.model import COMPLETED, FAILED, PENDING, SCHEDULED, STARTED, UNKNOWN, Signature
@@ -41,16 +44,32 @@ STATE_LOOKUP: tuple[str | None, ...] = (*STATES, None)
 _SIG = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))  # for the doctest
 
 
-def times(values: Sequence[int | None]) -> array:
-    """A column of optional non-negative ints (times, ids) as int64, None as ``NO_VALUE``."""
-    if None not in values:
-        return array("q", values)
-    return array("q", [NO_VALUE if v is None else v for v in values])
+def ms_to_ns_col(col: array) -> array:
+    """A column of durations in ms (-1: unknown) as int64 ns (``NO_VALUE``: unknown).
+
+    >>> ms_to_ns_col(array("d", [0.25, -1.0]))
+    array('q', [250000, -1])
+    """
+    ns = list(map(round, map(mul, col, repeat(1_000_000.0))))
+    return array("q", ns if not ns or min(ns) >= 0 else [NO_VALUE if v < 0 else v for v in ns])
 
 
 def ms_to_ns(col: Sequence[float]) -> list[int | None]:
-    """Durations in ms (-1: unknown) as ns."""
-    return [None if v < 0 else round(v * 1_000_000) for v in col]
+    """Durations in ms (-1: unknown) as ns (``map`` over C functions where every one is known: a report
+    converts a value of every rank for every collective).
+
+    >>> ms_to_ns([0.25, 1.0]), ms_to_ns([-1.0, 0.0025])
+    ([250000, 1000000], [None, 2500])
+    """
+    out: list[int | None] = list(map(round, map(mul, col, repeat(1_000_000.0))))
+    unknown = col.count(-1.0)  # what a column stores for an unknown duration
+    if unknown > 16:
+        return [None if v < 0 else v for v in out]  # type: ignore[operator]
+    at = -1
+    for _ in range(unknown):
+        at = out.index(-1_000_000, at + 1)
+        out[at] = None
+    return out
 
 
 def optional(col: array) -> list[int | None]:
@@ -87,31 +106,26 @@ class GroupTrack:
     p2p: list[tuple] = field(default_factory=list)
 
     @classmethod
-    def from_columns(cls, name: str, desc: str, pg_ids: set[int], seqs: Sequence[int], sigs: Sequence[Signature],
-                     states: Sequence[str], created: Sequence[int | None], started: Sequence[int | None],
-                     completed: Sequence[int | None], stack_ids: Sequence[int | None],
-                     record_ids: Sequence[int | None], durations_ms: Sequence[float | None],
-                     p2p: list[tuple] | None = None) -> GroupTrack:
-        """Pack columns of one length, in seq order (what ``ingest`` assembles), into a track."""
+    def from_arrays(cls, name: str, desc: str, pg_ids: set[int], seqs: array, sig_ids: array,
+                    sig_table: list[Signature], states: bytes, created: array, started: array, completed: array,
+                    stack_ids: Sequence[int | None] | None, record_ids: array, durations_ms: array | None,
+                    p2p: list[tuple] | None = None) -> GroupTrack:
+        """A track from columns of one length in seq order, as ``ingest`` assembles them: ``seqs``, the
+        times (``NO_VALUE`` where unknown) and ``record_ids`` int64, ``sig_ids`` int32 into ``sig_table``,
+        ``states`` codes into ``STATES`` one byte a row, ``stack_ids`` ids in the job's ``StackTable`` (None:
+        not read), ``durations_ms`` float64 (-1 where unknown; None: no row has one)."""
         track = cls(name, desc, set(pg_ids), p2p=p2p or [])
         if not seqs:
             return track
-        track.seq_col = array("q", seqs)
-        by_id = dict(zip(map(id, sigs), sigs))  # a handful of distinct signature objects among thousands of rows
-        table = list(by_id.values())
-        ids = {k: i for i, k in enumerate(by_id)}
-        track.sig_col = array("i", map(ids.__getitem__, map(id, sigs)))
-        track.sig_table = table
-        track.state_col = array("b", map(STATE_CODE.__getitem__, states))
-        track.created_col, track.started_col, track.completed_col = times(created), times(started), times(completed)
-        if stack_ids.count(None) != len(stack_ids):
+        track.seq_col, track.sig_col, track.sig_table = seqs, sig_ids, sig_table
+        track.state_col = array("b", states)
+        track.created_col, track.started_col, track.completed_col = created, started, completed
+        if stack_ids is not None and stack_ids.count(None) != len(stack_ids):
             track.stack_table = sorted({s for s in stack_ids if s is not None})
             local = {s: i for i, s in enumerate(track.stack_table)}
             track.stack_col = array("i", [NO_VALUE if s is None else local[s] for s in stack_ids])
-        if durations_ms.count(None) != len(durations_ms):
-            track.duration_col = array("d", [-1.0 if d is None else d for d in durations_ms])
-        known = [r for r in record_ids if r is not None]
-        track.first_record_id = min(known) if known else NO_VALUE
+        track.duration_col = durations_ms
+        track.first_record_id = min(record_ids)
         return track
 
     def __len__(self) -> int:

@@ -52,11 +52,15 @@ class FrFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Flight Recorder dump."""
 
 
+# A group's members: a range where they are consecutive (see ``checked_ranks``).
+Ranks = tuple[int, ...] | range
+
+
 @dataclass(frozen=True, slots=True)
 class PgConfig:
     name: str
     desc: str
-    ranks: tuple[int, ...] | None  # None when the dump does not say (gloo's empty entry)
+    ranks: Ranks | None  # None when the dump does not say (gloo's empty entry)
 
 
 @dataclass(slots=True)
@@ -150,7 +154,7 @@ def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgC
             ranks = _rank_list(ranks)
         elif isinstance(ranks, (list, tuple)):
             ranks = checked_ranks(ranks)
-        if isinstance(ranks, tuple) and ranks:
+        if isinstance(ranks, (tuple, range)) and ranks:
             out[name] = PgConfig(name=name, desc=_label(cfg.get("desc", "")), ranks=ranks)
         elif name:
             if cfg.get("ranks") not in (None, "", "[]") and ranks is None:
@@ -160,11 +164,11 @@ def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgC
     return out
 
 
-_RANK_LISTS: dict[str, tuple[int, ...] | None] = {}
+_RANK_LISTS: dict[str, Ranks | None] = {}
 _MAX_RANK_TEXT = MAX_WORLD_SIZE * 9  # "131071, " per rank at most: a longer text lists too many to accept
 
 
-def _rank_list(text: str) -> tuple[int, ...] | None:
+def _rank_list(text: str) -> Ranks | None:
     """Parse "[0, 1, 2]" into checked ranks, None when it is not a list of distinct ranks (every rank's dump
     repeats the same strings: cached)."""
     if text in _RANK_LISTS:
@@ -184,10 +188,19 @@ def _rank_list(text: str) -> tuple[int, ...] | None:
     return ranks
 
 
-def checked_ranks(value: list | tuple) -> tuple[int, ...] | None:
+def checked_ranks(value: list | tuple) -> Ranks | None:
+    """Distinct ranks, as a ``range`` where they are one (the usual group: every rank, or a block of them):
+    membership, hashing and comparing then cost nothing, where 16,384 ranks each holding a 16,384-rank tuple
+    made resolving groups quadratic; a tuple otherwise; None when they are not distinct ranks.
+
+    >>> checked_ranks([0, 1, 2, 3]), checked_ranks([0, 2]), checked_ranks([1, 1])
+    (range(0, 4), (0, 2), None)
+    """
     if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
         return None
     ranks = tuple(value)
+    if ranks and ranks == tuple(range(ranks[0], ranks[0] + len(ranks))):
+        return range(ranks[0], ranks[0] + len(ranks))
     return ranks if len(set(ranks)) == len(ranks) else None
 
 

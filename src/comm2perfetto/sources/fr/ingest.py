@@ -1,55 +1,78 @@
 """Normalising one rank's Flight Recorder entries into columns (the hot path of loading). Never imports torch.
 
-Raw entries (see ``dump.py`` for the format) become, per process group, one row per collective in a
-few lists, packed at the end into compact columns (``columns.GroupTrack``), plus the group's point-to-point
-ops; the entry dicts are dropped right after. The
-work is done on whole columns (``zip(*rows)``, ``map``, slices compared in C) and falls back to per-entry
-Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that differ from
-the first rank's, old formats. Entries are checked the same way (one C pass per column: an array('Q')
-conversion, or the few distinct values) and only a rank whose columns fail is checked entry by entry: bad
-entries are skipped and counted.
+Raw entries (see ``dump.py`` for the format) become, per process group, one row per collective in compact
+columns (``columns.GroupTrack``: int64 arrays of seqs and times, a byte of state, ids into small tables of
+signatures and stacks), plus the group's point-to-point ops; the entry dicts are dropped right after. The work
+is done on whole columns (``map`` over the entries, array conversions, slices compared in C) and falls back to
+per-entry Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that
+differ from the first rank's, old formats. The conversions are the checks (array's int64 conversion refuses
+anything but an int in range; a byte pass finds negatives), and only a rank whose columns fail is checked
+entry by entry: bad entries are skipped and counted.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from array import array
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from math import isnan
 from operator import itemgetter
 from typing import Any
 
 from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, Signature
-from comm2perfetto.sources.fr.columns import GroupTrack
+from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, STATES, GroupTrack
 from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name
-from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, stack_id
+from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, encode, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
 
 
 @dataclass(slots=True)
 class _Rows:
-    """One rank's collectives on one process group while they are assembled, as lists sorted by seq (one row
-    per collective); ``GroupTrack.from_rows`` then packs them into compact columns."""
+    """One rank's collectives on one process group while they are assembled: columns of one length sorted by
+    seq (one row per collective), then packed into a ``GroupTrack`` as they are."""
 
     name: str
     desc: str
     pg_ids: set[int] = field(default_factory=set)
-    seqs: list[int] = field(default_factory=list)
-    sigs: list[Signature] = field(default_factory=list)
-    states: list[str] = field(default_factory=list)
-    created_ns: list[int | None] = field(default_factory=list)
-    started_ns: list[int | None] = field(default_factory=list)
-    completed_ns: list[int | None] = field(default_factory=list)
-    stack_ids: list[int | None] = field(default_factory=list)
-    op_ids: list[int | None] = field(default_factory=list)  # FR op_id: read for gloo dumps only
-    record_ids: list[int] = field(default_factory=list)
-    # The GPU time of each collective in ms (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING)
-    durations_ms: list[float | None] = field(default_factory=list)
+    seqs: array = field(default_factory=lambda: array("q"))
+    sig_ids: array = field(default_factory=lambda: array("i"))  # into sig_table
+    sig_table: list[Signature] = field(default_factory=list)
+    states: bytes = b""  # codes into columns.STATES, one a row
+    created_ns: array = field(default_factory=lambda: array("q"))  # NO_VALUE where unknown, as the next two
+    started_ns: array = field(default_factory=lambda: array("q"))
+    completed_ns: array = field(default_factory=lambda: array("q"))
+    stack_ids: list[int | None] | None = None  # None: stacks not read
+    op_ids: array | None = None  # FR op_id: read for gloo dumps only
+    record_ids: array = field(default_factory=lambda: array("q"))
+    # The GPU time of each collective in ms (FR's duration_ms, from CUDA events: NCCL with TORCH_NCCL_ENABLE_TIMING),
+    # -1 where unknown; None where no entry has one
+    durations_ms: array | None = None
     # p2p rows: (kind, peer group rank, p2p_seq, sig, state, created, completed, stack id, record id)
     p2p: list[tuple] = field(default_factory=list)
+
+    def row_tuples(self) -> list[tuple]:
+        """The rows as tuples in ``_TRACK_FIELDS`` order (signatures as objects), for the rare paths that
+        rearrange rows: coalesced groups, one group under two spellings."""
+        n = len(self.seqs)
+        none = [None] * n
+        return list(zip(self.seqs, map(self.sig_table.__getitem__, self.sig_ids), self.states, self.created_ns,
+                        self.started_ns, self.completed_ns, self.stack_ids or none, self.op_ids or none,
+                        self.record_ids, self.durations_ms or none))
+
+    def set_rows(self, rows: list[tuple], stacks: bool, op_ids: bool, durations: bool) -> None:
+        """The inverse of ``row_tuples``."""
+        cols = list(zip(*rows)) or [()] * len(_TRACK_FIELDS)
+        self.seqs = array("q", cols[0])
+        self.sig_ids, self.sig_table = encode(cols[1])
+        self.states = bytes(cols[2])
+        self.created_ns, self.started_ns, self.completed_ns = (array("q", c) for c in cols[3:6])
+        self.stack_ids = list(cols[6]) if stacks else None
+        self.op_ids = array("q", cols[7]) if op_ids else None
+        self.record_ids = array("q", cols[8])
+        self.durations_ms = array("d", cols[9]) if durations else None
 
 
 @dataclass(slots=True)
@@ -64,9 +87,6 @@ class FrRankTrace:
     groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc): compact columns
     completed_upto: dict[tuple[str, str], int]
     notes: list[str] = field(default_factory=list)  # what was skipped while reading, one line per kind
-
-
-_STATE_NAMES = {COMPLETED: COMPLETED, STARTED: STARTED, SCHEDULED: SCHEDULED}
 
 
 def _snapshot_age(d: FrDump) -> tuple[int, int, int]:
@@ -166,9 +186,9 @@ def build_rank_trace(
 
 
 def _compact(rows: _Rows) -> GroupTrack:
-    return GroupTrack.from_columns(rows.name, rows.desc, rows.pg_ids, rows.seqs, rows.sigs, rows.states,
-                                   rows.created_ns, rows.started_ns, rows.completed_ns, rows.stack_ids,
-                                   rows.record_ids, rows.durations_ms, rows.p2p)
+    return GroupTrack.from_arrays(rows.name, rows.desc, rows.pg_ids, rows.seqs, rows.sig_ids, rows.sig_table,
+                                  rows.states, rows.created_ns, rows.started_ns, rows.completed_ns, rows.stack_ids,
+                                  rows.record_ids, rows.durations_ms, rows.p2p)
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -207,35 +227,69 @@ def _slow_row(e: dict[str, Any], index: int) -> tuple:
     )
 
 
-_GETTERS = tuple(map(itemgetter, _MODERN_KEYS))
-
-
 def _columns(entries: list[dict[str, Any]]) -> list[tuple]:
-    """One tuple per key of ``_MODERN_KEYS``, each read in one C pass over the entries (no per-entry tuple)."""
+    """One tuple per key of ``_MODERN_KEYS``: each entry's values read in one C call (``itemgetter``), while
+    the entry is in cache (a pass per key over thousands of cold dicts costs half as much again), then
+    turned into columns."""
     if entries and all(k in entries[0] for k in _MODERN_KEYS):
         try:
-            return [tuple(map(get, entries)) for get in _GETTERS]
+            return list(zip(*map(itemgetter(*_own_keys(entries[0], _MODERN_KEYS)), entries)))
         except (KeyError, TypeError):
             pass  # a mixed dump: take the careful path
     return list(zip(*[_slow_row(e, i) for i, e in enumerate(entries)]))
 
 
+def _own_keys(entry: dict[str, Any], names: Sequence[str]) -> list[str]:
+    """``names`` as the dump's own key objects, where the entry has them. A dict lookup by the very object
+    stored as the key hits on identity; an equal string from elsewhere is compared character by character
+    (the unpickler shares one key object among a dump's entries: a fifth of the time of reading columns)."""
+    own = {k: k for k in entry if type(k) is str}
+    return [own.get(name, name) for name in names]
+
+
+def _values(entries: list[dict[str, Any]], key: str) -> list:
+    """One field of every entry (None where absent)."""
+    return list(map(dict.get, entries, repeat(_own_keys(entries[0], (key,))[0], len(entries))))
+
+
 def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
     """One field of every entry; a value that is not a count (an id, a seq) reads as ``default``."""
-    return [v if count_ok(v) else default for v in (e.get(key, default) for e in entries)]
+    return [v if count_ok(v) else default for v in _values(entries, key)]
 
 
-def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple], tuple[int, str] | None]:
-    """The entries whose fields the analysis relies on have the right type and range, their columns (one
-    tuple per key of ``_MODERN_KEYS``, what ``_ingest`` works on), and (count, first problem) of those that
-    do not. Whole columns are checked in C; only a rank whose columns fail is checked entry by entry.
+@dataclass(slots=True)
+class _Columns:
+    """One rank's entries as checked columns, one row per entry: what ``_ingest`` works on. The counts and
+    times are int64 arrays (``NO_VALUE`` where a time is unknown); the rest is as read."""
+
+    names: tuple
+    pgs: tuple
+    seqs: array
+    p2ps: tuple
+    states: tuple
+    started: array
+    completed: array
+    created: array
+    in_s: tuple
+    in_d: tuple
+    out_s: tuple
+    out_d: tuple
+    record_ids: array
+
+
+def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], _Columns | None, tuple[int, str] | None]:
+    """The entries whose fields the analysis relies on have the right type and range, their checked columns
+    (None when no entry is left), and (count, first problem) of those that do not. Whole columns are checked
+    in C; only a rank whose columns fail is checked entry by entry.
     """
-    cols = _columns(entries)
-    if not entries or _columns_ok(cols):
+    if not entries:
+        return entries, None, None
+    raw = _columns(entries)
+    cols = _checked_columns(raw)
+    if cols is not None:
         return entries, cols, None
-    rows = list(zip(*cols))
     kept, kept_rows, bad, first = [], [], 0, ""
-    for e, row in zip(entries, rows):
+    for e, row in zip(entries, zip(*raw)):
         problem = _row_problem(row)
         if problem is None:
             kept.append(e)
@@ -244,36 +298,74 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
         bad += 1
         if bad == 1:
             first = f"record {shown(row[12])}: {problem}"
-    return kept, list(zip(*kept_rows)), (bad, first)
+    cols = _checked_columns(list(zip(*kept_rows))) if kept else None
+    return kept, cols, (bad, first)
 
 
-def _columns_ok(cols: list[tuple]) -> bool:
-    """Every entry's fields have the type and range ``_row_problem`` asks for, checked a column at a time in C
-    (a few hundred microseconds for a 2000-entry ring, against about two milliseconds of unpickling it)."""
-    names, pgs, seqs, _, states, t_st, t_co, created, _, _, _, _, rids = cols  # is_p2p is read as a truth value
-    if not (_counts(seqs) and _counts(rids) and _counts(t_st) and _counts(t_co) and _counts(created)):
-        return False
-    known = created if None not in created else [x for x in created if x is not None]
-    if known and min(known) < MIN_TIME_NS:
-        return False
+def _checked_columns(raw: list[tuple]) -> _Columns | None:
+    """The columns, converted, if every entry's fields have the type and range ``_row_problem`` asks for;
+    checked a column at a time in C (about 0.2 ms for a 2000-entry ring, against 2 ms to unpickle it)."""
+    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = raw
+    if 0 in t_st:  # JSON writes 0 for "not discovered yet"
+        t_st = tuple(x or None for x in t_st)
+    if 0 in t_co:
+        t_co = tuple(x or None for x in t_co)
+    seq_a, st_a, co_a = _int64(seqs, False), _int64(t_st, True), _int64(t_co, True)
+    cr_a, rid_a = _int64(created, True), _int64(rids, False)
+    if seq_a is None or st_a is None or co_a is None or cr_a is None or rid_a is None:
+        return None
+    earliest = min(cr_a) if NO_VALUE not in cr_a else min((t for t in cr_a if t >= 0), default=MIN_TIME_NS)
+    if earliest < MIN_TIME_NS:
+        return None
     try:  # few distinct values: checking them is free next to building the sets
-        return (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
-                and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs)))))
+        if not (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
+                and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs))))):
+            return None
     except TypeError:  # an unhashable value
-        return False
+        return None
+    return _Columns(names, pgs, seq_a, p2ps, states, st_a, co_a, cr_a, in_s, in_d, out_s, out_d, rid_a)
 
 
-def _counts(col: tuple) -> bool:
-    """Every value (None aside) is an int in [0, 2**63): one C pass, as array's signed 64-bit conversion
-    refuses any other type (bools aside: they are ints) and any larger value, and one for the minimum."""
-    nones = col.count(None)
-    if nones == len(col):
-        return True
+# The most significant byte of each int64 in an array's bytes: its sign bit is that byte's top bit.
+_TOP_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)
+_NON_NEGATIVE_TOP = bytes(range(128))
+
+
+def _int64(col: tuple, optional: bool) -> array | None:
+    """A column of counts (ints in [0, 2**63)) as int64, None as ``NO_VALUE`` where ``optional``; None when
+    a value is anything else. Two C passes: array's int64 conversion refuses other types (bools aside:
+    they are ints) and larger values, and the top bytes of the result show any negative one.
+
+    >>> _int64((3, None, 5), True), _int64((3, None), False), _int64((3, -1), True), _int64((2**63,), True)
+    (array('q', [3, -1, 5]), None, None, None)
+    """
     try:
-        values = array("q", [x for x in col if x is not None] if nones else col)
-    except (TypeError, OverflowError):
-        return False
-    return min(values) >= 0
+        values, nones = array("q", col), 0
+    except TypeError:  # a None, or not an int
+        nones = col.count(None)
+        if not nones or not optional:
+            return None
+        try:
+            values = array("q", _filled(col, nones, NO_VALUE))
+        except (TypeError, OverflowError):
+            return None
+    except OverflowError:
+        return None
+    negative = len(values.tobytes()[_TOP_BYTES].translate(None, _NON_NEGATIVE_TOP))
+    return values if negative == nones else None  # each None is one NO_VALUE; any other negative is bad
+
+
+def _filled(col: Sequence, nones: int, fill: Any) -> list:
+    """``col`` with its ``nones`` Nones replaced by ``fill``: found in C where they are few (the unfinished
+    tail of a ring), a pass in Python otherwise."""
+    if nones > 16:
+        return [fill if v is None else v for v in col]
+    out = list(col)
+    at = -1
+    for _ in range(nones):
+        at = col.index(None, at + 1)
+        out[at] = fill
+    return out
 
 
 def _pg_ok(pg: Any) -> bool:
@@ -301,28 +393,31 @@ def _row_problem(row: tuple) -> str | None:
     return None
 
 
-class _StateLookup(dict):
-    def __missing__(self, key: Any) -> str:
-        return UNKNOWN
+class _StateCodes(dict):
+    """FR's state names to ``columns.STATES`` codes; any other value (None, a newer name) is unknown."""
+
+    def __missing__(self, key: Any) -> int:
+        return STATE_CODE[UNKNOWN]
 
 
-_STATE_LOOKUP = _StateLookup(_STATE_NAMES)
+_STATE_CODES = _StateCodes({s: STATE_CODE[s] for s in (COMPLETED, STARTED, SCHEDULED)})
+_SCHEDULED, _UNKNOWN, _COMPLETED = STATE_CODE[SCHEDULED], STATE_CODE[UNKNOWN], STATE_CODE[COMPLETED]
 
 
 def _ingest(
-    entries: list[dict[str, Any]], cols: list[tuple], groups: dict[tuple[str, str], _Rows],
+    entries: list[dict[str, Any]], cols: _Columns | None, groups: dict[tuple[str, str], _Rows],
     stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> str:
-    """Turn raw entries into GroupTrack columns. Returns the backend prefix seen most (``nccl``, ``gloo``).
+    """Turn checked columns into each group's rows. Returns the backend prefix seen most (``nccl``, ``gloo``).
 
     This runs over every entry of every rank (two million for 1024 ranks), so it works on whole columns
-    (``zip(*rows)``, ``map``, slices: loops in C) and only falls back to per-entry Python where the data
+    (``map``, slices, array conversions: loops in C) and only falls back to per-entry Python where the data
     needs it (several groups, p2p ops, coalesced groups, signatures that differ from the first rank's).
     """
-    if not cols:
+    if cols is None:
         return ""
-    names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = cols
-    if list in set(map(type, pgs)):  # JSON
+    names, pgs, p2ps, seqs = cols.names, cols.pgs, cols.p2ps, cols.seqs
+    if type(pgs[0]) is not tuple:  # JSON's lists (checked: all of one type, see _checked_columns)
         pgs = tuple(map(tuple, pgs))
     parts = {name: split_profiling_name(name) for name in set(names)}
     counts: dict[str, int] = {}
@@ -330,21 +425,15 @@ def _ingest(
         counts[backend] = counts.get(backend, 0) + names.count(name)
     backend = max(counts, key=counts.__getitem__)
     gloo = backend == "gloo"
-    op_ids = [o if count_ok(o) else q for o, q in zip((e.get("op_id", q) for e, q in zip(entries, seqs)), seqs)] \
-        if gloo else [None] * len(names)
-    state_col = list(map(_STATE_LOOKUP.__getitem__, states))
-    if 0 in t_st:  # JSON writes 0 for "not discovered yet"
-        t_st = tuple(x or None for x in t_st)
-    if 0 in t_co:
-        t_co = tuple(x or None for x in t_co)
+    op_ids = array("q", [o if count_ok(o) else q for o, q in zip(_column(entries, "op_id", None), seqs)]) \
+        if gloo else None
+    states = bytes(map(_STATE_CODES.__getitem__, cols.states))
     # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
-    durations = _durations_ms(list(map(dict.get, entries, repeat("duration_ms")))) if timed else [None] * len(names)
-    if with_stacks and "frames" in entries[0]:
-        sids = _stack_ids([e.get("frames") for e in entries], stacks)
-    else:  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
-        sids = [None] * len(names)
+    durations = _durations_ms(_values(entries, "duration_ms")) if timed else None
+    sids = _stack_ids([e.get("frames") for e in entries], stacks) if with_stacks and "frames" in entries[0] \
+        else None  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
 
     distinct_pgs = set(pgs)
     unnamed = any(not pg[0] for pg in distinct_pgs)
@@ -355,7 +444,7 @@ def _ingest(
     helpers: set[Any] = set()
     if unnamed:
         assert pg_ids is not None
-        pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, in_s)
+        pgs, helpers = _unwrap_debug_groups(pgs, pg_ids, names, cols.in_s)
         distinct_pgs = set(pgs)
     if p2p_seqs is not None:
         p2ps = _batch_closers_as_p2p(names, pgs, p2ps, p2p_seqs, parts)
@@ -374,30 +463,49 @@ def _ingest(
         track = groups.get(key)
         if track is None:
             track = groups[key] = _Rows(key[0], key[1])
-        take = (lambda col: col) if idx is None else (lambda col, _i=idx: [col[i] for i in _i])
+        take = _everything if idx is None else _picker(idx)
         if pg_ids is not None:
             track.pg_ids.update(x for x in set(take(pg_ids)) if x is not None)
         elif (pid := entries[0 if idx is None else idx[0]].get("pg_id")) is not None:
             track.pg_ids.add(pid)
         if p2p:
-            _add_p2p(track, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col, created,
-                     t_co, sids, rids, signatures)
+            _add_p2p(track, take, parts, p2p_seqs, cols, states, sids, signatures)
             continue
-        t_seqs = tuple(take(seqs))
-        sigs = signatures.column(key[0], t_seqs, tuple(take(names)), parts, tuple(take(in_s)),
-                                 tuple(take(in_d)), tuple(take(out_s)), tuple(take(out_d)))
-        track_cols = [list(t_seqs), sigs, list(take(state_col)), list(take(created)), list(take(t_st)),
-                      list(take(t_co)), list(take(sids)), list(take(op_ids)), list(take(rids)), list(take(durations))]
-        if len(set(t_seqs)) != len(t_seqs):  # coalesced groups: several rows share a seq
-            folded = _fold_coalesced(list(zip(*track_cols)), signatures)
-            track_cols = [list(c) for c in zip(*folded)]
-        if track.seqs:  # one group under two spellings (rare): merge, keeping seq order
-            old = list(zip(*[getattr(track, f) for f in _TRACK_FIELDS]))
-            track_cols = [list(c) for c in zip(*sorted(old + list(zip(*track_cols)), key=lambda r: r[0]))]
-        for f, col in zip(_TRACK_FIELDS, track_cols):
-            setattr(track, f, col)
+        new = _Rows(key[0], key[1])
+        new.seqs = take(seqs)
+        new.sig_ids, new.sig_table = signatures.column(key[0], new.seqs, take(names), parts, take(cols.in_s),
+                                                       take(cols.in_d), take(cols.out_s), take(cols.out_d))
+        new.states, new.created_ns, new.started_ns = take(states), take(cols.created), take(cols.started)
+        new.completed_ns, new.stack_ids, new.op_ids = take(cols.completed), take(sids), take(op_ids)
+        new.record_ids, new.durations_ms = take(cols.record_ids), take(durations)
+        coalesced = len(set(new.seqs)) != len(new.seqs)  # several rows share a seq
+        if coalesced or track.seqs:  # ... or one group under two spellings (rare): merge, keeping seq order
+            rows_now = track.row_tuples() + (_fold_coalesced(new.row_tuples(), signatures) if coalesced
+                                             else new.row_tuples())
+            rows_now.sort(key=lambda r: r[0])
+            track.set_rows(rows_now, sids is not None, op_ids is not None, durations is not None)
+            continue
+        new.pg_ids, new.p2p = track.pg_ids, track.p2p
+        groups[key] = new
     _fix_p2p_batches(groups)
     return backend
+
+
+def _everything(col: Any) -> Any:
+    return col
+
+
+def _picker(idx: list[int]) -> Callable[[Any], Any]:
+    """``take(column)``: the rows at ``idx`` of a column, of the column's own type (None stays None)."""
+    def take(col: Any) -> Any:
+        if col is None:
+            return None
+        if isinstance(col, array):
+            return array(col.typecode, map(col.__getitem__, idx))
+        if isinstance(col, bytes):
+            return bytes(map(col.__getitem__, idx))
+        return tuple(map(col.__getitem__, idx))
+    return take
 
 
 def _batch_closers_as_p2p(names: Sequence, pgs: Sequence, p2ps: tuple, p2p_seqs: Sequence, parts: dict) -> tuple:
@@ -453,15 +561,22 @@ _TRACK_FIELDS = ("seqs", "sigs", "states", "created_ns", "started_ns", "complete
                  "record_ids", "durations_ms")
 
 
-def _add_p2p(track: _Rows, take, names, parts, p2p_seqs, in_s, in_d, out_s, out_d, state_col,
-             created, t_co, sids, rids, signatures: SignatureTable) -> None:
-    for name, p2p_seq, i_s, i_d, o_s, o_d, state, t0, t1, sid, rid in zip(
-            take(names), take(p2p_seqs), take(in_s), take(in_d), take(out_s), take(out_d),
-            take(state_col), take(created), take(t_co), take(sids), take(rids)):
+def _optional(t: int) -> int | None:
+    return None if t == NO_VALUE else t
+
+
+def _add_p2p(track: _Rows, take: Callable[[Any], Any], parts: dict, p2p_seqs: Sequence | None, cols: _Columns,
+             states: bytes, sids: list[int | None] | None, signatures: SignatureTable) -> None:
+    assert p2p_seqs is not None
+    n = len(take(cols.seqs))
+    for name, p2p_seq, i_s, i_d, o_s, o_d, code, t0, t1, sid, rid in zip(
+            take(cols.names), take(p2p_seqs), take(cols.in_s), take(cols.in_d), take(cols.out_s), take(cols.out_d),
+            take(states), take(cols.created), take(cols.completed), take(sids) or repeat(None, n),
+            take(cols.record_ids)):
         _, op, src, dst = parts[name]
         sig = signatures.from_raw(track.name, -1 - (p2p_seq or 0), (op, i_s, i_d, o_s, o_d))
         peer = (dst if op == "send" else src) if op in P2P_OPS else None
-        track.p2p.append((op, peer, p2p_seq, sig, state, t0, t1, sid, rid))
+        track.p2p.append((op, peer, p2p_seq, sig, STATES[code], _optional(t0), _optional(t1), sid, rid))
 
 
 def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
@@ -488,15 +603,22 @@ def _duration_ns(ms: Any) -> int | None:
     return round(ms * 1_000_000)
 
 
-def _durations_ms(raw: list[Any]) -> list[float | None]:
-    """FR's ``duration_ms`` of every entry, None where absent or not a plausible duration (see
-    ``_duration_ns``): checked a column at a time in C where every value is a number in range."""
-    present = [x for x in raw if x is not None]
-    if set(map(type, present)) <= {float, int}:
-        values = array("d", present)
-        if not values or (min(values) >= 0 and max(values) < MAX_DURATION_MS and not any(map(isnan, values))):
-            return raw
-    return [x if _duration_ns(x) is not None else None for x in raw]
+def _durations_ms(raw: list[Any]) -> array:
+    """FR's ``duration_ms`` of every entry as float64, -1 where absent or not a plausible duration (see
+    ``_duration_ns``): checked a column at a time in C where every value is a number in range (a finite sum
+    means no NaN nor infinity)."""
+    nones = raw.count(None)
+    if set(map(type, raw)) <= {float, int, type(None)}:
+        values = array("d", _filled(raw, nones, -1.0) if nones else raw)
+        top = values.tobytes()[_TOP_BYTES]
+        # Top bytes below 0x7f: positive and finite (NaN and infinities have every exponent bit set); the
+        # fills are the only others.
+        if len(top.translate(None, _FINITE_POSITIVE_TOP)) == nones and max(values) < MAX_DURATION_MS:
+            return values
+    return array("d", [x if _duration_ns(x) is not None else -1.0 for x in raw])
+
+
+_FINITE_POSITIVE_TOP = bytes(range(0x7f))
 
 
 # A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
@@ -527,8 +649,8 @@ def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple
                 output_sizes=None, output_dtypes=None, source="fr", parts=members,
             ))
             first = group[0]
-            out.append((first[0], sig, last[2], first[3], last[4] or first[4], last[5], first[6], last[7],
-                        last[8], last[9]))
+            started = last[4] if last[4] != NO_VALUE else first[4]
+            out.append((first[0], sig, last[2], first[3], started, last[5], first[6], last[7], last[8], last[9]))
         i = j + 1
     return out
 
@@ -565,12 +687,13 @@ def _apply_pg_status(
         out[key] = -1
         if backend != "gloo":
             continue
-        states = track.states
-        for i, ident in enumerate(track.op_ids):
-            if ident <= last:  # type: ignore[operator]  # gloo's op ids are never None (see _ingest)
-                states[i] = COMPLETED
+        states = bytearray(track.states)
+        for i, ident in enumerate(track.op_ids or ()):
+            if ident <= last:
+                states[i] = _COMPLETED
                 out[key] = track.seqs[i]
-            elif states[i] == SCHEDULED:
-                states[i] = UNKNOWN
+            elif states[i] == _SCHEDULED:
+                states[i] = _UNKNOWN
+        track.states = bytes(states)
         track.p2p = [row if row[4] != SCHEDULED else row[:4] + (UNKNOWN,) + row[5:] for row in track.p2p]
     return out

@@ -6,10 +6,17 @@ each is stored once and referred to by index (stacks) or identity (signatures). 
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from comm2perfetto.model import Frame, Signature, Stack
 from comm2perfetto.sources.limits import count_ok
+
+
+def contiguous(seqs: Sequence[int]) -> bool:
+    """One row per seq, consecutive (FR lists a group's collectives in seq order)."""
+    return len(seqs) > 0 and seqs[-1] - seqs[0] + 1 == len(seqs)
 
 
 class StackTable:
@@ -47,7 +54,7 @@ class SignatureTable:
     def __init__(self) -> None:
         self._by_value: dict[Signature, Signature] = {}
         self._first: dict[tuple[str, int], tuple[tuple, Signature]] = {}
-        self._ref: dict[str, tuple] = {}  # group name -> (seqs, names, in_s, in_d, out_s, out_d, sigs)
+        self._ref: dict[str, tuple] = {}  # group name -> (seqs, names, in_s, in_d, out_s, out_d, ids, table)
 
     def intern(self, sig: Signature) -> Signature:
         return self._by_value.setdefault(sig, sig)
@@ -64,12 +71,13 @@ class SignatureTable:
             self._first[key] = (raw, sig)
         return sig
 
-    def column(self, pg_name: str, seqs: tuple, names: tuple, parts: dict, in_s: tuple, in_d: tuple,
-               out_s: tuple, out_d: tuple) -> list[Signature]:
-        """Signatures of one rank's collectives on one group (columns aligned by row)."""
+    def column(self, pg_name: str, seqs: Sequence[int], names: tuple, parts: dict, in_s: tuple, in_d: tuple,
+               out_s: tuple, out_d: tuple) -> tuple[array, list[Signature]]:
+        """Signatures of one rank's collectives on one group (columns aligned by row), as ids (int32, one a
+        row) into a small table of distinct signatures."""
         ref = self._ref.get(pg_name)
         n = len(seqs)
-        if ref is not None and n and _contiguous(seqs) and _contiguous(ref[0]):
+        if ref is not None and n and contiguous(seqs) and contiguous(ref[0]):
             r_seqs = ref[0]
             lo, hi = max(seqs[0], r_seqs[0]), min(seqs[-1], r_seqs[-1])
             if lo <= hi:
@@ -77,24 +85,30 @@ class SignatureTable:
                 if (names[a:a + k] == ref[1][b:b + k] and in_s[a:a + k] == ref[2][b:b + k]
                         and out_s[a:a + k] == ref[4][b:b + k] and in_d[a:a + k] == ref[3][b:b + k]
                         and out_d[a:a + k] == ref[5][b:b + k]):
+                    r_ids, r_table = ref[6], ref[7]
+                    if not a and k == n:  # the common case: the same collectives as the first rank
+                        return r_ids[b:b + k], list(r_table)
                     head = self._each(pg_name, seqs[:a], names[:a], parts, in_s[:a], in_d[:a], out_s[:a],
                                       out_d[:a])
                     tail = self._each(pg_name, seqs[a + k:], names[a + k:], parts, in_s[a + k:], in_d[a + k:],
                                       out_s[a + k:], out_d[a + k:])
-                    return head + list(ref[6][b:b + k]) + tail
-        sigs = self._each(pg_name, seqs, names, parts, in_s, in_d, out_s, out_d)
-        if ref is None and n and _contiguous(seqs):
-            self._ref[pg_name] = (seqs, names, in_s, in_d, out_s, out_d, sigs)
-        return sigs
+                    return encode([*head, *map(r_table.__getitem__, r_ids[b:b + k]), *tail])
+        ids, table = encode(self._each(pg_name, seqs, names, parts, in_s, in_d, out_s, out_d))
+        if ref is None and n and contiguous(seqs):
+            self._ref[pg_name] = (seqs, names, in_s, in_d, out_s, out_d, ids, table)
+        return ids, list(table)
 
     def _each(self, pg_name: str, seqs, names, parts, in_s, in_d, out_s, out_d) -> list[Signature]:
         ops = [parts[n][1] for n in names]
         return [self.from_raw(pg_name, q, raw) for q, raw in zip(seqs, zip(ops, in_s, in_d, out_s, out_d))]
 
 
-def _contiguous(seqs: tuple) -> bool:
-    """One row per seq, consecutive (FR lists a group's collectives in seq order)."""
-    return bool(seqs) and seqs[-1] - seqs[0] + 1 == len(seqs)
+def encode(sigs: Sequence[Signature]) -> tuple[array, list[Signature]]:
+    """Signature objects, one a row, as ids (int32) into a table of the distinct ones (by identity: interned
+    signatures are one object per value)."""
+    by_id = dict(zip(map(id, sigs), sigs))  # a handful of distinct objects among thousands of rows
+    ids = {k: i for i, k in enumerate(by_id)}
+    return array("i", map(ids.__getitem__, map(id, sigs))), list(by_id.values())
 
 
 def _sizes(raw: Any) -> tuple[tuple[int, ...], ...] | None:
