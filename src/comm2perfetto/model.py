@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog
@@ -263,6 +263,33 @@ class _PerRank(Generic[_T]):
         return value  # type: ignore[return-value]
 
 
+def _known(values: tuple[int | None, ...]) -> Sequence[int]:
+    """The values that are not None (the tuple itself where all are: a report asks of every collective)."""
+    return [v for v in values if v is not None] if None in values else cast(tuple[int, ...], values)
+
+
+def _spread(times: tuple[int | None, ...]) -> int | None:
+    """The last known time minus the first; None with fewer than two.
+
+    >>> _spread((5, None, 9, 7)), _spread((5, 9)), _spread((None, 3))
+    (4, 4, None)
+    """
+    known = _known(times)
+    return max(known) - min(known) if len(known) > 1 else None
+
+
+def _latest(times: tuple[int | None, ...], ranks: tuple[int, ...]) -> int | None:
+    """The rank with the latest known time (the highest rank among equal ones); None without times.
+
+    >>> _latest((5, None, 9, 9), (0, 1, 2, 3)), _latest((None, None), (0, 1))
+    (3, None)
+    """
+    if None in times:
+        known = [(t, r) for t, r in zip(times, ranks) if t is not None]
+        return max(known)[1] if known else None
+    return max(zip(cast(tuple[int, ...], times), ranks))[1] if times else None
+
+
 class Collective:
     """One logical collective: (process group, sequence number) across the group's ranks.
 
@@ -319,6 +346,8 @@ class Collective:
 
     @property
     def joined_ranks(self) -> tuple[int, ...]:
+        if None not in self.signatures:
+            return self.ranks
         return tuple(r for r, s in zip(self.ranks, self.signatures) if s is not None)
 
     def index_of(self, rank: int) -> int:
@@ -334,13 +363,11 @@ class Collective:
     @property
     def last_arrival_rank(self) -> int | None:
         """The rank that arrived last (the others waited for it), or None without arrival times."""
-        known = [(t, r) for r, t in zip(self.ranks, self.arrive_ns) if t is not None]
-        return max(known)[1] if known else None
+        return _latest(self.arrive_ns, self.ranks)
 
     @property
     def arrival_skew_ns(self) -> int | None:
-        known = [t for t in self.arrive_ns if t is not None]
-        return max(known) - min(known) if len(known) > 1 else None
+        return _spread(self.arrive_ns)
 
     @property
     def ready_ns(self) -> tuple[int | None, ...]:
@@ -355,14 +382,12 @@ class Collective:
     @property
     def ready_skew_ns(self) -> int | None:
         """The last ready rank's ``ready_ns`` minus the first's: the arrival skew, on the GPU where known."""
-        known = [t for t in self.ready_ns if t is not None]
-        return max(known) - min(known) if len(known) > 1 else None
+        return _spread(self.ready_ns)
 
     @property
     def last_ready_rank(self) -> int | None:
         """The rank ready last (see ``ready_ns``), or None without times."""
-        known = [(t, r) for r, t in zip(self.ranks, self.ready_ns) if t is not None]
-        return max(known)[1] if known else None
+        return _latest(self.ready_ns, self.ranks)
 
     def work_of(self, i: int) -> tuple[int | None, int | None]:
         """(begin, end) of rank ``ranks[i]``'s part (``work_span``)."""
@@ -396,7 +421,7 @@ class Collective:
         >>> c.timing(), c.ready_ns, c.work_of(1), c.queue_ns()
         ((120, 40), (300, 380), (380, 420), [300, 330])
         """
-        gpu = [d for d in self.duration_ns if d is not None]
+        gpu = _known(self.duration_ns)
         if gpu:
             spans = [(b, b + d) for b, d in zip(self.gpu_begin_ns, self.duration_ns)
                      if b is not None and d is not None] if self.gpu_begin_ns else []

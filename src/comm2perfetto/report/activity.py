@@ -25,11 +25,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from operator import itemgetter
+from itertools import compress
+from operator import add, itemgetter
 
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import Job, RankProfile, work_span
+from comm2perfetto.model import Job, RankProfile
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
 __all__ = [
@@ -81,8 +82,10 @@ class RankActivity:
         overlapped = self.overlapped if self.overlapped is not None else intersection(self.compute, self.comm)
         busy = self.busy
         if busy is None:
-            busy = union(self.compute + self.comm + self.memory) if self.memory else union(self.compute + self.comm)
-        return Measured(self.compute), Measured(self.comm), Measured(overlapped), Measured(busy)
+            parts = [u for u in (self.compute, self.comm, self.memory) if u]
+            busy = parts[0] if len(parts) == 1 else union([s for u in parts for s in u])  # one is a union already
+        measured = {id(u): Measured(u) for u in (self.compute, self.comm, overlapped, busy)}  # each union once
+        return measured[id(self.compute)], measured[id(self.comm)], measured[id(overlapped)], measured[id(busy)]
 
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
@@ -141,30 +144,38 @@ def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
     Each rank's values are read as its columns across the group's collectives (C-level slices), not as one
     tuple of every rank per collective."""
     spans: dict[int, list[Span]] = defaultdict(list)
-    names = ("sources", "start_ns", "arrive_ns", "end_ns", "duration_ns")
     for cols in job.collectives.values():
         if not cols:
             continue
         on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
+        # what each rule reads: a GPU's needs neither start nor end (see _gpu_spans)
+        names = ("sources", "arrive_ns", "duration_ns") if on_gpu else ("sources", "start_ns", "arrive_ns", "end_ns")
         for rank in cols[0].ranks:
-            rows: Iterable[tuple]
             if isinstance(cols, GroupCollectives):
-                rows = zip(*(cols.member_column(name, rank) for name in names))
+                columns = [cols.member_column(name, rank) for name in names]
             else:
-                rows = ((c.sources[i], c.start_ns[i], c.arrive_ns[i], c.end_ns[i],
-                         c.duration_ns[i] if c.duration_ns else None)
-                        for c in cols for i in (c.index_of(rank),))
-            out = spans[rank]
-            for source, start, arrive, end, gpu in rows:
-                if source != "fr":
-                    continue
-                if on_gpu:  # Flight Recorder alone: no kernel begin
-                    begin, end = work_span(arrive, end, None, gpu, True)
-                else:
-                    begin = start or arrive
-                if begin is not None and end is not None and end > begin:
-                    out.append((begin, end))
+                rows = [tuple(getattr(c, name)[i] if getattr(c, name) else None for name in names)
+                        for c in cols for i in (c.index_of(rank),)]
+                columns = [list(col) for col in zip(*rows)] or [[] for _ in names]
+            spans[rank].extend(_gpu_spans(*columns) if on_gpu else _cpu_spans(*columns))
     return {rank: out for rank, out in spans.items() if out}
+
+
+def _gpu_spans(sources: list, arrives: list, gpus: list) -> Iterable[Span]:
+    """``model.work_span`` of a rank's collectives known only from Flight Recorder on a GPU (no kernel begin):
+    its ``duration_ms`` from its enqueue, nothing without one. Every one in C where all are known."""
+    if sources.count("fr") == len(sources) and None not in arrives:
+        if None in gpus:
+            gpus = [0 if gpu is None else gpu for gpu in gpus]
+        return compress(zip(arrives, map(add, arrives, gpus)), gpus)  # those with a time of their own
+    return ((arrive, arrive + gpu) for source, arrive, gpu in zip(sources, arrives, gpus)
+            if source == "fr" and arrive is not None and gpu)
+
+
+def _cpu_spans(sources: list, starts: list, arrives: list, ends: list) -> Iterable[Span]:
+    """Start (else arrival) to end of a rank's collectives known only from Flight Recorder on a CPU backend."""
+    return ((begin, end) for source, start, arrive, end in zip(sources, starts, arrives, ends)
+            if source == "fr" and (begin := start or arrive) is not None and end is not None and end > begin)
 
 
 def _steps(log, profile: RankProfile, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:

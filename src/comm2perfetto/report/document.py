@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping
+from typing import cast
 
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
@@ -36,6 +37,9 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
                  depth: int | None = None) -> dict:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
+    # Every table reads the same collectives: their views are held until the report is done, so that each
+    # per-rank tuple (arrivals, durations...) is decoded from the columns once, not once per table.
+    views = [list(cols) for cols in job.collectives.values()] if job is not None else []
     fr_comm = flight_recorder_comm(job) if job is not None else {}
     # each rank's Flight Recorder spans are handed over and dropped once its union is made: never held twice
     activities = {r: rank_activity(job, r, profiles.get(r), {r: fr_comm.pop(r, [])}) for r in ranks}
@@ -77,6 +81,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
     }
+    del views
     return doc
 
 
@@ -118,7 +123,9 @@ def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective
     starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
 
     def step_of(c: Collective) -> int | None:
-        known = [(t, r) for t, r in zip(c.ready_ns, c.ranks) if t is not None]
+        ready = c.ready_ns
+        known: list[tuple[int, int]] = [(t, r) for t, r in zip(ready, c.ranks) if t is not None] \
+            if None in ready else list(zip(cast(tuple[int, ...], ready), c.ranks))
         if not known:
             return None
         t, rank = min(known)

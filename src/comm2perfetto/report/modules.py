@@ -62,10 +62,11 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
             row.ranks.add(rank)
     for uid, cols in job.collectives.items():
         for c in cols:
-            if not c.joined_ranks or any(s is not None and "log" in s for s in c.sources) or (
+            sources = set(c.sources)  # a few distinct values among thousands of ranks
+            if not c.joined_ranks or any(s is not None and "log" in s for s in sources) or (
                     keep is not None and not keep(c)):
                 continue
-            if all(s is None or s == "kineto" for s in c.sources):
+            if all(s is None or s == "kineto" for s in sources):
                 continue  # known from profiler traces only: whether Python or C++ issued it is not known
             sig = first_signature(c)
             if sig is None:  # joined ranks always have a signature; a guard for the type checker

@@ -10,8 +10,10 @@ diagnose's business, not counted here.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
+from itertools import repeat
+from operator import sub
 from typing import cast
 
 from comm2perfetto.model import Collective, Job
@@ -25,6 +27,9 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
     lateness: dict[int, list[int]] = defaultdict(list)
     last: dict[int, int] = defaultdict(int)
     for cols in job.collectives.values():
+        if not cols:
+            continue
+        per_rank: list[list[int]] = [[] for _ in cols[0].ranks]  # a group's collectives share its ranks
         for c in cols:
             if len(c.ready_ns) < 2 or None in c.ready_ns or (keep is not None and not keep(c)):
                 continue
@@ -32,8 +37,10 @@ def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) 
             first = min(arrive)
             latest = max(arrive)
             last[c.ranks[arrive.index(latest)]] += 1
-            for rank, t in zip(c.ranks, arrive):
-                lateness[rank].append(t - first)
+            deque(map(list.append, per_rank, map(sub, arrive, repeat(first))), maxlen=0)  # in C: every rank
+        for rank, values in zip(cols[0].ranks, per_rank):
+            if values:
+                lateness[rank].extend(values)
     rows = []
     for rank, values in lateness.items():
         values.sort()
