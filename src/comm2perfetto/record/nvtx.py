@@ -143,12 +143,13 @@ def emit_own_pop() -> None:
 
 
 class range:
-    """An NVTX range that comm2perfetto records too. Context manager and decorator.
+    """An NVTX range that comm2perfetto records too. Context manager and decorator::
 
-    >>> with range("data loading"):
-    ...     batch = next(it)
-    >>> @range("optimizer")
-    ... def apply(): ...
+        with range("data loading"):
+            batch = next(batches)
+
+        @range("optimizer")
+        def apply(): ...
     """
 
     def __init__(self, name: str) -> None:
