@@ -211,3 +211,39 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
     merged, conflict = _merge_snapshots([read_fr_dump(p) for p in paths], [])
     assert conflict is None
     assert [e.get("frames") for e in merged if e["record_id"] == 3] == [frames]
+
+
+def test_entries_whose_groups_are_lists_and_tuples_alike_all_load():
+    """A dump mixing tuples and lists for process_group (lists as JSON writes them): the columns read each
+    as a tuple; nothing is skipped."""
+    job = FrJob(world=2)
+    for _ in range(3):
+        job.collective(0, "all_reduce", [[4]])
+    doc = job.document(0)
+    doc["entries"][1]["process_group"] = list(doc["entries"][1]["process_group"])
+    dump = read_fr_dump("nccl_trace_rank_0", pickle.dumps(doc, protocol=2))
+    trace, _ = build_rank_trace(0, [dump], StackTable(), SignatureTable())
+    (track,) = trace.groups.values()
+    assert track.seqs == [1, 2, 3] and not trace.notes
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("time_created_ns", -5, "time_created_ns is -5"),
+    ("collective_seq_id", 2**63, "collective_seq_id is 9223372036854775808"),
+    ("time_discovered_completed_ns", "soon", "time_discovered_completed_ns is 'soon'"),
+    ("record_id", None, "record_id is None"),
+])
+def test_one_bad_count_or_time_skips_that_entry_only(key, value, problem):
+    """The columns' int64 conversion refuses the value; the rank is then checked entry by entry, and only the
+    bad entry is skipped, with a note naming it."""
+    job = FrJob(world=2)
+    for _ in range(3):
+        job.collective(0, "all_reduce", [[4]])
+    doc = job.document(0)
+    doc["entries"][1][key] = value
+    dump = read_fr_dump("nccl_trace_rank_0", pickle.dumps(doc, protocol=2))
+    trace, _ = build_rank_trace(0, [dump], StackTable(), SignatureTable())
+    (track,) = trace.groups.values()
+    assert track.seqs == [1, 3]
+    (note,) = trace.notes
+    assert "1 malformed Flight Recorder entries skipped" in note and problem in note

@@ -299,6 +299,9 @@ def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], _Colu
         if bad == 1:
             first = f"record {shown(row[12])}: {problem}"
     cols = _checked_columns(list(zip(*kept_rows))) if kept else None
+    if kept and cols is None:
+        # a bug if ever seen: the two checks differ
+        return [], None, (len(entries), first or "the entries pass one by one but not as columns")
     return kept, cols, (bad, first)
 
 
@@ -318,8 +321,13 @@ def _checked_columns(raw: list[tuple]) -> _Columns | None:
     if earliest < MIN_TIME_NS:
         return None
     try:  # few distinct values: checking them is free next to building the sets
+        try:
+            distinct_pgs = set(pgs)
+        except TypeError:  # JSON's lists: as tuples (an unhashable value inside still fails)
+            pgs = tuple(tuple(pg) if isinstance(pg, list) else pg for pg in pgs)
+            distinct_pgs = set(pgs)
         if not (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
-                and all(map(_pg_ok, set(pgs) if type(pgs[0]) is tuple else set(map(tuple, pgs))))):
+                and all(map(_pg_ok, distinct_pgs))):
             return None
     except TypeError:  # an unhashable value
         return None
@@ -372,6 +380,7 @@ def _pg_ok(pg: Any) -> bool:
     return isinstance(pg, (tuple, list)) and len(pg) == 2 and all(isinstance(x, str) for x in pg)
 
 
+
 def _row_problem(row: tuple) -> str | None:
     name, pg, seq, _, state, t_st, t_co, created = row[:8]
     if type(name) is not str:
@@ -417,8 +426,6 @@ def _ingest(
     if cols is None:
         return ""
     names, pgs, p2ps, seqs = cols.names, cols.pgs, cols.p2ps, cols.seqs
-    if type(pgs[0]) is not tuple:  # JSON's lists (checked: all of one type, see _checked_columns)
-        pgs = tuple(map(tuple, pgs))
     parts = {name: split_profiling_name(name) for name in set(names)}
     counts: dict[str, int] = {}
     for name, (backend, _, _, _) in parts.items():
