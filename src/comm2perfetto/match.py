@@ -76,10 +76,11 @@ from comm2perfetto.sources.discover import (
 )
 from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
-from comm2perfetto.sources.fr.dump import Ranks, read_fr_dump, stacks_by_collective
+from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
+from comm2perfetto.sources.limits import Ranks
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -256,7 +257,7 @@ def _resolve_groups(
         for g in log.groups.values():
             name = str(g.name)
             old = local.get((rank, name))
-            ranks = tuple(g.ranks) if g.ranks else None
+            ranks = g.ranks or None
             if old is None:
                 local[(rank, name)] = (g.desc, ranks, "log" if ranks else "", g.backend)
             elif old[1] is None and ranks:

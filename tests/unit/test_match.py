@@ -242,3 +242,27 @@ def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_compl
     sampled = _end_differences(t1, t0)
     assert len(sampled) == 250 and sampled == _end_differences(rows_of(t1), rows_of(t0))
     assert sorted({d // 1000 for d in sampled}) == [3_000_000 + k for k in range(7)]
+
+
+def test_group_members_read_as_ranges_where_consecutive(tmp_path):
+    """A group's members from a dump's pg_config or a recorder log are a range where consecutive (nothing per
+    rank to hash or compare at 16,384 ranks) and a tuple otherwise; the group ids read the same either way."""
+    from comm2perfetto.sources.discover import load_sources
+
+    job = FrJob(world=4)
+    job.group("5", [0, 2], desc="even")
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]])
+    for r in (0, 2):
+        job.collective(r, "all_reduce", [[4]], pg="5")
+    job.write(tmp_path)
+    for r in job.ranks:
+        log = EventLog(rank=r, world=4)
+        log.group(0, "0", "default_pg", [0, 1, 2, 3])
+        if r in (0, 2):
+            log.group(1, "5", "even", [0, 2])
+        log.write(tmp_path)
+    src = load_sources([tmp_path])
+    assert src.fr[1].pg_config["0"].ranks == range(4) and src.fr[2].pg_config["5"].ranks == (0, 2)
+    assert src.logs[3].groups[0].ranks == range(4) and src.logs[2].groups[1].ranks == (0, 2)
+    assert sorted(load_job([tmp_path]).groups) == ["0[0,1,2,3]", "5[0,2]"]

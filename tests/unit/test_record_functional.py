@@ -71,7 +71,7 @@ def test_every_group_form_resolves_to_the_process_group(tmp_path, fr_env):
     log = read_event_log(os.path.join(out, "rank0.events.jsonl"))
     assert log.problems == []
     # Every form names the one group there is: no second `g` record.
-    assert [(g.name, g.ranks) for g in log.groups.values()] == [("0", [0])]
+    assert [(g.name, list(g.ranks)) for g in log.groups.values()] == [("0", [0])]
     source = Path(__file__).read_text().splitlines()
     expected = [("all_reduce", "@pg", [[4]]), ("all_reduce", "@name", [[4]]), ("all_reduce", "@mesh", [[4]]),
                 ("all_reduce", "@pair", [[4]]), ("all_reduce", "@ranks", [[4]]),

@@ -50,7 +50,7 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
                 continue
             group = log.groups.get(call.gid)
             # One instance per collective: the group's (name, ranks, seq, op) where numbered, else the call's own.
-            key: Hashable = ((group.name, tuple(group.ranks), call.seq, call.op)
+            key: Hashable = ((group.name, group.ranks, call.seq, call.op)
                              if call.seq is not None and group is not None else (rank, call.cid))
             if call.from_cpp:  # the dispatcher fallback's (torch 2.4-2.7, gloo): what Flight Recorder shows later
                 row = rows[(NOT_SEEN, None, op_family(call.op))]

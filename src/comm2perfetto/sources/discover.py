@@ -39,7 +39,7 @@ from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
 from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC
-from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, Ranks, rank_from_name, read_fr_dump
+from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto.events import KinetoTrace
@@ -48,6 +48,7 @@ from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import (
     MAX_FILE_BYTES,
     MAX_WORLD_SIZE,
+    Ranks,
     rank_ok,
     read_bounded,
     regular_file_problem,

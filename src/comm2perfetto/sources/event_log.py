@@ -31,7 +31,9 @@ from comm2perfetto.sources.limits import (
     MAX_OFFSET_NS,
     MAX_WORLD_SIZE,
     MIN_TIME_NS,
+    Ranks,
     TooLargeError,
+    compact_ranks,
     count_ok,
     is_int,
     opt_time_ok,
@@ -66,7 +68,7 @@ class Group:
     gid: int
     name: str
     desc: str
-    ranks: list[int]
+    ranks: Ranks  # a range where consecutive (``limits.compact_ranks``)
     backend: str
     devices: dict[str, str] | None = None
 
@@ -74,9 +76,9 @@ class Group:
         """The backend that ran a call whose input tensors are on ``device`` (None: no tensor, or the log does
         not say), or None where that is not known.
 
-        >>> Group(0, "0", "default_pg", [0, 1], "undefined", {"cpu": "gloo"}).backend_for(None)
+        >>> Group(0, "0", "default_pg", range(2), "undefined", {"cpu": "gloo"}).backend_for(None)
         'gloo'
-        >>> Group(0, "0", "default_pg", [0, 1], "cpu:gloo,cuda:nccl").backend_for("cuda")
+        >>> Group(0, "0", "default_pg", range(2), "cpu:gloo,cuda:nccl").backend_for("cuda")
         'nccl'
         """
         devices = self.devices or _backend_config(self.backend)
@@ -500,7 +502,7 @@ class _Builder:
             if any(x >= log.world_size for x in r[4]):
                 raise ValueError(f"group {r[2]!r} lists ranks outside the {log.world_size}-rank job")
             devices = r[6] if len(r) > 6 and _devices(r[6]) else None
-            log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=list(r[4]), backend=r[5] or "",
+            log.groups[r[1]] = Group(gid=r[1], name=r[2], desc=r[3], ranks=compact_ranks(r[4]), backend=r[5] or "",
                                      devices=devices)
         elif kind == "r":
             rng = Range(rid=r[1], t_begin_ns=r[2], name=r[3], tid=r[4], source=r[5],

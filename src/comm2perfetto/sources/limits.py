@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -92,6 +93,24 @@ def gunzip_bounded(data: bytes, limit: int = MAX_FILE_BYTES) -> bytes:
 def is_int(value: Any) -> bool:
     """An int that is not a bool (JSON and pickles both give bools where ints were expected)."""
     return type(value) is int
+
+
+# A group's members: a range where they are consecutive (see ``compact_ranks``).
+Ranks = tuple[int, ...] | range
+
+
+def compact_ranks(ranks: Sequence[int]) -> Ranks:
+    """Checked ranks as a ``range`` where they are one (the usual group: every rank, or a block of them), so
+    that membership, hashing and comparing cost nothing: 16,384 ranks each naming a 16,384-rank group made
+    resolving groups quadratic as tuples; else a tuple.
+
+    >>> compact_ranks([0, 1, 2, 3]), compact_ranks([0, 2]), compact_ranks([])
+    (range(0, 4), (0, 2), ())
+    """
+    ranks = tuple(ranks)
+    if ranks and ranks == tuple(range(ranks[0], ranks[0] + len(ranks))):
+        return range(ranks[0], ranks[0] + len(ranks))
+    return ranks
 
 
 def rank_ok(value: Any, world: int | None = None) -> bool:

@@ -38,7 +38,16 @@ import orjson
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Stack
 from comm2perfetto.sources.fr.tables import StackTable, stack_id
-from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, is_int, rank_ok, read_bounded, shown
+from comm2perfetto.sources.limits import (
+    MAX_WORLD_SIZE,
+    Ranks,
+    TooLargeError,
+    compact_ranks,
+    is_int,
+    rank_ok,
+    read_bounded,
+    shown,
+)
 from comm2perfetto.sources.safe_pickle import UnsafePickleError, looks_like_pickle, safe_loads
 
 __all__ = ["FrDump", "FrFormatError", "PgConfig", "rank_from_name", "read_fr_dump", "split_profiling_name",
@@ -50,10 +59,6 @@ _P2P_NAME = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 
 class FrFormatError(Comm2PerfettoError, ValueError):
     """The file is not a readable Flight Recorder dump."""
-
-
-# A group's members: a range where they are consecutive (see ``checked_ranks``).
-Ranks = tuple[int, ...] | range
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,19 +194,16 @@ def _rank_list(text: str) -> Ranks | None:
 
 
 def checked_ranks(value: list | tuple) -> Ranks | None:
-    """Distinct ranks, as a ``range`` where they are one (the usual group: every rank, or a block of them):
-    membership, hashing and comparing then cost nothing, where 16,384 ranks each holding a 16,384-rank tuple
-    made resolving groups quadratic; a tuple otherwise; None when they are not distinct ranks.
+    """Distinct ranks, as a ``range`` where they are one (``limits.compact_ranks``); None when they are not
+    distinct ranks.
 
     >>> checked_ranks([0, 1, 2, 3]), checked_ranks([0, 2]), checked_ranks([1, 1])
     (range(0, 4), (0, 2), None)
     """
     if len(value) > MAX_WORLD_SIZE or not all(map(rank_ok, value)):
         return None
-    ranks = tuple(value)
-    if ranks and ranks == tuple(range(ranks[0], ranks[0] + len(ranks))):
-        return range(ranks[0], ranks[0] + len(ranks))
-    return ranks if len(set(ranks)) == len(ranks) else None
+    ranks = compact_ranks(value)
+    return ranks if isinstance(ranks, range) or len(set(ranks)) == len(ranks) else None
 
 
 def _status_value(st: dict[str, Any], key: str) -> int:
