@@ -72,6 +72,9 @@ for step in range(steps + 1):
     time.sleep(pause)
 dist.barrier()  # @end
 dist.destroy_process_group()
+if mode == "ddp":
+    del model, opt  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
+    __import__("gc").collect()
 """
 
 LONG = "100000"  # steps of a job that runs until it is signalled

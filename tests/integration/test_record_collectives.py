@@ -104,7 +104,7 @@ def test_every_rank_logs_and_closes_cleanly(plain_job):
         assert (log.rank, log.world_size, log.header["backend"]) == (rank, 2, "gloo")
         assert log.header["config"]["stall_after_s"] == 30.0
         group = log.groups[0]
-        assert (group.name, group.desc, group.ranks, group.backend) == ("0", "default_pg", [0, 1], "gloo")
+        assert (group.name, group.desc, list(group.ranks), group.backend) == ("0", "default_pg", [0, 1], "gloo")
         # Both ranks of one run carry the launcher's run id.
         assert log.header["run_id"] == plain_job.log(0).header["run_id"] != ""
 

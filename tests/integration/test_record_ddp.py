@@ -57,6 +57,8 @@ weights = [torch.zeros(2, 4) for _ in range(2)]
 dist.all_gather(weights, model.module.weight.detach())  # @check
 assert torch.equal(weights[0], weights[1]), "DDP replicas diverged"
 dist.destroy_process_group()
+del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
+__import__("gc").collect()
 """
 
 

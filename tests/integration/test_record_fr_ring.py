@@ -30,6 +30,8 @@ for step in range({STEPS}):
     model(torch.randn(8, 4)).sum().backward()
     optimizer.step()
 dist.destroy_process_group()
+del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
+__import__("gc").collect()
 """
 
 

@@ -60,6 +60,8 @@ model(torch.randn(8, 4)).sum().backward()
 with open(f"window.{dist.get_rank()}.json", "w") as f:
     json.dump({"begin": t_begin, "end": t_end, "inductor": "torch._inductor" in sys.modules}, f)
 dist.destroy_process_group()
+del model  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
+__import__("gc").collect()
 """
 
 # (seconds from the first collective to DDP, seconds from DDP's start to the side thread's first collective)

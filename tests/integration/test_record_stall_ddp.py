@@ -43,6 +43,8 @@ for step in range(3):
     model(torch.randn(4, 8)).sum().backward()  # @backward
     optimizer.step()
 dist.destroy_process_group()
+del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
+__import__("gc").collect()
 """
 
 
