@@ -54,24 +54,6 @@ def ms_to_ns_col(col: array) -> array:
     return array("q", ns if not ns or min(ns) >= 0 else [NO_VALUE if v < 0 else v for v in ns])
 
 
-def ms_to_ns(col: Sequence[float]) -> list[int | None]:
-    """Durations in ms (-1: unknown) as ns (``map`` over C functions where every one is known: a report
-    converts a value of every rank for every collective).
-
-    >>> ms_to_ns([0.25, 1.0]), ms_to_ns([-1.0, 0.0025])
-    ([250000, 1000000], [None, 2500])
-    """
-    out: list[int | None] = list(map(round, map(mul, col, repeat(1_000_000.0))))
-    unknown = col.count(-1.0)  # what a column stores for an unknown duration
-    if unknown > 16:
-        return [None if v < 0 else v for v in out]  # type: ignore[operator]
-    at = -1
-    for _ in range(unknown):
-        at = out.index(-1_000_000, at + 1)
-        out[at] = None
-    return out
-
-
 def optional(col: array) -> list[int | None]:
     """The inverse of :func:`times`."""
     return [None if v < 0 else v for v in col]
@@ -167,7 +149,7 @@ class GroupTrack:
     def durations_ns(self) -> list[int | None]:
         if self.duration_col is None:
             return [None] * len(self.seq_col)
-        return ms_to_ns(self.duration_col)
+        return optional(ms_to_ns_col(self.duration_col))
 
     def first_not_done(self) -> int:
         """Index of the first row not known completed (``len(self)`` when every row is)."""
