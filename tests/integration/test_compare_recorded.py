@@ -41,6 +41,7 @@ READY_TIMEOUT_S = 240.0
 MARGIN = ("--min-change", "25")
 
 JOB = """
+import gc
 import argparse
 import os
 import time
@@ -84,7 +85,7 @@ for step in range(24):
         dist.all_gather_into_tensor(torch.empty(32), torch.ones(16))
 dist.destroy_process_group()
 del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 VARIANTS = {"base": [], "noise": [], "late": ["--late-ms", "100"], "bucket": ["--bucket-kb", "1024"],

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 # MODE plain: one all_reduce a step; ddp: a DDP step (its all_reduces are issued from C++).
 # KILL=r:s SIGKILLs rank r at step s (s == STEPS: after its last collective); HANG=r:s makes rank r sleep there.
 JOB = """
+import gc
 import os, signal, sys, time
 from pathlib import Path
 import torch
@@ -74,7 +75,7 @@ dist.barrier()  # @end
 dist.destroy_process_group()
 if mode == "ddp":
     del model, opt  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-    __import__("gc").collect()
+    gc.collect()
 """
 
 LONG = "100000"  # steps of a job that runs until it is signalled

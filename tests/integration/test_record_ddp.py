@@ -21,6 +21,7 @@ needs_gloo_flight_recorder = pytest.mark.skipif(
                       f"checked by test_record_fallback_ddp.py)")
 
 JOB = """
+import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -58,7 +59,7 @@ dist.all_gather(weights, model.module.weight.detach())  # @check
 assert torch.equal(weights[0], weights[1]), "DDP replicas diverged"
 dist.destroy_process_group()
 del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 

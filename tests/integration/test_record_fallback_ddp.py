@@ -22,6 +22,7 @@ OLD_TORCH = mechanisms.gloo_fallback_wanted(torch.__version__, {})
 STEPS = 3
 
 JOB = """
+import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -42,7 +43,7 @@ dist.all_gather(weights, model.module.weight.detach())  # @check
 assert torch.equal(weights[0], weights[1]), "DDP replicas diverged"
 dist.destroy_process_group()
 del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 

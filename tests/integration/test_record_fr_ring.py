@@ -15,6 +15,7 @@ STEPS = 12
 CALLS_PER_STEP = 5  # Python all-reduces per step, besides DDP's gradient all-reduce(s)
 
 JOB = f"""
+import gc
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -31,7 +32,7 @@ for step in range({STEPS}):
     optimizer.step()
 dist.destroy_process_group()
 del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 

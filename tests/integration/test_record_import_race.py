@@ -25,6 +25,7 @@ if not hasattr(torch_c10d, "_dump_fr_trace"):
     pytest.skip("this torch has no gloo Flight Recorder dump: no dump symbolises frames", allow_module_level=True)
 
 JOB = """
+import gc
 import json, sys, threading, time
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ with open(f"window.{dist.get_rank()}.json", "w") as f:
     json.dump({"begin": t_begin, "end": t_end, "inductor": "torch._inductor" in sys.modules}, f)
 dist.destroy_process_group()
 del model  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 # (seconds from the first collective to DDP, seconds from DDP's start to the side thread's first collective)

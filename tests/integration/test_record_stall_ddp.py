@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 SLEEP_S = 8
 
 JOB = f"""
+import gc
 import time
 from datetime import timedelta
 import torch
@@ -44,7 +45,7 @@ for step in range(3):
     optimizer.step()
 dist.destroy_process_group()
 del model, optimizer  # DDP's reference cycles hold the gloo group: freed while Python is whole (examples/ddp_train.py)
-__import__("gc").collect()
+gc.collect()
 """
 
 
