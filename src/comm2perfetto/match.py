@@ -652,7 +652,7 @@ FR_SKEW_NS = 50_000_000  # Flight Recorder's completion times lag by a watchdog 
 
 # Flight Recorder's completion times are a coarse source (a watchdog poll late): a median over this many
 # collectives of a group, spread evenly over the ring, finds a skew of FR_SKEW_NS as well as all of them would,
-# and keeps the cost per rank flat (16,384 ranks x 2,000 collectives took 9 s compared one by one).
+# and keeps the cost per rank flat (every collective compared one by one took 1.1 s at 2,048 ranks x 2,000).
 FR_END_SAMPLES = 256
 
 

@@ -317,7 +317,9 @@ def _checked_columns(raw: list[tuple]) -> _Columns | None:
     cr_a, rid_a = _int64(created, True), _int64(rids, False)
     if seq_a is None or st_a is None or co_a is None or cr_a is None or rid_a is None:
         return None
-    earliest = min(cr_a) if NO_VALUE not in cr_a else min((t for t in cr_a if t >= 0), default=MIN_TIME_NS)
+    earliest = min(cr_a)
+    if earliest == NO_VALUE:  # some unknown: the earliest known (the conversion refused other negatives)
+        earliest = min((t for t in cr_a if t >= 0), default=MIN_TIME_NS)
     if earliest < MIN_TIME_NS:
         return None
     try:  # few distinct values: checking them is free next to building the sets
