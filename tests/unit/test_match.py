@@ -266,3 +266,22 @@ def test_group_members_read_as_ranges_where_consecutive(tmp_path):
     assert src.fr[1].pg_config["0"].ranks == range(4) and src.fr[2].pg_config["5"].ranks == (0, 2)
     assert src.logs[3].groups[0].ranks == range(4) and src.logs[2].groups[1].ranks == (0, 2)
     assert sorted(load_job([tmp_path]).groups) == ["0[0,1,2,3]", "5[0,2]"]
+
+
+def test_the_collectives_span_is_the_first_arrival_and_the_last_arrival_or_end(tmp_path):
+    # merge's time origin and the trace's last instant: read a collective at a time, with ranks missing
+    job = FrJob(world=3)
+    job.group("4", [1, 2], desc="pair")
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[8]], t_ns=T0_NS + 500 + r)
+    job.collective(1, "broadcast", [[2]], pg="4", t_ns=T0_NS + 10_000)
+    job.collective(2, "broadcast", [[2]], pg="4", t_ns=T0_NS + 20_000, state="started")
+    job.collective(0, "all_reduce", [[8]], t_ns=T0_NS + 30_000, state="started")  # ranks 1, 2 never join
+    job.write(tmp_path)
+    loaded = load_job([tmp_path], align=False)
+    every = [t for c in loaded.iter_collectives() for t in c.arrive_ns + c.end_ns if t is not None]
+    assert loaded.collectives_span() == (T0_NS + 500, max(every))
+    assert max(every) == T0_NS + 10_000 + 50_000  # the broadcast's end on rank 1, after every arrival
+    empty = FrJob(world=2)
+    empty.write(tmp_path / "none")
+    assert load_job([tmp_path / "none"], align=False, force=True).collectives_span() == (None, None)

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 
 import pytest
 
+from comm2perfetto import group_columns
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from comm2perfetto.report.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
 from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
-from comm2perfetto.report.document import _profiled_note, build_report, steps_text
+from comm2perfetto.report.document import _profiled_note, _RankFacts, build_report, steps_text
 from comm2perfetto.report.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
-from support.factories import T0_NS, EventLog, FrJob
+from support.factories import T0_NS, EventLog, FrJob, steady_job
 from support.kineto_fixtures import KinetoDoc
 
 # --- intervals ---------------------------------------------------------------------------------------------
@@ -435,8 +438,8 @@ def test_span_reader_reads_the_cpu_side_when_a_guess_of_kernels_was_wrong(tmp_pa
 
 
 def _profiled_only(steps, windows):
-    return RankActivity(0, CPU, ("profiler CPU ops",), [(0, 1)], [], [], tuple(steps),
-                        compute_windows=tuple(windows))
+    return _RankFacts.of(RankActivity(0, CPU, ("profiler CPU ops",), [(0, 1)], [], [], tuple(steps),
+                                      compute_windows=tuple(windows)))
 
 
 def test_report_says_which_steps_its_figures_cover_when_compute_is_profiled_only():
@@ -449,5 +452,32 @@ def test_report_says_which_steps_its_figures_cover_when_compute_is_profiled_only
     assert _profiled_note(activities, (3, 4)) == [
         "compute is known only in the profiled steps 3-4: these figures cover steps 3-4, all profiled"]
     # Compute from ranges too (compute_windows None): known everywhere, nothing to say.
-    assert _profiled_note({0: RankActivity(0, CPU, (), [], [], [], tuple(steps))}, None) == []
+    assert _profiled_note({0: _RankFacts.of(RankActivity(0, CPU, (), [], [], [], tuple(steps)))}, None) == []
     assert steps_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"
+
+
+# --- memory that follows the answer ------------------------------------------------------------------------------
+
+
+def test_report_reads_each_collective_once_for_all_its_tables(tmp_path, monkeypatch):
+    # A group too big to keep its views (as one of 16,384 ranks is): every table is fed in one pass, so each
+    # field of each collective is decoded once; only the lateness map's drawn columns read their arrivals again.
+    monkeypatch.setattr(group_columns, "SMALL_GROUP_CELLS", 0)
+    steady_job(4, 300).write(tmp_path)
+    job = load_job([tmp_path])
+    expected = build_report(job, {})
+    reads: Counter[tuple[str, int]] = Counter()
+    read = GroupCollectives.values
+
+    def counted(self, name, index):
+        reads[(name, index)] += 1
+        return read(self, name, index)
+
+    monkeypatch.setattr(GroupCollectives, "values", counted)
+    doc = build_report(job, {})
+    assert doc == expected
+    again = {index for (_, index), n in reads.items() if n > 1}
+    assert len(again) == len(doc["lateness_map"]["collectives"]) == 200  # drawn: 200 of the 300
+    # a drawn column's arrivals (ready_ns: GPU begins, else arrivals) and its label's op (signatures)
+    assert {name for (name, _), n in reads.items() if n > 1} == {"gpu_begin_ns", "arrive_ns", "signatures"}
+    assert max(reads.values()) == 2 and {index for _, index in reads} == set(range(300))

@@ -234,8 +234,9 @@ def _parse_time(part: str, whole: str) -> int:
 
 def _job_span(job: Job) -> tuple[int | None, int | None]:
     """The earliest timed event (the origin of --window and the trace's wall-clock anchor) and the latest."""
-    firsts = [t for c in job.iter_collectives() for t in c.arrive_ns if t is not None]
-    lasts = [t for c in job.iter_collectives() for t in c.end_ns if t is not None]
+    first, last = job.collectives_span()
+    firsts = [first] if first is not None else []
+    lasts = [last] if last is not None else []
     for rank, traces in job.traces.items():  # profiled steps may lie long before the first collective kept
         off = job.clock.offset_ns.get(rank, 0)
         for span in filter(None, map(trace_span, traces)):

@@ -22,7 +22,7 @@ unions (``sources.kineto.profile.RankProfile``), not events.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
@@ -30,12 +30,13 @@ from operator import add, itemgetter
 
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import Job, RankProfile
+from comm2perfetto.model import Collective, Job, RankProfile
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
 __all__ = [
     "CPU",
     "GPU",
+    "FlightRecorderSpans",
     "RankActivity",
     "RankProfile",
     "flight_recorder_comm",
@@ -90,8 +91,8 @@ class RankActivity:
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
                   fr_comm: Mapping[int, list[Span]] | None = None) -> RankActivity:
-    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``:
-    ``flight_recorder_comm(job)``, when the caller has it for every rank already."""
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``: its
+    Flight Recorder spans (``flight_recorder_comm``), when the caller has them already."""
     offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
@@ -136,29 +137,50 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
                         compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
 
 
-def flight_recorder_comm(job: Job) -> dict[int, list[Span]]:
-    """Per rank, start (or enqueue) to end of the collectives known only from Flight Recorder (the calls the
-    patch layer saw are already counted, from the recorder's more precise times). Already on the job clock.
+def flight_recorder_comm(job: Job, ranks: Iterable[int] | None = None) -> dict[int, list[Span]]:
+    """``FlightRecorderSpans`` of each of ``ranks`` (default: every rank in a group) that has some."""
+    spans_of = FlightRecorderSpans(job)
+    out = {}
+    for rank in spans_of.ranks if ranks is None else ranks:
+        spans = spans_of(rank)
+        if spans:
+            out[rank] = spans
+    return out
+
+
+class FlightRecorderSpans:
+    """``spans_of(rank)``: start (or enqueue) to end of the rank's collectives known only from Flight Recorder
+    (the calls the patch layer saw are already counted, from the recorder's more precise times), on the job
+    clock, one rank at a time: a report of 16,384 ranks holds one rank's spans, not every rank's.
+
     On a GPU backend Flight Recorder's end is when its watchdog noticed the work done: a collective counts its
     ``duration_ms`` from its enqueue (``Collective.work_of``, as the trace draws it), or nothing without one.
-    Each rank's values are read as its columns across the group's collectives (C-level slices), not as one
+    The rank's values are read as its columns across each group's collectives (C-level slices), not as one
     tuple of every rank per collective."""
-    spans: dict[int, list[Span]] = defaultdict(list)
-    for cols in job.collectives.values():
-        if not cols:
-            continue
-        on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
-        # what each rule reads: a GPU's needs neither start nor end (see _gpu_spans)
-        names = ("sources", "arrive_ns", "duration_ns") if on_gpu else ("sources", "start_ns", "arrive_ns", "end_ns")
-        for rank in cols[0].ranks:
+
+    def __init__(self, job: Job) -> None:
+        self._groups: dict[int, list[Sequence[Collective]]] = defaultdict(list)  # rank -> its groups' collectives
+        for cols in job.collectives.values():
+            if cols:
+                for rank in cols[0].ranks:
+                    self._groups[rank].append(cols)
+        self.ranks = list(self._groups)
+
+    def __call__(self, rank: int) -> list[Span]:
+        spans: list[Span] = []
+        for cols in self._groups.get(rank, ()):
+            on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
+            # what each rule reads: a GPU's needs neither start nor end (see _gpu_spans)
+            names = ("sources", "arrive_ns", "duration_ns") if on_gpu else ("sources", "start_ns", "arrive_ns",
+                                                                             "end_ns")
             if isinstance(cols, GroupCollectives):
                 columns = [cols.member_column(name, rank) for name in names]
             else:
                 rows = [tuple(getattr(c, name)[i] if getattr(c, name) else None for name in names)
                         for c in cols for i in (c.index_of(rank),)]
                 columns = [list(col) for col in zip(*rows)] or [[] for _ in names]
-            spans[rank].extend(_gpu_spans(*columns) if on_gpu else _cpu_spans(*columns))
-    return {rank: out for rank, out in spans.items() if out}
+            spans.extend(_gpu_spans(*columns) if on_gpu else _cpu_spans(*columns))
+        return spans
 
 
 def _gpu_spans(sources: list, arrives: list, gpus: list) -> Iterable[Span]:

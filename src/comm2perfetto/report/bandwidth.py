@@ -87,7 +87,8 @@ class _Row:
     transfer_ns: int = 0
     durations: list[int] = field(default_factory=list)
     skews: list[int] = field(default_factory=list)
-    queues: list[int] = field(default_factory=list)  # each rank's queue delay, where known
+    queue_ns: int = 0  # the ranks' queue delays, where known, added up, and how many
+    queued: int = 0
     instances: list[_Instance] = field(default_factory=list)
 
 
@@ -107,38 +108,57 @@ def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None,
                      step_of: Callable[[Collective], int | None] | None = None) -> list[dict]:
     """One row per (op family, process group), slowest total first; only collectives ``keep`` accepts.
     ``step_of``: the step each collective belongs to, for the rows' ``instances``."""
-    rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
+    table = CollectiveTable(job, with_p2p=keep is None)
     for uid, cols in job.collectives.items():
-        group = job.groups[uid]
-        n = len(group.ranks)
         for c in cols:
-            sig = first_signature(c)
-            if sig is None or (keep is not None and not keep(c)):
-                continue
-            row = rows[(op_family(sig.op), uid)]
-            row.group_size = n
-            _add(row, _Instance(c.seq, step_of(c) if step_of is not None else None, message_bytes(sig, n),
-                                c.timing(), c.ready_skew_ns, c.last_ready_rank if len(c.arrive_ns) > 1 else None))
-            row.queues += c.queue_ns()
-    for uid, transfers in job.p2p.items() if keep is None else ():  # p2p has no step: left out of a step range
-        on_gpu = gpu_backend(job.groups[uid].backend)
-        for t in transfers:
-            ops = [op for op in (t.send, t.recv) if op is not None]
-            if not ops:
-                continue
-            row = rows[("send/recv", uid)]
-            row.group_size = 2
-            arrive = tuple(op.t_arrive_ns for op in ops)
-            known = [(a, r) for a, r in zip(arrive, (t.src, t.dst)) if a is not None]
-            skew = max(known)[0] - min(known)[0] if len(known) == 2 else None
-            last = max(known)[1] if len(known) == 2 else None
-            nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
-            # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
-            timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
-            _add(row, _Instance(None, None, nbytes, timing, skew, last))
-    table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
-    table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
-    return table
+            if keep is None or keep(c):
+                table.add(uid, c, step_of(c) if step_of is not None else None)
+    return table.rows()
+
+
+class CollectiveTable:
+    """``collective_table`` fed one collective at a time (``add``), so that a report reads each collective once
+    for all its tables and holds none: at 16,384 ranks a collective's per-rank tuples weigh megabytes."""
+
+    def __init__(self, job: Job, with_p2p: bool = True) -> None:
+        self._job = job
+        self._with_p2p = with_p2p  # p2p has no step: left out of a step range
+        self._rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
+
+    def add(self, uid: str, c: Collective, step: int | None) -> None:
+        sig = first_signature(c)
+        if sig is None:
+            return
+        row = self._rows[(op_family(sig.op), uid)]
+        n = row.group_size = len(self._job.groups[uid].ranks)
+        _add(row, _Instance(c.seq, step, message_bytes(sig, n), c.timing(), c.ready_skew_ns,
+                            c.last_ready_rank if len(c.arrive_ns) > 1 else None))
+        queues = c.queue_ns()
+        row.queue_ns += sum(queues)
+        row.queued += len(queues)
+
+    def rows(self) -> list[dict]:
+        """The table, send/recv pairs included (unless left out)."""
+        job, rows = self._job, self._rows
+        for uid, transfers in job.p2p.items() if self._with_p2p else ():
+            on_gpu = gpu_backend(job.groups[uid].backend)
+            for t in transfers:
+                ops = [op for op in (t.send, t.recv) if op is not None]
+                if not ops:
+                    continue
+                row = rows[("send/recv", uid)]
+                row.group_size = 2
+                arrive = tuple(op.t_arrive_ns for op in ops)
+                known = [(a, r) for a, r in zip(arrive, (t.src, t.dst)) if a is not None]
+                skew = max(known)[0] - min(known)[0] if len(known) == 2 else None
+                last = max(known)[1] if len(known) == 2 else None
+                nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
+                # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
+                timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+                _add(row, _Instance(None, None, nbytes, timing, skew, last))
+        table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
+        table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
+        return table
 
 
 def _add(row: _Row, instance: _Instance) -> None:
@@ -171,7 +191,7 @@ def _render(op: str, uid: str, group: str, row: _Row) -> dict:
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
         "arrival_skew_mean_s": sum(row.skews) / len(row.skews) * NS if row.skews else None,
-        "queue_mean_s": sum(row.queues) / len(row.queues) * NS if row.queues else None,
+        "queue_mean_s": row.queue_ns / row.queued * NS if row.queued else None,
         "group_uid": uid,
         "instances": _instance_columns(row.instances, factor),
     }

@@ -77,8 +77,9 @@ def job_classes(job: Job | None, profiles: Mapping[int, RankProfile], ranks: Ite
                 ) -> dict[int, RankClasses]:
     """``rank_classes`` of each of ``ranks``, from the same activity ``report`` measures (``rank_activity``);
     a rank without data has no data all along."""
+    ranks = list(ranks)
     have = set(job.ranks if job is not None else ()) | set(profiles)
-    fr_comm = flight_recorder_comm(job) if job is not None else {}
+    fr_comm = flight_recorder_comm(job, ranks) if job is not None else {}  # of the ranks drawn only
     points = comm_instants(job) if job is not None else {}
     out = {}
     for rank in ranks:

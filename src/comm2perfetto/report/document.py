@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import cast
 
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
-from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
-from comm2perfetto.report.bandwidth import collective_table
-from comm2perfetto.report.modules import module_table
+from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
+from comm2perfetto.report.bandwidth import CollectiveTable
+from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
-from comm2perfetto.report.stragglers import lateness_map, straggler_table
+from comm2perfetto.report.stragglers import LatenessMap, Stragglers
 
 __all__ = ["VERSION", "StepsError", "build_report", "steps_text"]
 
@@ -35,54 +36,101 @@ class StepsError(Comm2PerfettoError, ValueError):
 
 def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
                  depth: int | None = None) -> dict:
-    """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive)."""
+    """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive).
+
+    Memory follows the answer: each rank's unions are measured and dropped before the next rank's are made,
+    and each collective is read once for every table, then dropped (``_collective_tables``)."""
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
-    # Every table reads the same collectives: their views are held until the report is done, so that each
-    # per-rank tuple (arrivals, durations...) is decoded from the columns once, not once per table.
-    views = [list(cols) for cols in job.collectives.values()] if job is not None else []
-    fr_comm = flight_recorder_comm(job) if job is not None else {}
-    # each rank's Flight Recorder spans are handed over and dropped once its union is made: never held twice
-    activities = {r: rank_activity(job, r, profiles.get(r), {r: fr_comm.pop(r, [])}) for r in ranks}
+    fr_spans = FlightRecorderSpans(job) if job is not None else None
+    facts: dict[int, _RankFacts] = {}
+    per_rank: dict[str, dict] = {}
+    parts: list[Breakdown] = []
+    by_step: dict[int, dict[int, Breakdown]] = {}
+    for rank in ranks:
+        fr_comm = {rank: fr_spans(rank)} if fr_spans is not None else {}
+        activity = rank_activity(job, rank, profiles.get(rank), fr_comm)
+        selected = [(n, b, e) for n, b, e in activity.steps if steps is None or steps[0] <= n <= steps[1]]
+        in_steps = [(n, breakdown(activity, (begin, end))) for n, begin, end in selected]
+        b = total(part for _, part in in_steps) if steps is not None else breakdown(activity)
+        parts.append(b)
+        per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
+        for n, part in in_steps:
+            by_step.setdefault(n, {})[rank] = part
+        facts[rank] = _RankFacts.of(activity)
     notes = [n for p in profiles.values() for n in p.notes]
-    windows = {r: [(b, e) for n, b, e in a.steps if steps is None or steps[0] <= n <= steps[1]]
-               for r, a in activities.items()}
-    if steps is not None and not any(windows.values()):
-        recorded = sorted({n for a in activities.values() for n, _, _ in a.steps})
+    if steps is not None and not by_step:
+        recorded = sorted({n for f in facts.values() for n, _, _ in f.steps})
         asked = f"{steps[0]}-{steps[1]}" if steps[1] > steps[0] else str(steps[0])
         raise StepsError(f"--steps {asked}: no rank recorded these steps "
                          f"({'the job recorded steps ' + steps_text(recorded) if recorded else 'no steps recorded'})")
 
-    per_rank: dict[str, dict] = {}
-    parts: list[Breakdown] = []
-    for rank, activity in activities.items():
-        b = total(breakdown(activity, w) for w in windows[rank]) if steps is not None else breakdown(activity)
-        parts.append(b)
-        per_rank[str(rank)] = {**b.as_dict(), "basis": activity.basis, "sources": list(activity.sources)}
-    step_of = _step_finder(activities)
-    keep = _in_steps(step_of, steps) if steps is not None else None
-    bases = {a.basis for a in activities.values()}
-    collectives = collective_table(job, keep, step_of) if job is not None else []
-    doc = {
+    bases = {f.basis for f in facts.values()}
+    tables = _collective_tables(job, depth, steps, _step_finder(facts)) if job is not None else None
+    collectives = tables.collectives.rows() if tables is not None else []
+    return {
         "version": VERSION,
         "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
         "world_size": job.world_size if job is not None else None,
         "job": job_breakdown(parts),
         "ranks": per_rank,
-        "steps": _step_rows(activities, steps),
+        "steps": [{"step": n, "job": job_breakdown(list(step_parts.values())),
+                   "ranks": {str(r): b.as_dict() for r, b in sorted(step_parts.items())}}
+                  for n, step_parts in sorted(by_step.items())],
         "collectives": collectives,
-        "stragglers": straggler_table(job, keep) if job is not None else [],
-        "modules": module_table(job, depth, steps, keep) if job is not None else [],
-        "lateness_map": lateness_map(job, keep) if job is not None else {"ranks": [], "collectives": [],
-                                                                         "lateness_s": []},
+        "stragglers": tables.stragglers.rows() if tables is not None else [],
+        "modules": tables.modules.rows() if tables is not None else [],
+        "lateness_map": tables.lateness.result() if tables is not None else {"ranks": [], "collectives": [],
+                                                                              "lateness_s": []},
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
-        "notes": notes + _profiled_note(activities, steps) + _basis_notes(activities)
-        + _untimed_note(collectives, bases),
+        "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, bases),
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
     }
-    del views
-    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class _RankFacts:
+    """What the report keeps of a rank's activity once its figures are taken (its unions are dropped)."""
+
+    basis: str
+    steps: tuple[tuple[int, int, int], ...]  # (step, begin, end) on the job's clock
+    profiled_steps: list[int] | None  # RankActivity.profiled_steps
+    has_span: bool  # some timed compute or communication
+    has_compute: bool
+
+    @classmethod
+    def of(cls, activity: RankActivity) -> _RankFacts:
+        return cls(activity.basis, activity.steps, activity.profiled_steps(), activity.span is not None,
+                   bool(activity.compute))
+
+
+@dataclass
+class _Tables:
+    collectives: CollectiveTable
+    stragglers: Stragglers
+    lateness: LatenessMap
+    modules: ModuleTable
+
+
+def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | None,
+                       step_of: Callable[[Collective], int | None]) -> _Tables:
+    """Every table over the job's collectives, from one pass: a collective's per-rank tuples are decoded once
+    for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
+    ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
+    step)."""
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessMap(job),
+                     ModuleTable(job, depth, steps))
+    for uid, cols in job.collectives.items():
+        for i, c in enumerate(cols):
+            step = step_of(c)
+            if steps is not None and (step is None or not steps[0] <= step <= steps[1]):
+                continue
+            tables.collectives.add(uid, c, step)
+            tables.stragglers.add(c)
+            tables.lateness.add(uid, i, c)
+            tables.modules.add(uid, c)
+    return tables
 
 
 def _clock(job: Job) -> dict:
@@ -93,34 +141,11 @@ def _clock(job: Job) -> dict:
             "samples": clock.samples}
 
 
-def _step_rows(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[dict]:
-    by_step: dict[int, dict[int, Breakdown]] = {}
-    for rank, activity in activities.items():
-        for n, begin, end in activity.steps:
-            if steps is None or steps[0] <= n <= steps[1]:
-                by_step.setdefault(n, {})[rank] = breakdown(activity, (begin, end))
-    return [{"step": n, "job": job_breakdown(list(parts.values())),
-             "ranks": {str(r): b.as_dict() for r, b in sorted(parts.items())}}
-            for n, parts in sorted(by_step.items())]
-
-
-def _in_steps(step_of: Callable[[Collective], int | None], steps: tuple[int, int]) -> Callable[[Collective], bool]:
-    """Whether a collective belongs to one of steps A..B (``_step_finder``: where its first arrival falls), so
-    that every table counts a collective in the same step."""
-    first, last = steps
-
-    def keep(c: Collective) -> bool:
-        step = step_of(c)
-        return step is not None and first <= step <= last
-
-    return keep
-
-
-def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective], int | None]:
+def _step_finder(facts: Mapping[int, _RankFacts]) -> Callable[[Collective], int | None]:
     """The step of a collective: the step window, on the rank that arrived first, holding that arrival (None
     outside every step, or when that rank has no steps). An arrival is ``Collective.ready_ns``: on the GPU
     the first kernel's begin, which falls in the GPU's step windows (the steps of the ``gpu`` basis)."""
-    starts = {r: [b for _, b, _ in a.steps] for r, a in activities.items()}
+    starts = {r: [b for _, b, _ in f.steps] for r, f in facts.items()}
 
     def step_of(c: Collective) -> int | None:
         ready = c.ready_ns
@@ -129,42 +154,42 @@ def _step_finder(activities: Mapping[int, RankActivity]) -> Callable[[Collective
         if not known:
             return None
         t, rank = min(known)
-        activity = activities.get(rank)
-        if activity is None:
+        f = facts.get(rank)
+        if f is None:
             return None
         i = bisect.bisect_right(starts[rank], t) - 1
         if i < 0:
             return None
-        step, _, end = activity.steps[i]
+        step, _, end = f.steps[i]
         return step if t < end else None
 
     return step_of
 
 
-def _basis_notes(activities: Mapping[int, RankActivity]) -> list[str]:
+def _basis_notes(facts: Mapping[int, _RankFacts]) -> list[str]:
     notes = []
-    cpu = [r for r, a in activities.items() if a.basis == "cpu"]
-    if cpu and len(cpu) < len(activities):
+    cpu = [r for r, f in facts.items() if f.basis == "cpu"]
+    if cpu and len(cpu) < len(facts):
         notes.append(f"the profiler traces of {ranks_text(cpu)} have no GPU kernels: the figures of "
                      f"{'this rank' if len(cpu) == 1 else 'these ranks'} come from CPU intervals and do not compare "
                      "with the GPU ranks'")
-    empty = [r for r, a in activities.items() if a.span is None]
+    empty = [r for r, f in facts.items() if not f.has_span]
     if empty:
         notes.append(f"{ranks_text(empty)}: no timed compute or communication recorded")
-    elif cpu and not any(a.compute for a in activities.values()):
+    elif cpu and not any(f.has_compute for f in facts.values()):
         notes.append("no compute intervals: record with --profile-steps, or wrap compute in comm2perfetto.range() "
                      "or NVTX ranges, to see overlap")
     return notes
 
 
-def _profiled_note(activities: Mapping[int, RankActivity], steps: tuple[int, int] | None) -> list[str]:
+def _profiled_note(facts: Mapping[int, _RankFacts], steps: tuple[int, int] | None) -> list[str]:
     """Which steps the figures cover, when compute is known only where the profiler ran (the demo's
     ``--profile-steps 5-8`` of a 40-step job): elsewhere it reads as 0, which is unknown, not idle."""
-    known = [p for p in (a.profiled_steps() for a in activities.values()) if p is not None]
+    known = [f.profiled_steps for f in facts.values() if f.profiled_steps is not None]
     if not known:
         return []
     profiled = set().union(*known)
-    selected = sorted({n for a in activities.values() for n, _, _ in a.steps
+    selected = sorted({n for f in facts.values() for n, _, _ in f.steps
                        if steps is None or steps[0] <= n <= steps[1]})
     if not selected:
         return []

@@ -43,39 +43,55 @@ def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | No
                  keep: Callable[[Collective], bool] | None = None) -> list[dict]:
     """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down). ``steps``: only
     calls recorded in steps A..B; ``keep``: only those C++-issued collectives."""
-    rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)
-    for rank, log in sorted(job.logs.items()):
-        for call in log.calls:
-            if steps is not None and not steps[0] <= call.step <= steps[1]:
-                continue
-            group = log.groups.get(call.gid)
-            # One instance per collective: the group's (name, ranks, seq, op) where numbered, else the call's own.
-            key: Hashable = ((group.name, group.ranks, call.seq, call.op)
-                             if call.seq is not None and group is not None else (rank, call.cid))
-            if call.from_cpp:  # the dispatcher fallback's (torch 2.4-2.7, gloo): what Flight Recorder shows later
-                row = rows[(NOT_SEEN, None, op_family(call.op))]
-            else:
-                path = aggregate_path(call.module, depth) if call.module else OUTSIDE
-                row = rows[(path, call.pass_, call.op)]
-            # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
-            row.instances.setdefault(key, call.nbytes or 0)
-            row.ranks.add(rank)
+    table = ModuleTable(job, depth, steps)
     for uid, cols in job.collectives.items():
         for c in cols:
-            sources = set(c.sources)  # a few distinct values among thousands of ranks
-            if not c.joined_ranks or any(s is not None and "log" in s for s in sources) or (
-                    keep is not None and not keep(c)):
-                continue
-            if all(s is None or s == "kineto" for s in sources):
-                continue  # known from profiler traces only: whether Python or C++ issued it is not known
-            sig = first_signature(c)
-            if sig is None:  # joined ranks always have a signature; a guard for the type checker
-                continue
-            row = rows[(NOT_SEEN, None, op_family(sig.op))]
-            row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
-            row.ranks.update(c.joined_ranks)
-    table = [{"path": path, "pass": pass_, "op": op, "count": len(row.instances),
-              "bytes": sum(row.instances.values()), "ranks": len(row.ranks)}
-             for (path, pass_, op), row in rows.items()]
-    table.sort(key=lambda r: (r["path"] in (OUTSIDE, NOT_SEEN), r["path"], r["pass"] or "", r["op"]))
-    return table
+            if keep is None or keep(c):
+                table.add(uid, c)
+    return table.rows()
+
+
+class ModuleTable:
+    """``module_table`` fed the collectives one at a time (``add``); the recorder's calls are read at once."""
+
+    def __init__(self, job: Job, depth: int | None = None, steps: tuple[int, int] | None = None) -> None:
+        rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)
+        for rank, log in sorted(job.logs.items()):
+            for call in log.calls:
+                if steps is not None and not steps[0] <= call.step <= steps[1]:
+                    continue
+                group = log.groups.get(call.gid)
+                # One instance per collective: the group's (name, ranks, seq, op) where numbered, else the call's
+                # own.
+                key: Hashable = ((group.name, group.ranks, call.seq, call.op)
+                                 if call.seq is not None and group is not None else (rank, call.cid))
+                if call.from_cpp:  # the dispatcher fallback's (torch 2.4-2.7, gloo): what Flight Recorder shows
+                    row = rows[(NOT_SEEN, None, op_family(call.op))]
+                else:
+                    path = aggregate_path(call.module, depth) if call.module else OUTSIDE
+                    row = rows[(path, call.pass_, call.op)]
+                # Ranks that disagree on a size (a mismatch) count the lowest rank's, as the collectives table does.
+                row.instances.setdefault(key, call.nbytes or 0)
+                row.ranks.add(rank)
+        self._rows = rows
+
+    def add(self, uid: str, c: Collective) -> None:
+        """Count a collective no rank's recorder saw issued from Python."""
+        sources = set(c.sources)  # a few distinct values among thousands of ranks
+        if not c.joined_ranks or any(s is not None and "log" in s for s in sources):
+            return
+        if all(s is None or s == "kineto" for s in sources):
+            return  # known from profiler traces only: whether Python or C++ issued it is not known
+        sig = first_signature(c)
+        if sig is None:  # joined ranks always have a signature; a guard for the type checker
+            return
+        row = self._rows[(NOT_SEEN, None, op_family(sig.op))]
+        row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
+        row.ranks.update(c.joined_ranks)
+
+    def rows(self) -> list[dict]:
+        table = [{"path": path, "pass": pass_, "op": op, "count": len(row.instances),
+                  "bytes": sum(row.instances.values()), "ranks": len(row.ranks)}
+                 for (path, pass_, op), row in self._rows.items()]
+        table.sort(key=lambda r: (r["path"] in (OUTSIDE, NOT_SEEN), r["path"], r["pass"] or "", r["op"]))
+        return table

@@ -10,10 +10,11 @@ diagnose's business, not counted here.
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
-from operator import sub
+from operator import itemgetter, sub
 from typing import cast
 
 from comm2perfetto.model import Collective, Job
@@ -24,48 +25,87 @@ from comm2perfetto.report.intervals import NS
 def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) -> list[dict]:
     """One row per rank that joined a fully joined collective (that ``keep`` accepts), most last arrivals
     first."""
-    lateness: dict[int, list[int]] = defaultdict(list)
-    last: dict[int, int] = defaultdict(int)
+    table = Stragglers()
     for cols in job.collectives.values():
-        if not cols:
-            continue
-        per_rank: list[list[int]] = [[] for _ in cols[0].ranks]  # a group's collectives share its ranks
         for c in cols:
-            if len(c.ready_ns) < 2 or None in c.ready_ns or (keep is not None and not keep(c)):
-                continue
-            arrive = cast(list[int], c.ready_ns)  # every rank's arrival known (tested above)
-            first = min(arrive)
-            latest = max(arrive)
-            last[c.ranks[arrive.index(latest)]] += 1
-            deque(map(list.append, per_rank, map(sub, arrive, repeat(first))), maxlen=0)  # in C: every rank
-        for rank, values in zip(cols[0].ranks, per_rank):
-            if values:
-                lateness[rank].extend(values)
-    rows = []
-    for rank, values in lateness.items():
-        values.sort()
-        rows.append({"rank": rank, "matched": len(values), "last_arrivals": last[rank],
-                     "mean_lateness_s": sum(values) / len(values) * NS,
-                     "p99_lateness_s": percentile(values, 99) * NS})
-    rows.sort(key=lambda r: (-r["last_arrivals"], -r["mean_lateness_s"], r["rank"]))
-    return rows
+            if keep is None or keep(c):
+                table.add(c)
+    return table.rows()
+
+
+class Stragglers:
+    """``straggler_table`` fed one collective at a time (``add``); each rank's lateness values are kept as
+    int64 (8 bytes each, not an int object: 33 million of them at 16,384 ranks x 2,000 collectives)."""
+
+    def __init__(self) -> None:
+        # per group (its ranks' tuple, by identity: a group's collectives share it), each member's values
+        self._groups: dict[int, tuple[Sequence[int], list[array]]] = {}
+        self._last: dict[int, int] = defaultdict(int)
+
+    def add(self, c: Collective) -> None:
+        ready = c.ready_ns
+        if len(ready) < 2 or None in ready:
+            return
+        arrive = cast(tuple[int, ...], ready)  # every rank's arrival known (tested above)
+        first = min(arrive)
+        self._last[c.ranks[arrive.index(max(arrive))]] += 1
+        group = self._groups.get(id(c.ranks))
+        if group is None:
+            group = self._groups[id(c.ranks)] = (c.ranks, [array("q") for _ in c.ranks])
+        deque(map(array.append, group[1], map(sub, arrive, repeat(first))), maxlen=0)  # in C: every rank
+
+    def rows(self) -> list[dict]:
+        lateness: dict[int, list[array]] = defaultdict(list)
+        for ranks, per_rank in self._groups.values():
+            for rank, column in zip(ranks, per_rank):
+                if column:
+                    lateness[rank].append(column)
+        rows = []
+        for rank, parts in lateness.items():
+            values = sorted(parts[0]) if len(parts) == 1 else sorted(v for part in parts for v in part)
+            rows.append({"rank": rank, "matched": len(values), "last_arrivals": self._last[rank],
+                         "mean_lateness_s": sum(values) / len(values) * NS,
+                         "p99_lateness_s": percentile(values, 99) * NS})
+        rows.sort(key=lambda r: (-r["last_arrivals"], -r["mean_lateness_s"], r["rank"]))
+        return rows
 
 
 def lateness_map(job: Job, keep: Callable[[Collective], bool] | None = None, columns: int = 200) -> dict:
     """Ranks x collectives lateness for a heat map: the fully joined collectives in time order, sampled
     evenly down to ``columns``; None where a rank is not in that collective's group."""
-    joined = [(min(ready), c, ready) for cols in job.collectives.values() for c in cols
-              if len(c.ready_ns) > 1 and None not in c.ready_ns and (keep is None or keep(c))
-              for ready in (cast(list[int], c.ready_ns),)]
-    joined.sort(key=lambda j: j[0])
-    if len(joined) > columns:
-        step = len(joined) / columns
-        joined = [joined[int(i * step)] for i in range(columns)]
-    ranks = sorted({r for _, c, _ in joined for r in c.ranks})
-    row_of = {r: i for i, r in enumerate(ranks)}
-    values: list[list[float | None]] = [[None] * len(joined) for _ in ranks]
-    for j, (first, c, ready) in enumerate(joined):
-        for rank, t in zip(c.ranks, ready):
-            values[row_of[rank]][j] = (t - first) * NS
-    labels = [f"{c.op} {c.group.label}:{c.seq}" for _, c, _ in joined]
-    return {"ranks": ranks, "collectives": labels, "lateness_s": values}
+    heat = LatenessMap(job, columns)
+    for uid, cols in job.collectives.items():
+        for i, c in enumerate(cols):
+            if keep is None or keep(c):
+                heat.add(uid, i, c)
+    return heat.result()
+
+
+class LatenessMap:
+    """``lateness_map`` fed one collective at a time (``add``): it keeps each joined collective's first
+    arrival and place, and reads the per-rank values of the few it draws again at the end."""
+
+    def __init__(self, job: Job, columns: int = 200) -> None:
+        self._job = job
+        self._columns = columns
+        self._joined: list[tuple[int, str, int]] = []  # (first arrival, group uid, index in the group)
+
+    def add(self, uid: str, index: int, c: Collective) -> None:
+        ready = c.ready_ns
+        if len(ready) > 1 and None not in ready:
+            self._joined.append((min(cast(tuple[int, ...], ready)), uid, index))
+
+    def result(self) -> dict:
+        joined = sorted(self._joined, key=itemgetter(0))
+        if len(joined) > self._columns:
+            step = len(joined) / self._columns
+            joined = [joined[int(i * step)] for i in range(self._columns)]
+        drawn = [(first, self._job.collectives[uid][i]) for first, uid, i in joined]
+        ranks = sorted({r for _, c in drawn for r in c.ranks})
+        row_of = {r: i for i, r in enumerate(ranks)}
+        values: list[list[float | None]] = [[None] * len(drawn) for _ in ranks]
+        for j, (first, c) in enumerate(drawn):
+            for rank, t in zip(c.ranks, cast(tuple[int, ...], c.ready_ns)):
+                values[row_of[rank]][j] = (t - first) * NS
+        labels = [f"{c.op} {c.group.label}:{c.seq}" for _, c in drawn]
+        return {"ranks": ranks, "collectives": labels, "lateness_s": values}

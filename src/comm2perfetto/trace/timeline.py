@@ -171,7 +171,7 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
     job_end = None
     for f in diagnosis.findings:
         if f.t_ns is None and job_end is None:
-            job_end = _job_end(job)
+            job_end = job.collectives_span()[1]
         t = f.t_ns if f.t_ns is not None else job_end
         if t is None:
             continue
@@ -201,10 +201,6 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
         level += deltas[t]
         sink.counter(in_flight, t, level)
 
-
-def _job_end(job: Job) -> int | None:
-    ends = [max(times) for c in job.iter_collectives() if (times := known(c.end_ns + c.arrive_ns))]
-    return max(ends) if ends else None
 
 
 
