@@ -7,11 +7,28 @@ In a training script (``comm2perfetto record -- CMD`` does the same without edit
     with comm2perfetto.range("forward"):     # an NVTX range, recorded too
         loss = model(batch)
     comm2perfetto.step()                     # optional: steps are also found from optimizer.step()
+
+The recorder's functions are imported when first used: the readers (``comm2perfetto diagnose`` ...) import this
+package too, and start faster without the recorder's modules.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from comm2perfetto._version import __version__
-from comm2perfetto.record.api import disable, enable, range, step
+
+if TYPE_CHECKING:
+    from comm2perfetto.record.api import disable, enable, range, step
 
 __all__ = ["__version__", "disable", "enable", "range", "step"]
+
+_RECORDER_API = frozenset({"disable", "enable", "range", "step"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECORDER_API:
+        from comm2perfetto.record import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'comm2perfetto' has no attribute {name!r}")

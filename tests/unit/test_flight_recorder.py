@@ -7,8 +7,15 @@ import pickle
 import pytest
 
 from comm2perfetto.match import load_job
-from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN
-from comm2perfetto.sources.fr.dump import FrFormatError, rank_from_name, read_fr_dump, split_profiling_name
+from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN, call_site
+from comm2perfetto.sources.fr.dump import (
+    FrFormatError,
+    parse_fr_document,
+    rank_from_name,
+    read_fr_dump,
+    split_profiling_name,
+    stacks_by_collective,
+)
 from comm2perfetto.sources.fr.ingest import build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from support.factories import FrJob, steady_job
@@ -247,3 +254,27 @@ def test_one_bad_count_or_time_skips_that_entry_only(key, value, problem):
     assert track.seqs == [1, 3]
     (note,) = trace.notes
     assert "1 malformed Flight Recorder entries skipped" in note and problem in note
+
+
+def test_stacks_by_collective_reads_every_format_alike(tmp_path):
+    # The modern dump is read a row per C call; a dump mixing in an older entry (no is_p2p) and an entry with an
+    # empty group (named by its pg_id) is read entry by entry: each collective gets its own call site either way.
+    job = FrJob(world=1)
+    for site in ("train.py:10", "train.py:20", "train.py:30"):
+        job.collective(0, "all_reduce", [[4]], site=site)
+    job.p2p(0, "send", 0, [[2]], site="pipe.py:5")
+    entries = job.entries[0]
+    modern = parse_fr_document(tmp_path / "a", {"version": "2.10", "entries": entries}, "pickle")
+    old = [dict(e) for e in entries]
+    del old[0]["is_p2p"]
+    old[1]["process_group"] = ()
+    mixed = parse_fr_document(tmp_path / "b", {"version": "2.10", "entries": old}, "pickle")
+
+    def sites(dump, p2p=False):
+        found = stacks_by_collective([dump], StackTable(), p2p)
+        return {key: f"{site.file.rsplit('/', 1)[-1]}:{site.line}" for key, stack in found.items()
+                if (site := call_site(stack)) is not None}
+
+    assert sites(modern) == sites(mixed) == {("0", 1): "train.py:10", ("0", 2): "train.py:20",
+                                             ("0", 3): "train.py:30"}
+    assert sites(modern, p2p=True) == sites(mixed, p2p=True) == {("0", 1): "pipe.py:5"}

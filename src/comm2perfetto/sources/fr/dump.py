@@ -29,7 +29,9 @@ from __future__ import annotations
 import ast
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -292,12 +294,9 @@ def stacks_by_collective(dumps: list[FrDump], stacks: StackTable, p2p: bool = Fa
     key_name = "p2p_seq_id" if p2p else "collective_seq_id"
     for d in reversed(dumps):  # the latest snapshot first
         converted: dict[tuple[int, ...], Stack] = {}
-        for e in d.entries:
-            frames = e.get("frames")
-            if not frames or not isinstance(frames, list) or bool(e.get("is_p2p")) != p2p:
+        for frames, is_p2p, pg, seq in _stack_fields(d.entries, key_name):
+            if not frames or bool(is_p2p) != p2p or not isinstance(frames, list):
                 continue
-            pg = e.get("process_group") or (_label(e.get("pg_id", 0)), "")
-            seq = e.get(key_name, e.get("seq_id"))
             if not isinstance(pg, (tuple, list)) or not pg or not isinstance(pg[0], str) or type(seq) is not int:
                 continue
             key = (pg[0], seq)
@@ -309,3 +308,18 @@ def stacks_by_collective(dumps: list[FrDump], stacks: StackTable, p2p: bool = Fa
                 stack = converted[ids] = stacks.stacks[stack_id(frames, {}, stacks)]
             out[key] = stack
     return out
+
+
+def _stack_fields(entries: list[dict[str, Any]], key_name: str) -> Iterable[tuple[Any, Any, Any, Any]]:
+    """(frames, is_p2p, process_group, seq) of every entry: read in one C call an entry where every entry has
+    these keys (every format since 2.4), else one by one with the older formats' fallbacks."""
+    keys = ("frames", "is_p2p", "process_group", key_name)
+    if all(k in e for e in entries[:1] for k in keys):
+        try:
+            rows = list(map(itemgetter(*keys), entries))
+            if all(map(itemgetter(2), rows)):  # an empty group falls back to its pg_id, as below
+                return rows
+        except KeyError:
+            pass  # a mixed dump
+    return [(e.get("frames"), e.get("is_p2p"), e.get("process_group") or (_label(e.get("pg_id", 0)), ""),
+             e.get(key_name, e.get("seq_id"))) for e in entries]
