@@ -196,7 +196,9 @@ class RunningJob:
                 pytest.fail(f"job exited with {self.proc.returncode} before {what}\n{out}\n{err}")
             if time.monotonic() > deadline:
                 kill_tree(self.proc)
-                pytest.fail(f"no {what} within {timeout:.0f}s")
+                out, err = self.proc.communicate()
+                files = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else "no output folder"
+                pytest.fail(f"no {what} within {timeout:.0f}s; the job's files: {files}\n{out}\n{err}")
             time.sleep(0.1)
 
     def finish(self, timeout: float = JOB_TIMEOUT_S) -> JobResult:
