@@ -146,6 +146,8 @@ def _step_finder(facts: Mapping[int, _RankFacts]) -> Callable[[Collective], int 
     outside every step, or when that rank has no steps). An arrival is ``Collective.ready_ns``: on the GPU
     the first kernel's begin, which falls in the GPU's step windows (the steps of the ``gpu`` basis)."""
     starts = {r: [b for _, b, _ in f.steps] for r, f in facts.items()}
+    if not any(starts.values()):  # no rank has steps (Flight Recorder alone): nothing to look for
+        return lambda c: None
 
     def step_of(c: Collective) -> int | None:
         ready = c.ready_ns
