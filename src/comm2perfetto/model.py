@@ -263,9 +263,14 @@ class _PerRank(Generic[_T]):
         return value  # type: ignore[return-value]
 
 
-def _known(values: tuple[int | None, ...]) -> Sequence[int]:
-    """The values that are not None (the tuple itself where all are: a report asks of every collective)."""
-    return [v for v in values if v is not None] if None in values else cast(tuple[int, ...], values)
+def known_values(values: tuple[int | None, ...]) -> Sequence[int]:
+    """The values that are not None; the tuple itself where none is (tested at C speed: ranks x collectives).
+    ``all()`` tests truth, faster than ``None in``: a value of 0 only sends it the slow way.
+
+    >>> known_values((5, None, 0)), known_values((5, 9))
+    ([5, 0], (5, 9))
+    """
+    return cast(tuple[int, ...], values) if all(values) else [v for v in values if v is not None]
 
 
 def _spread(times: tuple[int | None, ...]) -> int | None:
@@ -274,7 +279,7 @@ def _spread(times: tuple[int | None, ...]) -> int | None:
     >>> _spread((5, None, 9, 7)), _spread((5, 9)), _spread((None, 3))
     (4, 4, None)
     """
-    known = _known(times)
+    known = known_values(times)
     return max(known) - min(known) if len(known) > 1 else None
 
 
@@ -421,7 +426,7 @@ class Collective:
         >>> c.timing(), c.ready_ns, c.work_of(1), c.queue_ns()
         ((120, 40), (300, 380), (380, 420), [300, 330])
         """
-        gpu = _known(self.duration_ns)
+        gpu = known_values(self.duration_ns)
         if gpu:
             spans = [(b, b + d) for b, d in zip(self.gpu_begin_ns, self.duration_ns)
                      if b is not None and d is not None] if self.gpu_begin_ns else []
@@ -650,7 +655,7 @@ class Job:
         first: int | None = None
         last: int | None = None
         for c in self.iter_collectives():
-            arrivals, ends = _known(c.arrive_ns), _known(c.end_ns)
+            arrivals, ends = known_values(c.arrive_ns), known_values(c.end_ns)
             if arrivals:
                 lo, hi = min(arrivals), max(arrivals)
                 first = lo if first is None or lo < first else first

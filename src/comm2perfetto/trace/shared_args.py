@@ -16,10 +16,10 @@ from types import MappingProxyType
 from typing import Any
 
 from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import Collective, Job, Signature, call_site, tensor_bytes, work_span
+from comm2perfetto.model import Collective, Job, Signature, call_site, known_values, tensor_bytes, work_span
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
-__all__ = ["END", "START", "STEP", "Flow", "GroupTable", "Row", "SiteCache", "known", "rank_at", "shapes_text",
+__all__ = ["END", "START", "STEP", "Flow", "GroupTable", "Row", "SiteCache", "rank_at", "shapes_text",
            "signature_args"]
 
 
@@ -38,15 +38,6 @@ class Flow:
 
 
 START, STEP, END = 0, 1, 2
-
-
-def known(values: tuple[int | None, ...]) -> Sequence[int]:
-    """The values that are not None; the tuple itself when none is (tested at C speed: ranks x collectives).
-
-    ``all()`` tests truth, faster than ``None in``: a time of 0 only sends it the slow way.
-    """
-    # all() true: no None in values (mypy cannot narrow a tuple's items)
-    return values if all(values) else [v for v in values if v is not None]  # type: ignore[return-value]
 
 
 def rank_at(pick: Callable[..., Any], arrive: Sequence[int | None], ranks: Sequence[int]) -> int:
@@ -89,7 +80,7 @@ class _Common(dict[tuple[str | None, int | None, str | None, int | None], Shared
         super().__init__()
         self.sig, self.sites, self.flow = sig, sites, flow
         self.args = _collective_args(c, sig)
-        arrivals = known(c.ready_ns)
+        arrivals = known_values(c.ready_ns)
         self.first = min(arrivals) if arrivals else None
         self.others: list[_Common] = []  # of ranks whose signature differs
 

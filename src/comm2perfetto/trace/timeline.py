@@ -28,13 +28,13 @@ from operator import itemgetter
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
-from comm2perfetto.model import Collective, Job
+from comm2perfetto.model import Collective, Job, known_values
 from comm2perfetto.render.words import duration
 from comm2perfetto.report.classes import RankClasses
 from comm2perfetto.trace.markers import Markers, plan_markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
-from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, known, rank_at
+from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, rank_at
 from comm2perfetto.trace.sink import TraceSink
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
@@ -184,7 +184,7 @@ def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Cal
     sink.counter_track(in_flight, parent=pid, name="collectives in flight", sort_index=1)
     deltas: dict[int, int] = defaultdict(int)
     for c in job.iter_collectives():
-        arrivals = known(c.arrive_ns)
+        arrivals = known_values(c.arrive_ns)
         if not arrivals:
             continue
         begin = min(arrivals)
