@@ -22,7 +22,7 @@ unions (``sources.kineto.profile.RankProfile``), not events.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
@@ -39,7 +39,6 @@ __all__ = [
     "FlightRecorderSpans",
     "RankActivity",
     "RankProfile",
-    "flight_recorder_comm",
     "kineto_intervals",
     "rank_activity",
     "read_profiles",
@@ -90,9 +89,9 @@ class RankActivity:
 
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
-                  fr_comm: Mapping[int, list[Span]] | None = None) -> RankActivity:
-    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_comm``: its
-    Flight Recorder spans (``flight_recorder_comm``), when the caller has them already."""
+                  fr_spans: list[Span] | None = None) -> RankActivity:
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_spans``: its
+    Flight Recorder spans, from the caller's ``FlightRecorderSpans`` when it reads many ranks; else read here."""
     offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
@@ -124,28 +123,16 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
         sources.append("profiler CPU ops")
     compute_u = difference(union(compute), union(blocked))
     comm_u = _shift(union(comm), offset)
-    if fr_comm is None:
-        fr_comm = flight_recorder_comm(job) if job is not None else {}
-    fr = fr_comm.get(rank, [])
-    if fr:
-        comm_u = union(comm_u + fr)
+    if fr_spans is None:
+        fr_spans = FlightRecorderSpans(job)(rank) if job is not None else []
+    if fr_spans:
+        comm_u = union(comm_u + fr_spans)
         sources.append("Flight Recorder")
     compute_u = _shift(compute_u, offset)
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, offset, envelope(compute_u, comm_u)),
                         compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
-
-
-def flight_recorder_comm(job: Job, ranks: Iterable[int] | None = None) -> dict[int, list[Span]]:
-    """``FlightRecorderSpans`` of each of ``ranks`` (default: every rank in a group) that has some."""
-    spans_of = FlightRecorderSpans(job)
-    out = {}
-    for rank in spans_of.ranks if ranks is None else ranks:
-        spans = spans_of(rank)
-        if spans:
-            out[rank] = spans
-    return out
 
 
 class FlightRecorderSpans:
@@ -164,7 +151,6 @@ class FlightRecorderSpans:
             if cols:
                 for rank in cols[0].ranks:
                     self._groups[rank].append(cols)
-        self.ranks = list(self._groups)
 
     def __call__(self, rank: int) -> list[Span]:
         spans: list[Span] = []

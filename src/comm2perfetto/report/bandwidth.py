@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -104,15 +104,13 @@ class _Instance:
     last_rank: int | None
 
 
-def collective_table(job: Job, keep: Callable[[Collective], bool] | None = None,
-                     step_of: Callable[[Collective], int | None] | None = None) -> list[dict]:
-    """One row per (op family, process group), slowest total first; only collectives ``keep`` accepts.
-    ``step_of``: the step each collective belongs to, for the rows' ``instances``."""
-    table = CollectiveTable(job, with_p2p=keep is None)
+def collective_table(job: Job) -> list[dict]:
+    """One row per (op family, process group), slowest total first, of every collective (without steps: a
+    report's steps come from ``report.document``)."""
+    table = CollectiveTable(job)
     for uid, cols in job.collectives.items():
         for c in cols:
-            if keep is None or keep(c):
-                table.add(uid, c, step_of(c) if step_of is not None else None)
+            table.add(uid, c, None)
     return table.rows()
 
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from comm2perfetto.model import Job
-from comm2perfetto.report.activity import RankActivity, RankProfile, flight_recorder_comm, rank_activity
+from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
 from comm2perfetto.report.intervals import Span, difference, intersection, union
 
 __all__ = ["CLASSES", "COMM", "COMPUTE", "IDLE", "MEMORY", "NO_DATA", "WAITING", "RankClasses", "comm_instants",
@@ -77,16 +77,15 @@ def job_classes(job: Job | None, profiles: Mapping[int, RankProfile], ranks: Ite
                 ) -> dict[int, RankClasses]:
     """``rank_classes`` of each of ``ranks``, from the same activity ``report`` measures (``rank_activity``);
     a rank without data has no data all along."""
-    ranks = list(ranks)
     have = set(job.ranks if job is not None else ()) | set(profiles)
-    fr_comm = flight_recorder_comm(job, ranks) if job is not None else {}  # of the ranks drawn only
+    fr_spans = FlightRecorderSpans(job) if job is not None else None  # read for the ranks drawn only
     points = comm_instants(job) if job is not None else {}
     out = {}
     for rank in ranks:
         if rank not in have:
             out[rank] = RankClasses(rank, instants=sorted(points.get(rank, ())))
             continue
-        activity = rank_activity(job, rank, profiles.get(rank), fr_comm)
+        activity = rank_activity(job, rank, profiles.get(rank), fr_spans(rank) if fr_spans is not None else [])
         out[rank] = rank_classes(activity, points.get(rank, ()))
     return out
 

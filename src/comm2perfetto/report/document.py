@@ -47,8 +47,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     parts: list[Breakdown] = []
     by_step: dict[int, dict[int, Breakdown]] = {}
     for rank in ranks:
-        fr_comm = {rank: fr_spans(rank)} if fr_spans is not None else {}
-        activity = rank_activity(job, rank, profiles.get(rank), fr_comm)
+        activity = rank_activity(job, rank, profiles.get(rank), fr_spans(rank) if fr_spans is not None else [])
         selected = [(n, b, e) for n, b, e in activity.steps if steps is None or steps[0] <= n <= steps[1]]
         in_steps = [(n, breakdown(activity, (begin, end))) for n, begin, end in selected]
         b = total(part for _, part in in_steps) if steps is not None else breakdown(activity)

@@ -16,7 +16,7 @@ under ``NOT_SEEN``, so the table adds up to the job's collectives.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from comm2perfetto.model import Collective, Job, op_family, tensor_bytes
@@ -39,20 +39,18 @@ def aggregate_path(path: str, depth: int | None) -> str:
     return ".".join(path.split(".")[:depth])
 
 
-def module_table(job: Job, depth: int | None = None, steps: tuple[int, int] | None = None,
-                 keep: Callable[[Collective], bool] | None = None) -> list[dict]:
-    """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down). ``steps``: only
-    calls recorded in steps A..B; ``keep``: only those C++-issued collectives."""
-    table = ModuleTable(job, depth, steps)
+def module_table(job: Job, depth: int | None = None) -> list[dict]:
+    """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down)."""
+    table = ModuleTable(job, depth)
     for uid, cols in job.collectives.items():
         for c in cols:
-            if keep is None or keep(c):
-                table.add(uid, c)
+            table.add(uid, c)
     return table.rows()
 
 
 class ModuleTable:
-    """``module_table`` fed the collectives one at a time (``add``); the recorder's calls are read at once."""
+    """``module_table`` fed the collectives one at a time (``add``); the recorder's calls are read at once.
+    ``steps``: only calls recorded in steps A..B (and only the collectives of those steps are fed)."""
 
     def __init__(self, job: Job, depth: int | None = None, steps: tuple[int, int] | None = None) -> None:
         rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)

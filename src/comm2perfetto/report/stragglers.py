@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter, sub
 from typing import cast
@@ -22,14 +22,12 @@ from comm2perfetto.report.bandwidth import percentile
 from comm2perfetto.report.intervals import NS
 
 
-def straggler_table(job: Job, keep: Callable[[Collective], bool] | None = None) -> list[dict]:
-    """One row per rank that joined a fully joined collective (that ``keep`` accepts), most last arrivals
-    first."""
+def straggler_table(job: Job) -> list[dict]:
+    """One row per rank that joined a fully joined collective, most last arrivals first."""
     table = Stragglers()
     for cols in job.collectives.values():
         for c in cols:
-            if keep is None or keep(c):
-                table.add(c)
+            table.add(c)
     return table.rows()
 
 
@@ -70,14 +68,13 @@ class Stragglers:
         return rows
 
 
-def lateness_map(job: Job, keep: Callable[[Collective], bool] | None = None, columns: int = 200) -> dict:
+def lateness_map(job: Job, columns: int = 200) -> dict:
     """Ranks x collectives lateness for a heat map: the fully joined collectives in time order, sampled
     evenly down to ``columns``; None where a rank is not in that collective's group."""
     heat = LatenessMap(job, columns)
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
-            if keep is None or keep(c):
-                heat.add(uid, i, c)
+            heat.add(uid, i, c)
     return heat.result()
 
 
