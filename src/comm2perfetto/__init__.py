@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["__version__", "disable", "enable", "range", "step"]
 
-_RECORDER_API = frozenset({"disable", "enable", "range", "step"})
+_RECORDER_API = frozenset(__all__) - {"__version__"}
 
 
 def __getattr__(name: str) -> Any:

@@ -314,7 +314,7 @@ def _stack_fields(entries: list[dict[str, Any]], key_name: str) -> Iterable[tupl
     """(frames, is_p2p, process_group, seq) of every entry: read in one C call an entry where every entry has
     these keys (every format since 2.4), else one by one with the older formats' fallbacks."""
     keys = ("frames", "is_p2p", "process_group", key_name)
-    if all(k in e for e in entries[:1] for k in keys):
+    if entries and all(k in entries[0] for k in keys):
         try:
             rows = list(map(itemgetter(*keys), entries))
             if all(map(itemgetter(2), rows)):  # an empty group falls back to its pg_id, as below

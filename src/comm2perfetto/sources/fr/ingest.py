@@ -382,7 +382,6 @@ def _pg_ok(pg: Any) -> bool:
     return isinstance(pg, (tuple, list)) and len(pg) == 2 and all(isinstance(x, str) for x in pg)
 
 
-
 def _row_problem(row: tuple) -> str | None:
     name, pg, seq, _, state, t_st, t_co, created = row[:8]
     if type(name) is not str:
@@ -441,7 +440,7 @@ def _ingest(
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
     durations = _durations_ms(_values(entries, "duration_ms")) if timed else None
-    sids = _stack_ids([e.get("frames") for e in entries], stacks) if with_stacks and "frames" in entries[0] \
+    sids = _stack_ids(_values(entries, "frames"), stacks) if with_stacks and "frames" in entries[0] \
         else None  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
 
     distinct_pgs = set(pgs)
@@ -614,8 +613,8 @@ def _duration_ns(ms: Any) -> int | None:
 
 def _durations_ms(raw: list[Any]) -> array:
     """FR's ``duration_ms`` of every entry as float64, -1 where absent or not a plausible duration (see
-    ``_duration_ns``): checked a column at a time in C where every value is a number in range (a finite sum
-    means no NaN nor infinity)."""
+    ``_duration_ns``): checked a column at a time in C where every value is a number in range (the top bytes
+    show negatives, NaN and infinities)."""
     nones = raw.count(None)
     if set(map(type, raw)) <= {float, int, type(None)}:
         values = array("d", _filled(raw, nones, -1.0) if nones else raw)
