@@ -138,10 +138,17 @@ def load_job(
                                      hta_scope=hta_scope, collectives=True)
             adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
         job = build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
-        return dataclasses.replace(job, profiles=MappingProxyType(profiles)) if mode == TRACES_SPANS else job
+        if mode != TRACES_SPANS:
+            return job
+        return dataclasses.replace(job, profiles=MappingProxyType(profiles_on_clock(job, profiles)))
     finally:
         if was_enabled:
             gc.enable()
+
+
+def profiles_on_clock(job: Job, profiles: Mapping[int, RankProfile]) -> dict[int, RankProfile]:
+    """Profiles read on each rank's own clock (``sources.kineto.profile.read_profiles``), moved onto the job's."""
+    return {rank: p.shifted(job.clock.offset_ns.get(rank, 0)) for rank, p in profiles.items()}
 
 
 PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
@@ -159,7 +166,11 @@ def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
 
 def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
     """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock).
-    ``sample``: the ranks with data are a sample of the job (``Job.sampled``)."""
+    ``sample``: the ranks with data are a sample of the job (``Job.sampled``).
+
+    Every time the Job holds is on its clock (rank 0's, or each rank's own with ``align=False``): the readers
+    give each rank's own, and this moves them once, after aligning: the Flight Recorder tracks, the logs and the
+    profiler traces in place (a ``Sources`` builds one Job), the stall stacks as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
@@ -199,9 +210,14 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
     stacks = tuple(src.stack_table.stacks)
     collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}
     p2p = {uid: _pair(uid, ops, clock) for uid, ops in p2p_ops.items()}
+    for rank, log in src.logs.items():
+        log.shift(clock.offset_ns.get(rank, 0))
+    for rank, traces in src.traces.items():
+        for kineto_trace in traces:
+            kineto_trace.shift(clock.offset_ns.get(rank, 0))
     return Job(
         world_size=world,
-        ranks=MappingProxyType(_rank_infos(src, clock)),
+        ranks=MappingProxyType(_rank_infos(src)),
         groups=MappingProxyType(groups),
         collectives=MappingProxyType(collectives),
         p2p=MappingProxyType(p2p),
@@ -211,7 +227,8 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         skipped=tuple(src.skipped),
         notes=tuple(notes),
         logs=MappingProxyType(dict(src.logs)),
-        stall_stacks=MappingProxyType({r: docs[-1] for r, docs in src.stacks.items() if docs}),
+        stall_stacks=MappingProxyType({r: docs[-1].shifted(clock.offset_ns.get(r, 0))
+                                       for r, docs in src.stacks.items() if docs}),
         job_info=src.job_info,
         jobs=tuple(src.jobs),
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
@@ -795,25 +812,25 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
     return tuple(out)
 
 
-def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
+def _rank_infos(src: Sources) -> dict[int, RankInfo]:
+    """Each rank's files and what its log says of its life (the logs already on the job's clock)."""
     out = {}
     for rank in sorted(src.ranks):
         log = src.logs.get(rank)
         fr = src.fr.get(rank)
         header = log.header if log is not None else {}
-        off = clock.offset_ns.get(rank, 0)
         stall = (header.get("config") or {}).get("stall_after_s") if isinstance(header.get("config"), dict) else None
         out[rank] = RankInfo(
             rank=rank, host=header.get("host"), pid=header.get("pid"),
             fr_files=tuple(fr.files) if fr else (), log_file=str(log.path) if log else None,
-            stacks_files=tuple(d.get("_path", "") for d in src.stacks.get(rank, ())),
+            stacks_files=tuple(d.path for d in src.stacks.get(rank, ())),
             kineto_files=tuple(str(p) for p in src.kineto.get(rank, ())),
             closed_cleanly=log.closed_cleanly if log is not None else None,
             backend=header.get("backend") or (fr.backend if fr else None),
-            first_ns=log.first_ns + off if log is not None and log.first_ns is not None else None,
-            last_ns=log.last_ns + off if log is not None and log.last_ns is not None else None,
+            first_ns=log.first_ns if log is not None else None,
+            last_ns=log.last_ns if log is not None else None,
             closed_reason=log.closed_reason if log is not None else None,
-            endings=tuple((e.t_ns + off, e.cause, e.detail) for e in log.endings) if log is not None else (),
+            endings=tuple((e.t_ns, e.cause, e.detail) for e in log.endings) if log is not None else (),
             heartbeats=bool(log is not None and log.heartbeats),
             alive=src.alive.get(rank),
             stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,

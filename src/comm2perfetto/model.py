@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
-if TYPE_CHECKING:  # for the annotation only: the readers import this module, not the reverse
-    from comm2perfetto.sources.event_log import RankLog
+if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
+    from comm2perfetto.sources.event_log import RankLog, StallStacks
+    from comm2perfetto.sources.kineto.events import KinetoTrace
 
 # Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
 COMPLETED = "completed"
@@ -574,8 +575,9 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class RankProfile:
-    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans, on that rank's own clock
-    (``sources.kineto.profile.kineto_intervals`` reads them; ``Job.profiles`` holds them). Picklable, small."""
+    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans (``sources.kineto.profile.
+    kineto_intervals`` reads them, on the rank's own clock; ``Job.profiles`` holds them moved onto the job's:
+    see ``shifted``). Picklable, small."""
 
     gpu_compute: list[tuple[int, int]] = field(default_factory=list)
     gpu_comm: list[tuple[int, int]] = field(default_factory=list)
@@ -593,6 +595,23 @@ class RankProfile:
     events: int = 0
     notes: tuple[str, ...] = ()
 
+    def shifted(self, offset_ns: int) -> RankProfile:
+        """The same profile with every span moved by ``offset_ns`` (onto the job's clock: ``match.load_job``),
+        its communication events left out: the job holds them (``Job.traces``), on its clock."""
+        def spans(u: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            return [(b + offset_ns, e + offset_ns) for b, e in u] if offset_ns else u
+
+        def steps(s: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+            return tuple((n, b + offset_ns, e + offset_ns) for n, b, e in s) if offset_ns else s
+
+        return replace(
+            self, gpu_compute=spans(self.gpu_compute), gpu_comm=spans(self.gpu_comm),
+            gpu_memory=spans(self.gpu_memory), cpu_compute=spans(self.cpu_compute), cpu_comm=spans(self.cpu_comm),
+            gpu_overlapped=spans(self.gpu_overlapped) if self.gpu_overlapped is not None else None,
+            gpu_busy=spans(self.gpu_busy) if self.gpu_busy is not None else None,
+            steps=steps(self.steps), gpu_steps=steps(self.gpu_steps),
+            windows=tuple(spans(list(self.windows))), traces=())
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -608,16 +627,18 @@ class Job:
     clock: ClockAlignment
     skipped: tuple[Skipped, ...] = ()
     notes: tuple[str, ...] = ()
+    # The per-rank views below are on the job's clock (``match.build_job`` moved them there, once).
     logs: Mapping[int, RankLog] = field(default_factory=_empty, repr=False, compare=False)  # the recorder's logs
-    stall_stacks: Mapping[int, Mapping] = field(default_factory=_empty, repr=False, compare=False)  # rank -> doc
+    # rank -> what it wrote at its latest stall
+    stall_stacks: Mapping[int, StallStacks] = field(default_factory=_empty, repr=False, compare=False)
     job_info: Mapping | None = None  # the job file written last (see ``jobs``)
     jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)
     unusable_ranks: frozenset[int] = frozenset()  # ranks whose every dump was skipped (truncated, corrupt)
     # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
     # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
     log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
-    # rank -> that rank's profiler traces, read (sources.kineto.events.KinetoTrace), for what draws their events
-    traces: Mapping[int, tuple] = field(default_factory=_empty, repr=False, compare=False)
+    # rank -> that rank's profiler traces (every event for merge, the communication events for the others)
+    traces: Mapping[int, tuple[KinetoTrace, ...]] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
     resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
     # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)

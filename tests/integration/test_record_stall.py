@@ -42,8 +42,8 @@ def stall_job(module_jobs):
     return job
 
 
-def _main_thread(stacks: dict) -> dict:
-    (main,) = [t for t in stacks["threads"] if t["name"] == "MainThread"]
+def _main_thread(stacks):
+    (main,) = [t for t in stacks.threads if t.name == "MainThread"]
     return main
 
 
@@ -66,13 +66,14 @@ def test_rank_waiting_in_the_collective(stall_job):
     assert stall.t_ns >= stalled.t_call_ns + 2e9  # reported after --stall-after
 
     stacks = read_stacks(stall_job.out / stall.stacks_file)
-    assert (stacks["rank"], stacks["reason"], stacks["trigger_rank"]) == (0, "pending", 0)
-    assert [(p["cid"], p["op"], p["gid"], p["seq"]) for p in stacks["pending"]] == [(stalled.cid, "all_reduce", 0, 2)]
-    frames = _main_thread(stacks)["frames"]
-    job_frames = [(f["line"], f["func"]) for f in frames if f["file"].endswith("job.py")]
+    assert (stacks.rank, stacks.reason, stacks.trigger_rank) == (0, "pending", 0)
+    assert [(p.cid, p.op, p.gid, p.seq) for p in stacks.pending] == [(stalled.cid, "all_reduce", 0, 2)]
+    assert stacks.pending[0].since_ns == stalled.t_call_ns
+    frames = _main_thread(stacks).frames
+    job_frames = [(line, func) for file, line, func in frames if file.endswith("job.py")]
     assert job_frames == [(stall_job.line_of("@stalled"), "<module>")]
-    assert frames[0]["func"] == "all_reduce"  # innermost first: torch's all_reduce (our wrapper is left out)
-    assert not any("comm2perfetto" in f["file"] for f in frames)
+    assert frames[0][2] == "all_reduce"  # innermost first: torch's all_reduce (our wrapper is left out)
+    assert not any("comm2perfetto" in file for file, _, _ in frames)
 
 
 def test_rank_outside_any_collective_leaves_its_stack(stall_job):
@@ -85,15 +86,15 @@ def test_rank_outside_any_collective_leaves_its_stack(stall_job):
     assert (stall.reason, stall.trigger_rank, stall.cid) == ("remote", 0, None)
 
     stacks = read_stacks(stall_job.out / stall.stacks_file)
-    assert (stacks["rank"], stacks["reason"], stacks["trigger_rank"]) == (1, "remote", 0)
-    assert stacks["pending"] == []
-    frames = _main_thread(stacks)["frames"]
-    assert [(f["func"], f["line"]) for f in frames[:2]] == [
+    assert (stacks.rank, stacks.reason, stacks.trigger_rank) == (1, "remote", 0)
+    assert stacks.pending == ()
+    frames = _main_thread(stacks).frames
+    assert [(func, line) for _, line, func in frames[:2]] == [
         ("slow_data_loader", stall_job.line_of("@sleep")),
         ("<module>", stall_job.line_of("@call_loader")),
     ]
     # The watchdog thread that wrote the file is not in it; every other thread is.
-    names = [t["name"] for t in stacks["threads"]]
+    names = [t.name for t in stacks.threads]
     assert "comm2perfetto-watchdog" not in names
 
 

@@ -29,7 +29,7 @@ from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_optio
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.match import load_job
+from comm2perfetto.match import load_job, profiles_on_clock
 from comm2perfetto.model import Job
 from comm2perfetto.render.words import clock_text, duration, rank_list, ranks_text, sample_text, size
 from comm2perfetto.sources.discover import require_paths
@@ -167,7 +167,7 @@ def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, Ran
                                     for r in ranks if r in job.ranks and job.ranks[r].kineto_files}
     with Phase("classifying each rank's time for the preview"):
         profiles = read_profiles(files, workers=min(len(files), os.cpu_count() or 1, 8))
-        return job_classes(job, profiles, ranks)
+        return job_classes(job, profiles_on_clock(job, profiles), ranks)
 
 
 def default_output(paths: list[str]) -> Path:
@@ -237,19 +237,17 @@ def _job_span(job: Job) -> tuple[int | None, int | None]:
     first, last = job.collectives_span()
     firsts = [first] if first is not None else []
     lasts = [last] if last is not None else []
-    for rank, traces in job.traces.items():  # profiled steps may lie long before the first collective kept
-        off = job.clock.offset_ns.get(rank, 0)
+    for traces in job.traces.values():  # profiled steps may lie long before the first collective kept
         for span in filter(None, map(trace_span, traces)):
-            firsts.append(span[0] + off)
-            lasts.append(span[1] + off)
-    for rank, log in job.logs.items():
-        off = job.clock.offset_ns.get(rank, 0)
-        firsts += [call.t_call_ns + off for call in log.calls[:1]]
-        firsts += [r.t_begin_ns + off for r in log.ranges[:1]]
-        firsts += [t + off for _, t, _ in log.steps[:1]]
-        lasts += [(call.t_return_ns or call.t_call_ns) + off for call in log.calls[-1:]]
-        lasts += [r.t_end_ns + off for r in log.ranges if r.t_end_ns is not None]
-        lasts += [t + off for _, t, _ in log.steps[-1:]]
+            firsts.append(span[0])
+            lasts.append(span[1])
+    for log in job.logs.values():
+        firsts += [call.t_call_ns for call in log.calls[:1]]
+        firsts += [r.t_begin_ns for r in log.ranges[:1]]
+        firsts += [t for _, t, _ in log.steps[:1]]
+        lasts += [call.t_return_ns or call.t_call_ns for call in log.calls[-1:]]
+        lasts += [r.t_end_ns for r in log.ranges if r.t_end_ns is not None]
+        lasts += [t for _, t, _ in log.steps[-1:]]
     return (min(firsts) if firsts else None), (max(firsts + lasts) if firsts else None)
 
 

@@ -107,8 +107,7 @@ def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, de
         trace_progress.finish()
     profiles = dict(job.profiles)
     # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
-    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values()) \
-        or any(p.traces for p in profiles.values())
+    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job if matched else None, profiles, steps=steps, depth=depth)
     doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header

@@ -464,12 +464,11 @@ def _pending_call(job: Job, rank: int, at_ns: int | None) -> str | None:
     log = job.logs.get(rank)
     if log is None:
         return None
-    off = job.clock.offset_ns.get(rank, 0)
-    for call in reversed(getattr(log, "calls", ())):
-        if at_ns is not None and call.t_call_ns + off > at_ns:
+    for call in reversed(log.calls):
+        if at_ns is not None and call.t_call_ns > at_ns:
             continue
         ret = call.t_return_ns
-        if ret is None or (at_ns is not None and ret + off > at_ns):
+        if ret is None or (at_ns is not None and ret > at_ns):
             site = f" at {call.site.split(' ')[0]}" if call.site else ""
             return f"{call.op}{site}"
         return None

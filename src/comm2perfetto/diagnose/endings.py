@@ -89,10 +89,9 @@ def _rank_end(job: Job, rank: int, info, hosts_done: set, now_ns: int | None) ->
 def _failed_call(job: Job, rank: int) -> tuple[int, str] | None:
     """The first of the rank's calls that failed with a connection error: (time, error)."""
     log = job.logs.get(rank)
-    off = job.clock.offset_ns.get(rank, 0)
-    for call in getattr(log, "calls", ()):
+    for call in log.calls if log is not None else ():
         if call.error is not None and is_connection_error(call.error):
-            return (call.t_return_ns or call.t_call_ns) + off, f"{call.op} failed: {call.error}"
+            return call.t_return_ns or call.t_call_ns, f"{call.op} failed: {call.error}"
     return None
 
 

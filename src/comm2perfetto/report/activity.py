@@ -31,6 +31,7 @@ from operator import add, itemgetter
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
 from comm2perfetto.model import Collective, Job, RankProfile
+from comm2perfetto.sources.event_log import RankLog
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
 __all__ = [
@@ -90,20 +91,16 @@ class RankActivity:
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
                   fr_spans: list[Span] | None = None) -> RankActivity:
-    """Combine what the recorder, Flight Recorder and the profiler know about one rank. ``fr_spans``: its
-    Flight Recorder spans, from the caller's ``FlightRecorderSpans`` when it reads many ranks; else read here."""
-    offset = job.clock.offset_ns.get(rank, 0) if job is not None else 0
+    """Combine what the recorder, Flight Recorder and the profiler know about one rank, all on the job's clock
+    (``profile`` as ``Job.profiles`` holds it). ``fr_spans``: its Flight Recorder spans, from the caller's
+    ``FlightRecorderSpans`` when it reads many ranks; else read here."""
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
-        gpu_compute, gpu_comm = _shift(profile.gpu_compute, offset), _shift(profile.gpu_comm, offset)
-        steps = tuple((n, b + offset, e + offset) for n, b, e in profile.gpu_steps) \
-            or _steps(log, profile, offset, envelope(gpu_compute, gpu_comm))
-        return RankActivity(rank, GPU, ("profiler GPU kernels",), gpu_compute, gpu_comm,
-                            _shift(profile.gpu_memory, offset),
-                            steps,
-                            _shift_known(profile.gpu_overlapped, offset), _shift_known(profile.gpu_busy, offset),
-                            tuple(_shift(list(profile.windows), offset)))
+        steps = profile.gpu_steps or _steps(log, profile, envelope(profile.gpu_compute, profile.gpu_comm))
+        return RankActivity(rank, GPU, ("profiler GPU kernels",), profile.gpu_compute, profile.gpu_comm,
+                            profile.gpu_memory, steps, profile.gpu_overlapped, profile.gpu_busy,
+                            profile.windows)
     sources: list[str] = []
     compute: list[Span] = []
     comm: list[Span] = []
@@ -122,17 +119,16 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
         comm += profile.cpu_comm
         sources.append("profiler CPU ops")
     compute_u = difference(union(compute), union(blocked))
-    comm_u = _shift(union(comm), offset)
+    comm_u = union(comm)
     if fr_spans is None:
         fr_spans = FlightRecorderSpans(job)(rank) if job is not None else []
     if fr_spans:
         comm_u = union(comm_u + fr_spans)
         sources.append("Flight Recorder")
-    compute_u = _shift(compute_u, offset)
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
-                        _steps(log, profile, offset, envelope(compute_u, comm_u)),
-                        compute_windows=tuple(_shift(list(profile.windows), offset)) if profiled_only else None)
+                        _steps(log, profile, envelope(compute_u, comm_u)),
+                        compute_windows=profile.windows if profiled_only else None)
 
 
 class FlightRecorderSpans:
@@ -186,25 +182,17 @@ def _cpu_spans(sources: list, starts: list, arrives: list, ends: list) -> Iterab
             if source == "fr" and (begin := start or arrive) is not None and end is not None and end > begin)
 
 
-def _steps(log, profile: RankProfile, offset: int, span: Span | None) -> tuple[tuple[int, int, int], ...]:
-    """Step windows on the job clock: the recorder's step marks (step n runs from the mark that started it to
-    the next one, the last to the end of the rank's activity), else the profiler's ``ProfilerStep#n``."""
+def _steps(log: RankLog | None, profile: RankProfile, span: Span | None) -> tuple[tuple[int, int, int], ...]:
+    """Step windows: the recorder's step marks (step n runs from the mark that started it to the next one, the
+    last to the end of the rank's activity), else the profiler's ``ProfilerStep#n``."""
     marks = [(step, t) for step, t, _source in log.steps] if log is not None else []
     if marks:
-        end_of_run = span[1] - offset if span is not None else marks[-1][1]
-        first_begin = span[0] - offset if span is not None else marks[0][1]
+        end_of_run = span[1] if span is not None else marks[-1][1]
+        first_begin = span[0] if span is not None else marks[0][1]
         bounds = ([(0, first_begin)] if first_begin < marks[0][1] else []) + marks
         out = []
         for (step, t), nxt in zip(bounds, bounds[1:] + [(None, max(end_of_run, bounds[-1][1]))]):
             if nxt[1] > t:
-                out.append((step, t + offset, nxt[1] + offset))
+                out.append((step, t, nxt[1]))
         return tuple(out)
-    return tuple((n, b + offset, e + offset) for n, b, e in profile.steps)
-
-
-def _shift(u: list[Span], offset: int) -> list[Span]:
-    return [(b + offset, e + offset) for b, e in u] if offset else u
-
-
-def _shift_known(u: list[Span] | None, offset: int) -> list[Span] | None:
-    return None if u is None else _shift(u, offset)
+    return profile.steps

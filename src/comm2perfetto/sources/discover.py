@@ -37,7 +37,14 @@ from comm2perfetto import layout
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
 from comm2perfetto.render.words import duration
-from comm2perfetto.sources.event_log import EventLogError, RankLog, is_event_log, read_event_log, read_stacks
+from comm2perfetto.sources.event_log import (
+    EventLogError,
+    RankLog,
+    StallStacks,
+    is_event_log,
+    read_event_log,
+    read_stacks,
+)
 from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
@@ -88,7 +95,7 @@ class Sources:
 
     fr: dict[int, FrRankTrace] = field(default_factory=dict)
     logs: dict[int, RankLog] = field(default_factory=dict)
-    stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # stall stacks, oldest first
+    stacks: dict[int, list[StallStacks]] = field(default_factory=dict)  # stall stacks, oldest first
     kineto: dict[int, list[Path]] = field(default_factory=dict)  # profiler traces by rank
     traces: dict[int, list[KinetoTrace]] = field(default_factory=dict)  # the same, read (see load_sources)
     jobs: list[dict[str, Any]] = field(default_factory=list)  # every job file (one per `record`, per node)
@@ -286,11 +293,9 @@ def load_sources(
         except EventLogError as exc:
             src.skipped.append(Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: ")))
             continue
-        rank = doc["rank"]
-        doc = dict(doc, _path=str(f.path))
-        src.stacks.setdefault(rank, []).append(doc)
+        src.stacks.setdefault(doc.rank, []).append(doc)
     for docs in src.stacks.values():
-        docs.sort(key=lambda d: d.get("t_ns") or 0)
+        docs.sort(key=lambda d: d.t_ns or 0)
 
     for f in by_kind[JOB]:
         try:
@@ -688,7 +693,7 @@ def _drop_outside_world(src: Sources, trace_world: int | None = None) -> None:
         src.skipped.extend(Skipped(path, outside("Flight Recorder dump of (by its name)", rank))
                            for path in src.fr.pop(rank).files)
     for rank in [r for r in src.stacks if r >= world]:
-        src.skipped.extend(Skipped(d["_path"], outside("stall stacks of", rank)) for d in src.stacks.pop(rank))
+        src.skipped.extend(Skipped(d.path, outside("stall stacks of", rank)) for d in src.stacks.pop(rank))
     for rank in [r for r in src.kineto if r >= world]:
         src.skipped.extend(Skipped(str(p), outside("profiler trace of", rank)) for p in src.kineto.pop(rank))
         src.traces.pop(rank, None)

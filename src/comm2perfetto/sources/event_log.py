@@ -19,7 +19,7 @@ import io
 import mmap
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,35 @@ class RankLog:
     last_ns: int | None = None
     heartbeats: int = 0
     problems: list[str] = field(default_factory=list)
+
+    def shift(self, offset_ns: int) -> None:
+        """Move every time this log holds by ``offset_ns``, in place: from the rank's own clock onto the job's
+        (``match.build_job`` does, once, after aligning the clocks). The header keeps the rank's own times."""
+        if not offset_ns:
+            return
+        for call in self.calls:
+            call.t_call_ns += offset_ns
+            if call.t_return_ns is not None:
+                call.t_return_ns += offset_ns
+            if call.t_done_ns is not None:
+                call.t_done_ns += offset_ns
+        for rng in self.ranges:
+            rng.t_begin_ns += offset_ns
+            if rng.t_end_ns is not None:
+                rng.t_end_ns += offset_ns
+        for stall in self.stalls:
+            stall.t_ns += offset_ns
+        for ending in self.endings:
+            ending.t_ns += offset_ns
+        self.marks = [(t + offset_ns, name, tid, source) for t, name, tid, source in self.marks]
+        self.steps = [(step, t + offset_ns, source) for step, t, source in self.steps]
+        self.fr_dumps = [(t + offset_ns, path, reason) for t, path, reason in self.fr_dumps]
+        self.profiler_traces = [(t + offset_ns, path) for t, path in self.profiler_traces]
+        self.warnings = [(t + offset_ns if t is not None else None, message) for t, message in self.warnings]
+        if self.first_ns is not None:
+            self.first_ns += offset_ns
+        if self.last_ns is not None:
+            self.last_ns += offset_ns
 
     @property
     def rank(self) -> int:
@@ -536,7 +565,50 @@ class _Builder:
         # Unknown kinds come from newer writers: ignored on purpose.
 
 
-def read_stacks(path: str | Path) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    tid: int | None
+    name: str
+    frames: tuple[tuple[str, int, str], ...]  # (file, line, function), innermost first
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCall:
+    """A call the rank was inside when it wrote its stacks (the call's ``b`` record)."""
+
+    cid: int | None
+    op: str | None
+    gid: int | None
+    seq: int | None
+    since_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StallStacks:
+    """Every thread's Python stack, as one rank wrote them at a stall (``read_stacks``)."""
+
+    path: str
+    rank: int
+    t_ns: int | None
+    reason: str | None
+    trigger_rank: int | None
+    pending: tuple[PendingCall, ...]
+    threads: tuple[ThreadStack, ...]
+
+    def shifted(self, offset_ns: int) -> StallStacks:
+        """The same stacks with their times moved by ``offset_ns`` (onto the job's clock: ``match.build_job``)."""
+        if not offset_ns:
+            return self
+        pending = tuple(replace(p, since_ns=p.since_ns + offset_ns if p.since_ns is not None else None)
+                        for p in self.pending)
+        return replace(self, t_ns=self.t_ns + offset_ns if self.t_ns is not None else None, pending=pending)
+
+    def main_thread(self) -> ThreadStack | None:
+        """The thread the training ran on: the one named MainThread, else the first."""
+        return next((t for t in self.threads if t.name == "MainThread"), self.threads[0] if self.threads else None)
+
+
+def read_stacks(path: str | Path) -> StallStacks:
     """Read a ``rank<R>.stacks.<n>.json`` file written at a stall, keeping only well-formed parts::
 
         {"format": "comm2perfetto-stacks", "version": 1, "rank": 0, "t_ns": 1795616243676433540,
@@ -546,7 +618,7 @@ def read_stacks(path: str | Path) -> dict[str, Any]:
                       "frames": [{"file": ".../distributed_c10d.py", "line": 3252, "func": "all_reduce"}]}]}
 
     Raises EventLogError when the file is not one or its rank is not a rank; malformed threads, frames and
-    pending entries are dropped, a bad time becomes None.
+    pending entries are dropped, a bad time or field becomes None.
     """
     path = Path(path)
     try:
@@ -556,25 +628,33 @@ def read_stacks(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != "comm2perfetto-stacks":
         raise EventLogError(f"{path}: not a comm2perfetto stacks file")
     rank = doc.get("rank")
-    if not rank_ok(rank):
+    if not isinstance(rank, int) or not rank_ok(rank):
         raise EventLogError(f"{path}: stacks file's rank {shown(rank)} is not a rank")
     trigger = doc.get("trigger_rank")
-    return {
-        "format": doc["format"], "rank": rank, "t_ns": doc.get("t_ns") if time_ok(doc.get("t_ns")) else None,
-        "reason": doc.get("reason") if isinstance(doc.get("reason"), str) else None,
-        "trigger_rank": trigger if rank_ok(trigger) else None,
-        "pending": [{k: v for k, v in p.items() if isinstance(v, (int, str)) or v is None}
-                    for p in _dicts(doc.get("pending"))],
-        "threads": [_thread(t) for t in _dicts(doc.get("threads"))],
-    }
+    return StallStacks(
+        path=str(path), rank=rank, t_ns=doc.get("t_ns") if time_ok(doc.get("t_ns")) else None,
+        reason=doc.get("reason") if isinstance(doc.get("reason"), str) else None,
+        trigger_rank=trigger if rank_ok(trigger) else None,
+        pending=tuple(_pending(p) for p in _dicts(doc.get("pending"))),
+        threads=tuple(_thread(t) for t in _dicts(doc.get("threads"))),
+    )
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
-def _thread(t: dict[str, Any]) -> dict[str, Any]:
-    frames = [{"file": f["file"], "line": f["line"], "func": f["func"]} for f in _dicts(t.get("frames"))
-              if isinstance(f.get("file"), str) and count_ok(f.get("line")) and isinstance(f.get("func"), str)]
-    return {"tid": t.get("tid") if is_int(t.get("tid")) else None,
-            "name": t.get("name") if isinstance(t.get("name"), str) else "", "frames": frames}
+def _pending(p: dict[str, Any]) -> PendingCall:
+    def number(key: str) -> int | None:
+        return p[key] if is_int(p.get(key)) else None
+
+    return PendingCall(cid=number("cid"), op=p["op"] if isinstance(p.get("op"), str) else None, gid=number("gid"),
+                       seq=number("seq"), since_ns=p["since_ns"] if time_ok(p.get("since_ns")) else None)
+
+
+def _thread(t: dict[str, Any]) -> ThreadStack:
+    frames = tuple((f["file"], f["line"], f["func"]) for f in _dicts(t.get("frames"))
+                   if isinstance(f.get("file"), str) and count_ok(f.get("line")) and isinstance(f.get("func"), str))
+    name = t.get("name")
+    return ThreadStack(tid=t.get("tid") if is_int(t.get("tid")) else None, name=name if isinstance(name, str) else "",
+                       frames=frames)

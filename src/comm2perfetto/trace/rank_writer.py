@@ -59,7 +59,6 @@ class RankWriter:
         # Profiler events with their args, ids and launch flows (False, merge --lean: name, times and class)
         self.kineto_detail = kineto_detail
         self.preview = preview  # collect what the preview draws of diagnose's findings (stalls, missing ranks)
-        self.offset = job.clock.offset_ns.get(rank, 0)
         self.families: list[tuple[str, str | None, list[Item]]] = []  # (track name, description, items)
         self.lo: int | None = None
         self.hi: int | None = None
@@ -121,7 +120,8 @@ class RankWriter:
                  info.backend]
         method = self.job.clock.method.get(self.rank)
         if method:
-            parts.append(f"clock {method} ({'+' if self.offset >= 0 else ''}{duration(self.offset)})")
+            offset = self.job.clock.offset_ns.get(self.rank, 0)
+            parts.append(f"clock {method} ({'+' if offset >= 0 else ''}{duration(offset)})")
         if info.closed_cleanly is False:
             parts.append("log not closed cleanly: the rank died or was killed")
         return ", ".join(p for p in parts if p)
@@ -197,7 +197,6 @@ class RankWriter:
         """Where the rank's traces show a collective's CPU enqueue (``record_param_comms``, drawn on its CPU ops
         track) and the kernels it launched (the same ``External id``): the kernels' first begin, on the job's
         clock, is where its slice on the group's track begins (``Collective.work_of``)."""
-        offset = self.offset
         for trace in self.job.traces.get(self.rank, ()):
             first: dict[int, int] = {}
             for ev in trace.gpu_events:
@@ -207,8 +206,7 @@ class RankWriter:
                 continue
             for ev in trace.cpu_ops:
                 if ev.name == "record_param_comms" and ev.external_id in first:
-                    self.enqueued[first[ev.external_id] + offset] = (ev.t_begin_ns + offset,
-                                                                     ev.t_end_ns + offset)
+                    self.enqueued[first[ev.external_id]] = (ev.t_begin_ns, ev.t_end_ns)
 
     def _flow_from_enqueue(self, slices: list[Item | None]) -> None:
         """A flow from the CPU enqueue to each slice that is a collective's GPU work (see ``_enqueues``)."""
@@ -308,7 +306,7 @@ class RankWriter:
         if (log is None or not log.steps) and self.kineto:
             self._profiler_steps(cpu=True)
             return
-        bounds = [(step, t + self.offset) for step, t, _source in (log.steps if log is not None else ())]
+        bounds = [(step, t) for step, t, _source in (log.steps if log is not None else ())]
         log_end = self._log_end(log) if log is not None else None
         items: list[Item] = []
         for (step, t), nxt in zip(bounds, bounds[1:] + [None]):
@@ -333,7 +331,6 @@ class RankWriter:
             for items, steps in ((cpu_items, trace.steps if cpu else ()),
                                  (gpu, trace.gpu_steps if trace.gpu_events else ())):
                 for n, begin, end in steps:
-                    begin, end = begin + self.offset, end + self.offset
                     if end >= begin and self.inside(begin, end):
                         items.append((begin, end, f"step {n}", {"step": n}, "step", None, NO_FLOWS))
         if cpu:
@@ -345,14 +342,14 @@ class RankWriter:
     def _log_end(self, log: RankLog) -> int | None:
         times = [c.t_return_ns or c.t_call_ns for c in log.calls[-1:]]
         times += [r.t_end_ns or r.t_begin_ns for r in log.ranges[-1:]]
-        return max(times) + self.offset if times else None
+        return max(times) if times else None
 
     def _python_calls(self, log: RankLog) -> None:
         by_thread: dict[int, list[Item]] = defaultdict(list)
         log_end = self._log_end(log)
         for call in log.calls:
-            begin = call.t_call_ns + self.offset
-            end: Any = call.t_return_ns + self.offset if call.t_return_ns is not None else None  # or UNCLOSED
+            begin = call.t_call_ns
+            end: Any = call.t_return_ns  # or UNCLOSED
             args: dict[str, Any] = {"seq": call.seq if call.seq is not None else -1, "async": call.is_async,
                                     "step": call.step}
             if call.site:
@@ -371,7 +368,7 @@ class RankWriter:
             if call.peer is not None:
                 args["peer"] = str(call.peer)
             if call.t_done_ns is not None:
-                args["completed_after_ns"] = call.t_done_ns + self.offset - begin
+                args["completed_after_ns"] = call.t_done_ns - begin
             if call.error:
                 args["error"] = call.error
             if end is None:
@@ -402,10 +399,10 @@ class RankWriter:
         by_thread: dict[int, list[Item]] = defaultdict(list)
         log_end = self._log_end(log)
         for rng in log.ranges:
-            begin = rng.t_begin_ns + self.offset
+            begin = rng.t_begin_ns
             args: dict[str, Any] = {"source": rng.source}
             if rng.t_end_ns is not None:
-                end = rng.t_end_ns + self.offset
+                end = rng.t_end_ns
             else:
                 args["state"] = "not closed (the rank's data ends here)"
                 end = max(log_end or begin, begin)
@@ -420,7 +417,7 @@ class RankWriter:
     def _recorder_events(self, log: RankLog) -> None:
         items: list[Item] = []
         for s in log.stalls:
-            t = s.t_ns + self.offset
+            t = s.t_ns
             args: dict[str, Any] = {"reason": s.reason}
             if s.trigger_rank is not None:
                 args["trigger_rank"] = s.trigger_rank
@@ -428,13 +425,13 @@ class RankWriter:
                 args["stacks_file"] = s.stacks_file
             items.append((t, None, "stall detected", args, "recorder", None, NO_FLOWS))
         for t, path, reason in log.fr_dumps:
-            items.append((t + self.offset, None, "Flight Recorder dump", {"file": path, "reason": reason},
+            items.append((t, None, "Flight Recorder dump", {"file": path, "reason": reason},
                           "recorder", None, NO_FLOWS))
         for t, message in log.warnings:
-            items.append((t + self.offset, None, "recorder warning", {"message": message}, "recorder", None,
+            items.append((t, None, "recorder warning", {"message": message}, "recorder", None,
                           NO_FLOWS))
         for t, name, tid, source in log.marks:
-            items.append((t + self.offset, None, name, {"source": source, "thread": str(tid)}, "mark", None,
+            items.append((t, None, name, {"source": source, "thread": str(tid)}, "mark", None,
                           NO_FLOWS))
         items = [it for it in items if self.inside(it[0], it[0])]
         activity = self.hi  # the recorder's own events are not the rank's activity (marks go there)
@@ -460,7 +457,8 @@ class RankWriter:
                 flows = ((), (), (fid,)) if fid is not None else NO_FLOWS
                 self._kineto_item(ev, gpu.setdefault(ev.lane, []), ev.klass, shared, flows)
             for ev in trace.cpu_ops:
-                fids = launches.get(ev.correlation) if launches and ev.kind.endswith(CPU_KIND_SUFFIXES) else None
+                fids = launches.get(ev.correlation) if launches and ev.correlation is not None \
+                    and ev.kind.endswith(CPU_KIND_SUFFIXES) else None
                 flows = (tuple(fids), (), ()) if fids else NO_FLOWS
                 self._kineto_item(ev, cpu.setdefault(ev.lane, []), cpu_class(ev.kind, ev.name), shared, flows)
         for lane, items in cpu.items():
@@ -480,12 +478,12 @@ class RankWriter:
         ends: dict[int, int] = {}
         if not launches:
             return starts, ends
-        inside, offset = self.inside, self.offset
+        inside = self.inside
         for k, ev in enumerate(trace.gpu_events):
             launch = launches.get(ev.correlation)
             if launch is None:
                 continue
-            begin, at = ev.t_begin_ns + offset, launch.t_begin_ns + offset
+            begin, at = ev.t_begin_ns, launch.t_begin_ns
             if inside(begin, begin + max(ev.duration_ns, 0)) and inside(at, at + max(launch.duration_ns, 0)):
                 fid = ends[k] = next(flow_ids)
                 starts.setdefault(ev.correlation, []).append(fid)
@@ -495,7 +493,7 @@ class RankWriter:
                      flows: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]) -> None:
         """``klass``: the class ``report`` counts the event in (a kernel's, or ``classify.cpu_class``'s for a CPU
         op: compute, comm, or None for what only wraps work), in its args as ``class``."""
-        begin = ev.t_begin_ns + self.offset
+        begin = ev.t_begin_ns
         end = begin + max(ev.duration_ns, 0)
         if self.window is not None and not self.window(begin, end):
             return

@@ -42,7 +42,7 @@ NOT_DETAIL = SHOWN_ARG_SET | {"External id", "correlation", "device", "stream", 
                               "Python id", "Python parent id"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KinetoCommEvent:
     """A communication event on any thread or stream (see ``classify.COMM_NAME``), with what its args say about
     the collective (recent torch writes them on ``record_param_comms`` and on the NCCL kernel; older traces have
@@ -76,7 +76,8 @@ class KinetoCommEvent:
         return normalise_kind(self.category) in GPU_WORK_KINDS
 
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class KinetoEvent:
     """One complete event of a training thread or a GPU stream.
 
@@ -109,7 +110,8 @@ class KinetoEvent:
         return self.t_begin_ns + self.duration_ns
 
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class KinetoTrace:
     """One rank's profiler trace. ``cpu_ops``, ``gpu_events`` and ``gpu_annotations`` are sorted by lane (CPU
     lanes by thread id, then GPU lanes by device and stream), then by begin time, the longer event first at
@@ -131,6 +133,19 @@ class KinetoTrace:
     pid: int | None = None  # the profiled process (the pid of most CPU events)
     lane_names: Mapping[str, str] = field(default_factory=dict)  # lane -> label, e.g. "thread 5370 (python)"
     skipped_threads: tuple[str, ...] = ()  # CPU lanes left out of cpu_ops: see is_training_thread
+
+    def shift(self, offset_ns: int) -> None:
+        """Move every time the trace holds by ``offset_ns``, in place: from the rank's own clock onto the job's
+        (``match.build_job`` does, once, after aligning the clocks). In place because a trace holds a million
+        events: a moved copy of each would cost merge a tenth of its time."""
+        if not offset_ns:
+            return
+        for events in (self.comm_events, self.cpu_ops, self.gpu_events, self.gpu_annotations):
+            for ev in events:
+                ev.t_begin_ns += offset_ns
+        self.base_time_ns += offset_ns
+        self.steps = tuple((n, begin + offset_ns, end + offset_ns) for n, begin, end in self.steps)
+        self.gpu_steps = tuple((n, begin + offset_ns, end + offset_ns) for n, begin, end in self.gpu_steps)
 
 
 Span = tuple[int, int]
