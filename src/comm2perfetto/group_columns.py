@@ -25,9 +25,10 @@ from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, m
 from comm2perfetto.sources.fr.tables import contiguous
 
 # Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
-# the field is first read (one zip over the ranks' columns) and kept, and so are its views: cheaper than
-# gathering each, and small.
+# the field is read by a pass (one zip over the ranks' columns) and kept, and so are its views: cheaper than
+# gathering each, and small. A field read for a few collectives only (diagnose's culprit) is gathered for those.
 SMALL_GROUP_CELLS = 1 << 18
+TRANSPOSE_AFTER = 16  # reads of a field of a small group before all its tuples are built at once
 FIELDS = ("signatures", "states", "arrive_ns", "start_ns", "end_ns", "stack_ids", "sources", "duration_ns",
           "gpu_begin_ns")
 # Fields that are () in every view of a group where no member has a value (see ``Collective``).
@@ -256,6 +257,7 @@ class GroupCollectives(Sequence[Collective]):
                          if any(m is not None and m.columns[name][0] is not None for m in members)}
         self.on_gpu = "duration_ns" in self._present or gpu_backend(group.backend)
         self._transposed: dict[str, list[tuple]] = {}
+        self._reads: dict[str, int] = {}  # of a small group's fields not transposed yet
         self._small = len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS
         self._held: list[Collective] = []
 
@@ -304,11 +306,14 @@ class GroupCollectives(Sequence[Collective]):
     def values(self, name: str, index: int) -> tuple:
         if name in _OPTIONAL and name not in self._present:
             return ()
-        if self._small:  # a small group: every tuple at once, in C
+        if self._small:  # a small group read by a pass: every tuple at once, in C
             table = self._transposed.get(name)
-            if table is None:
+            if table is not None:
+                return table[index]
+            reads = self._reads[name] = self._reads.get(name, 0) + 1
+            if reads > TRANSPOSE_AFTER:
                 table = self._transposed[name] = list(zip(*(self.member_column(name, r) for r in self.ranks)))
-            return table[index]
+                return table[index]
         seq = self.seqs[index]
         out: list = []
         for run in self._runs:

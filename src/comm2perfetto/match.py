@@ -76,7 +76,7 @@ from comm2perfetto.sources.discover import (
 )
 from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
-from comm2perfetto.sources.fr.dump import read_fr_dump, stacks_by_collective
+from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -842,8 +842,8 @@ class LazyStacks:
     """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
 
     A report asks for a handful (the culprits' and a few others'): the first question about a rank reads its
-    dumps once and keeps that rank's stacks by collective (a few thousand keys onto a handful of stacks);
-    the latest ranks asked about are kept, not every rank's.
+    dumps once and keeps what finds its stacks (``CollectiveStacks``: four columns of its entries); the latest
+    ranks asked about are kept, not every rank's.
     """
 
     KEPT_RANKS = 16
@@ -851,7 +851,7 @@ class LazyStacks:
     def __init__(self, src: Sources) -> None:
         self._files = {rank: list(trace.files) for rank, trace in src.fr.items()}
         self._table = src.stack_table
-        self._by_rank: dict[tuple[int, bool], dict[tuple[str, int], Stack]] = {}
+        self._by_rank: dict[tuple[int, bool], CollectiveStacks] = {}
 
     def __call__(self, rank: int, pg_name: str, seq: int, p2p: bool = False) -> Stack:
         known = self._by_rank.get((rank, p2p))
@@ -864,7 +864,7 @@ class LazyStacks:
                     continue  # it was readable a moment ago; without it there is just no stack
             if len(self._by_rank) >= self.KEPT_RANKS:
                 del self._by_rank[next(iter(self._by_rank))]
-            known = self._by_rank[(rank, p2p)] = stacks_by_collective(dumps, self._table, p2p)
+            known = self._by_rank[(rank, p2p)] = CollectiveStacks(dumps, self._table, p2p)
         return known.get((pg_name, seq), ())
 
 

@@ -59,6 +59,29 @@ def test_views_gather_the_same_values_as_each_ranks_column(tmp_path):
     assert cols.settled_prefix() == 4  # the first four: every rank, one signature, all completed
 
 
+def test_a_small_group_builds_a_fields_tuples_at_once_only_for_a_pass(tmp_path, monkeypatch):
+    """Diagnose reads a few collectives of a group (its culprit's); report and merge read them all. A small
+    group gathers a field for the few, and builds every tuple of it in one zip once a pass reads it."""
+    job = steady_job(4, 40)
+    folder = tmp_path / "dumps"
+    job.write(folder)
+    (cols,) = load_job([folder]).collectives.values()
+    zips: list[str] = []
+    member_column = GroupCollectives.member_column
+
+    def counted(self, name, rank):
+        zips.append(name)
+        return member_column(self, name, rank)
+
+    monkeypatch.setattr(GroupCollectives, "member_column", counted)
+    few = [cols[i].arrive_ns for i in (3, 30)]
+    assert zips == []  # gathered for those two alone
+    every = [c.arrive_ns for c in cols]
+    assert zips == ["arrive_ns"] * 4  # the pass: one zip over the four ranks' columns, once
+    assert few == [every[3], every[30]] and every == [tuple(t) for t in zip(*(member_column(cols, "arrive_ns", r)
+                                                                            for r in range(4)))]
+
+
 def test_a_rank_whose_signature_differs_ends_the_settled_prefix(tmp_path):
     job = FrJob(world=2)
     for r in range(2):

@@ -9,12 +9,12 @@ import pytest
 from comm2perfetto.match import load_job
 from comm2perfetto.model import COMPLETED, STARTED, UNKNOWN, call_site
 from comm2perfetto.sources.fr.dump import (
+    CollectiveStacks,
     FrFormatError,
     parse_fr_document,
     rank_from_name,
     read_fr_dump,
     split_profiling_name,
-    stacks_by_collective,
 )
 from comm2perfetto.sources.fr.ingest import build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
@@ -256,7 +256,32 @@ def test_one_bad_count_or_time_skips_that_entry_only(key, value, problem):
     assert "1 malformed Flight Recorder entries skipped" in note and problem in note
 
 
-def test_stacks_by_collective_reads_every_format_alike(tmp_path):
+def test_collective_stacks_take_the_latest_snapshot_and_a_coalesced_groups_first_entry(tmp_path):
+    job = FrJob(world=1)
+    job.group("1", [0])
+    job.collective(0, "all_reduce", [[4]], site="train.py:10")
+    job.collective(0, "all_reduce", [[4]], site="train.py:20", pg="1")
+    job.collective(0, "all_reduce", [[4]], site="train.py:30", coalesced=[("all_reduce", [[2]], [[2]])] * 2)
+    old = parse_fr_document(tmp_path / "a", {"version": "2.10", "entries": job.entries[0][:2]}, "pickle")
+    entries = [dict(e) for e in job.entries[0]]
+    entries[0]["frames"] = []  # a periodic dump without stacks: the older snapshot still has this one
+    entries[1]["frames"] = [{"filename": "later.py", "line": 7, "name": "step"}]
+    entries[3]["frames"] = entries[4]["frames"] = [{"filename": "closing.py", "line": 1, "name": "wait"}]
+    entries.append(dict(entries[0], collective_seq_id=4.0, frames=entries[1]["frames"]))  # a seq that is no int
+    new = parse_fr_document(tmp_path / "b", {"version": "2.10", "entries": entries}, "pickle")
+    found = CollectiveStacks([old, new], StackTable())
+
+    def site(key):
+        frame = call_site(found.get(key))
+        return f"{frame.file}:{frame.line}" if frame is not None else None
+
+    assert site(("0", 1)).endswith("train.py:10")
+    assert site(("1", 1)) == "later.py:7"  # the later snapshot wins
+    assert site(("0", 2)).endswith("train.py:30")  # the coalesced group's first entry, not its closing one
+    assert site(("0", 4)) is None and site(("2", 1)) is None and found.get(("0", 9), ("none",)) == ("none",)
+
+
+def test_collective_stacks_read_every_format_alike(tmp_path):
     # The modern dump is read a row per C call; a dump mixing in an older entry (no is_p2p) and an entry with an
     # empty group (named by its pg_id) is read entry by entry: each collective gets its own call site either way.
     job = FrJob(world=1)
@@ -271,9 +296,9 @@ def test_stacks_by_collective_reads_every_format_alike(tmp_path):
     mixed = parse_fr_document(tmp_path / "b", {"version": "2.10", "entries": old}, "pickle")
 
     def sites(dump, p2p=False):
-        found = stacks_by_collective([dump], StackTable(), p2p)
-        return {key: f"{site.file.rsplit('/', 1)[-1]}:{site.line}" for key, stack in found.items()
-                if (site := call_site(stack)) is not None}
+        found = CollectiveStacks([dump], StackTable(), p2p)
+        return {key: f"{site.file.rsplit('/', 1)[-1]}:{site.line}" for key in [("0", seq) for seq in range(5)]
+                if (site := call_site(found.get(key))) is not None}
 
     assert sites(modern) == sites(mixed) == {("0", 1): "train.py:10", ("0", 2): "train.py:20",
                                              ("0", 3): "train.py:30"}

@@ -26,7 +26,6 @@ scatter/gather's per-rank sizes are allowed to differ. Unlike it, the culprit of
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -265,7 +264,8 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
     n = len(group.ranks)
     horizon = _stale_dumps(job, group, cols)
     settled = cols.settled_prefix() if isinstance(cols, GroupCollectives) else 0  # skipped in C, not one by one
-    for c in itertools.islice(cols, settled, None):
+    for i in range(settled, len(cols)):  # by index: islice would make a view of each collective it skips
+        c = cols[i]
         if c.seq < start:
             continue
         beyond = {r for r, h in horizon.items() if c.seq >= h}  # their dump is too old to speak about c
