@@ -10,7 +10,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import sub
-from typing import Any
+from typing import Any, NamedTuple
 
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature, gpu_backend
 from comm2perfetto.render.words import duration
@@ -19,7 +19,7 @@ from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
-from comm2perfetto.trace.shared_args import Flow, GroupTable, Row, SiteCache, shapes_text, signature_args
+from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, shapes_text, signature_args
 from comm2perfetto.trace.sink import NO_FLOWS, SharedArgs, TraceSink
 
 __all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
@@ -34,6 +34,18 @@ GPU_UNTIMED = ("unknown: its GPU work was not timed (no profiler trace of its ke
 # An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
 # SharedArgs or None, (flow_start, flow_step, flow_end)).
 Item = tuple[int, Any, str, Any, str, SharedArgs | None, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+
+
+class _RankColumns(NamedTuple):
+    """One rank's values across a group's collectives (``GroupTable.column``), for its odd slices."""
+
+    signatures: list
+    begins: list  # its work: GPU where a trace shows it, else arrival
+    ends: list
+    starts: list
+    states: list
+    stack_ids: list
+    sources: list
 
 
 def everything(begin: int, end: int) -> bool:
@@ -166,11 +178,12 @@ class RankWriter:
                    if u == uid and rank in waits}
         mismatched = {seq: kind for (u, seq), kind in self.markers.mismatched.items() if u == uid}
         arrive, ends = table.work_columns(rank)  # its GPU work where a trace shows it, else arrival to end
+        sigs = table.column("signatures", rank)
         odd: Sequence[int]
         if self.window is not None:
             odd = range(len(arrive))
         else:
-            odd = table.odd_positions(table.column("signatures", rank), arrive, ends)
+            odd = table.odd_positions(sigs, arrive, ends)
             marked = {table.position[seq] for seq in (*stalled, *mismatched) if seq in table.position}
             if marked:
                 odd = sorted(marked.union(odd))
@@ -187,8 +200,11 @@ class RankWriter:
                                              table.shared_of(rank), itertools.repeat(NO_FLOWS)))
         if len(odd) < len(slices):
             self._seen(min(begins), max(stops))
-        for k in odd:
-            slices[k] = self._collective_slice(table.rows[k], i, stalled, mismatched)
+        if odd:
+            mine = _RankColumns(sigs, arrive, ends, *(table.column(name, rank)
+                                                      for name in ("start_ns", "states", "stack_ids", "sources")))
+            for k in odd:
+                slices[k] = self._collective_slice(table, k, mine, stalled, mismatched)
         if self.enqueued:
             self._flow_from_enqueue(slices)
         items += filter(None, slices) if odd else slices  # type: ignore[arg-type]  # no None without odd ones
@@ -218,24 +234,25 @@ class RankWriter:
             fid = self.enqueue_flows[cpu[0]] = self.flow_ids()
             slices[k] = (*item[:6], ((), (), (fid,)))  # type: ignore[index]
 
-    def _collective_slice(self, row: Row, i: int, stalled: Mapping[int, Any], mismatched: Mapping[int, str]
-                          ) -> Item | None:
-        """This rank's slice of one collective, the careful way (see _group_collectives); None: none here."""
-        cols, k, common, flow = row
-        c = cols[k]
-        sig = c.signatures[i]
+    def _collective_slice(self, table: GroupTable, k: int, mine: _RankColumns, stalled: Mapping[int, Any],
+                          mismatched: Mapping[int, str]) -> Item | None:
+        """This rank's slice of the table's ``k``-th collective, the careful way (see _group_collectives), from
+        the rank's columns: a view would decode every rank's values to give this one's. None: none here."""
+        sig = mine.signatures[k]
         if sig is None:
             return None
-        arrive, end = c.work_of(i)  # its GPU work where a trace shows it, else its arrival to its end
-        begin = arrive if arrive is not None else (c.start_ns[i] if c.start_ns[i] is not None else end)
+        arrive, end = mine.begins[k], mine.ends[k]  # its GPU work where a trace shows it, else arrival to end
+        begin = arrive if arrive is not None else (mine.starts[k] if mine.starts[k] is not None else end)
         if begin is None or not self.inside(begin, end if end is not None else begin):
             return None
+        cols, index, common, flow = table.rows[k]
         if common.sig is not sig:  # the loader interns signatures: this rank disagrees with the first
-            common = common.variant(c, sig)
-        state = c.states[i]
-        waits = stalled.get(c.seq)
+            common = common.variant(cols[index], sig)
+        state = mine.states[k]
+        seq = table.seqs[k]
+        waits = stalled.get(seq)
         role = None if flow is None else flow.role(self.rank)
-        shared = common["stalled" if waits is not None else state, c.stack_ids[i], c.sources[i], role]
+        shared = common["stalled" if waits is not None else state, mine.stack_ids[k], mine.sources[k], role]
         state = state or "unknown"
         first = common.first
         args: dict[str, Any] = {"lateness_ns": arrive - first} if arrive is not None and first is not None else {}
@@ -249,10 +266,10 @@ class RankWriter:
             # Gloo's Flight Recorder records no end time, a GPU collective's is the watchdog's: an instant where
             # the collective was issued.
             args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
-                                else GPU_UNTIMED if c.on_gpu else "unknown (no end time recorded)")
+                                else GPU_UNTIMED if table.on_gpu else "unknown (no end time recorded)")
         elif end < begin:
             stop = begin
-        kind = mismatched.get(c.seq)
+        kind = mismatched.get(seq)
         if kind:
             args["mismatch"] = kind
         self._seen(begin, end)

@@ -19,7 +19,7 @@ from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import Collective, Job, Signature, call_site, known_values, tensor_bytes, work_span
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
-__all__ = ["END", "START", "STEP", "Flow", "GroupTable", "Row", "SiteCache", "rank_at", "shapes_text",
+__all__ = ["END", "START", "STEP", "Flow", "GroupTable", "SiteCache", "rank_at", "shapes_text",
            "signature_args"]
 
 
@@ -127,16 +127,26 @@ class GroupTable:
         usual_states: list[str | None] = []
         usual_stack_ids: list[int | None] = []
         usual_sources: list[str | None] = []
+        # The first member's values, as its columns (C-level slices): a collective's every rank is read only
+        # where that member has no record of it, not four fields of every rank of every collective.
+        firsts = None
+        if isinstance(cols, GroupCollectives) and cols.ranks:
+            firsts = [cols.member_column(name, cols.ranks[0]) for name in ("signatures", "states", "stack_ids",
+                                                                           "sources")]
         for k, c in enumerate(cols):  # each view is dropped after this: its tuples are not kept
-            sigs = c.signatures
-            j, sig = next(((j, s) for j, s in enumerate(sigs) if s is not None), (None, None))
-            if sig is None or j is None:
-                continue
+            if firsts is not None and firsts[0][k] is not None:
+                sig, state, stack_id, source = (column[k] for column in firsts)
+            else:
+                sigs = c.signatures
+                j, found = next(((j, s) for j, s in enumerate(sigs) if s is not None), (None, None))
+                if found is None or j is None:
+                    continue
+                sig, state, stack_id, source = found, c.states[j], c.stack_ids[j], c.sources[j]
             flow = flows.get(c.seq)
             self.rows.append((cols, k, _Common(c, sig, sites, flow), flow))
-            usual_states.append(c.states[j])
-            usual_stack_ids.append(c.stack_ids[j])
-            usual_sources.append(c.sources[j])
+            usual_states.append(state)
+            usual_stack_ids.append(stack_id)
+            usual_sources.append(source)
         self.indices = [k for _, k, _, _ in self.rows]
         self.seqs = [cols[k].seq for k in self.indices] if len(self.indices) != len(cols) else \
             [c.seq for c in cols]
@@ -171,12 +181,17 @@ class GroupTable:
             return values
         return [values[k] for k in self.indices]
 
+    @property
+    def on_gpu(self) -> bool:
+        """The group's collectives run on a GPU (``Collective.on_gpu``)."""
+        cols = self.cols
+        return cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
+
     def work_columns(self, rank: int) -> tuple[list, list]:
         """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it
         (``model.work_span``), read as columns."""
         arrive, ends = self.column("arrive_ns", rank), self.column("end_ns", rank)
-        cols = self.cols
-        on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
+        on_gpu = self.on_gpu
         gpu_begins = self.column("gpu_begin_ns", rank)
         if not on_gpu and not any(b is not None for b in gpu_begins):
             return arrive, ends
