@@ -74,21 +74,25 @@ def hang(module_jobs):
 
 
 def _stall_dumped(out: Path) -> bool:
-    """Rank 0 reported its second all_reduce as stalled and both ranks have written their stall dumps since.
-    Not just any stall: on a loaded machine the warm-up all_reduce can wait past a second too."""
+    """Rank 0 reported its second all_reduce as stalled and both ranks have written that stall's dumps. Not just
+    any stall: on a loaded machine the warm-up all_reduce can wait past a second too.
+
+    Each stall, whichever rank detects it, makes every rank write one ``k`` record and one dump, so the second
+    all_reduce's are the n-th on each rank, n its place among rank 0's stalls. Counted, not timed: rank 1, told
+    of the stall through the store, can write its dump before rank 0 has written its own record (seen in CI)."""
     from comm2perfetto.sources.event_log import EventLogError, read_event_log
 
     try:
         logs = [read_event_log(out / f"rank{rank}.events.jsonl") for rank in (0, 1)]
     except EventLogError:  # not created yet
         return False
-    stalled = [c.cid for c in logs[0].calls if c.seq == 2]
-    reported = [s.t_ns for s in logs[0].stalls if s.cid in stalled]
-    if not reported:
+    stalled = {c.cid for c in logs[0].calls if c.seq == 2}
+    nth = next((n for n, s in enumerate(logs[0].stalls, 1) if s.cid in stalled), None)
+    if nth is None:
         return False
     if not gloo_flight_recorder():  # torch 2.4-2.7 write no gloo dump: the stall's stack dumps then
-        return all(any(s.stacks_file and s.t_ns >= reported[0] for s in log.stalls) for log in logs)
-    return all(any(reason == "stall" and t >= reported[0] for t, _name, reason in log.fr_dumps) for log in logs)
+        return all(sum(1 for s in log.stalls if s.stacks_file) >= nth for log in logs)
+    return all(sum(1 for _, _, reason in log.fr_dumps if reason == "stall") >= nth for log in logs)
 
 
 @pytest.fixture(scope="module")
