@@ -191,6 +191,15 @@ def test_big_job_keeps_implicated_ranks_plus_a_sample(tmp_path, capsys):
     shown = {t.name for t in trace.tracks.values() if t.kind == "process"} - {"job"}
     assert "rank 277" in shown and len(shown) == 256
     assert f"showing 256 of {world} ranks" in out
+    # Each completed collective: one flow through the shown ranks, from the first to arrive (rank r arrives r us
+    # after rank 0) to the last, read from the shown ranks' columns
+    last_shown = max(int(name.split()[1]) for name in shown)
+    for seq in (1, 2, 3):
+        slices = [e for e in trace.events_on("default_pg") if e.args.get("seq") == seq]
+        (fid,) = {f for e in slices for f in e.flow_ids}
+        assert {trace.process_of(e).name for e in trace.flows[fid]} == shown and len(trace.flows[fid]) == 256
+        (end,) = [e for e in trace.flows[fid] if fid in e.terminating_flow_ids]
+        assert trace.process_of(end).name == f"rank {last_shown}"
     code, out, _ = _merge(capsys, str(tmp_path / "d"), "-o", str(target), "--all-ranks")
     assert code == 0
     shown = {t.name for t in check_trace(target).tracks.values() if t.kind == "process"} - {"job"}

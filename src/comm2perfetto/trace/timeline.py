@@ -28,6 +28,7 @@ from operator import itemgetter
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import Collective, Job, known_values
 from comm2perfetto.render.words import duration
 from comm2perfetto.report.classes import RankClasses
@@ -236,11 +237,22 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
         pick = None if everyone or len(positions) < 2 else itemgetter(*positions)
         picked = ranks if pick is None else pick(ranks)
         quick = inside is None and len(positions) > 1
+        # The shown ranks of a sample (256 of 16,384): read from their columns, where every collective's view
+        # would decode every rank's values to pick theirs. Without GPU begins, ready is the arrival.
+        shown_columns = None
+        if quick and pick is not None and isinstance(cols, GroupCollectives) and not cols[0].gpu_begin_ns:
+            shown_columns = (list(zip(*(cols.member_column("arrive_ns", r) for r in picked))),
+                             list(zip(*(cols.member_column("signatures", r) for r in picked))))
         by_seq = flows[uid] = {}
-        for c in cols:
+        sigs: tuple | None
+        for k, c in enumerate(cols):
             if quick:
-                arrive = c.ready_ns if pick is None else pick(c.ready_ns)
-                if all(arrive) and (pick is None or all(pick(c.signatures))):
+                if shown_columns is not None:
+                    arrive, sigs = shown_columns[0][k], shown_columns[1][k]
+                else:
+                    arrive = c.ready_ns if pick is None else pick(c.ready_ns)
+                    sigs = None if pick is None else pick(c.signatures)
+                if all(arrive) and (sigs is None or all(sigs)):
                     by_seq[c.seq] = Flow(fid, rank_at(min, arrive, picked), rank_at(max, arrive, picked))
                     fid += 1
                     continue
