@@ -76,7 +76,6 @@ class KinetoCommEvent:
         return normalise_kind(self.category) in GPU_WORK_KINDS
 
 
-
 @dataclass(slots=True)
 class KinetoEvent:
     """One complete event of a training thread or a GPU stream.
@@ -108,7 +107,6 @@ class KinetoEvent:
     @property
     def t_end_ns(self) -> int:
         return self.t_begin_ns + self.duration_ns
-
 
 
 @dataclass(slots=True)
