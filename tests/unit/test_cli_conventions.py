@@ -143,6 +143,9 @@ def test_report_refuses_steps_the_job_never_ran_and_unknown_output_formats(tmp_p
     err = capsys.readouterr().err
     assert err.startswith(f"comm2perfetto report: error: -o {xlsx}: unknown format '.xlsx'") and err.count("\n") == 1
     assert not xlsx.exists()
+    html = tmp_path / "r.html"  # what --plot draws: the message says so
+    assert main(["report", str(RECORDING), "-o", str(html)]) == 2
+    assert capsys.readouterr().err.endswith(f"or give --format (.html is what --plot draws: --plot {html})\n")
     assert main(["report", str(RECORDING), "-o", str(xlsx), "--format", "json"]) == 0  # asked for: written
     assert xlsx.read_text().startswith("{")
 

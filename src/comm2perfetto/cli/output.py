@@ -33,8 +33,10 @@ def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> 
     (``r.xlsx``) without ``--format`` is refused rather than given text."""
     out = Path(args.output) if args.output else None
     if out is not None and args.format is None and out.suffix and out.suffix.lower() not in FORMAT_OF_SUFFIX:
+        drawn = f" ({out.suffix} is what --plot draws: --plot {out})" if out.suffix.lower() in plot_suffixes else ""
         raise UserError(f"-o {out}: unknown format {out.suffix!r}: name it "
-                        f"{', '.join('FILE' + s for s in FORMAT_OF_SUFFIX)} (no suffix: text), or give --format")
+                        f"{', '.join('FILE' + s for s in FORMAT_OF_SUFFIX)} (no suffix: text), or give --format"
+                        f"{drawn}")
     fmt = args.format or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "text") if out is not None else "text")
     if out is not None:
         check_writable(out)
