@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import gc
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
@@ -45,6 +45,7 @@ from comm2perfetto.group_columns import (
     rows_of,
     shift_track,
 )
+from comm2perfetto.load_options import MERGE, LoadOptions
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -60,20 +61,11 @@ from comm2perfetto.model import (
     P2PTransfer,
     ProcessGroup,
     RankInfo,
-    RankProfile,
     Signature,
     Stack,
     op_family,
 )
-from comm2perfetto.sources.discover import (
-    PARALLEL_MIN_RANKS,
-    Sources,
-    adopt_traces,
-    cores,
-    drop_traces,
-    dumps_world,
-    load_sources,
-)
+from comm2perfetto.sources.discover import Sources, dumps_world, load_sources
 from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
@@ -88,89 +80,27 @@ LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"
                            "recv_object_list"})
 
 
-# What of the profiler traces a command needs (``load_job(traces=...)``).
-TRACES_NONE = "none"  # left out (--no-profiler)
-TRACES_COLLECTIVES = "collectives"  # their communication events only, for the matching (diagnose)
-TRACES_SPANS = "spans"  # also unions of compute and communication per rank (``Job.profiles``: report)
-TRACES_EVENTS = "events"  # every event (``Job.traces``: merge draws them)
-TRACE_MODES = (TRACES_NONE, TRACES_COLLECTIVES, TRACES_SPANS, TRACES_EVENTS)
-
-
-def load_job(
-    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None, *,
-    sample: bool = False, traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
-    trace_progress: Callable[[int, int], None] | None = None,
-) -> Job:
-    """Discover, load, align and match everything under ``paths``: the one way every command loads a job.
-    Raises ``SourceError`` on bad input.
-
-    What each command needs: stacks eager (``with_stacks=True``: merge draws them all) or lazy (read on demand
-    by ``Job.stack_of``: diagnose needs a handful); ``traces`` one of ``TRACE_MODES`` (default: ``events``, or
-    ``none`` with ``read_traces=False``), read in worker processes except ``events``; ``whole_us`` and
-    ``hta_scope``: read the spans as HTA does. ``workers``: processes reading the ranks' files (default: every
-    core from 32 ranks on). ``progress(done, total)`` follows the reading of ranks' dumps, ``trace_progress``
-    that of their traces. ``align=False`` keeps every rank's own clock (no offsets applied). ``trace_ranks``:
-    the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``: which attempt of a job torchrun
-    restarted (default the last; see ``sources.discover``). ``sample``: the ranks with data are a sample of
-    the job (``--sample``; see ``Job.sampled``).
-    """
-    mode = traces or (TRACES_EVENTS if read_traces else TRACES_NONE)
-    if mode not in TRACE_MODES:
-        raise ValueError(f"traces={mode!r}: one of {', '.join(TRACE_MODES)}")
+def load_job(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> Job:
+    """Discover, load, align and match everything under ``paths`` as ``options`` say (``load_options``: a preset
+    per product): the one way every command loads a job. Raises ``SourceError`` on bad input."""
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        src = load_sources(paths, force=force, with_stacks=with_stacks,
-                           workers=workers, progress=progress, read_traces=mode == TRACES_EVENTS,
-                           trace_ranks=trace_ranks, attempt=attempt)
-        profiles: dict[int, RankProfile] = {}
-        if mode == TRACES_NONE:
-            drop_traces(src)
-        elif mode != TRACES_EVENTS and src.kineto:
-            from comm2perfetto.sources.kineto.profile import read_profiles  # only where there are traces
-
-            n = workers if workers is not None else _trace_workers(src.kineto)
-            profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
-                                     hta_scope=hta_scope, collectives=True)
-            adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
-        job = build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
-        if mode != TRACES_SPANS:
-            return job
-        return dataclasses.replace(job, profiles=MappingProxyType(profiles_on_clock(job, profiles)))
+        return build_job(load_sources(paths, options), options, paths)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def profiles_on_clock(job: Job, profiles: Mapping[int, RankProfile]) -> dict[int, RankProfile]:
-    """Profiles read on each rank's own clock (``sources.kineto.profile.read_profiles``), moved onto the job's."""
-    return {rank: p.shifted(job.clock.offset_ns.get(rank, 0)) for rank, p in profiles.items()}
-
-
-PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
-
-
-def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
-    """Processes to read the profiler traces in: every core for big traces (or many ranks), else this one."""
-    paths = [p for ps in kineto.values() for p in ps]
-    if len(kineto) < 2:
-        return 1
-    if len(kineto) >= PARALLEL_MIN_RANKS or sum(p.stat().st_size for p in paths if p.exists()) >= PARALLEL_TRACE_BYTES:
-        return min(len(kineto), cores())
-    return 1
-
-
-def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
-    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock).
-    ``sample``: the ranks with data are a sample of the job (``Job.sampled``).
+def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | Path] = ()) -> Job:
+    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock), as
+    ``options`` say (lazy stacks, alignment, a sample); ``paths``: where they were read from.
 
     Every time the Job holds is on its clock (rank 0's, or each rank's own with ``align=False``): the readers
     give each rank's own, and this moves them once, after aligning: the Flight Recorder tracks, the logs and the
-    profiler traces in place (a ``Sources`` builds one Job), the stall stacks as moved copies."""
+    profiler traces in place (a ``Sources`` builds one Job), the stall stacks and the profiles as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
@@ -194,7 +124,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
     _number_by_order(unnumbered, groups, tracks, log_seen, notes)
     gpu_ends = _merge_traces(trace_cols, local, tracks, notes)
 
-    if align:
+    if options.align:
         ends = _precise_ends(tracks)
         for rank, by_key in gpu_ends.items():  # a kernel's end beats a CPU return
             ends.setdefault(rank, {}).update(by_key)
@@ -234,10 +164,13 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
-        resolver=LazyStacks(src) if lazy_stacks else None,
+        resolver=None if options.stacks else LazyStacks(src),
+        profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,
         attempts=src.attempts,
-        sampled=_sampled(src, world, sample),
+        sampled=_sampled(src, world, options.sample),
+        paths=tuple(map(str, paths)),
+        options=dataclasses.replace(options, progress=None, trace_progress=None),
     )
 
 
@@ -839,7 +772,7 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
 
 
 class LazyStacks:
-    """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
+    """Call stacks read on demand from a rank's Flight Recorder files (see ``LoadOptions.stacks``).
 
     A report asks for a handful (the culprits' and a few others'): the first question about a rank reads its
     dumps once and keeps what finds its stacks (``CollectiveStacks``: four columns of its entries); the latest

@@ -27,6 +27,8 @@ from itertools import compress
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
+from comm2perfetto.load_options import LoadOptions
+
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog, StallStacks
     from comm2perfetto.sources.kineto.events import KinetoTrace
@@ -643,7 +645,7 @@ class Job:
     traces: Mapping[int, tuple[KinetoTrace, ...]] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
     resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
-    # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)
+    # rank -> its profiler traces reduced to unions (loaded with ``LoadOptions.profiles``: what ``report`` measures)
     profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
     attempt: int = 0
@@ -652,6 +654,9 @@ class Job:
     # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
     # without data is then one that should have left some. A sample's other ranks are not suspects.
     sampled: str | None = None
+    # Where it was read from and how (``match.load_job``): another attempt of the job is read the same way.
+    paths: tuple[str, ...] = ()
+    options: LoadOptions = field(default_factory=LoadOptions, repr=False, compare=False)
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:

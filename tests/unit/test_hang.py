@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
@@ -12,7 +13,7 @@ from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, stea
 def _diagnose(tmp_path, job: FrJob | None = None, **kw):
     if job is not None:
         job.write(tmp_path)
-    return diagnose(load_job([tmp_path], with_stacks=kw.pop("with_stacks", True)), **kw)
+    return diagnose(load_job([tmp_path], LoadOptions(stacks=kw.pop("with_stacks", True))), **kw)
 
 
 def test_healthy_job_is_ok(tmp_path):
@@ -45,7 +46,7 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     job.collective(1, "all_reduce", [[5]], site="b.py:2")
     job.write(tmp_path)
     eager = diagnose(load_job([tmp_path])).findings[0]
-    lazy = diagnose(load_job([tmp_path], with_stacks=False)).findings[0]
+    lazy = diagnose(load_job([tmp_path], LoadOptions(stacks=False))).findings[0]
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 

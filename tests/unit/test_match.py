@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import find_collective, load_job
 from comm2perfetto.model import COMPLETED, PENDING, UNKNOWN
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob
@@ -182,8 +183,8 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
     job.p2p(0, "send", 5, [[2]])
     job.p2p(5, "recv", 0, [[2]])
     job.write(tmp_path)
-    serial = load_job([tmp_path], workers=1)
-    parallel = load_job([tmp_path], workers=2)
+    serial = load_job([tmp_path], LoadOptions(workers=1))
+    parallel = load_job([tmp_path], LoadOptions(workers=2))
 
     def view(j):
         return [(c.seq, c.signatures, c.states, c.arrive_ns, [c.part(r).call_site for r in c.ranks])
@@ -215,7 +216,7 @@ def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monke
 
     monkeypatch.setattr(discover, "_load_parallel", breaks)
     seen = []
-    loaded = load_job([tmp_path], workers=2, progress=lambda done, total: seen.append((done, total)))
+    loaded = load_job([tmp_path], LoadOptions(workers=2, progress=lambda done, total: seen.append((done, total))))
     assert [c.joined_ranks for c in loaded.collectives["0[0,1,2,3]"]] == [(0, 1, 2, 3)]
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert any("worker processes failed (OSError); the ranks left were read in this process" in n
@@ -278,10 +279,10 @@ def test_the_collectives_span_is_the_first_arrival_and_the_last_arrival_or_end(t
     job.collective(2, "broadcast", [[2]], pg="4", t_ns=T0_NS + 20_000, state="started")
     job.collective(0, "all_reduce", [[8]], t_ns=T0_NS + 30_000, state="started")  # ranks 1, 2 never join
     job.write(tmp_path)
-    loaded = load_job([tmp_path], align=False)
+    loaded = load_job([tmp_path], LoadOptions(align=False))
     every = [t for c in loaded.iter_collectives() for t in c.arrive_ns + c.end_ns if t is not None]
     assert loaded.collectives_span() == (T0_NS + 500, max(every))
     assert max(every) == T0_NS + 10_000 + 50_000  # the broadcast's end on rank 1, after every arrival
     empty = FrJob(world=2)
     empty.write(tmp_path / "none")
-    assert load_job([tmp_path / "none"], align=False, force=True).collectives_span() == (None, None)
+    assert load_job([tmp_path / "none"], LoadOptions(align=False, force=True)).collectives_span() == (None, None)

@@ -10,6 +10,7 @@ import time
 from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd, Diagnosis
+from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
 
@@ -27,15 +28,15 @@ def add_attempt_option(p: argparse.ArgumentParser) -> None:
                         "with a note on how the others ended")
 
 
-def other_attempts(attempt: int, attempts: tuple[int, ...], paths: list[str], force: bool,
-                   trace_ranks: dict[str, int]) -> tuple[AttemptEnd, ...]:
-    """How every attempt but ``attempt`` ended, each from its own verdict."""
+def other_attempts(job: Job) -> tuple[AttemptEnd, ...]:
+    """How every attempt of ``job`` but its own ended, each from its own verdict (read as ``job`` was, without
+    stacks or profiler traces)."""
     ends = []
-    for k in attempts:
-        if k == attempt:
+    for k in job.attempts:
+        if k == job.attempt:
             continue
         try:
-            other = _load(paths, force, trace_ranks, k)
+            other = load_job(job.paths, job.options.for_attempt(k))
         except SourceError as exc:
             ends.append(AttemptEnd(k, None, (), f"not read: {exc}"))
             continue
@@ -43,27 +44,16 @@ def other_attempts(attempt: int, attempts: tuple[int, ...], paths: list[str], fo
     return tuple(ends)
 
 
-def _load(paths: list[str], force: bool, trace_ranks: dict[str, int], attempt: int) -> Job:
-    from comm2perfetto.match import load_job
-
-    return load_job(paths, force=force, with_stacks=False, read_traces=False, trace_ranks=trace_ranks,
-                    attempt=attempt)
-
-
-def with_attempts(diagnosis: Diagnosis, job: Job, paths: list[str], force: bool,
-                  trace_ranks: dict[str, int]) -> Diagnosis:
+def with_attempts(diagnosis: Diagnosis, job: Job) -> Diagnosis:
     """``diagnosis`` of ``job``, saying which attempt it is about and how the others ended."""
     if job.attempts == (0,):
         return diagnosis
-    return dataclasses.replace(diagnosis, attempt=job.attempt,
-                               other_attempts=other_attempts(job.attempt, job.attempts, paths, force, trace_ranks))
+    return dataclasses.replace(diagnosis, attempt=job.attempt, other_attempts=other_attempts(job))
 
 
-def attempts_note(attempt: int, attempts: tuple[int, ...], paths: list[str], force: bool,
-                  trace_ranks: dict[str, int], about: str) -> str | None:
+def attempts_note(job: Job, about: str) -> str | None:
     """The line saying which attempt ``about`` describes and how the others ended; None when the job was not
     restarted."""
-    if attempts == (0,):
+    if job.attempts == (0,):
         return None
-    return attempts_text(attempt, other_attempts(attempt, attempts, paths, force, trace_ranks), about)
-
+    return attempts_text(job.attempt, other_attempts(job), about)

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
+from comm2perfetto.cli.jobs import add_reading_options, load_options
 from comm2perfetto.cli.progress import Progress
+from comm2perfetto.load_options import LoadOptions, Traces
 from comm2perfetto.render.words import size
 from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover, load_sources
 from comm2perfetto.sources.fr.compact import file_name, write_fr_columns
@@ -51,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"-o {out}: give a new or empty folder")
     progress = Progress("reading dumps (ranks)")
     try:
-        src = load_sources(args.paths, force=args.force, with_stacks=True, workers=jobs_option(args),
-                           progress=progress, read_traces=False, attempt=args.attempt)
+        src = load_sources(args.paths, load_options(args, LoadOptions(traces=Traces.LISTED), progress))
     finally:
         progress.finish()
     try:

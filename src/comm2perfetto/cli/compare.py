@@ -15,14 +15,16 @@ from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
 from comm2perfetto.cli.attempts import add_attempt_option
+from comm2perfetto.cli.jobs import load_options
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.ranges import int_range
 from comm2perfetto.cli.report import build_document
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_trace_rank_option
 from comm2perfetto.compare.document import MIN_CHANGE, build_comparison
 from comm2perfetto.compare.gate import GateError, gate_failures, parse_gate
 from comm2perfetto.compare.sides import Side
 from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.load_options import COMPARE
 from comm2perfetto.render.compare_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.compare_plot import write_html
 from comm2perfetto.render.compare_text import render_text
@@ -116,8 +118,7 @@ def load_side(role: str, path: str, steps: tuple[int, int] | None, args: argpars
         if doc is not None:
             return Side(role, path, doc, steps, saved=True)
     try:
-        doc = build_document([path], steps=steps, profiler=not args.no_profiler,
-                             trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt)
+        doc = build_document([path], load_options(args, COMPARE), steps=steps)
     except Comm2PerfettoError as exc:  # name the side the error is about
         raise UserError(f"{role}: {exc}") from None
     return Side(role, path, check_report(doc), steps)

@@ -16,31 +16,29 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
 from comm2perfetto.cli.attempts import with_attempts
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
+from comm2perfetto.cli.jobs import add_reading_options, load_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import parse_ranks
-from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.match import load_job, profiles_on_clock
+from comm2perfetto.load_options import MERGE
+from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.render.words import clock_text, duration, rank_list, ranks_text, sample_text, size
+from comm2perfetto.report.classes import job_classes
 from comm2perfetto.sources.discover import require_paths
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import format_for, open_writer
 from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
-
-if TYPE_CHECKING:
-    from comm2perfetto.report.classes import RankClasses
 
 __all__ = ["add_parser", "run"]
 
@@ -101,15 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
     progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
     try:
-        job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
-                       align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
-                       sample=args.sample)
+        load = replace(load_options(args, MERGE, progress), align=not args.no_align, profiles=preview is not None)
+        job = load_job(args.paths, load)
     finally:
         progress.finish()
     with Phase("diagnosing"):
-        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args.paths, args.force,
-                                  trace_ranks_option(args))
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job)
         markers = plan_markers(job, diagnosis)
         selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
     if not selection.ranks:
@@ -135,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM/SIGHUP (a job scheduler's kill, a closed terminal) end the write like Ctrl-C, so the finally
     # below removes the partial file; one left by a SIGKILL is removed by the next merge to the same name.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    classes = _classes(job, selection.ranks, args.no_profiler) if preview is not None else None
+    classes = job_classes(job, job.profiles, selection.ranks) if preview is not None else None
     try:
         summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
                                  preview=preview is not None, progress=progress, classes=classes,
@@ -154,20 +149,6 @@ def run(args: argparse.Namespace) -> int:
         _draw_preview(preview, summary, diagnosis, selection.note)
     _print_summary(out, job, diagnosis, summary, stats, preview, window)
     return 0
-
-
-def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, RankClasses]:
-    """What the preview draws of each rank: the classes ``report`` measures, from the same code and the same
-    reading of the profiler traces (``sources.kineto.profile.read_profiles``, in worker processes), so that the
-    picture and the report's figures agree to a pixel."""
-    from comm2perfetto.report.classes import job_classes
-    from comm2perfetto.sources.kineto.profile import read_profiles  # only with --preview
-
-    files = {} if no_profiler else {r: [Path(p) for p in job.ranks[r].kineto_files]
-                                    for r in ranks if r in job.ranks and job.ranks[r].kineto_files}
-    with Phase("classifying each rank's time for the preview"):
-        profiles = read_profiles(files, workers=min(len(files), os.cpu_count() or 1, 8))
-        return job_classes(job, profiles_on_clock(job, profiles), ranks)
 
 
 def default_output(paths: list[str]) -> Path:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from dataclasses import replace
 
 from comm2perfetto.cli import UserError, exit_status
 from comm2perfetto.cli.attempts import attempts_note
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
+from comm2perfetto.cli.jobs import add_reading_options, load_options
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.progress import Phase, Progress
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
-from comm2perfetto.match import TRACES_NONE, TRACES_SPANS, load_job
+from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option
+from comm2perfetto.load_options import REPORT, LoadOptions
+from comm2perfetto.match import load_job
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
@@ -71,10 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
-    doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
-                         hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
-                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
-                         workers=jobs_option(args), sample=args.sample)
+    load = replace(load_options(args, REPORT), hta_rounding=args.hta_rounding, hta_scope=args.hta_scope)
+    doc = build_document(args.paths, load, steps=steps, depth=args.depth)
     if plot is not None:
         try:
             write_plot(doc, plot)
@@ -86,22 +86,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
-                   profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
-                   trace_ranks: dict[str, int] | None = None, force: bool = False,
-                   attempt: int | None = None, workers: int | None = None, sample: bool = False) -> dict:
-    """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
-    restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
-    with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
-    ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
+def build_document(paths: list[str], load: LoadOptions, steps: tuple[int, int] | None = None,
+                   depth: int | None = None) -> dict:
+    """Read what ``paths`` hold as ``load`` says (``REPORT``, changed by the command's options) and build the
+    report document (``compare`` reads each side this way): of a restarted job, the attempt read, with a note on
+    how the others ended. Input the user must fix raises a ``Comm2PerfettoError``."""
     progress = Progress("reading dumps (ranks)")
     trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
     try:
-        # profiler traces as spans and communication events, read in worker processes
-        job = load_job(paths, force=force, with_stacks=False, progress=progress,
-                       traces=TRACES_SPANS if profiler else TRACES_NONE, whole_us=hta_rounding or hta_scope,
-                       hta_scope=hta_scope, trace_progress=trace_progress, trace_ranks=trace_ranks, attempt=attempt,
-                       workers=workers, sample=sample)
+        job = load_job(paths, replace(load, progress=progress, trace_progress=trace_progress))
     finally:
         progress.finish()
         trace_progress.finish()
@@ -111,12 +104,12 @@ def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, de
     with Phase("analysing overlap, bandwidth and stragglers"):
         doc = build_report(job if matched else None, profiles, steps=steps, depth=depth)
     doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
-    if hta_scope and profiles:
+    if load.hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
-    elif hta_rounding and profiles:
+    elif load.hta_rounding and profiles:
         doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(job.attempt, job.attempts, paths, force, trace_ranks or {}, "this report")
+    attempts = attempts_note(job, "this report")
     if attempts is not None:
         doc["notes"].insert(0, attempts)
     doc["notes"].extend(job.notes)

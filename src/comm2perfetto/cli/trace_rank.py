@@ -22,4 +22,4 @@ def add_sample_option(p: argparse.ArgumentParser) -> None:
 
 def trace_ranks_option(args: argparse.Namespace) -> dict[str, int]:
     """``{FILE: RANK}``; a bad value raises ``OptionError``, which ``cli.main`` says in one line."""
-    return parse_trace_ranks(args.trace_rank)
+    return parse_trace_ranks(getattr(args, "trace_rank", None))

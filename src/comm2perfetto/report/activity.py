@@ -15,8 +15,8 @@ Two bases, chosen per rank:
   annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
   inside a user's range that wraps the whole step.
 
-Profiler traces are read by the loader (``match.load_job(traces="spans")``), in worker processes, into compact
-unions (``sources.kineto.profile.RankProfile``), not events.
+Profiler traces are read by the loader (``match.load_job`` with ``LoadOptions.profiles``), in worker processes,
+into compact unions (``model.RankProfile``), not events.
 """
 
 from __future__ import annotations

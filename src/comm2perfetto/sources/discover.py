@@ -35,7 +35,8 @@ import orjson
 
 from comm2perfetto import layout
 from comm2perfetto.errors import Comm2PerfettoError
-from comm2perfetto.model import Skipped
+from comm2perfetto.load_options import MERGE, LoadOptions, Traces
+from comm2perfetto.model import RankProfile, Skipped
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import (
     EventLogError,
@@ -51,6 +52,7 @@ from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
+from comm2perfetto.sources.kineto.profile import read_profiles
 from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import (
     MAX_FILE_BYTES,
@@ -63,8 +65,7 @@ from comm2perfetto.sources.limits import (
 )
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
 
-__all__ = ["MixedJobsError", "SourceError", "Sources", "adopt_traces", "discover", "drop_traces", "dumps_world",
-           "load_sources"]
+__all__ = ["MixedJobsError", "SourceError", "Sources", "discover", "dumps_world", "load_sources"]
 
 HEAD_BYTES = 8192
 
@@ -98,6 +99,7 @@ class Sources:
     stacks: dict[int, list[StallStacks]] = field(default_factory=dict)  # stall stacks, oldest first
     kineto: dict[int, list[Path]] = field(default_factory=dict)  # profiler traces by rank
     traces: dict[int, list[KinetoTrace]] = field(default_factory=dict)  # the same, read (see load_sources)
+    profiles: dict[int, RankProfile] = field(default_factory=dict)  # the same, as profile unions (idem)
     jobs: list[dict[str, Any]] = field(default_factory=list)  # every job file (one per `record`, per node)
     unusable_ranks: set[int] = field(default_factory=set)  # ranks whose every dump was skipped
     alive: dict[int, bool] = field(default_factory=dict)  # unclosed logs of this host: is the process alive?
@@ -245,26 +247,27 @@ def _walk(root: Path) -> list[Path]:
     return out
 
 
-def load_sources(
-    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None, read_traces: bool = True,
-    trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None,
-) -> Sources:
-    """Discover and load every file of one attempt; raises SourceError when nothing is usable or jobs are mixed.
+def load_sources(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> Sources:
+    """Discover and load every file of one attempt, as ``options`` say (see ``LoadOptions``); raises
+    SourceError when nothing is usable or jobs are mixed.
 
-    ``attempt``: which of a restarted job's attempts to read (``attempt<k>`` folders; see ``_attempt_below``),
-    default the last; the others are only listed (``Sources.attempts``).
+    ``options.attempt``: which of a restarted job's attempts to read (``attempt<k>`` folders; see
+    ``_attempt_below``), default the last; the others are only listed (``Sources.attempts``).
 
-    Profiler traces are a source like the others (traces alone are a job): ranked (``trace_ranks``, from
-    ``--trace-rank``, first; see ``sources.kineto.load``) and, with ``read_traces``, read whole into
-    ``traces``; without it only ``kineto`` lists them (``report`` reads them its own faster way).
+    Profiler traces are a source like the others (traces alone are a job): ranked (``options.trace_ranks``, from
+    ``--trace-rank``, first; see ``sources.kineto.load``), then read as ``options.traces`` says: every event in
+    this process (``Traces.EVENTS``), or their communication events in worker processes along with the
+    profile unions (``Traces.COLLECTIVES``, ``sources.kineto.profile``); with ``options.profiles`` the unions
+    are kept (``Sources.profiles``). ``Traces.LISTED`` only lists them (``kineto``); ``Traces.NONE`` leaves them
+    out, and refuses a job of profiler traces alone.
 
-    With ``force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
-    ``with_stacks``, Flight Recorder call stacks are not read now (a quarter of the load time on big jobs):
-    ``Job.stack_of`` re-reads the few a report needs. ``workers``: processes reading dumps (default: one per
-    core from 32 ranks on, Linux; ``COMM2PERFETTO_LOAD_WORKERS`` overrides; ``--jobs``). ``progress(done, total)``
-    is called as ranks' dumps are read.
+    With ``options.force``, mixed jobs are loaded anyway (a note says so) instead of refused. Without
+    ``options.stacks``, Flight Recorder call stacks are not read now: ``Job.stack_of`` re-reads the few a
+    report needs. ``options.workers``: processes reading dumps (default: one per core from 32 ranks on, Linux;
+    ``COMM2PERFETTO_LOAD_WORKERS`` overrides; ``--jobs``). ``options.progress(done, total)`` is called as ranks'
+    dumps are read, ``options.trace_progress`` as their traces are.
     """
+    attempt, force = options.attempt, options.force
     found, skipped = _discover(paths)
     chosen, attempts = _pick_attempt(found, attempt, paths)
     src = Sources(skipped=[s for s, a in skipped if a == chosen], attempt=chosen, attempts=attempts)
@@ -309,16 +312,19 @@ def load_sources(
                 fields = {k: v for k, v in fields.items() if k not in _RUN_END_FIELDS}
             src.jobs.append(dict(fields, probes=_probes(info.get("probes"), chosen), _path=str(f.path)))
 
-    src.kineto, src.traces, trace_skipped, trace_problems, trace_world = load_traces(
-        by_kind[KINETO], trace_ranks or {}, read_traces)
-    src.skipped.extend(trace_skipped)
-    problems.extend(trace_problems)
+    read = options.traces == Traces.EVENTS
+    traces = load_traces(by_kind[KINETO], options.trace_ranks, read, spans=read and options.profiles)
+    src.kineto, src.traces, src.profiles = traces.paths, traces.traces, traces.profiles
+    src.skipped.extend(traces.skipped)
+    problems.extend(traces.problems)
 
-    _load_fr(by_kind[FR] + by_kind[FR_COLUMNS], src, problems, with_stacks, workers, progress)
-    _drop_outside_world(src, trace_world)
+    _load_fr(by_kind[FR] + by_kind[FR_COLUMNS], src, problems, options.stacks, options.workers, options.progress)
+    _drop_outside_world(src, traces.world)
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
+    if options.traces == Traces.COLLECTIVES and src.kineto:
+        _read_profiles(src, options)
     check_against_job(src.traces, dumps_world(src), _dumps_times(src), problems)
     _refuse_mixed(src, problems, force)
     if not src.fr and not src.logs and not src.kineto:
@@ -329,7 +335,43 @@ def load_sources(
             f"no Flight Recorder dump, comm2perfetto event log or profiler trace found in {where}{detail}; "
             "give the folder `comm2perfetto record` wrote, or the folder of TORCH_FR_DUMP_TEMP_FILE dumps"
         )
+    if options.traces == Traces.NONE:
+        _leave_traces_out(src)
     return src
+
+
+PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
+
+
+def _read_profiles(src: Sources, options: LoadOptions) -> None:
+    """Read the listed traces in worker processes into profile unions and their communication events
+    (``Traces.COLLECTIVES``): the events become ``traces``, the unions ``profiles`` when asked for."""
+    n = options.workers if options.workers is not None else _trace_workers(src.kineto)
+    profiles = read_profiles(src.kineto, workers=n, progress=options.trace_progress, whole_us=options.whole_us,
+                             hta_scope=options.hta_scope, collectives=True)
+    src.traces = {rank: list(p.traces) for rank, p in profiles.items() if p.traces}
+    if options.profiles:
+        src.profiles = profiles
+
+
+def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
+    """Processes to read the profiler traces in: every core for big traces (or many ranks), else this one."""
+    paths = [p for ps in kineto.values() for p in ps]
+    if len(kineto) < 2:
+        return 1
+    if len(kineto) >= PARALLEL_MIN_RANKS or sum(p.stat().st_size for p in paths if p.exists()) >= PARALLEL_TRACE_BYTES:
+        return min(len(kineto), cores())
+    return 1
+
+
+def _leave_traces_out(src: Sources) -> None:
+    """``Traces.NONE`` (``--no-profiler``): the traces were ranked, and checked against the job, but are no part
+    of it; SourceError when nothing else is there."""
+    if src.kineto and not src.fr and not src.logs:
+        example = next(iter(src.kineto.values()))[0]
+        raise SourceError(f"only profiler traces found (e.g. {example}), and --no-profiler leaves them out")
+    src.kineto.clear()
+    src.traces.clear()
 
 
 def _plain_fields(info: dict[str, Any]) -> dict[str, Any]:
@@ -454,24 +496,6 @@ def _refuse_mixed(src: Sources, problems: list[str], force: bool) -> None:
                 + ". Point comm2perfetto at one job's folder, or pass --force to read them together anyway"
             )
         src.notes.extend(f"--force: {p}" for p in problems)
-
-
-def adopt_traces(src: Sources, traces: Mapping[int, list[KinetoTrace]], force: bool = False) -> None:
-    """Add traces read apart (``report`` reads them in worker processes) to sources loaded with
-    ``read_traces=False``, with the same mixed-job check as ``load_sources``."""
-    src.traces = {rank: list(ts) for rank, ts in traces.items() if ts}
-    problems: list[str] = []
-    check_against_job(src.traces, dumps_world(src), _dumps_times(src), problems)
-    _refuse_mixed(src, problems, force)
-
-
-def drop_traces(src: Sources) -> None:
-    """Leave the profiler traces out (``--no-profiler``); SourceError when nothing else is there."""
-    if src.kineto and not src.fr and not src.logs:
-        example = next(iter(src.kineto.values()))[0]
-        raise SourceError(f"only profiler traces found (e.g. {example}), and --no-profiler leaves them out")
-    src.kineto.clear()
-    src.traces.clear()
 
 
 def dumps_world(src: Sources) -> int | None:
@@ -697,6 +721,7 @@ def _drop_outside_world(src: Sources, trace_world: int | None = None) -> None:
     for rank in [r for r in src.kineto if r >= world]:
         src.skipped.extend(Skipped(str(p), outside("profiler trace of", rank)) for p in src.kineto.pop(rank))
         src.traces.pop(rank, None)
+        src.profiles.pop(rank, None)
 
 
 def _check_fr_groups(src: Sources, problems: list[str]) -> None:

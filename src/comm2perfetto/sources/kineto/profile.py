@@ -14,9 +14,10 @@ from pathlib import Path
 
 from comm2perfetto.intervals import Span, intersection, union
 from comm2perfetto.model import RankProfile
+from comm2perfetto.sources.kineto.events import KinetoSpans
 from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto_spans
 
-__all__ = ["kineto_intervals", "read_profiles"]
+__all__ = ["kineto_intervals", "rank_profile", "read_profiles"]
 
 _END = itemgetter(1)
 
@@ -25,6 +26,19 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
                      collectives: bool = False) -> RankProfile:
     """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
     ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
+    read: list[KinetoSpans] = []
+    notes: list[str] = []
+    for path in paths:
+        try:
+            read.append(read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives))
+        except KinetoFormatError as exc:
+            notes.append(f"skipped {path}: {exc}")
+    return rank_profile(read, notes)
+
+
+def rank_profile(read: Iterable[KinetoSpans], notes: Sequence[str] = ()) -> RankProfile:
+    """A rank's traces, read as spans, reduced to its profile: the unions of its GPU classes where it has compute or
+    communication kernels, else of its CPU compute and communication; its steps and profiled windows."""
     gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
@@ -32,14 +46,8 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
     gpu_steps: list[tuple[int, int, int]] = []
     windows: list[Span] = []
     traces: list = []
-    notes: list[str] = []
     events = 0
-    for path in paths:
-        try:
-            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
-        except KinetoFormatError as exc:
-            notes.append(f"skipped {path}: {exc}")
-            continue
+    for trace in read:
         events += trace.event_count
         for klass, spans in trace.gpu.items():
             gpu[klass] += spans
@@ -56,13 +64,12 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
         return RankProfile(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
-                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
-                               gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
-                               events=events, notes=tuple(notes))
+                           gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
+                           gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
+                           events=events, notes=tuple(notes))
     return RankProfile(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
-                           traces=tuple(traces), events=events,
-                           notes=tuple(notes))
+                       cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
+                       traces=tuple(traces), events=events, notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,
