@@ -1,7 +1,8 @@
 """The package's layers, read from its sources: no import circle anywhere, and nothing imports upwards.
 
     record/  (in the job; the only part that imports torch)      cli/  parses, prints, picks exit codes
-    sources/ -> model, match (+ group_columns), align -> diagnose/, report/ -> trace/, render/, compare/ -> cli/
+    sources/ -> model, match (+ group_columns), align -> diagnose/ -> report/ -> trace/, render/, compare/ -> cli/
+    launch (starts the job under record)
 
 ``layout``, ``errors``, ``_version``, ``intervals``, ``strenum``, ``load_options`` and ``render.words`` are leaves every
 layer may use. Imports inside functions count: a circle there is one all the same, only deferred."""
@@ -26,10 +27,12 @@ ALLOWED = {
     "group_columns": {"model", "sources"},  # the views over each rank's columns that match builds
     "match": {"model", "group_columns", "align", "sources"},
     "diagnose": {"model", "match", "group_columns", "align", "sources"},
-    "report": {"model", "match", "group_columns", "align", "sources"},
+    # report's notes say how a restarted job's other attempts ended: diagnose's verdict on each
+    "report": {"model", "match", "group_columns", "align", "sources", "diagnose"},
     "trace": {"model", "match", "group_columns", "align", "sources", "diagnose", "report"},
     "render": {"model", "diagnose", "report", "compare"},
-    "compare": {"model", "report", "sources"},
+    "compare": {"model", "match", "report", "sources"},  # a side is a saved report or what report builds
+    "launch": {"record"},  # record's own process starting the job: the recorder's configuration and boot code
 }
 
 

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.jobs import add_reading_options, load_options
-from comm2perfetto.cli.progress import Progress
+from comm2perfetto.cli.reading import add_reading_options, reading
 from comm2perfetto.load_options import LoadOptions, Traces
 from comm2perfetto.render.words import size
 from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover, load_sources
@@ -50,11 +49,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"-o {out}: give a new or empty folder")
-    progress = Progress("reading dumps (ranks)")
-    try:
-        src = load_sources(args.paths, load_options(args, LoadOptions(traces=Traces.LISTED), progress))
-    finally:
-        progress.finish()
+    with reading(args, LoadOptions(traces=Traces.LISTED), matching=False) as load:
+        src = load_sources(args.paths, load)
     try:
         out.mkdir(parents=True, exist_ok=True)
         written = sum(write_fr_columns(out / file_name(rank), trace, src.stack_table)

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, write_stdout
+from comm2perfetto.errors import writing
 
 FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 
@@ -51,10 +52,8 @@ def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> 
 def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Renderers) -> None:
     """Write ``doc`` as ``fmt`` to ``out`` (saying so on stderr) or stdout; UserError when it cannot."""
     if fmt == "csv" and out is not None:
-        try:
+        with writing(out):
             written = renderers.write_csv(doc, out)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto {command}: wrote " + ", ".join(map(str, written)), file=sys.stderr)
         return
     if fmt == "json":
@@ -64,10 +63,8 @@ def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Rendere
     else:
         text = renderers.text(doc)
     if out is not None:
-        try:
+        with writing(out):
             out.write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto {command}: wrote {out}", file=sys.stderr)
         return
     write_stdout(text)  # `comm2perfetto report DIR | head`

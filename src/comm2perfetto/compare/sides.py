@@ -2,7 +2,8 @@
 
 A side is built from whatever ``report`` reads, or from a saved ``report --format json`` (checked by
 ``sources.report_json``): either way compare reads only the document, so a figure is computed once, in
-``report/``. This module says what a side holds (ranks, world size, steps, groups) and how the two differ.
+``report/`` (``load_side``). This module says what a side holds (ranks, world size, steps, groups) and how the
+two differ.
 
 >>> doc = {"ranks": {"0": {}, "1": {}}, "world_size": 2, "basis": "cpu", "groups": {},
 ...        "steps": [{"step": n} for n in range(5)]}
@@ -13,12 +14,22 @@ A side is built from whatever ``report`` reads, or from a saved ``report --forma
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-from comm2perfetto.report.document import steps_text
+from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.load_options import LoadOptions
+from comm2perfetto.match import load_job
+from comm2perfetto.report.document import ReportOptions, build, steps_text
+from comm2perfetto.sources.report_json import ReportFormatError, TooLargeError, check_report, read_report_json
+
+
+class SideError(Comm2PerfettoError):
+    """One side of a comparison cannot be read: said with the side's role (``BASE: ...``)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,25 @@ class Side:
         """The report's rows of the compared steps, in step order."""
         wanted = set(self.steps)
         return [s for s in self.doc.get("steps") or [] if s.get("step") in wanted]
+
+
+def load_side(role: str, path: str, steps: tuple[int, int] | None, load: LoadOptions) -> Side:
+    """A saved report document, checked, or the report of what ``path`` holds, read as ``load`` says."""
+    file = Path(path)
+    if file.is_file() and file.name.lower().endswith((".json", ".json.gz")):
+        try:
+            doc = read_report_json(file)
+        except (OSError, TooLargeError, zlib.error, EOFError) as exc:
+            raise SideError(f"cannot read {role} {file}: {getattr(exc, 'strerror', None) or exc}") from None
+        except ReportFormatError as exc:
+            raise SideError(f"{role} {file}: {exc}") from None
+        if doc is not None:
+            return Side(role, path, doc, steps, saved=True)
+    try:
+        built = build(load_job([path], load), ReportOptions(steps=steps))
+    except Comm2PerfettoError as exc:  # name the side the error is about
+        raise SideError(f"{role}: {exc}") from None
+    return Side(role, path, check_report(built), steps)
 
 
 def select_steps(doc: Mapping[str, Any], wanted: tuple[int, int] | None) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """The report document: every analysis over a job, as one plain dict (the JSON contract in docs/report.md).
 
-``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
-traces already reduced to unions (``sources.kineto.profile.read_profiles``), and returns::
+``build`` is report's entry point: the document of a loaded job (``load_options.REPORT``), with the notes on
+how it was read. ``build_report`` takes the job (or None when only profiler traces were given) and each rank's
+profiler traces already reduced to unions (``Job.profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
      "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
+from comm2perfetto.diagnose.other_attempts import attempts_note
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Collective, Job
 from comm2perfetto.render.words import ranks_text
@@ -25,13 +27,44 @@ from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import LatenessMap, Stragglers
 
-__all__ = ["VERSION", "StepsError", "build_report", "steps_text"]
+__all__ = ["VERSION", "ReportOptions", "StepsError", "build", "build_report", "steps_text"]
 
 VERSION = 1
 
 
 class StepsError(Comm2PerfettoError, ValueError):
     """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    """What a report covers: ``steps`` A..B only (inclusive; ``--steps``), module paths cut to ``depth``
+    components (``--depth``)."""
+
+    steps: tuple[int, int] | None = None
+    depth: int | None = None
+
+
+def build(job: Job, options: ReportOptions) -> dict:
+    """The report of ``job`` (loaded with profiles: ``load_options.REPORT``), what ``report`` prints and
+    ``compare`` compares: its figures (``build_report``), what it is about (``paths``), and notes on how it was
+    read (HTA's rounding or scope), on the job's other attempts, and from the loading (skipped files ...)."""
+    profiles = dict(job.profiles)
+    # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
+    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
+    doc = build_report(job if matched else None, profiles, steps=options.steps, depth=options.depth)
+    doc["paths"] = list(job.paths)  # what the report is about, for its page's header
+    if job.options.hta_scope and profiles:
+        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
+                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
+    elif job.options.hta_rounding and profiles:
+        doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
+    attempts = attempts_note(job, "this report")
+    if attempts is not None:
+        doc["notes"].insert(0, attempts)
+    doc["notes"].extend(job.notes)
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
+    return doc
 
 
 def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,

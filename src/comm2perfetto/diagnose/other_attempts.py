@@ -1,9 +1,9 @@
-"""``--attempt N``, and how the other attempts of a job torchrun restarted ended (shared by diagnose, merge
-and report): each other attempt is loaded without stacks or profiler traces and diagnosed on its own."""
+"""How the other attempts of a job torchrun restarted ended (diagnose, merge and report say it): each is read as
+the job was (``LoadOptions.for_attempt``: its dumps and logs, no stacks or profiler traces) and diagnosed on its
+own; ``attempts`` words it."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -14,23 +14,11 @@ from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
 
-
-def _attempt_number(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an attempt number (0, 1, ...)")
-    return int(text)
-
-
-def add_attempt_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attempt", type=_attempt_number, metavar="N",
-                   help="of a job torchrun restarted (--max-restarts), read attempt N (counted from 0, as "
-                        "TORCHELASTIC_RESTART_COUNT; attempt N >= 1 is the folder attemptN); default: the last, "
-                        "with a note on how the others ended")
+__all__ = ["attempts_note", "other_attempts", "with_attempts"]
 
 
 def other_attempts(job: Job) -> tuple[AttemptEnd, ...]:
-    """How every attempt of ``job`` but its own ended, each from its own verdict (read as ``job`` was, without
-    stacks or profiler traces)."""
+    """How every attempt of ``job`` but its own ended, each from its own verdict."""
     ends = []
     for k in job.attempts:
         if k == job.attempt:
