@@ -24,7 +24,6 @@ How records meet:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import gc
@@ -53,7 +52,6 @@ from comm2perfetto.model import (
     ROOTED_FAMILIES,
     UNKNOWN,
     ClockAlignment,
-    Collective,
     Coverage,
     Frame,
     Job,
@@ -799,11 +797,3 @@ class LazyStacks:
                 del self._by_rank[next(iter(self._by_rank))]
             known = self._by_rank[(rank, p2p)] = CollectiveStacks(dumps, self._table, p2p)
         return known.get((pg_name, seq), ())
-
-
-def find_collective(cols: Sequence[Collective], seq: int) -> Collective | None:
-    """The collective with this seq in a group's seq-ordered collectives."""
-    if isinstance(cols, GroupCollectives):
-        return cols.find(seq)
-    i = bisect.bisect_left(cols, seq, key=lambda c: c.seq)
-    return cols[i] if i < len(cols) and cols[i].seq == seq else None

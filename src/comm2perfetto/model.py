@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from comm2perfetto.load_options import LoadOptions
 
@@ -235,7 +235,7 @@ class CollectivePart:
 
 
 class CollectiveColumns(Protocol):
-    """Where a ``Collective`` reads its per-rank values: one group's columns (``match.GroupCollectives``)."""
+    """Where a ``Collective`` reads its per-rank values: one group's columns (``group_columns.GroupCollectives``)."""
 
     def values(self, name: str, index: int) -> tuple:
         """The per-rank tuple of field ``name`` (``signatures``, ``states``, ``arrive_ns``, ``start_ns``,
@@ -311,7 +311,7 @@ class Collective:
     TORCH_NCCL_ENABLE_TIMING). ``gpu_begin_ns``: each rank's GPU begin of it, where a profiler trace shows its
     kernels (its GPU work is then [gpu_begin, gpu_begin + duration]); () when no rank has one.
 
-    A view: the values live in the group's columns (one per rank and field, see ``match.GroupCollectives``)
+    A view: the values live in the group's columns (one per rank and field, see ``group_columns.GroupCollectives``)
     and each per-rank tuple is built when first read, then kept as long as the view is. A job of 16,384
     ranks and 2,000 collectives holds 33 million values, not 33 million objects.
     """
@@ -463,6 +463,59 @@ class Collective:
             t_start_ns=self.start_ns[i], t_end_ns=self.end_ns[i], call_site=call_site(stack), stack=stack,
             source=self.sources[i] or "",
         )
+
+
+class GroupView(Protocol):
+    """One process group's collectives in seq order, as ``Job.collectives`` holds them: views over the members'
+    columns (``group_columns.GroupCollectives``, what the loader builds), indexed and iterated as a sequence of
+    ``Collective``, that also read one member's values across every collective, or in one, at C speed without
+    gathering the other members'."""
+
+    @property
+    def group(self) -> ProcessGroup: ...
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The group's global ranks: every view's per-rank tuples are aligned with them."""
+        ...
+
+    @property
+    def seqs(self) -> Sequence[int]:
+        """The seq of each collective, ascending."""
+        ...
+
+    @property
+    def on_gpu(self) -> bool:
+        """The group's collectives run on a GPU (``Collective.on_gpu``)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    @overload
+    def __getitem__(self, index: int) -> Collective: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Collective]: ...
+
+    def __iter__(self) -> Iterator[Collective]: ...
+
+    def find(self, seq: int) -> Collective | None:
+        """The collective with this seq, or None."""
+        ...
+
+    def member_column(self, name: str, rank: int) -> list:
+        """``rank``'s value of field ``name`` (``Collective``'s per-rank fields: ``signatures``, ``arrive_ns`` ...)
+        in every collective, in order; None where it has no record."""
+        ...
+
+    def value(self, name: str, rank: int, index: int) -> Any:
+        """``rank``'s value of field ``name`` in the ``index``-th collective (None: no record)."""
+        ...
+
+    def settled_prefix(self) -> int:
+        """How many leading collectives every member finished with one signature (0 where that cannot be told
+        from the columns alone): a search for the first problem may skip them."""
+        ...
 
 
 def span_timing(arrive: Iterable[int | None], end: Iterable[int | None]) -> tuple[int, int] | None:
@@ -624,7 +677,7 @@ class Job:
     world_size: int | None
     ranks: Mapping[int, RankInfo]
     groups: Mapping[str, ProcessGroup]
-    collectives: Mapping[str, Sequence[Collective]]  # by group uid, in seq order (views over columns)
+    collectives: Mapping[str, GroupView]  # by group uid, in seq order (views over columns)
     p2p: Mapping[str, tuple[P2PTransfer, ...]]  # by group uid
     coverage: Mapping[tuple[int, str], Coverage]  # by (rank, group uid)
     stacks: tuple[Stack, ...]

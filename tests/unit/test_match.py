@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from comm2perfetto.load_options import LoadOptions
-from comm2perfetto.match import find_collective, load_job
+from comm2perfetto.match import load_job
 from comm2perfetto.model import COMPLETED, PENDING, UNKNOWN
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob
 
@@ -25,7 +25,7 @@ def test_one_collective_per_group_and_seq_with_per_rank_arrival(tmp_path):
     assert c1.last_arrival_rank == max(arrivals, key=arrivals.get)
     assert c1.arrival_skew_ns == max(arrivals.values()) - min(arrivals.values())
     assert c2.states == (COMPLETED, "started", COMPLETED) and not c2.completed_everywhere
-    assert find_collective(loaded.collectives["0[0,1,2]"], 2) is c2
+    assert loaded.collectives["0[0,1,2]"].find(2) is c2 and loaded.collectives["0[0,1,2]"].find(3) is None
 
 
 def test_groups_with_one_name_and_different_ranks_are_different_groups(tmp_path):

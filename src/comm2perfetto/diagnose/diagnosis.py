@@ -61,7 +61,6 @@ from comm2perfetto.diagnose.weigh import (
     in_progress,
     no_collectives,
 )
-from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -71,6 +70,7 @@ from comm2perfetto.model import (
     STARTED,
     Collective,
     Coverage,
+    GroupView,
     Job,
     P2PTransfer,
     ProcessGroup,
@@ -179,14 +179,10 @@ def history_order(job: Job) -> waits.Order:
         if (rank, uid) not in cache:
             group = job.groups.get(uid)
             i = group.ranks.index(rank) if group is not None and rank in group.ranks else -1
-            cols = job.collectives.get(uid, ())
-            if i >= 0 and isinstance(cols, GroupCollectives):  # the rank's columns, not every rank's tuples
-                cache[(rank, uid)] = [(seq, t) for seq, sig, t in zip(
-                    cols.seqs, cols.member_column("signatures", rank), cols.member_column("arrive_ns", rank))
-                    if sig is not None and t is not None]
-            else:
-                cache[(rank, uid)] = [(c.seq, t) for c in cols if i >= 0
-                                      and c.signatures[i] is not None and (t := c.arrive_ns[i]) is not None]
+            cols = job.collectives.get(uid)
+            cache[(rank, uid)] = [(seq, t) for seq, sig, t in zip(  # the rank's columns, not every rank's tuples
+                cols.seqs, cols.member_column("signatures", rank), cols.member_column("arrive_ns", rank))
+                if sig is not None and t is not None] if i >= 0 and cols is not None else []
         return cache[(rank, uid)]
 
     def order(rank: int, first: waits.Op, then: waits.Op) -> bool | None:
@@ -256,14 +252,14 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
 
 
 def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | None:
-    cols = job.collectives.get(group.uid, ())
+    cols = job.collectives.get(group.uid)
     if not cols:
         return None
     covs = [job.coverage.get((r, group.uid)) for r in group.ranks]
     start = max((c.first_seq for c in covs if c is not None), default=0)
     n = len(group.ranks)
     horizon = _stale_dumps(job, group, cols)
-    settled = cols.settled_prefix() if isinstance(cols, GroupCollectives) else 0  # skipped in C, not one by one
+    settled = cols.settled_prefix()  # skipped in C, not one by one
     for i in range(settled, len(cols)):  # by index: islice would make a view of each collective it skips
         c = cols[i]
         if c.seq < start:
@@ -297,7 +293,7 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
     return None
 
 
-def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
+def _stale_dumps(job: Job, group: ProcessGroup, cols: GroupView) -> dict[int, int]:
     """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
     collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
     without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
@@ -309,7 +305,7 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
             done_somewhere[k] = COMPLETED in cols[k].states
         return done_somewhere[k]
 
-    for i, rank in enumerate(group.ranks):
+    for rank in group.ranks:
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
             continue
@@ -319,7 +315,7 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
         seen = 0
         k = bisect.bisect_right(cols, cov.last_seq, key=lambda c: c.seq) - 1
         while k >= 0 and seen < STALE_TAIL:
-            state = _state_at(cols, i, rank, k)
+            state = cols.value("states", rank, k)  # the rank's column alone
             k -= 1
             if state is None:
                 continue  # no record of it on this rank
@@ -330,11 +326,6 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
         if len(stale) >= 2:
             out[rank] = min(stale)
     return out
-
-
-def _state_at(cols: Sequence[Collective], i: int, rank: int, k: int) -> str | None:
-    """The state of ``rank`` (``i``-th member) in the ``k``-th collective, read from its column alone."""
-    return cols.value("states", rank, k) if isinstance(cols, GroupCollectives) else cols[k].states[i]
 
 
 def _harmless(c: Collective) -> bool:
@@ -717,7 +708,9 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
     collective without any end time (gloo's Flight Recorder entries never get one) is no evidence of a hang
     by itself: the ones after it were issued, so it is taken as done.
     """
-    cols = job.collectives.get(group.uid, ())
+    cols = job.collectives.get(group.uid)
+    if cols is None:
+        return None
     for t in stall_times(job):
         f = _stalled_at(job, group, cols, t)
         if f is not None:
@@ -725,7 +718,7 @@ def _stall_state(job: Job, group: ProcessGroup) -> Finding | None:
     return None
 
 
-def _stalled_at(job: Job, group: ProcessGroup, cols: Sequence[Collective], t: int) -> Finding | None:
+def _stalled_at(job: Job, group: ProcessGroup, cols: GroupView, t: int) -> Finding | None:
     # A rank without data, or whose data ends before the stall, says nothing about it: "not seen" is not
     # "not issued" (its horizon; a ring buffer that wrapped is handled by the coverage).
     known = [_seen_at(job, r, group, t) for r in group.ranks]

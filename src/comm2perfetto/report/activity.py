@@ -22,15 +22,14 @@ into compact unions (``model.RankProfile``), not events.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
 from operator import add, itemgetter
 
-from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import Collective, Job, RankProfile
+from comm2perfetto.model import GroupView, Job, RankProfile
 from comm2perfetto.sources.event_log import RankLog
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
@@ -142,7 +141,7 @@ class FlightRecorderSpans:
     tuple of every rank per collective."""
 
     def __init__(self, job: Job) -> None:
-        self._groups: dict[int, list[Sequence[Collective]]] = defaultdict(list)  # rank -> its groups' collectives
+        self._groups: dict[int, list[GroupView]] = defaultdict(list)  # rank -> its groups' collectives
         for cols in job.collectives.values():
             if cols:
                 for rank in cols[0].ranks:
@@ -151,17 +150,11 @@ class FlightRecorderSpans:
     def __call__(self, rank: int) -> list[Span]:
         spans: list[Span] = []
         for cols in self._groups.get(rank, ()):
-            on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
             # what each rule reads: a GPU's needs neither start nor end (see _gpu_spans)
-            names = ("sources", "arrive_ns", "duration_ns") if on_gpu else ("sources", "start_ns", "arrive_ns",
-                                                                             "end_ns")
-            if isinstance(cols, GroupCollectives):
-                columns = [cols.member_column(name, rank) for name in names]
-            else:
-                rows = [tuple(getattr(c, name)[i] if getattr(c, name) else None for name in names)
-                        for c in cols for i in (c.index_of(rank),)]
-                columns = [list(col) for col in zip(*rows)] or [[] for _ in names]
-            spans.extend(_gpu_spans(*columns) if on_gpu else _cpu_spans(*columns))
+            names = ("sources", "arrive_ns", "duration_ns") if cols.on_gpu else ("sources", "start_ns", "arrive_ns",
+                                                                                  "end_ns")
+            columns = [cols.member_column(name, rank) for name in names]
+            spans.extend(_gpu_spans(*columns) if cols.on_gpu else _cpu_spans(*columns))
         return spans
 
 

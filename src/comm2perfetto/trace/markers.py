@@ -24,7 +24,6 @@ from comm2perfetto.diagnose.findings import (
     Diagnosis,
     Finding,
 )
-from comm2perfetto.match import find_collective
 from comm2perfetto.model import COMPLETED, Job
 
 
@@ -63,7 +62,7 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
     for f in diagnosis.findings:
         if f.seq is None or f.group_uid not in job.groups or f.kind == P2P_MISMATCH:  # a p2p seq is no collective's
             continue
-        c = find_collective(job.collectives.get(f.group_uid, ()), f.seq)
+        c = job.collectives[f.group_uid].find(f.seq)
         title = f"{f.op} ({f.process_group} seq {f.seq})"
         if f.kind in DESYNC_KINDS:
             markers.mismatched[(f.group_uid, f.seq)] = f.kind

@@ -28,7 +28,6 @@ from operator import itemgetter
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
-from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import Collective, Job, known_values
 from comm2perfetto.render.words import duration
 from comm2perfetto.report.classes import RankClasses
@@ -239,7 +238,7 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
         # The shown ranks of a sample (256 of 16,384): read from their columns, where every collective's view
         # would decode every rank's values to pick theirs. Without GPU begins, ready is the arrival.
         shown_columns = None
-        if quick and pick is not None and isinstance(cols, GroupCollectives) and not cols[0].gpu_begin_ns:
+        if quick and pick is not None and not cols[0].gpu_begin_ns:
             shown_columns = (list(zip(*(cols.member_column("arrive_ns", r) for r in picked))),
                              list(zip(*(cols.member_column("signatures", r) for r in picked))))
         by_seq = flows[uid] = {}
