@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -19,13 +20,16 @@ from comm2perfetto.errors import writing
 FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 
 
+Doc = TypeVar("Doc", bound=Mapping[str, Any])  # a command's document: report_doc.ReportDoc, compare's
+
+
 @dataclass(frozen=True)
-class Renderers:
+class Renderers(Generic[Doc]):
     """A command's renderers: the text, CSV on stdout, and CSV files next to ``-o FILE`` (returns their paths)."""
 
-    text: Callable[[dict], str]
-    csv_stdout: Callable[[dict], str]
-    write_csv: Callable[[dict, Path], list[Path]]
+    text: Callable[[Doc], str]
+    csv_stdout: Callable[[Doc], str]
+    write_csv: Callable[[Doc, Path], list[Path]]
 
 
 def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> tuple[Path | None, str, Path | None]:
@@ -49,7 +53,7 @@ def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> 
     return out, fmt, plot
 
 
-def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Renderers) -> None:
+def emit(doc: Doc, fmt: str, out: Path | None, command: str, renderers: Renderers[Doc]) -> None:
     """Write ``doc`` as ``fmt`` to ``out`` (saying so on stderr) or stdout; UserError when it cannot."""
     if fmt == "csv" and out is not None:
         with writing(out):

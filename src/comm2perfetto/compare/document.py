@@ -45,13 +45,14 @@ from comm2perfetto.compare.verdicts import (
 )
 from comm2perfetto.report.bandwidth import percentile
 from comm2perfetto.report.document import steps_text
+from comm2perfetto.report_doc import FigureKey
 
 VERSION = 1
 MIN_CHANGE = 0.10
 # Bus bandwidth is compared from this message size up: below it a collective's time is mostly its latency,
 # which its duration already shows (nccl-tests' bandwidth curves flatten from about 1 MiB on GPUs).
 MIN_BANDWIDTH_BYTES = 1 << 20
-STEP_FIGURES = ("span_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_pct")
+STEP_FIGURES: tuple[FigureKey, ...] = ("span_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_pct")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,7 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
-        "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc.get("notes") or []],
+        "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 
 
@@ -257,14 +258,15 @@ def _module_lines(base: Side, new: Side) -> list[Line]:
 def _step_table(base: Side, new: Side, by_position: bool) -> list[dict[str, Any]]:
     rows = []
     for b, n in step_pairs(base.steps, new.steps, by_position):
-        bf, nf = step_figures(base, b) or {}, step_figures(new, n) or {}
-        rows.append({"base_step": b, "new_step": n, "base": {k: bf.get(k) for k in STEP_FIGURES},
-                     "new": {k: nf.get(k) for k in STEP_FIGURES}})
+        bf, nf = step_figures(base, b), step_figures(new, n)
+        rows.append({"base_step": b, "new_step": n,
+                     "base": {k: bf[k] if bf is not None else None for k in STEP_FIGURES},
+                     "new": {k: nf[k] if nf is not None else None for k in STEP_FIGURES}})
     return rows
 
 
 def _summary(side: Side) -> dict[str, Any]:
-    return {"path": side.path, "basis": side.doc.get("basis"), "world_size": side.world_size,
+    return {"path": side.path, "basis": side.doc["basis"], "world_size": side.world_size,
             "ranks": list(side.ranks), "steps": list(side.steps)}
 
 
@@ -290,8 +292,8 @@ def _ranks(ranks: tuple[int, ...] | None) -> str:
 def _sample_notes(base: Side, new: Side) -> list[str]:
     notes = []
     for side in (base, new):
-        rows = side.doc.get("collectives") or []
-        if rows and all(r.get("instances") is None for r in rows):
+        rows = side.doc["collectives"]
+        if rows and all(r["instances"] is None for r in rows):
             notes.append(f"{side.role} is a report saved without per-collective samples (before they were added): "
                          "its collectives are compared by count and bytes only; report it again to compare "
                          "durations, bandwidth and skew")

@@ -15,16 +15,15 @@ two differ.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.report.document import ReportOptions, build, steps_text
+from comm2perfetto.report_doc import SavedReport, SavedStep
 from comm2perfetto.sources.report_json import ReportFormatError, TooLargeError, check_report, read_report_json
 
 
@@ -40,7 +39,7 @@ class Side:
 
     role: str
     path: str
-    doc: Mapping[str, Any]
+    doc: SavedReport
     wanted: tuple[int, int] | None = None
     saved: bool = False
 
@@ -56,22 +55,22 @@ class Side:
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        return tuple(sorted(int(r) for r in self.doc.get("ranks") or {}))
+        return tuple(sorted(int(r) for r in self.doc["ranks"]))
 
     @property
     def world_size(self) -> int | None:
         """The job's world size as the report knows it, else one more than the highest rank seen."""
-        known = self.doc.get("world_size")
-        if isinstance(known, int):
+        known = self.doc["world_size"]
+        if known is not None:
             return known
-        ranks = set(self.ranks) | {r for g in (self.doc.get("groups") or {}).values() for r in g.get("ranks", ())}
+        ranks = set(self.ranks) | {r for g in self.doc["groups"].values() for r in g["ranks"]}
         return max(ranks) + 1 if ranks else None
 
     @property
-    def step_rows(self) -> list[Mapping[str, Any]]:
+    def step_rows(self) -> list[SavedStep]:
         """The report's rows of the compared steps, in step order."""
         wanted = set(self.steps)
-        return [s for s in self.doc.get("steps") or [] if s.get("step") in wanted]
+        return [s for s in self.doc["steps"] if s["step"] in wanted]
 
 
 def load_side(role: str, path: str, steps: tuple[int, int] | None, load: LoadOptions) -> Side:
@@ -93,9 +92,9 @@ def load_side(role: str, path: str, steps: tuple[int, int] | None, load: LoadOpt
     return Side(role, path, check_report(built), steps)
 
 
-def select_steps(doc: Mapping[str, Any], wanted: tuple[int, int] | None) -> tuple[int, ...]:
+def select_steps(doc: SavedReport, wanted: tuple[int, int] | None) -> tuple[int, ...]:
     """The document's step numbers, those in ``wanted`` (A, B inclusive) when given."""
-    steps = sorted({s["step"] for s in doc.get("steps") or []})
+    steps = sorted({s["step"] for s in doc["steps"]})
     return tuple(n for n in steps if wanted is None or wanted[0] <= n <= wanted[1])
 
 
@@ -111,11 +110,11 @@ def layout_notes(base: Side, new: Side) -> list[str]:
         parts = ([f"ranks {steps_text(only_base)} only in BASE"] if only_base else []) + (
             [f"ranks {steps_text(only_new)} only in NEW"] if only_new else [])
         notes.append("; ".join(parts) + ": per-rank figures compared for the ranks in both")
-    if base.doc.get("basis") != new.doc.get("basis"):
-        notes.append(f"the figures come from different bases: {base.doc.get('basis')} in BASE, "
-                     f"{new.doc.get('basis')} in NEW (docs/report.md): their times do not compare closely")
+    if base.doc["basis"] != new.doc["basis"]:
+        notes.append(f"the figures come from different bases: {base.doc['basis']} in BASE, "
+                     f"{new.doc['basis']} in NEW (docs/report.md): their times do not compare closely")
     for side in (base, new):
-        if side.saved and side.wanted is not None and len(side.steps) < len(side.doc.get("steps") or []):
+        if side.saved and side.wanted is not None and len(side.steps) < len(side.doc["steps"]):
             notes.append(f"{side.role} is a saved report: its module and straggler tables cover the steps it was "
                          f"saved with, not only steps {side.wanted[0]}-{side.wanted[1]}")
     if bool(base.steps) != bool(new.steps):

@@ -25,12 +25,10 @@ from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, Ran
 from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
-from comm2perfetto.report.stragglers import LatenessMap, Stragglers
+from comm2perfetto.report.stragglers import LatenessTable, Stragglers
+from comm2perfetto.report_doc import VERSION, Clock, CollectiveRow, RankFigures, ReportDoc
 
-__all__ = ["VERSION", "ReportOptions", "StepsError", "build", "build_report", "steps_text"]
-
-VERSION = 1
-
+__all__ = ["ReportOptions", "StepsError", "build", "build_report", "steps_text"]
 
 class StepsError(Comm2PerfettoError, ValueError):
     """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
@@ -45,7 +43,7 @@ class ReportOptions:
     depth: int | None = None
 
 
-def build(job: Job, options: ReportOptions) -> dict:
+def build(job: Job, options: ReportOptions) -> ReportDoc:
     """The report of ``job`` (loaded with profiles: ``load_options.REPORT``), what ``report`` prints and
     ``compare`` compares: its figures (``build_report``), what it is about (``paths``), and notes on how it was
     read (HTA's rounding or scope), on the job's other attempts, and from the loading (skipped files ...)."""
@@ -68,7 +66,7 @@ def build(job: Job, options: ReportOptions) -> dict:
 
 
 def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
-                 depth: int | None = None) -> dict:
+                 depth: int | None = None) -> ReportDoc:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive).
 
     Memory follows the answer: each rank's unions are measured and dropped before the next rank's are made,
@@ -76,7 +74,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
     fr_spans = FlightRecorderSpans(job) if job is not None else None
     facts: dict[int, _RankFacts] = {}
-    per_rank: dict[str, dict] = {}
+    per_rank: dict[str, RankFigures] = {}
     parts: list[Breakdown] = []
     by_step: dict[int, dict[int, Breakdown]] = {}
     for rank in ranks:
@@ -141,7 +139,7 @@ class _RankFacts:
 class _Tables:
     collectives: CollectiveTable
     stragglers: Stragglers
-    lateness: LatenessMap
+    lateness: LatenessTable
     modules: ModuleTable
 
 
@@ -151,7 +149,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
     ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
     step)."""
-    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessMap(job),
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessTable(job),
                      ModuleTable(job, depth, steps))
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
@@ -165,7 +163,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     return tables
 
 
-def _clock(job: Job) -> dict:
+def _clock(job: Job) -> Clock:
     """How the ranks' clocks were put on rank 0's (model.ClockAlignment), for the header's clock line."""
     clock = job.clock
     return {"method": {str(r): m for r, m in sorted(clock.method.items())},
@@ -247,7 +245,7 @@ def steps_text(steps: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def _untimed_note(collectives: list[dict], bases: set[str]) -> list[str]:
+def _untimed_note(collectives: list[CollectiveRow], bases: set[str]) -> list[str]:
     count = sum(r["count"] for r in collectives)
     untimed = count - sum(r["timed"] for r in collectives)
     if not untimed:
