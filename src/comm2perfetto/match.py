@@ -46,12 +46,10 @@ from comm2perfetto.group_columns import (
 )
 from comm2perfetto.load_options import MERGE, LoadOptions
 from comm2perfetto.model import (
-    COMPLETED,
-    FAILED,
-    PENDING,
     ROOTED_FAMILIES,
-    UNKNOWN,
+    CallState,
     ClockAlignment,
+    ClockMethod,
     Coverage,
     Frame,
     Job,
@@ -133,7 +131,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         clock = refine_by_differences(clock, fr_ends.ranks(), fr_ends, reference, min_correction_ns=FR_SKEW_NS,
                                       only_assumed=True)
     else:
-        clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
+        clock = ClockAlignment(method=MappingProxyType({r: ClockMethod.NONE for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
     stacks = tuple(src.stack_table.stacks)
     collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}
@@ -322,7 +320,7 @@ def _merge_log(
         if call.seq is None:
             sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
             unnumbered[uid].setdefault(rank, []).append(
-                (sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED))
+                (sig, state, call.t_call_ns, end, site, cpu and state == CallState.COMPLETED))
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
@@ -330,7 +328,7 @@ def _merge_log(
         sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
-            rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
+            rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == CallState.COMPLETED)
             log_seen[uid].add(key)
     for uid, by_key in rows.items():
         tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
@@ -495,10 +493,10 @@ def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows
                       track.stack_ids[i], sources[i], log_sigs[i])
         elif i is None:
             arrive: int | None = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
-            values = (_trace_signature(c), COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
+            values = (_trace_signature(c), CallState.COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
         else:
             arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
-            values = (track.sigs[i], COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
+            values = (track.sigs[i], CallState.COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
                       f"{sources[i]}+kineto", log_sigs[i])
         for column, value in zip(columns, values):
             column.append(value)
@@ -532,27 +530,27 @@ def _log_p2p_ops(call) -> list[tuple[str, int, tuple | None, tuple | None]]:
     return [(kind, call.peer, _tuple_sizes(call.shapes), _tuple_names(call.dtypes))]
 
 
-def _best_state(fr_state: str, log_state: str) -> str:
-    if log_state == FAILED:  # the call raised; gloo's Flight Recorder counts a failed work as completed too
-        return FAILED
-    if COMPLETED in (fr_state, log_state):
-        return COMPLETED
-    if log_state in (PENDING, FAILED):
+def _best_state(fr_state: CallState, log_state: CallState) -> CallState:
+    if log_state == CallState.FAILED:  # the call raised; gloo's Flight Recorder counts a failed work as completed too
+        return CallState.FAILED
+    if CallState.COMPLETED in (fr_state, log_state):
+        return CallState.COMPLETED
+    if log_state in (CallState.PENDING, CallState.FAILED):
         return log_state
-    return fr_state if fr_state != UNKNOWN else log_state
+    return fr_state if fr_state != CallState.UNKNOWN else log_state
 
 
-def _log_state(call, cpu: bool) -> tuple[str, int | None]:
+def _log_state(call, cpu: bool) -> tuple[CallState, int | None]:
     """State and end time of a recorder call; ``cpu``: it had completed when it returned."""
     if call.error is not None:
-        return FAILED, call.t_return_ns
+        return CallState.FAILED, call.t_return_ns
     if call.t_done_ns is not None:
-        return COMPLETED, call.t_done_ns
+        return CallState.COMPLETED, call.t_done_ns
     if call.t_return_ns is None:
-        return PENDING, None
+        return CallState.PENDING, None
     if cpu:
-        return COMPLETED, call.t_return_ns
-    return UNKNOWN, None
+        return CallState.COMPLETED, call.t_return_ns
+    return CallState.UNKNOWN, None
 
 
 class _SiteInterner:
@@ -649,7 +647,7 @@ def _end_differences(tr: Track, ref: Track) -> list[int]:
     return [end - ref_ends[seq] for seq, end in pairs[::-(-len(pairs) // FR_END_SAMPLES) or 1]]
 
 
-_DONE = STATE_CODE[COMPLETED]
+_DONE = STATE_CODE[CallState.COMPLETED]
 
 
 def _completed_ends(tr: Track) -> dict[int, int]:
@@ -657,7 +655,8 @@ def _completed_ends(tr: Track) -> dict[int, int]:
     if isinstance(tr, GroupTrack):
         return {seq: end for seq, code, end in zip(tr.seq_col, tr.state_col, tr.completed_col)
                 if code == _DONE and end != NO_VALUE}
-    return {seq: t for seq, state, t in zip(tr.seqs, tr.states, tr.end) if state == COMPLETED and t is not None}
+    return {seq: t for seq, state, t in zip(tr.seqs, tr.states, tr.end)
+            if state == CallState.COMPLETED and t is not None}
 
 
 def _precise_ends(tracks: dict[tuple[int, str], Track]) -> dict[int, dict[tuple[str, int], int]]:

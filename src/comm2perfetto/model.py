@@ -4,7 +4,7 @@
 ``Job`` is one job matched across its ranks: its ``ProcessGroup``s (in one order, ``Job.groups_in_order``),
 one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
 ``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
-skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
+skipped. Around it: the per-rank call states (``CallState``), ``Signature`` (what a rank asked a collective
 to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
@@ -28,19 +28,27 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from comm2perfetto.load_options import LoadOptions
+from comm2perfetto.strenum import StrEnum
 
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.sources.event_log import RankLog, StallStacks
     from comm2perfetto.sources.kineto.events import KinetoTrace
 
-# Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
-COMPLETED = "completed"
-STARTED = "started"
-SCHEDULED = "scheduled"
-PENDING = "pending"  # the recorder saw the call begin and never return
-FAILED = "failed"  # the call raised
-UNKNOWN = "unknown"
-NOT_DONE_STATES = frozenset({STARTED, SCHEDULED, PENDING, FAILED})
+class CallState(StrEnum):
+    """Per-rank state of a call: Flight Recorder's three, and what the recorder adds."""
+
+    COMPLETED = "completed"
+    STARTED = "started"
+    SCHEDULED = "scheduled"
+    PENDING = "pending"  # the recorder saw the call begin and never return
+    FAILED = "failed"  # the call raised
+    UNKNOWN = "unknown"  # the source cannot tell (gloo never updates Flight Recorder states)
+
+
+NOT_DONE_STATES = frozenset({CallState.STARTED, CallState.SCHEDULED, CallState.PENDING, CallState.FAILED})
+# The members by their short names, as sources.fr.ingest and diagnose/ import them.
+COMPLETED, STARTED, SCHEDULED = CallState.COMPLETED, CallState.STARTED, CallState.SCHEDULED
+PENDING, FAILED, UNKNOWN = CallState.PENDING, CallState.FAILED, CallState.UNKNOWN
 
 # Bytes per element of the dtypes Flight Recorder and the recorder name ("Float", "BFloat16" ...).
 DTYPE_BYTES = {
@@ -225,7 +233,7 @@ class CollectivePart:
 
     rank: int
     signature: Signature
-    state: str
+    state: CallState
     t_arrive_ns: int | None
     t_start_ns: int | None
     t_end_ns: int | None
@@ -327,7 +335,7 @@ class Collective:
         self._index = index
 
     signatures = _PerRank[tuple["Signature | None", ...]]("signatures")
-    states = _PerRank[tuple["str | None", ...]]("states")
+    states = _PerRank[tuple["CallState | None", ...]]("states")
     arrive_ns = _PerRank[tuple["int | None", ...]]("arrive_ns")
     start_ns = _PerRank[tuple["int | None", ...]]("start_ns")
     end_ns = _PerRank[tuple["int | None", ...]]("end_ns")
@@ -449,7 +457,7 @@ class Collective:
 
     @property
     def completed_everywhere(self) -> bool:
-        return self.states.count(COMPLETED) == len(self.states)
+        return self.states.count(CallState.COMPLETED) == len(self.states)
 
     def part(self, rank: int) -> CollectivePart | None:
         i = self._columns.position(rank)
@@ -459,7 +467,7 @@ class Collective:
         sid = self.stack_ids[i]
         stack = self.stacks[sid] if sid is not None and sid < len(self.stacks) else ()
         return CollectivePart(
-            rank=rank, signature=sig, state=self.states[i] or UNKNOWN, t_arrive_ns=self.arrive_ns[i],
+            rank=rank, signature=sig, state=self.states[i] or CallState.UNKNOWN, t_arrive_ns=self.arrive_ns[i],
             t_start_ns=self.start_ns[i], t_end_ns=self.end_ns[i], call_site=call_site(stack), stack=stack,
             source=self.sources[i] or "",
         )
@@ -541,7 +549,7 @@ class P2POp:
     peer: int
     index: int  # position among this rank's ops of this kind to this peer in this group
     signature: Signature
-    state: str
+    state: CallState
     t_arrive_ns: int | None
     t_end_ns: int | None
     stack_id: int | None
@@ -584,6 +592,15 @@ class Coverage:
     completed_upto: int  # every seq <= this is known completed on this rank (-1: none known)
 
 
+class ClockMethod(StrEnum):
+    """How a rank's clock was put on rank 0's (``ClockAlignment.method``)."""
+
+    MEASURED = "measured"  # the recorder's start-up measurement
+    REFINED = "refined"  # corrected from collectives that completed on every rank
+    ASSUMED = "assumed"  # no information: offset 0
+    NONE = "none"  # not aligned (merge --no-align): each rank on its own clock
+
+
 @dataclass(frozen=True, slots=True)
 class ClockAlignment:
     """Per-rank clock offsets to rank 0: ``t_rank0 = t_local + offset_ns[rank]``.
@@ -595,7 +612,7 @@ class ClockAlignment:
     """
 
     offset_ns: Mapping[int, int] = field(default_factory=_empty)
-    method: Mapping[int, str] = field(default_factory=_empty)
+    method: Mapping[int, ClockMethod] = field(default_factory=_empty)
     uncertainty_ns: Mapping[int, int] = field(default_factory=_empty)
     residual_skew_ns: int | None = None
     samples: int = 0

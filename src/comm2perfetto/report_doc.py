@@ -10,13 +10,23 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from comm2perfetto.strenum import StrEnum
+
 __all__ = [
-    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Clock", "CollectiveRow", "FigureKey", "Figures", "GroupRow",
+    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Basis", "Clock", "CollectiveRow", "FigureKey", "Figures", "GroupRow",
     "Instances", "JobFigures", "LatenessMap", "ModuleRow", "RankFigures", "ReportDoc", "SavedCollective",
     "SavedFigures", "SavedModule", "SavedReport", "SavedStep", "SavedStraggler", "StepRow", "StragglerRow",
 ]
 
 VERSION = 1  # changes when a key changes meaning or disappears; new keys may appear
+
+
+class Basis(StrEnum):
+    """Where a rank's figures come from (``report.activity``), and the document's when its ranks differ."""
+
+    GPU = "gpu"  # its profiler traces' GPU kernels
+    CPU = "cpu"  # CPU intervals: the recorder's ranges and calls, profiler CPU ops, Flight Recorder's times
+    MIXED = "mixed"  # the document's: ranks of both
 
 FigureKey = Literal["span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s", "idle_s",
                     "comm_to_compute", "overlap_pct"]
@@ -50,7 +60,7 @@ class JobFigures(Figures):
 class RankFigures(Figures):
     """A rank's breakdown, the ``basis`` its figures come from (``gpu`` or ``cpu``) and their sources."""
 
-    basis: str
+    basis: Basis
     sources: list[str]
 
 
@@ -131,7 +141,7 @@ class Clock(TypedDict):
 
 class _Report(TypedDict):
     version: int
-    basis: str | None
+    basis: Basis | None
     world_size: int | None
     job: JobFigures
     ranks: dict[str, RankFigures]

@@ -30,12 +30,11 @@ from operator import add, itemgetter
 
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
 from comm2perfetto.model import GroupView, Job, RankProfile
+from comm2perfetto.report_doc import Basis
 from comm2perfetto.sources.event_log import RankLog
 from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
 
 __all__ = [
-    "CPU",
-    "GPU",
     "FlightRecorderSpans",
     "RankActivity",
     "RankProfile",
@@ -44,8 +43,6 @@ __all__ = [
     "read_profiles",
 ]
 
-GPU = "gpu"
-CPU = "cpu"
 _END = itemgetter(1)
 
 
@@ -54,7 +51,7 @@ class RankActivity:
     """A rank's compute, communication and memory unions on the job's (aligned) clock."""
 
     rank: int
-    basis: str  # GPU or CPU
+    basis: Basis
     sources: tuple[str, ...]
     compute: list[Span]
     comm: list[Span]
@@ -97,7 +94,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
         steps = profile.gpu_steps or _steps(log, profile, envelope(profile.gpu_compute, profile.gpu_comm))
-        return RankActivity(rank, GPU, ("profiler GPU kernels",), profile.gpu_compute, profile.gpu_comm,
+        return RankActivity(rank, Basis.GPU, ("profiler GPU kernels",), profile.gpu_compute, profile.gpu_comm,
                             profile.gpu_memory, steps, profile.gpu_overlapped, profile.gpu_busy,
                             profile.windows)
     sources: list[str] = []
@@ -125,7 +122,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
         comm_u = union(comm_u + fr_spans)
         sources.append("Flight Recorder")
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
-    return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
+    return RankActivity(rank, Basis.CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, envelope(compute_u, comm_u)),
                         compute_windows=profile.windows if profiled_only else None)
 

@@ -26,7 +26,7 @@ from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import LatenessTable, Stragglers
-from comm2perfetto.report_doc import VERSION, Clock, CollectiveRow, RankFigures, ReportDoc
+from comm2perfetto.report_doc import VERSION, Basis, Clock, CollectiveRow, RankFigures, ReportDoc
 
 __all__ = ["ReportOptions", "StepsError", "build", "build_report", "steps_text"]
 
@@ -99,7 +99,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     collectives = tables.collectives.rows() if tables is not None else []
     return {
         "version": VERSION,
-        "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
+        "basis": bases.pop() if len(bases) == 1 else (Basis.MIXED if bases else None),
         "world_size": job.world_size if job is not None else None,
         "job": job_breakdown(parts),
         "ranks": per_rank,
@@ -123,7 +123,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
 class _RankFacts:
     """What the report keeps of a rank's activity once its figures are taken (its unions are dropped)."""
 
-    basis: str
+    basis: Basis
     steps: tuple[tuple[int, int, int], ...]  # (step, begin, end) on the job's clock
     profiled_steps: list[int] | None  # RankActivity.profiled_steps
     has_span: bool  # some timed compute or communication
@@ -200,7 +200,7 @@ def _step_finder(facts: Mapping[int, _RankFacts]) -> Callable[[Collective], int 
 
 def _basis_notes(facts: Mapping[int, _RankFacts]) -> list[str]:
     notes = []
-    cpu = [r for r, f in facts.items() if f.basis == "cpu"]
+    cpu = [r for r, f in facts.items() if f.basis == Basis.CPU]
     if cpu and len(cpu) < len(facts):
         notes.append(f"the profiler traces of {ranks_text(cpu)} have no GPU kernels: the figures of "
                      f"{'this rank' if len(cpu) == 1 else 'these ranks'} come from CPU intervals and do not compare "
@@ -245,12 +245,12 @@ def steps_text(steps: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def _untimed_note(collectives: list[CollectiveRow], bases: set[str]) -> list[str]:
+def _untimed_note(collectives: list[CollectiveRow], bases: set[Basis]) -> list[str]:
     count = sum(r["count"] for r in collectives)
     untimed = count - sum(r["timed"] for r in collectives)
     if not untimed:
         return []
-    where = " and their time is not in the CPU basis's comm_s" if "cpu" in bases else ""
+    where = " and their time is not in the CPU basis's comm_s" if Basis.CPU in bases else ""
     return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
             f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
             f"they count in the collectives table but not in its durations{where}"]

@@ -24,7 +24,7 @@ from comm2perfetto.diagnose.findings import (
     Diagnosis,
     Finding,
 )
-from comm2perfetto.model import COMPLETED, Job
+from comm2perfetto.model import CallState, Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
             continue
         waiting = {}
         not_done = [r for r, sig, st, end in zip(c.ranks, c.signatures, c.states, c.end_ns)
-                    if sig is not None and (st != COMPLETED or end is None)]
+                    if sig is not None and (st != CallState.COMPLETED or end is None)]
         for rank in not_done:
             others = set(f.ranks_missing) or (set(not_done) - {rank}) or set(f.culprit_ranks) - {rank}
             waiting[rank] = tuple(sorted(others))
