@@ -40,17 +40,18 @@ from comm2perfetto.diagnose.findings import (
     NO_DUMP,
     OP_MISMATCH,
     P2P_MISMATCH,
-    RANK_DIED,
-    RANK_FROZEN,
     ROOT_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
+    Status,
 )
-from comm2perfetto.diagnose.roots import arrange
+from comm2perfetto.diagnose.groups import conflict_uids, group_mismatch
+from comm2perfetto.diagnose.roots import account, arrange
 from comm2perfetto.diagnose.signatures import compare
-from comm2perfetto.diagnose.stalls import stall_stack, stall_times
+from comm2perfetto.diagnose.stalls import open_stall, stall_stack, stall_times
+from comm2perfetto.diagnose.verdict import conclude, unexplained_stall
 from comm2perfetto.diagnose.weigh import (
     any_matched,
     caused_by_interruption,
@@ -80,7 +81,7 @@ from comm2perfetto.model import (
 )
 from comm2perfetto.render.words import duration, ranks_text
 
-__all__ = ["diagnose", "verdict_status"]
+__all__ = ["diagnose"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 STALE_TAIL = 8  # the last collectives of a rank's dump looked at for a dump older than the others'
@@ -101,6 +102,9 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     dead = died_first(job, ends, interrupted_at, notes)
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
+    if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
+        uids = conflict_uids(job.group_conflicts, {g.uid: (g.name, g.ranks) for g in job.groups.values()})
+        findings.append(group_mismatch(job.group_conflicts, uids))
     for group in groups:
         f = _end_state(job, group, notes)
         if f is not None:
@@ -139,15 +143,37 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     if groups and all(g.backend == "gloo" for g in groups) and not job.logs:
         notes.append("gloo's Flight Recorder never marks collectives completed: whether the last one finished "
                      "cannot be told from these dumps alone (record with `comm2perfetto record` to know)")
-    status = verdict_status(findings, interrupted_at is not None, bool(running))
-    if status == "interrupted":
+    status, findings = conclude(findings, interrupted=interrupted_at is not None, running=bool(running),
+                                stall=_unexplained(job))
+    if status == Status.INTERRUPTED:
         notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
     return Diagnosis(
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
         groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
-        sampled=job.sampled,
+        sampled=job.sampled, ranks=account(states, findings),
     )
+
+
+def _unexplained(job: Job) -> Finding | None:
+    """A stall a rank's recorder saw on a call that never returned: if nothing else explains it, it is told as
+    ``stall_unexplained`` (``verdict.conclude``), never taken for OK."""
+    found = open_stall(job)
+    if found is None:
+        return None
+    rank, stall, call = found
+    group = next((g for g in job.groups.values() if (rank, g.uid) in job.coverage
+                  and g.name == _log_group_name(job, rank, call.gid)), None)
+    label, uid = (group.label, group.uid) if group is not None else ("", "")
+    return unexplained_stall([rank], label, uid, call.op, call.seq, stall.t_ns,
+                             known=f"Rank {rank}'s recorder detected it ({stall.reason}) on a call that never "
+                                   "returned.")
+
+
+def _log_group_name(job: Job, rank: int, gid: int) -> str | None:
+    log = job.logs.get(rank)
+    group = log.groups.get(gid) if log is not None else None
+    return str(group.name) if group is not None else None
 
 
 def _world(job: Job, groups: Sequence[ProcessGroup]) -> set[int]:
@@ -195,25 +221,6 @@ def history_order(job: Job) -> waits.Order:
         return waits.precedes(issues(rank, first.group), issues(rank, then.group), first.seq, then.seq)
 
     return order
-
-
-def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
-    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first. A stall that
-    resolved (the job went on) is reported, and is no problem: ``ok``."""
-    kinds = {f.kind for f in findings if not f.resolved}
-    if kinds & set(DESYNC_KINDS):
-        return "desync"
-    if RANK_DIED in kinds:
-        return "crashed"
-    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED, RANK_FROZEN}:
-        return "stuck"
-    if kinds:
-        return "incomplete"
-    if interrupted:
-        return "interrupted"
-    if running:
-        return "running"
-    return "ok"
 
 
 def _name(path: object) -> str:
@@ -671,6 +678,7 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
         evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
+        basis="their dumps are older than the others'" if stale else "no data from them",
     )
 
 
@@ -702,6 +710,7 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     return Finding(
         kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
         ranks_missing=tuple(absent), culprit_ranks=(), suspect_ranks=tuple(absent), detail=detail, action=action,
+        basis="no data from them",
     )
 
 
