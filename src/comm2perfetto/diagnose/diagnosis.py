@@ -900,12 +900,15 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
     assert op is not None
     nth = _ordinal(tr.index + 1)
     seq = f", p2p seq {op.seq}" if op.seq is not None else ""
+    suspects: tuple[int, ...] = ()
     if why == "size":
         assert tr.send is not None and tr.recv is not None
-        culprits: tuple[int, ...] = (tr.src, tr.dst)
+        culprits: tuple[int, ...] = ()
+        suspects = (tr.src, tr.dst)  # which of the two tensors is the wrong one, the pair alone cannot tell
         detail = (
             f"The {nth} send from rank {tr.src} to rank {tr.dst} on {group.label}{seq} carries "
-            f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."
+            f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}: "
+            "which side is wrong cannot be told from the pair."
         )
         action = "Make the sender's and the receiver's tensors the same size."
     elif tr.send is not None:
@@ -933,9 +936,11 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
     return Finding(
         kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=op.seq, op=op.kind,
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
-        culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
-        stacks={r: s for r in culprits if (s := stall_stack(job, r))},
+        culprit_ranks=culprits, suspect_ranks=suspects, detail=detail, action=action, call_sites=sites,
+        stacks={r: s for r in culprits + suspects if (s := stall_stack(job, r))},
         evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
+        basis="the sizes of a matched send and recv differ" if suspects else
+              f"Flight Recorder and the recorder see every send and recv; rank {culprits[0]} has no record of its side",
     )
 
 
