@@ -60,6 +60,7 @@ from comm2perfetto.diagnose.weigh import (
     frozen_findings,
     frozen_ranks,
     in_progress,
+    killed_after,
     no_collectives,
 )
 from comm2perfetto.group_columns import GroupCollectives
@@ -100,6 +101,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
     dead = died_first(job, ends, interrupted_at, notes)
+    killed = killed_after(job, ends, dead)  # by the launcher, after the first death: victims
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
@@ -123,7 +125,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = dead_ranks(job, groups, dead, ends, findings)
+        findings = dead_ranks(job, groups, dead, ends, findings, killed)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)

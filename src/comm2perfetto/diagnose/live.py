@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose.findings import (
@@ -364,7 +365,14 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
         if wait is not None:
-            out.remove(wait)
+            i = out.index(wait)
+            rest = tuple(r for r in wait.ranks_missing if r != rank)
+            if rest:  # the others it waits for are told on their own (a rank computing elsewhere: a culprit too)
+                out[i] = replace(wait, ranks_missing=rest,
+                                 culprit_ranks=tuple(r for r in wait.culprit_ranks if r in rest),
+                                 suspect_ranks=tuple(r for r in wait.suspect_ranks if r in rest))
+            else:
+                del out[i]
             others = [r for r in wait.ranks_joined if r != rank]
             detail += f" {ranks_text(others).capitalize()} {'wait' if len(others) > 1 else 'waits'} in " \
                       f"{wait.op} #{wait.seq} on {wait.process_group} for it."
