@@ -310,5 +310,5 @@ def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path)
     logs[0].close(T0_NS + 40 * S)
     d, found, _ = _verdict(tmp_path, logs, crashed={1, 2},
                            jobs=[{"host": "node01", "ended_ns": T0_NS + 41 * S, "exit_status": 1}])
-    assert sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
+    assert d.status == "crashed" and sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
     assert sorted(c for _, _, c in found) == [(1,), (2,)]
