@@ -57,6 +57,7 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_inside,
     frozen_findings,
     frozen_ranks,
     in_progress,
@@ -124,8 +125,17 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
+    # A rank that died inside a collective every rank had joined: gloo aborts a rank whose received sizes do not
+    # match, so a mismatch found there makes it that finding's victim.
+    inside = {r: c for r in dead if (c := died_inside(job, r)) is not None}
+    for r, c in inside.items():
+        i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
+                  and f.seq == c.seq), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = dead_ranks(job, groups, dead, ends, findings, killed)
+        findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
