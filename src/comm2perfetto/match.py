@@ -76,7 +76,7 @@ from comm2perfetto.sources.discover import (
     dumps_world,
     load_sources,
 )
-from comm2perfetto.sources.event_log import Group
+from comm2perfetto.sources.event_log import Group, StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace
@@ -229,8 +229,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         skipped=tuple(src.skipped),
         notes=tuple(notes),
         logs=MappingProxyType(dict(src.logs)),
-        stall_stacks=MappingProxyType({r: docs[-1].shifted(clock.offset_ns.get(r, 0))
-                                       for r, docs in src.stacks.items() if docs}),
+        stall_stacks=MappingProxyType(_stacks_at_stalls(src, clock)),
         job_info=src.job_info,
         jobs=tuple(src.jobs),
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
@@ -242,6 +241,31 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         sampled=_sampled(src, world, sample),
         group_conflicts=tuple(conflicts),
     )
+
+
+# A rank's stacks belong to a stall when written this soon after it was detected: every rank's watchdog answers
+# another's stall at its next tick (a second), a few seconds late on a loaded host.
+STACKS_WINDOW_NS = 5 * 10**9
+
+
+def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallStacks]:
+    """Each rank's stacks at a stall, on the job's clock: the latest it wrote within ``STACKS_WINDOW_NS`` of a
+    stall some rank detected on its own call (logs shifted already), and before its process began to end (a
+    ``u`` record). A rank that could not write at the stall (frozen: its recorder's thread did not run) wrote
+    later, on its way out: that is no stack at the stall, and it is left out. Without any detected stall (stacks
+    without logs), each rank's latest."""
+    detected = sorted(st.t_ns for log in src.logs.values() for st in log.stalls if st.reason != "remote")
+    out = {}
+    for rank, docs in src.stacks.items():
+        moved = [d.shifted(clock.offset_ns.get(rank, 0)) for d in docs]
+        if detected:
+            log = src.logs.get(rank)
+            ending = min((e.t_ns for e in log.endings), default=None) if log is not None else None
+            moved = [d for d in moved if d.t_ns is not None and (ending is None or d.t_ns < ending) and any(
+                -10**9 <= d.t_ns - t <= STACKS_WINDOW_NS for t in detected)]  # written just before its k record
+        if moved:
+            out[rank] = moved[-1]
+    return out
 
 
 # --- world and groups ------------------------------------------------------------------------------------

@@ -345,3 +345,40 @@ def test_a_rank_that_died_inside_a_mismatched_collective_is_the_mismatch_s_victi
     (f,) = d.findings
     assert f.victim_ranks == (2,)
     assert d.ranks[2].state == "victim"
+
+
+def test_a_rank_seen_frozen_at_the_stall_stays_frozen_when_the_interruption_unblocks_it(tmp_path):
+    """Rank 1 held the GIL from its start (no heartbeat, no call); `record` saw it running with its recorder
+    silent at the stall ("held"); Ctrl-C then raised KeyboardInterrupt in it, and it wrote its way out."""
+    logs = _logs(world=2, steps=0)
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=1, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[0].stall(t + 2 * S, cid=1)
+    logs[0].heartbeats(t + 10 * S)
+    for log in logs:
+        log.ending(t + 10 * S, "signal", "SIGINT")
+        log.close(t + 10 * S + 1000)
+    probe = {"rank": 1, "pid": 4001, "state": "held", "t_ns": t + 6 * S, "attempt": 0}
+    d, found, _ = _verdict(tmp_path, logs, jobs=[{"host": "node01", "ended_ns": t + 11 * S, "exit_status": 1,
+                                                 "signal": "SIGINT", "signal_ns": t + 10 * S, "probes": [probe]}])
+    assert (d.status, found) == ("stuck", [("rank_frozen", 1, (1,))])
+    assert "running while its recorder's thread did not (the GIL held)" in d.findings[0].detail
+
+
+def test_stacks_a_rank_wrote_on_its_way_out_are_not_its_stack_at_the_stall(tmp_path):
+    """Rank 1 could only answer the stall's stack request once the interruption unblocked it, 9 s later, from
+    its exit path: that stack (threading.join) is not what it was doing at the stall, and is not shown."""
+    from support.factories import stacks_file
+
+    logs = _logs(world=2, steps=0)
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=1, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[0].stall(t + 2 * S, cid=1, stacks_file="rank0.stacks.1.json")
+    logs[1].ending(t + 10 * S, "signal", "SIGINT")
+    logs[1].stall(t + 10 * S + 100, reason="remote", stacks_file="rank1.stacks.1.json")
+    for log in logs:
+        log.close(t + 11 * S)
+    stacks_file(tmp_path, 0, [("job.py", 8, "<module>")], t + 2 * S - 1000)
+    stacks_file(tmp_path, 1, [("threading.py", 1123, "join")], t + 10 * S + 50)
+    _d, _found, job = _verdict(tmp_path, logs)
+    assert set(job.stall_stacks) == {0}

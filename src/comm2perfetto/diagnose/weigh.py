@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, UNKNOWN, RankEnd
+from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, SIGNALLED, UNKNOWN, RankEnd
 from comm2perfetto.diagnose.findings import (
     MISSING_RANKS,
     NO_COLLECTIVES,
@@ -113,14 +113,38 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
     out = {}
     for rank, (t, state) in seen.items():
         info, end = job.ranks.get(rank), ends.get(rank)
-        if info is None or end is None or info.last_ns is None or (state != "stopped" and not info.heartbeats):
+        if info is None or end is None or info.last_ns is None or (
+                state not in ("stopped", "held") and not info.heartbeats):
             continue  # a log without heartbeats can be quiet while its rank works; a stopped process cannot
+        how = {"stopped": "stopped (SIGSTOP, process state T)",
+               "held": "running while its recorder's thread did not (the GIL held)"}.get(state, "running")
+        if state in ("stopped", "held") and end.how in (SIGNALLED, PEER_LOST) and not _issued_after(job, rank, t):
+            # Seen frozen at the stall; the interruption (or a peer's end) then unblocked it, and it wrote its
+            # last records on the way out: frozen from its last call until then.
+            last = _last_call_before(job, rank, t)
+            out[rank] = RankEnd(rank, FROZEN, last, f"its process was seen {how} at the stall"
+                                + (f", {duration(t - last)} after its last call" if last is not None else "")
+                                + ", and issued nothing more before it ended")
+            continue
         if end.how not in (DIED, RUNNING, UNKNOWN) or t - info.last_ns < FROZEN_GAP_NS or _recording_off(job, rank):
             continue  # it ended by itself, or by a signal it handled; or it is fine
-        how = "stopped (SIGSTOP, process state T)" if state == "stopped" else "running"
         out[rank] = RankEnd(rank, FROZEN, info.last_ns,
                             f"its process was seen {how} {duration(t - info.last_ns)} after its last record")
     return out
+
+
+def _issued_after(job: Job, rank: int, t_ns: int) -> bool:
+    log = job.logs.get(rank)
+    return log is not None and any(c.t_call_ns > t_ns for c in log.calls)
+
+
+def _last_call_before(job: Job, rank: int, t_ns: int) -> int | None:
+    """When the rank last called torch.distributed before ``t_ns`` (else when its log began)."""
+    log = job.logs.get(rank)
+    if log is None:
+        return None
+    before = [c.t_call_ns for c in log.calls if c.t_call_ns <= t_ns]
+    return max(before) if before else log.first_ns
 
 
 def _recording_off(job: Job, rank: int) -> bool:
