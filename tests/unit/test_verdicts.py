@@ -280,3 +280,35 @@ def test_a_stall_that_shows_nothing_does_not_hide_a_later_one(tmp_path):
     d, found, _ = _verdict(tmp_path, logs)
     assert (d.status, found) == ("ok", [("missing_ranks", 6, (1,))])  # resolved: the job went on
     assert d.findings[0].resolved
+
+
+def test_ranks_the_launcher_kills_after_the_first_death_are_its_victims_not_deaths(tmp_path):
+    """Rank 1 is SIGKILLed; ranks 0 and 2 wait in all_reduce #6 for it, and torchrun SIGKILLs them 30 s later
+    (its grace period after SIGTERM, which a rank blocked in gloo never handles)."""
+    logs = _logs(world=3)
+    logs[1].heartbeats(T0_NS + S // 2)  # then SIGKILL: its log stops, unclosed
+    t = T0_NS + S
+    for r in (0, 2):
+        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+        logs[r].heartbeats(t + 30 * S)  # alive and waiting until the launcher's SIGKILL
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + 31 * S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    (f,) = d.findings
+    assert f.victim_ranks == (0, 2)
+    assert "Ranks 0, 2 ended 30.6 s later, still inside their call" in f.detail  # after rank 1's last record
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "victim", 1: "dead", 2: "victim"}
+    assert d.to_json()["victim_ranks"] == [0, 2]
+
+
+def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path):
+    """Not waiting when it died: the data does not show the launcher did it, so it stays a death of its own."""
+    logs = _logs(world=3)
+    logs[1].heartbeats(T0_NS + S // 2)
+    logs[2].heartbeats(T0_NS + 20 * S)  # computing, outside any call, until it dies too
+    logs[0].heartbeats(T0_NS + 40 * S)
+    logs[0].close(T0_NS + 40 * S)
+    d, found, _ = _verdict(tmp_path, logs, crashed={1, 2},
+                           jobs=[{"host": "node01", "ended_ns": T0_NS + 41 * S, "exit_status": 1}])
+    assert d.status == "crashed" and sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
+    assert sorted(c for _, _, c in found) == [(1,), (2,)]

@@ -150,18 +150,58 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
     return dead
 
 
+def killed_after(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
+    """The ranks whose death follows the first of ``dead``: when one worker dies, torchrun stops the others
+    (SIGTERM, then SIGKILL after its grace period), and a rank that died more than ``DEATH_GAP_NS`` after the
+    first death, while it was still inside a call (waiting on the dead rank, or on one the death left behind),
+    was ended by that, not by a fault of its own. They are taken out of ``dead`` if there, and returned
+    (victims)."""
+    first = min((e.t_ns for e in dead.values() if e.t_ns is not None), default=None)
+    if first is None:
+        return {}
+    out = {}
+    for rank, end in sorted(ends.items()):
+        if end.how == DIED and end.t_ns is not None and end.t_ns > first + DEATH_GAP_NS and _inside_a_call(job, rank):
+            out[rank] = end
+            dead.pop(rank, None)
+    return out
+
+
+def _inside_a_call(job: Job, rank: int) -> bool:
+    """The rank's log ends inside a torch.distributed call (it never returned), or, without a log of it, its
+    latest Flight Recorder collective is unfinished."""
+    log = job.logs.get(rank)
+    if log is not None and log.calls:
+        return log.calls[-1].t_return_ns is None
+    latest: tuple[int, bool] | None = None
+    for uid, cols in job.collectives.items():
+        group = job.groups.get(uid)
+        if group is None or rank not in group.ranks or not len(cols):
+            continue
+        for k in range(len(cols) - 1, max(-1, len(cols) - 9), -1):
+            c = cols[k]
+            if c.signatures[c.index_of(rank)] is not None:
+                t = c.arrival_of(rank) or 0
+                if latest is None or t > latest[0]:
+                    latest = (t, c.state_of(rank) in NOT_DONE_STATES)
+                break
+    return latest is not None and latest[1]
+
+
 def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
-                ends: Mapping[int, RankEnd], findings: list[Finding]) -> list[Finding]:
+               ends: Mapping[int, RankEnd], findings: list[Finding],
+               killed: Mapping[int, RankEnd] | None = None) -> list[Finding]:
     """Each rank that died first becomes a ``rank_died`` finding; the waits of the others it explains (the
-    collective it never joined) are folded into it."""
+    collective it never joined) are folded into it, and the ranks killed after it (``killed``) are its victims
+    (told in the first death's finding)."""
     out = list(findings)
     died: list[Finding] = []
-    for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):
+    for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
-        died.append(_rank_died(job, groups, rank, end, ends, explained))
+        died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None))
     # Waits of the others on a dead rank that another finding names again are the same story.
     dead_set = set(dead)
     out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
@@ -213,7 +253,7 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
 
 
 def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],
-               explained: Finding | None) -> Finding:
+               explained: Finding | None, killed: Mapping[int, RankEnd] | None = None) -> Finding:
     when = f" at {_clock_text(end.t_ns)}" if end.t_ns is not None else ""
     step = _last_step(job, rank)
     during = f" during step {step}" if step is not None else ""
@@ -244,8 +284,19 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
                 if was_in else ""
             detail += f" Rank {r} failed{inside}: {_short(ends[r].detail)}"
         evidence["failed"] = {str(r): ends[r].detail for r in failed}
-    action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
-              f"killer); the other ranks' failures follow from it.")
+    after = sorted(killed or ())
+    if after and end.t_ns is not None:
+        gap = min((killed or {})[r].t_ns or end.t_ns for r in after) - end.t_ns
+        detail += (f" {ranks_text(after).capitalize()} ended {duration(gap)} later, still inside "
+                   f"{'their' if len(after) > 1 else 'its'} call: the launcher stops the other workers when one "
+                   "fails (torchrun: SIGTERM, then SIGKILL after its grace period), a consequence, not a cause.")
+        evidence["killed_after"] = {str(r): (killed or {})[r].t_ns for r in after}
+    if end.how == EXCEPTION:
+        action = (f"Fix the exception rank {rank} raised (its traceback is in the job's stderr); the other ranks' "
+                  "failures follow from it.")
+    else:
+        action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
+                  f"killer); the other ranks' failures follow from it.")
     return Finding(
         kind=RANK_DIED, process_group=explained.process_group if explained else "",
         group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
@@ -253,7 +304,9 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         ranks_joined=explained.ranks_joined if explained else tuple(failed), ranks_missing=(rank,),
         culprit_ranks=(rank,), detail=detail, action=action,
         call_sites=explained.call_sites if explained else {}, stacks={rank: s} if (s := stall_stack(job, rank)) else {},
-        evidence=evidence, t_ns=end.t_ns,
+        evidence=evidence, t_ns=end.t_ns, victim_ranks=tuple(sorted(set(failed) | set(after))),
+        basis="an uncaught exception of its own ended it first" if end.how == EXCEPTION
+        else "its process ended first, without closing its log",
     )
 
 
