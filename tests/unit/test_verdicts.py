@@ -312,3 +312,36 @@ def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path)
                            jobs=[{"host": "node01", "ended_ns": T0_NS + 41 * S, "exit_status": 1}])
     assert d.status == "crashed" and sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
     assert sorted(c for _, _, c in found) == [(1,), (2,)]
+
+
+def _died_inside(tmp_path, sizes: dict[int, list]):
+    """Three ranks loop all_reduce [[4]] five times; at #6 each passes ``sizes[rank]``, rank 2's log stops inside
+    the call (gloo's SIGABRT: no Python handler runs) and ranks 0 and 1 fail with a reset connection."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    for r in range(3):
+        error = RESET if r != 2 else None
+        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=sizes[r], dtypes=["Float"], error=error,
+                     returns=r != 2)
+        if r != 2:
+            logs[r].ending(t + S // 10, "exception", RESET)
+            logs[r].close(t + S // 5)
+    return _verdict(tmp_path, logs, crashed={2}, jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+
+
+def test_a_rank_that_died_inside_a_collective_every_rank_joined_is_a_suspect_not_the_cause(tmp_path):
+    d, found, _ = _died_inside(tmp_path, {0: [[4]], 1: [[4]], 2: [[4]]})
+    assert (d.status, found) == ("crashed", [("rank_died", 6, ())])
+    (f,) = d.findings
+    assert (f.suspect_ranks, f.victim_ranks, f.ranks_joined, f.ranks_missing) == ((2,), (0, 1), (0, 1, 2), ())
+    assert "It ended inside all_reduce #6 on default_pg, which ranks 0, 1 had joined too" in f.detail
+
+
+def test_a_rank_that_died_inside_a_mismatched_collective_is_the_mismatch_s_victim(tmp_path):
+    """Rank 0 broke its own cycle ([[4]] five times, then [[8]]): it is the culprit; rank 2, which gloo aborted
+    for receiving more than it expected, is a victim."""
+    d, found, _ = _died_inside(tmp_path, {0: [[8]], 1: [[4]], 2: [[4]]})
+    assert (d.status, found) == ("desync", [("size_mismatch", 6, (0,))])
+    (f,) = d.findings
+    assert f.victim_ranks == (2,)
+    assert d.ranks[2].state == "victim"

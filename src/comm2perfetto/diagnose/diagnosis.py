@@ -57,6 +57,7 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_inside,
     frozen_findings,
     frozen_ranks,
     in_progress,
@@ -124,8 +125,17 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
+    # A rank that died inside a collective every rank had joined: gloo aborts a rank whose received sizes do not
+    # match, so a mismatch found there makes it that finding's victim.
+    inside = {r: c for r in dead if (c := died_inside(job, r)) is not None}
+    for r, c in inside.items():
+        i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
+                  and f.seq == c.seq), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = dead_ranks(job, groups, dead, ends, findings, killed)
+        findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
@@ -307,9 +317,10 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
 
 
 def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
-    """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
-    collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
-    without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
+    """Ranks known only from a Flight Recorder dump taken before the others': it ends before a collective
+    another rank completed, or its tail (two collectives or more) is unfinished where other ranks completed
+    the same collectives; neither can happen without every rank. Such a dump is a horizon: rank -> the first
+    seq it cannot speak about."""
     out: dict[int, int] = {}
     done_somewhere: dict[int, bool] = {}
 
@@ -318,9 +329,17 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
             done_somewhere[k] = COMPLETED in cols[k].states
         return done_somewhere[k]
 
+    last_done: int | None = None  # the latest collective some rank completed: it needed every rank
+    for k in range(len(cols) - 1, -1, -1):
+        if completed_anywhere(k):
+            last_done = cols[k].seq
+            break
     for i, rank in enumerate(group.ranks):
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
+            continue
+        if last_done is not None and cov.last_seq < last_done:
+            out[rank] = cov.last_seq + 1  # its dump ends before a collective that completed: an older dump
             continue
         # its last records (up to STALE_TAIL), newest first, read one value at a time: no rank's tuple of
         # every collective (a group of 16,384 ranks asks this of each)
@@ -750,8 +769,9 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         action = "Profile or record every rank of this group to see which one it waits for."
         suspects = ()
     elif stale:
-        why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
-                        "the others completed)" for r, seq in sorted(stale.items()))
+        why = "; ".join(f"rank {r}'s dump is older than the others' (from #{seq} on it shows unfinished, or not "
+                        "at all, collectives the others completed, which needs every rank)"
+                        for r, seq in sorted(stale.items()))
         detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
                   f"{group.label}; {why}, so whether {ranks_text(no_data)} issued it cannot be told.")
         action = (f"Look at {ranks_text(no_data)} first, and collect a fresh dump of it (TORCH_FR_DUMP_TEMP_FILE, "
