@@ -215,3 +215,44 @@ def test_joined_signatures_compare_as_the_user_called_them():
     bigger = joined_signature(Signature("all_reduce", ((6,),), ("Float",), ((6,),), ("Float",)),
                               Signature("reduce_scatter_tensor", ((6,),), ("Float",), None, None, "log"))
     assert compare(rst, bigger, 2) == "size"
+
+
+def _dispatch(tmp_path: Path, splits: dict[int, list[int]], steps: int = 4, dies: int | None = None):
+    """Three ranks all_to_all_single 9 elements, 3 to each, ``steps`` times; then each sends ``splits[rank]``
+    (expecting 3 from each). ``dies``: the rank whose log stops inside that call (gloo's SIGABRT)."""
+    for r in range(3):
+        log = EventLog(rank=r, world=3)
+        log.group(0, "0", "default_pg", [0, 1, 2])
+        for i in range(steps):
+            log.call("all_to_all_single", T0_NS + i * STEP_NS, seq=i + 1, shapes=[[9]], dtypes=["Float"],
+                     sizes=[[3, 3, 3], [3, 3, 3], [9]], site="moe.py:40 dispatch")
+        t = T0_NS + steps * STEP_NS
+        log.call("all_to_all_single", t, seq=steps + 1, shapes=[[9]], dtypes=["Float"], returns=r != dies,
+                 sizes=[splits[r], [3, 3, 3], [9]], site="moe.py:40 dispatch")
+        if r != dies:
+            log.close(t + STEP_NS)
+        log.write(tmp_path, crashed=r == dies)
+    job_file = {"format": "comm2perfetto-job", "host": "node01", "ended_ns": T0_NS + (steps + 2) * STEP_NS,
+                "exit_status": 1}
+    (tmp_path / "job.node01.1.json").write_bytes(orjson.dumps(job_file))  # the job on its host ended
+    return diagnose(load_job([tmp_path]))
+
+
+def test_an_all_to_all_whose_pairs_disagree_names_the_rank_that_broke_its_splits_and_its_victim(tmp_path):
+    """Rank 0 sends 2 to rank 1 and 4 to rank 2 where both expect 3 (its totals agree): gloo aborts rank 2,
+    which received more than it expected. Rank 0's splits break its own cycle; ranks 1 and 2 keep theirs."""
+    d = _dispatch(tmp_path, {0: [3, 2, 4], 1: [3, 3, 3], 2: [3, 3, 3]}, dies=2)
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks, f.victim_ranks) == (
+        "desync", "size_mismatch", (0,), (), (2,))
+    assert ("rank 0 sends 2 elements to rank 1, which expects 3 from it; rank 0 sends 4 elements to rank 2, which "
+            "expects 3 from it") in f.detail
+    assert f.evidence["pairs"] == [{"src": 0, "dst": 1, "sends": 2, "expects": 3},
+                                   {"src": 0, "dst": 2, "sends": 4, "expects": 3}]
+
+
+def test_an_all_to_all_whose_pairs_disagree_without_history_names_suspects_only(tmp_path):
+    d = _dispatch(tmp_path, {0: [3, 2, 4], 1: [3, 3, 3], 2: [3, 3, 3]}, steps=0, dies=2)
+    (f,) = d.findings
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks, f.victim_ranks) == ("size_mismatch", (), (0, 1, 2), (2,))
+    assert "Nothing in the data shows which side is wrong" in f.detail

@@ -548,7 +548,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
         else:
             clusters.append((sig, [r]))
     if len(clusters) < 2:
-        return _all_to_all_totals(job, c, cols, index)
+        return _exchange_mismatch(job, c, cols, index) or _all_to_all_totals(job, c, cols, index)
     clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))  # for the telling only: the largest first
     verdicts, whys = _cluster_verdicts(job, cols, index, clusters)
     sound = [i for i, v in enumerate(verdicts) if v == history.CONFORMS]
@@ -583,9 +583,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
         detail += f" {member}"
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
-    if culprits:
-        detail += f" {basis[0].upper()}{basis[1:]}."
-    else:
+    if not culprits:
         detail += (f" Nothing in the data shows which side is wrong ({basis}): "
                    f"{ranks_text(suspects)} {'are suspects' if len(suspects) > 1 else 'is a suspect'}.")
     same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
@@ -629,6 +627,75 @@ def _differing_member(a: Signature, b: Signature, size: int) -> str:
         if compare(pa, pb, size) is not None:
             return f"The {_ordinal(i + 1)} member differs: {pa.describe()} against {pb.describe()}."
     return ""
+
+
+MAX_PAIRS_TOLD = 4
+
+
+def _exchange_mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
+    """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
+    sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
+    other may return with wrong data), or an object collective whose ranks pass lists of different lengths.
+    Which side is wrong is read from each rank's history, as for other mismatches; otherwise the ranks of the
+    pairs that disagree are suspects."""
+    members = sorted(c.group.ranks)
+    where = {r: i for i, r in enumerate(members)}
+    sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
+    pairs: list[tuple[int, int, int, int]] = []  # (A, B, A sends to B, B expects from A)
+    if op_family(c.op) == "all_to_all":
+        for a, sa in sigs.items():
+            for b, sb in sigs.items():
+                if sa.exchange is None or sb.exchange is None:
+                    continue
+                sent, expected = sa.exchange.sends_to(where[b]), sb.exchange.expects_from(where[a])
+                if sent is not None and expected is not None and sent != expected:
+                    pairs.append((a, b, sent, expected))
+        if not pairs:
+            return None
+        told = "; ".join(f"rank {a} sends {k:,} elements to rank {b}, which expects {j:,} from it"
+                         for a, b, k, j in pairs[:MAX_PAIRS_TOLD])
+        if len(pairs) > MAX_PAIRS_TOLD:
+            told += f" ({len(pairs) - MAX_PAIRS_TOLD} more pairs)"
+        detail = f"The ranks of {c.group.label} disagree on what {c.op} #{c.seq} moves between them: {told}."
+        involved = sorted({r for a, b, _, _ in pairs for r in (a, b)})
+        evidence: dict[str, Any] = {"pairs": [{"src": a, "dst": b, "sends": k, "expects": j} for a, b, k, j in pairs]}
+    else:
+        lengths = {r: sig.objects for r, sig in sigs.items() if sig.objects is not None}
+        if len(set(lengths.values())) < 2 or op_family(c.op) not in ("broadcast", "all_gather", "gather", "scatter"):
+            return None
+        by_length: dict[int, list[int]] = {}
+        for r, n in sorted(lengths.items()):
+            by_length.setdefault(n, []).append(r)
+        told = "; ".join(f"{ranks_text(rs)}: {n}" for n, rs in sorted(by_length.items(), key=lambda kv: -len(kv[1])))
+        detail = f"The ranks of {c.group.label} pass object lists of different lengths to {c.op} #{c.seq} ({told})."
+        involved = sorted(lengths)
+        evidence = {"objects": {str(r): n for r, n in sorted(lengths.items())}}
+    clusters: dict[Signature, list[int]] = {}
+    for r in involved:
+        clusters.setdefault(sigs[r], []).append(r)
+    ordered = sorted(clusters.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    verdicts, whys = _cluster_verdicts(job, cols, index, ordered)
+    wrong = [i for i, v in enumerate(verdicts) if v == history.DEVIATES]
+    if wrong and any(v == history.CONFORMS for v in verdicts):
+        culprits, suspects = sorted(r for i in wrong for r in ordered[i][1]), []
+        basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
+    else:
+        culprits, suspects = [], involved
+        basis = "the ranks disagree, and nothing shows which side is wrong"
+        detail += " Nothing in the data shows which side is wrong."
+    sites = _sites(job, c, (culprits or suspects)[:4])
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    named = ranks_text(culprits or suspects)
+    action = (f"Make the split sizes of {named} agree with what the other ranks send and expect."
+              if op_family(c.op) == "all_to_all" else f"Give {named} object lists of the other ranks' length.")
+    return Finding(
+        kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), suspect_ranks=tuple(suspects),
+        detail=detail, action=action,
+        call_sites=sites, evidence=evidence, t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis=basis,
+    )
 
 
 def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
