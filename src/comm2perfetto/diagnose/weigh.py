@@ -109,7 +109,7 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
     if now_ns is not None:
         for rank, rank_info in job.ranks.items():
             if rank_info.alive is True and now_ns > seen.get(rank, (0, ""))[0]:
-                seen[rank] = (now_ns, "running")
+                seen[rank] = (now_ns, "stopped" if rank_info.stopped else "running")
     out = {}
     for rank, (t, state) in seen.items():
         info, end = job.ranks.get(rank), ends.get(rank)
