@@ -253,7 +253,8 @@ def _missing(common: dict, waiting: list[int], missing: list[int], ranks: Mappin
     culprits = tuple(r for r in missing if r not in silent)
     return Finding(kind=MISSING_RANKS, ranks_joined=tuple(waiting), ranks_missing=tuple(missing),
                    culprit_ranks=culprits, suspect_ranks=tuple(r for r in missing if r in silent), detail=detail,
-                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits), **common)
+                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits),
+                   basis=f"its count of collectives on {label} is short of #{seq}", **common)
 
 
 def _description(group: Mapping[str, Any]) -> str:
@@ -384,7 +385,8 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
             seq=wait.seq if wait else None, op=wait.op if wait else None,
             ranks_joined=tuple(r for r in wait.ranks_joined if r != rank) if wait else (), ranks_missing=(rank,),
             culprit_ranks=(rank,), detail=detail, action=action, call_sites=wait.call_sites if wait else {},
-            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None))
+            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None,
+            basis="its process existed at the stall and did not answer"))
     return out
 
 

@@ -298,7 +298,7 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
         ranks_joined=tuple(r for r in explained.ranks_joined if r != rank) if explained else (),
         ranks_missing=(rank,), culprit_ranks=(rank,), detail=detail, action=action,
         call_sites=explained.call_sites if explained else {}, stacks={rank: stack} if stack else {},
-        evidence=evidence, t_ns=end.t_ns,
+        evidence=evidence, t_ns=end.t_ns, basis="its process existed at the stall and made no progress",
     )
 
 
