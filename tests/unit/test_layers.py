@@ -4,8 +4,9 @@
     sources/ -> model, match (+ group_columns), align -> diagnose/ -> report/ -> trace/, render/, compare/ -> cli/
     launch (starts the job under record)
 
-``layout``, ``errors``, ``_version``, ``intervals``, ``strenum``, ``load_options``, ``report_doc`` and ``render.words``
-are leaves every layer may use. Imports inside functions count: a circle there is one all the same, only deferred."""
+``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``strenum``,
+``load_options``, ``report_doc`` and ``render.words`` are leaves every layer may use. Imports inside functions count:
+a circle there is one all the same, only deferred."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 from support import import_graph
 
 P = import_graph.PACKAGE
-LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}.strenum", f"{P}.load_options",
-          f"{P}.report_doc", f"{P}.render.words"}
+LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}.group_names", f"{P}.processes",
+          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.render.words"}
 # What each part may import besides itself and the leaves.
 ALLOWED = {
     "record": set(),

@@ -75,7 +75,10 @@ TAIL_BYTES = 64 << 10  # of the event log read back for the recent collectives (
 
 
 def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, folder: str = "") -> dict[str, Any]:
-    """What this rank is doing now, for the live verdict: bounded in size whatever the job does."""
+    """What this rank is doing now, for the live verdict: bounded in size whatever the job does. Every group
+    the process created is listed, used or not (``groups_complete``): a group missing from a rank's summary is
+    one it does not have, and a listed group it never used shows ``issued`` 0."""
+    rec.declare_all_groups()
     groups: dict[str, dict[str, Any]] = {}
     counters: dict[str, int | None] = {}
     for info in rec.groups()[:MAX_GROUPS]:
@@ -122,7 +125,7 @@ def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, f
     return {
         "rank": rec.rank, "host": socket.gethostname()[:MAX_TEXT], "folder": folder[:1000], "pid": os.getpid(),
         "t_ns": time.time_ns(), "step": rec.steps.current, "groups": groups,
-        "stack": main_stack(rec.internal_roots),
+        "groups_complete": len(rec.groups()) <= MAX_GROUPS, "stack": main_stack(rec.internal_roots),
     }
 
 
@@ -223,6 +226,12 @@ class LiveVerdict:
                     continue
             if now >= since + 3 * GATHER_WAIT_S:  # nobody published one: `record` says nothing for this gen
                 del self._open[gen]
+        self.write_resolved()
+
+    def write_resolved(self) -> None:
+        """Write ``.live/stall.<gen>.resolved.json`` for each stall whose snapshot this rank wrote and that some
+        rank's completed call ended (``resolved``). Also called once as the recorder stops: a job that ends a
+        moment after its stall resolved is told it resolved."""
         for gen in sorted(self._written - self._resolved_seen):
             key = RESOLVED_KEY.format(gen)
             if self._store.check([key]):
