@@ -5,7 +5,7 @@
     launch (starts the job under record)
 
 ``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``strenum``,
-``load_options``, ``report_doc`` and ``render.words`` are leaves every layer may use. Imports inside functions count:
+``load_options``, ``report_doc`` and ``words`` are leaves every layer may use. Imports inside functions count:
 a circle there is one all the same, only deferred."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from support import import_graph
 
 P = import_graph.PACKAGE
 LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}.group_names", f"{P}.processes",
-          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.render.words"}
+          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.words"}
 # What each part may import besides itself and the leaves.
 ALLOWED = {
     "record": set(),

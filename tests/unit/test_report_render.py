@@ -32,8 +32,8 @@ from comm2perfetto.render.report_plot import (
     write_plot,
 )
 from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, render_text
-from comm2perfetto.render.words import document_clock_text
 from comm2perfetto.report_doc import FIGURES, INSTANCE_COLUMNS
+from comm2perfetto.words import document_clock_text
 
 # --- documents ----------------------------------------------------------------------------------------------
 
@@ -591,7 +591,7 @@ def test_html_header_says_what_the_report_covers() -> None:
     assert facts == {"folder": "runs/job7", "ranks": "4 with data (ranks 0-3) of world size 4",
                      "steps": "3-5 (3 steps)", "basis": "gpu (flight recorder, kineto gpu kernels)",
                      "clocks": "clocks aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
-    # The page words the clocks as the text report does: one sentence, from render.words.
+    # The page words the clocks as the text report does: one sentence, from words.
     assert facts["clocks"] in render_text(doc)
     doc["clock"] = {"method": {"0": "assumed", "1": "assumed"}, "residual_skew_s": None, "samples": 0}
     assert document_clock_text(doc["clock"]) == (

@@ -26,10 +26,10 @@ from comm2perfetto.diagnose.other_attempts import with_attempts
 from comm2perfetto.load_options import MERGE
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Job
-from comm2perfetto.render.words import clock_text, duration, ranks_text, size
 from comm2perfetto.sources.discover import require_paths
 from comm2perfetto.trace.formats import format_for
 from comm2perfetto.trace.write import RankChoice, TraceOptions, TraceResult, Window, brief, write_trace
+from comm2perfetto.words import clock_text, duration, ranks_text, size
 
 __all__ = ["add_parser", "run"]
 

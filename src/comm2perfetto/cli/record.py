@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
-    from comm2perfetto.render.words import duration
     from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
+    from comm2perfetto.words import duration
 
     attempts = layout.attempt_folders(out_dir)
     last = max(attempts)

@@ -81,7 +81,7 @@ from comm2perfetto.model import (
     call_site,
     op_family,
 )
-from comm2perfetto.render.words import duration, ranks_text
+from comm2perfetto.words import duration, ranks_text
 
 __all__ = ["diagnose"]
 

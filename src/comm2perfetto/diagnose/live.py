@@ -58,7 +58,7 @@ from comm2perfetto.diagnose.waits import (
 )
 from comm2perfetto.group_names import conflicts as group_conflicts
 from comm2perfetto.model import ClockAlignment
-from comm2perfetto.render.words import duration, ranks_text
+from comm2perfetto.words import duration, ranks_text
 
 __all__ = ["live_diagnosis"]
 

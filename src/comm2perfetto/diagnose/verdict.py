@@ -29,7 +29,7 @@ from comm2perfetto.diagnose.findings import (
     Finding,
     Status,
 )
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 __all__ = ["conclude", "unexplained_stall"]
 

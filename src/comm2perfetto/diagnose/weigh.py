@@ -23,7 +23,7 @@ from comm2perfetto.diagnose.findings import (
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup
-from comm2perfetto.render.words import duration, ranks_text
+from comm2perfetto.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
 # torchrun): a rank waiting since less than this before the first signal waits because of it.

@@ -53,8 +53,8 @@ from comm2perfetto.render.report_text import (
     rank_sort_key,
     time_cells,
 )
-from comm2perfetto.render.words import document_clock_text, ranks_text
 from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
+from comm2perfetto.words import document_clock_text, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
            "write_plot"]

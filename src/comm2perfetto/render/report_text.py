@@ -4,7 +4,7 @@ Takes the plain dict and nothing else. Sections, in order: a header (rank count,
 came from) and the job summary line; the per-rank table (with a job row of means; over
 :data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
 per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
-tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.render.words`:
+tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.words`:
 ``12.3 ms``, ``2.00 KiB``, ``ranks 0-3, 5``), bandwidth in GB/s with 3 significant digits, and a missing value
 prints as ``-``. Same dict, same text; no trailing whitespace.
 
@@ -28,8 +28,8 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from comm2perfetto.render.words import document_clock_text, duration, ranks_text, size, three_digits
 from comm2perfetto.report_doc import CollectiveRow, FigureKey, Figures, ModuleRow, RankFigures, ReportDoc
+from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
 __all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
            "rank_sort_key", "render_text", "table", "time_cells"]

@@ -38,7 +38,6 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.load_options import MERGE, LoadOptions, Traces
 from comm2perfetto.model import RankProfile, Skipped
 from comm2perfetto.processes import process_state
-from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import (
     UNCLOSED,
     EventLogError,
@@ -66,6 +65,7 @@ from comm2perfetto.sources.limits import (
     time_ok,
 )
 from comm2perfetto.sources.safe_pickle import looks_like_pickle
+from comm2perfetto.words import duration
 
 __all__ = ["MixedJobsError", "SourceError", "Sources", "discover", "dumps_world", "load_sources"]
 

@@ -13,7 +13,6 @@ from operator import sub
 from typing import Any, NamedTuple
 
 from comm2perfetto.model import NOT_DONE_STATES, GroupView, Job, P2POp, P2PTransfer, Signature, gpu_backend
-from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
@@ -21,6 +20,7 @@ from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, shapes_text, signature_args
 from comm2perfetto.trace.sink import NO_FLOWS, SharedArgs, TraceSink
+from comm2perfetto.words import duration
 
 __all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
 

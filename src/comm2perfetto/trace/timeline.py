@@ -29,13 +29,13 @@ from operator import itemgetter
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.model import Collective, Job, known_values
-from comm2perfetto.render.words import duration
 from comm2perfetto.report.classes import RankClasses
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
 from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, rank_at
 from comm2perfetto.trace.sink import TraceSink
+from comm2perfetto.words import duration
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
 

@@ -23,13 +23,13 @@ from comm2perfetto.diagnose.findings import Diagnosis, Finding
 from comm2perfetto.errors import OptionError, writing
 from comm2perfetto.load_options import Traces
 from comm2perfetto.model import Job
-from comm2perfetto.render.words import duration, rank_list, ranks_text, sample_text
 from comm2perfetto.report.classes import job_classes
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import open_writer
 from comm2perfetto.trace.markers import plan_markers
 from comm2perfetto.trace.sink import WriteStats
 from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
+from comm2perfetto.words import duration, rank_list, ranks_text, sample_text
 
 __all__ = ["RankChoice", "TraceOptions", "TraceResult", "Window", "brief", "write_trace"]
 
