@@ -12,7 +12,7 @@ annotations and the preview all call these, so one fact reads the same wherever 
     clock_text({0: "measured", 1: "refined"}, 14_600, 5)
         -> "clocks aligned to rank 0; residual skew 14.6 us (5 collective ends)"
 
-The order of process groups is a fact of the model: :meth:`comm2perfetto.model.Job.groups_in_order`.
+The order of process groups is a fact of the job: :meth:`comm2perfetto.job.Job.groups_in_order`.
 Standard library only and no import of comm2perfetto when it runs (``report_doc``'s types for the type
 checker), so every layer may word things with it.
 """

@@ -12,8 +12,8 @@ import pytest
 
 from comm2perfetto.load_options import REPORT, LoadOptions
 from comm2perfetto.match import load_job
-from comm2perfetto.model import RankProfile
 from comm2perfetto.sources.event_log import _TIME_AT, read_event_log
+from comm2perfetto.sources.kineto.profile import RankProfile
 
 RECORDING = Path(__file__).parents[1] / "data" / "recording" / "subgroups"
 

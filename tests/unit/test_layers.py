@@ -1,7 +1,8 @@
 """The package's layers, read from its sources: no import circle anywhere, and nothing imports upwards.
 
     record/  (in the job; the only part that imports torch)      cli/  parses, prints, picks exit codes
-    sources/ -> model, match (+ group_columns), align -> diagnose/ -> report/ -> trace/, render/, compare/ -> cli/
+    sources/ -> model, job, match (+ tracks, group_columns), align -> diagnose/ -> report/ -> trace/, render/,
+    compare/ -> cli/
     launch (starts the job under record)
 
 ``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``strenum``,
@@ -23,16 +24,18 @@ LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}
 ALLOWED = {
     "record": set(),
     "sources": {"model"},
-    "model": {"sources"},  # for the type checker only (checked below)
+    "model": set(),
+    "job": {"model", "sources"},  # the readers for the type checker only (checked below)
     "align": {"model"},
     "group_columns": {"model", "sources"},  # the views over each rank's columns that match builds
-    "match": {"model", "group_columns", "align", "sources"},
-    "diagnose": {"model", "match", "group_columns", "align", "sources"},
+    "tracks": {"model", "group_columns", "sources"},  # each rank's records of a group, joined
+    "match": {"model", "job", "group_columns", "tracks", "align", "sources"},
+    "diagnose": {"model", "job", "match", "group_columns", "align", "sources"},
     # report's notes say how a restarted job's other attempts ended: diagnose's verdict on each
-    "report": {"model", "match", "group_columns", "align", "sources", "diagnose"},
-    "trace": {"model", "match", "group_columns", "align", "sources", "diagnose", "report"},
-    "render": {"model", "diagnose", "report", "compare"},
-    "compare": {"model", "match", "report", "sources"},  # a side is a saved report or what report builds
+    "report": {"model", "job", "match", "group_columns", "align", "sources", "diagnose"},
+    "trace": {"model", "job", "match", "group_columns", "align", "sources", "diagnose", "report"},
+    "render": {"model", "job", "diagnose", "report", "compare"},
+    "compare": {"model", "job", "match", "report", "sources"},  # a side is a saved report or what report builds
     "launch": {"record"},  # record's own process starting the job: the recorder's configuration and boot code
 }
 
@@ -62,9 +65,10 @@ def test_nothing_imports_upwards(part):
     assert not wrong, sorted(wrong)
 
 
-def test_the_model_imports_the_readers_only_for_the_type_checker():
+def test_the_model_and_the_job_import_the_readers_only_for_the_type_checker():
     runtime = import_graph.graph(with_typing=False)
     assert not {t for t in runtime[f"{P}.model"] if t not in LEAVES}
+    assert not {t for t in runtime[f"{P}.job"] if t not in LEAVES | {f"{P}.model"}}
 
 
 def test_only_the_recorder_imports_torch():

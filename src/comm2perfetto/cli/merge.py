@@ -23,9 +23,9 @@ from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import Diagnosis
 from comm2perfetto.diagnose.other_attempts import with_attempts
+from comm2perfetto.job import Job
 from comm2perfetto.load_options import MERGE
 from comm2perfetto.match import load_job
-from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import require_paths
 from comm2perfetto.trace.formats import format_for
 from comm2perfetto.trace.write import RankChoice, TraceOptions, TraceResult, Window, brief, write_trace

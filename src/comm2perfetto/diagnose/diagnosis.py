@@ -64,6 +64,7 @@ from comm2perfetto.diagnose.weigh import (
     killed_after,
     no_collectives,
 )
+from comm2perfetto.job import Coverage, Job
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -72,9 +73,7 @@ from comm2perfetto.model import (
     SCHEDULED,
     STARTED,
     Collective,
-    Coverage,
     GroupView,
-    Job,
     P2PTransfer,
     ProcessGroup,
     Signature,

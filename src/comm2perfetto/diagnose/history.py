@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from comm2perfetto.diagnose.signatures import compare
-from comm2perfetto.model import GroupView, Job, Signature, call_site
+from comm2perfetto.job import Job
+from comm2perfetto.model import GroupView, Signature, call_site
 
 __all__ = ["Judgement", "judge"]
 

@@ -10,8 +10,8 @@ import time
 from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd, Diagnosis
+from comm2perfetto.job import Job
 from comm2perfetto.match import load_job
-from comm2perfetto.model import Job
 from comm2perfetto.sources.discover import SourceError
 
 __all__ = ["attempts_note", "other_attempts", "with_attempts"]

@@ -22,7 +22,8 @@ from comm2perfetto.diagnose.findings import (
     Finding,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup
+from comm2perfetto.job import Job
+from comm2perfetto.model import NOT_DONE_STATES, Collective, ProcessGroup
 from comm2perfetto.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under

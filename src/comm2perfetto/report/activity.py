@@ -16,7 +16,7 @@ Two bases, chosen per rank:
   inside a user's range that wraps the whole step.
 
 Profiler traces are read by the loader (``match.load_job`` with ``LoadOptions.profiles``), in worker processes,
-into compact unions (``model.RankProfile``), not events.
+into compact unions (``sources.kineto.profile.RankProfile``), not events.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from itertools import compress
 from operator import add, itemgetter
 
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import GroupView, Job, RankProfile
+from comm2perfetto.job import Job
+from comm2perfetto.model import GroupView
 from comm2perfetto.report_doc import Basis
 from comm2perfetto.sources.event_log import RankLog
-from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
+from comm2perfetto.sources.kineto.profile import RankProfile, kineto_intervals, read_profiles
 
 __all__ = [
     "FlightRecorderSpans",

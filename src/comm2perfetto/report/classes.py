@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from comm2perfetto.model import Job
+from comm2perfetto.job import Job
 from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
 from comm2perfetto.report.intervals import Span, difference, intersection, union
 

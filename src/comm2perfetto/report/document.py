@@ -19,7 +19,8 @@ from typing import cast
 
 from comm2perfetto.diagnose.other_attempts import attempts_note
 from comm2perfetto.errors import Comm2PerfettoError
-from comm2perfetto.model import Collective, Job
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective
 from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.modules import ModuleTable

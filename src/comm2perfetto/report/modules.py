@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from comm2perfetto.model import Collective, Job, op_family, tensor_bytes
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, op_family, tensor_bytes
 from comm2perfetto.report.bandwidth import first_signature
 from comm2perfetto.report_doc import ModuleRow
 

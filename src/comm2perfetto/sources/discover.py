@@ -36,7 +36,7 @@ import orjson
 from comm2perfetto import layout
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.load_options import MERGE, LoadOptions, Traces
-from comm2perfetto.model import RankProfile, Skipped
+from comm2perfetto.model import Skipped
 from comm2perfetto.processes import process_state
 from comm2perfetto.sources.event_log import (
     UNCLOSED,
@@ -53,7 +53,7 @@ from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
 from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
-from comm2perfetto.sources.kineto.profile import read_profiles
+from comm2perfetto.sources.kineto.profile import RankProfile, read_profiles
 from comm2perfetto.sources.kineto.reader import gunzip_head, sniff_kineto
 from comm2perfetto.sources.limits import (
     MAX_FILE_BYTES,

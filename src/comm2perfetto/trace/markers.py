@@ -24,7 +24,8 @@ from comm2perfetto.diagnose.findings import (
     Diagnosis,
     Finding,
 )
-from comm2perfetto.model import CallState, Job
+from comm2perfetto.job import Job
+from comm2perfetto.model import CallState
 
 
 @dataclass(frozen=True, slots=True)

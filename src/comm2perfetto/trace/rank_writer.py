@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import sub
 from typing import Any, NamedTuple
 
-from comm2perfetto.model import NOT_DONE_STATES, GroupView, Job, P2POp, P2PTransfer, Signature, gpu_backend
+from comm2perfetto.job import Job
+from comm2perfetto.model import NOT_DONE_STATES, GroupView, P2POp, P2PTransfer, Signature, gpu_backend
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout

@@ -15,7 +15,8 @@ from operator import getitem, gt, is_not, not_
 from types import MappingProxyType
 from typing import Any
 
-from comm2perfetto.model import Collective, GroupView, Job, Signature, call_site, known_values, tensor_bytes, work_span
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, GroupView, Signature, call_site, known_values, tensor_bytes, work_span
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
 __all__ = ["END", "START", "STEP", "Flow", "GroupTable", "SiteCache", "rank_at", "shapes_text",

@@ -28,7 +28,8 @@ from operator import itemgetter
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
-from comm2perfetto.model import Collective, Job, known_values
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, known_values
 from comm2perfetto.report.classes import RankClasses
 from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
 from comm2perfetto.errors import OptionError, writing
+from comm2perfetto.job import Job
 from comm2perfetto.load_options import Traces
-from comm2perfetto.model import Job
 from comm2perfetto.report.classes import job_classes
 from comm2perfetto.sources.kineto.load import trace_span
 from comm2perfetto.trace.formats import open_writer

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from comm2perfetto.errors import OptionError
-from comm2perfetto.model import RankProfile, Skipped
+from comm2perfetto.model import Skipped
 from comm2perfetto.sources.kineto.events import KinetoSpans, KinetoTrace
-from comm2perfetto.sources.kineto.profile import rank_profile
+from comm2perfetto.sources.kineto.profile import RankProfile, rank_profile
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto, read_kineto_and_spans
 
