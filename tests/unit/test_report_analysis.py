@@ -14,12 +14,12 @@ import pytest
 
 from comm2perfetto import group_columns
 from comm2perfetto.group_columns import GroupCollectives
+from comm2perfetto.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from comm2perfetto.report.activity import RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
 from comm2perfetto.report.document import _profiled_note, _RankFacts, build_report, steps_text
-from comm2perfetto.report.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table

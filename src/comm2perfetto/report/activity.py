@@ -33,16 +33,9 @@ from comm2perfetto.job import Job
 from comm2perfetto.model import GroupView
 from comm2perfetto.report_doc import Basis
 from comm2perfetto.sources.event_log import RankLog
-from comm2perfetto.sources.kineto.profile import RankProfile, kineto_intervals, read_profiles
+from comm2perfetto.sources.kineto.profile import RankProfile
 
-__all__ = [
-    "FlightRecorderSpans",
-    "RankActivity",
-    "RankProfile",
-    "kineto_intervals",
-    "rank_activity",
-    "read_profiles",
-]
+__all__ = ["FlightRecorderSpans", "RankActivity", "rank_activity"]
 
 _END = itemgetter(1)
 

@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from comm2perfetto.intervals import NS
 from comm2perfetto.job import Job
 from comm2perfetto.model import Collective, Signature, gpu_backend, op_family, span_timing, tensor_bytes
-from comm2perfetto.report.intervals import NS
 from comm2perfetto.report_doc import CollectiveRow, Instances
 
 _Number = TypeVar("_Number", int, float)

@@ -21,12 +21,13 @@ from comm2perfetto.diagnose.other_attempts import attempts_note
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.job import Job
 from comm2perfetto.model import Collective
-from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
+from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import LatenessTable, Stragglers
 from comm2perfetto.report_doc import VERSION, Basis, Clock, CollectiveRow, RankFigures, ReportDoc
+from comm2perfetto.sources.kineto.profile import RankProfile
 from comm2perfetto.words import ranks_text
 
 __all__ = ["ReportOptions", "StepsError", "build", "build_report", "steps_text"]

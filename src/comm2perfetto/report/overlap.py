@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from comm2perfetto.intervals import NS, Span
 from comm2perfetto.report.activity import RankActivity
-from comm2perfetto.report.intervals import NS, Span
 from comm2perfetto.report_doc import Figures, JobFigures
 
 

@@ -17,10 +17,10 @@ from itertools import repeat
 from operator import itemgetter, sub
 from typing import cast
 
+from comm2perfetto.intervals import NS
 from comm2perfetto.job import Job
 from comm2perfetto.model import Collective
 from comm2perfetto.report.bandwidth import percentile
-from comm2perfetto.report.intervals import NS
 from comm2perfetto.report_doc import LatenessMap, StragglerRow
 
 
