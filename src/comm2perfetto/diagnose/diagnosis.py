@@ -438,7 +438,7 @@ def _missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int |
     return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
 
 
-def _shifted(job: Job, c: Collective, cols: Sequence[Collective], index: int, joined: list[int],
+def _shifted(job: Job, c: Collective, cols: GroupView, index: int, joined: list[int],
              missing: list[int]) -> Finding | None:
     """The ranks waiting in ``c`` issued one collective more than the missing ranks (or these one less) from a
     line of their own: their call sites parted earlier (``history.divergence``) while the signatures matched,
@@ -659,7 +659,7 @@ def _cluster_verdicts(job: Job, cols: GroupView, index: int,
     return _judged_at(job, cols, index, clusters)
 
 
-def _judged_at(job: Job, cols: Sequence[Collective], index: int,
+def _judged_at(job: Job, cols: GroupView, index: int,
                clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
     verdicts: list[str] = []
     whys: list[tuple[int, str]] = []

@@ -69,7 +69,7 @@ def judge(job: Job, cols: GroupView, index: int, rank: int) -> Judgement:
     return Judgement(DEVIATES, _why(current, expected, history, group_size))
 
 
-def divergence(job: Job, cols: Sequence[Collective], index: int, ranks: Sequence[int]) -> int | None:
+def divergence(job: Job, cols: GroupView, index: int, ranks: Sequence[int]) -> int | None:
     """Where the ranks' call sites parted before the ``index``-th collective: the latest of the last ``WINDOW``
     collectives whose call sites differ between the ranks while their signatures matched. A rank that issued an
     extra collective (or skipped one) from its own line shifts every later collective against its peers'; the
