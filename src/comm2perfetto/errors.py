@@ -10,8 +10,8 @@ catch, so a reader that skips a bad file on ``ValueError`` keeps doing so::
     ├── OptionError (ValueError)             a value given to the CLI or the API that cannot be used
     ├── OutputError                          an output that cannot be written (``writing``)
     ├── sources.discover.SourceError         no usable input (nothing recognised, an unreadable path)
+    │   └── sources.checks.MixedJobsError    the files of several jobs in the folders given
     ├── compare.sides.SideError              one side of a comparison that cannot be read (named BASE or NEW)
-    │   └── MixedJobsError                   the dumps of several jobs in one folder
     ├── sources.fr.dump.FrFormatError (ValueError)              a Flight Recorder dump that cannot be read
     ├── sources.event_log.EventLogError (ValueError)            a recorder log that cannot be read
     ├── sources.kineto.reader.KinetoFormatError (ValueError)    a profiler trace that cannot be read

@@ -1,7 +1,7 @@
 """Run a job under ``comm2perfetto record``: with the recorder's boot code on its ``PYTHONPATH`` and its
 configuration in the environment (``child_environment``), in its own session and process group with every
 signal to ``record`` forwarded to the whole group (``run_forwarding_signals``), and a job file saying how it
-ended (``write_job_file``, read back by ``sources.discover``)::
+ended (``write_job_file``, read back by ``sources.read``)::
 
     {"format": "comm2perfetto-job", "version": 1, "run_id": "...", "command": ["torchrun", ...],
      "host": "node0", "pid": 4242, "started_ns": ..., "ended_ns": ..., "exit_status": 0, "signal": null, ...}

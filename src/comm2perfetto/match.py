@@ -3,7 +3,7 @@
 group, sequence number). No torch.
 
 Input: ``Sources`` (Flight Recorder columns, recorder event logs and profiler traces per rank, see
-``sources.discover``). Output: a ``Job`` (``job.py``) with, per process group, its collectives in seq order and
+``sources.read``). Output: a ``Job`` (``job.py``) with, per process group, its collectives in seq order and
 its point-to-point transfers, each rank's coverage, and the clock alignment.
 
 How records meet:
@@ -55,7 +55,7 @@ from comm2perfetto.model import (
     ProcessGroup,
     Stack,
 )
-from comm2perfetto.sources.discover import Sources, dumps_world, load_sources
+from comm2perfetto.sources.checks import dumps_world
 from comm2perfetto.sources.event_log import StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
@@ -63,6 +63,7 @@ from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
 from comm2perfetto.sources.limits import Ranks
+from comm2perfetto.sources.read import Sources, load_sources
 from comm2perfetto.tracks import SiteInterner, fr_p2p, merge_log, merge_traces, number_by_order
 
 
@@ -189,7 +190,7 @@ def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallSta
 
 
 def _world_size(src: Sources) -> int | None:
-    world = dumps_world(src)
+    world = dumps_world(src.logs, src.fr)
     if world is not None:
         return world
     for traces in src.traces.values():

@@ -20,7 +20,8 @@ from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd
 from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import SourceError, load_sources
+from comm2perfetto.sources.discover import SourceError
+from comm2perfetto.sources.read import load_sources
 from support.factories import T0_NS, EventLog
 
 S = 10**9

@@ -10,17 +10,9 @@ import pytest
 
 from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import (
-    EVENT_LOG,
-    FR,
-    JOB,
-    KINETO,
-    STACKS,
-    MixedJobsError,
-    SourceError,
-    discover,
-    load_sources,
-)
+from comm2perfetto.sources.checks import MixedJobsError
+from comm2perfetto.sources.discover import EVENT_LOG, FR, JOB, KINETO, STACKS, SourceError, discover
+from comm2perfetto.sources.read import load_sources
 from support.factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 

@@ -11,13 +11,15 @@ import pytest
 from comm2perfetto.cli import main
 from comm2perfetto.load_options import LoadOptions, Traces
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import MixedJobsError, SourceError, load_sources
+from comm2perfetto.sources.checks import MixedJobsError
+from comm2perfetto.sources.discover import SourceError
 from comm2perfetto.sources.kineto.classify import classify_gpu
 from comm2perfetto.sources.kineto.collectives import collectives_of, op_name
 from comm2perfetto.sources.kineto.comm_kernels import comm_family
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps
+from comm2perfetto.sources.read import load_sources
 from comm2perfetto.trace.check import check_trace
 from support.factories import T0_NS, steady_job
 from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job

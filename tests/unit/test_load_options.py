@@ -10,8 +10,8 @@ import pytest
 
 from comm2perfetto.load_options import DIAGNOSE, MERGE, REPORT, LoadOptions, Traces
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import load_sources
 from comm2perfetto.sources.kineto.reader import read_kineto, read_kineto_and_spans, read_kineto_spans
+from comm2perfetto.sources.read import load_sources
 
 DATA = Path(__file__).parents[1] / "data"
 RECORDING = DATA / "recording" / "subgroups"

@@ -200,13 +200,13 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
 def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monkeypatch):
     """Two ranks come back from the workers, then the pool breaks: the other ranks are read here, each once,
     and the notes say so."""
-    from comm2perfetto.sources import discover
+    from comm2perfetto.sources import read
 
     job = FrJob(world=4)
     for r in job.ranks:
         job.collective(r, "all_reduce", [[8]])
     job.write(tmp_path)
-    real = discover._load_parallel
+    real = read._load_parallel
 
     def breaks(per_rank, workers, with_stacks):
         for n, result in enumerate(real(per_rank, workers, with_stacks)):
@@ -214,7 +214,7 @@ def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monke
                 raise OSError("a worker died")
             yield result
 
-    monkeypatch.setattr(discover, "_load_parallel", breaks)
+    monkeypatch.setattr(read, "_load_parallel", breaks)
     seen = []
     loaded = load_job([tmp_path], LoadOptions(workers=2, progress=lambda done, total: seen.append((done, total))))
     assert [c.joined_ranks for c in loaded.collectives["0[0,1,2,3]"]] == [(0, 1, 2, 3)]
@@ -228,7 +228,7 @@ def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_compl
     most FR_END_SAMPLES), read as column slices, and the dict path on plain rows gives the same differences."""
     from comm2perfetto.group_columns import rows_of
     from comm2perfetto.match import FR_END_SAMPLES, _end_differences
-    from comm2perfetto.sources.discover import load_sources
+    from comm2perfetto.sources.read import load_sources
 
     job = FrJob(world=2)
     for r in job.ranks:
@@ -248,7 +248,7 @@ def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_compl
 def test_group_members_read_as_ranges_where_consecutive(tmp_path):
     """A group's members from a dump's pg_config or a recorder log are a range where consecutive (nothing per
     rank to hash or compare at 16,384 ranks) and a tuple otherwise; the group ids read the same either way."""
-    from comm2perfetto.sources.discover import load_sources
+    from comm2perfetto.sources.read import load_sources
 
     job = FrJob(world=4)
     job.group("5", [0, 2], desc="even")

@@ -18,8 +18,9 @@ from pathlib import Path
 from comm2perfetto.cli import UserError, exit_status
 from comm2perfetto.cli.reading import add_reading_options, reading
 from comm2perfetto.load_options import LoadOptions, Traces
-from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover, load_sources
+from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover
 from comm2perfetto.sources.fr.compact import file_name, write_fr_columns
+from comm2perfetto.sources.read import load_sources
 from comm2perfetto.words import size
 
 __all__ = ["add_parser", "run"]
