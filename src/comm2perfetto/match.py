@@ -28,7 +28,7 @@ import bisect
 import dataclasses
 import functools
 import gc
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
@@ -45,6 +45,8 @@ from comm2perfetto.group_columns import (
     rows_of,
     shift_track,
 )
+from comm2perfetto.group_names import GroupConflict
+from comm2perfetto.group_names import conflicts as group_conflicts
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -174,7 +176,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
-    groups, local = _resolve_groups(src, world, notes, trace_cols)
+    groups, local, conflicts = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], Track] = {}
     p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
     log_seen: dict[str, set[int]] = defaultdict(set)
@@ -238,6 +240,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         attempt=src.attempt,
         attempts=src.attempts,
         sampled=_sampled(src, world, sample),
+        group_conflicts=tuple(conflicts),
     )
 
 
@@ -258,8 +261,10 @@ def _world_size(src: Sources) -> int | None:
 
 def _resolve_groups(
     src: Sources, world: int | None, notes: list[str], trace_cols: dict[int, list[TraceCollective]] | None = None,
-) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str]]:
-    """Every process group of the job, and which one each rank's local name means."""
+) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str], list[GroupConflict]]:
+    """Every process group of the job, which one each rank's local name means, and the groups the ranks know by
+    different names (``group_names``: created in different orders). Groups that share a description are shown
+    with their name (``X (group 2)``)."""
     # (rank, name) -> (desc, ranks or None, source, backend)
     local: dict[tuple[int, str], tuple[str, Ranks | None, str, str | None]] = {}
     for rank, trace in src.fr.items():
@@ -317,7 +322,23 @@ def _resolve_groups(
             "members of group(s) " + ", ".join(inferred) + " were inferred from the ranks whose dumps "
             "mention them (the dumps do not list them); a member that left no data is not counted"
         )
-    return groups, out
+    named = ((rank, name, desc, groups[out[(rank, name)]].ranks) for (rank, name), (desc, *_rest) in local.items())
+    conflicts = group_conflicts(named)
+    # No text calls two groups by one name: a group the ranks describe differently (they created their groups
+    # in different orders) goes by its c10d name and every description, others sharing one by it and the name.
+    descs: dict[str, Counter[str]] = defaultdict(Counter)
+    for conflict in conflicts:
+        for name, ranks in conflict.names.items():
+            for uid in {out[(r, name)] for r in ranks if (r, name) in out}:
+                descs[uid][conflict.desc] += len(ranks)
+    by_label = Counter(g.label for g in groups.values())
+    for uid, pg in groups.items():
+        if uid in descs and len(descs[uid]) > 1:
+            shown = f"group {pg.name} ({'/'.join(d for d, _ in descs[uid].most_common())})"
+            groups[uid] = dataclasses.replace(pg, shown=shown)
+        elif by_label[pg.label] > 1 and pg.label != pg.name:
+            groups[uid] = dataclasses.replace(pg, shown=f"{pg.label} (group {pg.name})")
+    return groups, out, conflicts
 
 
 def _meaningful(desc: str | None) -> bool:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
+    from comm2perfetto.group_names import GroupConflict
     from comm2perfetto.sources.event_log import RankLog, StallStacks
     from comm2perfetto.sources.kineto.events import KinetoTrace
 
@@ -170,10 +171,15 @@ class ProcessGroup:
     ranks: tuple[int, ...]
     backend: str | None = None
     ranks_source: str = "pg_config"
+    # Where two groups of the job share a description (ranks that created their groups in different orders):
+    # ``X (group 2)``, so that no text calls two groups by one name.
+    shown: str = ""
 
     @property
     def label(self) -> str:
         """``default_pg`` or ``1`` for display: the description when the user gave one."""
+        if self.shown:
+            return self.shown
         return self.desc if self.desc and self.desc != "undefined" else self.name
 
     def global_rank(self, group_rank: int) -> int | None:
@@ -652,6 +658,8 @@ class Job:
     # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
     # without data is then one that should have left some. A sample's other ranks are not suspects.
     sampled: str | None = None
+    # Groups the ranks know by different c10d names (they created their groups in different orders).
+    group_conflicts: tuple[GroupConflict, ...] = ()
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:

@@ -331,6 +331,7 @@ class Recorder:
         self._tensor_type = torch.Tensor
         self._c10d = c10d
         self._world = c10d.GroupMember
+        self._declare_lock = threading.Lock()
         self._cids = itertools.count(1)
         # Code objects are keyed by id(): hashing one hashes its bytecode (half a microsecond for a training
         # loop). Each keyed code object is kept alive in _codes, so its id() is never reused.
@@ -596,10 +597,31 @@ class Recorder:
         return info
 
     def declare_group(self, group: Any) -> _GroupInfo:
-        """The group's info, declaring it in the log (a ``g`` record) the first time."""
+        """The group's info, declaring it in the log (a ``g`` record) the first time. The watchdog thread
+        declares too (``declare_all_groups``): the first declaration takes a lock, the hot path never does."""
         info = self._groups.get(id(group))
         if info is not None:
             return info
+        with self._declare_lock:
+            info = self._groups.get(id(group))
+            return info if info is not None else self._declare(group)
+
+    def declare_all_groups(self) -> None:
+        """Declare every process group this process has created, used or not (at a stall, from the watchdog):
+        a group the rank never used is known to it all the same, under the c10d name its creation order gave
+        it, which is how ranks that created their groups in different orders are told apart. Reads c10d's
+        registry only."""
+        try:
+            created = list(getattr(getattr(self._c10d, "_world", None), "pg_names", None) or ())
+        except Exception:  # the registry changing under us (a group being destroyed): try at the next stall
+            return
+        for group in created:
+            try:
+                self.declare_group(group)
+            except Exception:
+                continue
+
+    def _declare(self, group: Any) -> _GroupInfo:
         c10d = self._c10d
         gid = len(self._group_list)
         try:
