@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         if not failing(o) and not args.keep:
             shutil.rmtree(o.folder, ignore_errors=True)
     doc = summary(outcomes)
-    doc.update(seed=None if args.spec else args.seed, wall_s=round(wall, 1), jobs_at_once=args.jobs,
+    doc.update(seed=None if args.spec else args.seed, wall_s=round(wall, 1), jobs_at_once=min(args.jobs, len(specs)),
                workdir=str(workdir))
     if args.format == "json":
         print(json.dumps(doc, indent=2))

@@ -116,8 +116,10 @@ class Spec:
             spec = cls(fault, topology, int(values.pop("w")), 0 if healthy else int(values.pop("k")),
                        () if healthy else tuple(int(r) for r in values.pop("r").split("+")),
                        int(values.pop("seed")))
-        except (ValueError, KeyError) as exc:
-            raise SpecError(f"{text!r}: not a spec like 'skip@pairs,w=4,k=1,r=2,seed=5' ({exc})") from None
+        except KeyError as exc:
+            raise SpecError(f"{text!r}: no {exc.args[0]}= (a spec reads 'skip@pairs,w=4,k=1,r=2,seed=5')") from None
+        except ValueError:
+            raise SpecError(f"{text!r}: not a spec like 'skip@pairs,w=4,k=1,r=2,seed=5'") from None
         if values:
             raise SpecError(f"{text!r}: unknown fields {sorted(values)}")
         spec.check()

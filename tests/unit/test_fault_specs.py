@@ -51,7 +51,7 @@ def test_a_healthy_spec_has_no_step_and_no_ranks():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("skip@default,w=2,k=1,seed=1", "not a spec"),
+    ("skip@default,w=2,k=1,seed=1", "no r="),
     ("skip-default,w=2,k=1,r=0,seed=1", "not a spec"),
     ("skip@default,w=2,k=1,r=0,seed=1,x=2", "unknown fields"),
     ("freeze@default,w=2,k=1,r=0,seed=1", "unknown fault"),
