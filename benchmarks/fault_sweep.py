@@ -10,8 +10,9 @@ of ``stall-verdict.json``) are scored against what the spec makes true (tests/su
 Per judge: right, partial (no innocent blamed, but the culprits only part of the truth, or the truth only among
 the suspects), false_ok (a healthy verdict on a faulty job; live: none, or "resolved", where the job stalled),
 innocent_blamed (a rank the spec did not fault named culprit), wrong (anything else), n/a (live: no stall to
-judge). Each failing spec is printed as the line ``--spec`` takes, with what each judge said and the truth.
-Progress goes to stderr; job folders go under ``--workdir`` (kept for the failing jobs).
+judge), void (the job never got to its fault: not scored, listed apart). Each failing spec is printed as the
+line ``--spec`` takes, with what each judge said and the truth. Progress goes to stderr; job folders go under
+``--workdir`` (kept for the failing and void jobs).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = sweep(specs, workdir, args.jobs, progress)
     wall = time.monotonic() - start
     for o in outcomes:
-        if not failing(o) and not args.keep:
+        if o.reached and not failing(o) and not args.keep:
             shutil.rmtree(o.folder, ignore_errors=True)
     doc = summary(outcomes)
     doc.update(seed=None if args.spec else args.seed, wall_s=round(wall, 1), jobs_at_once=min(args.jobs, len(specs)),
@@ -93,6 +94,9 @@ def print_text(doc: dict, outcomes: list[Outcome]) -> None:
     for o in outcomes:
         if failing(o):
             by_fault[o.spec.fault].append(o)
+    for f in doc["void"]:
+        print(f"void (the job never got to its fault, not scored): {f['spec']}; ended by {f['ended_by']}, exit "
+              f"{f['returncode']}; {f['job']}")
     if by_fault:
         print("\nfailing specs, by fault:")
     for fault, group in sorted(by_fault.items()):

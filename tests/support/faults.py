@@ -437,6 +437,7 @@ x = y = None
 for i in range(STEPS):
     if i == K:  # two new groups, made by every rank
         if rank in FAULTY:  # FAULT: Y first, so its c10d group ids of X and Y are the others' of Y and X
+            print(f"rank {rank} reached its fault at step {i}", flush=True)  # for the sweep: the fault happened
             y = dist.new_group(list(range(world)), timeout=TIMEOUT, group_desc="Y")
             x = dist.new_group(list(range(world)), timeout=TIMEOUT, group_desc="X")
         else:
@@ -486,7 +487,9 @@ def job_script(spec: Spec) -> str:
         lines += ["for i in range(STEPS):", "    normal_step(i)"]
     else:
         lines += ["def faulty_step(i):", *[f"    {line}" for line in _faulty_ops(spec)], "", "",
-                  "for i in range(STEPS):", "    if i == K and rank in FAULTY:", "        faulty_step(i)",
+                  "for i in range(STEPS):", "    if i == K and rank in FAULTY:",
+                  "        print(f\"rank {rank} reached its fault at step {i}\", flush=True)  # for the sweep",
+                  "        faulty_step(i)",
                   "    else:", "        normal_step(i)"]
     lines += [f"    time.sleep({PAUSE_S})", "dist.barrier()", "dist.destroy_process_group()"]
     if spec.topology == "ddp":
@@ -505,6 +508,7 @@ folder.mkdir(exist_ok=True)
 (folder / f"{len(list(folder.iterdir())):03d}.json").write_bytes(sys.stdin.buffer.read())
 """
 
+_REACHED = "reached its fault"  # what a faulty rank of a job script prints as it gets to its fault
 AFTER_VERDICT_S = 2.0  # after the live verdict appears: a more complete one may follow, then Ctrl-C
 INTERRUPT_DEADLINE_S = 60.0  # a hang ended by Ctrl-C: the latest it is sent, live verdict or not
 JOB_DEADLINE_S = 120.0  # any job: then Ctrl-C; its process tree is killed EXIT_GRACE_S later
@@ -519,6 +523,7 @@ class Outcome:
     folder: Path
     returncode: int | None
     ended_by: str  # "itself", "ctrl-c", "killed"
+    reached: bool  # a faulty rank got to its fault (a healthy job: True), as the job printed
     wall_s: float
     diagnose: dict[str, Any]  # diagnose --format json (or {"error": ...})
     live: dict[str, Any] | None  # the last event of stall-verdict.json
@@ -544,8 +549,9 @@ def run_spec(spec: Spec, folder: Path) -> Outcome:
     wall = time.monotonic() - start
     last = out / "stall-verdict.json"
     live = json.loads(last.read_text()) if last.exists() else None
-    return Outcome(spec, folder, proc.returncode, ended_by, wall, run_diagnose(out), live, _hook_events(folder),
-                   _stalled_s(out))
+    reached = spec.fault == "none" or _REACHED in (folder / "record.out").read_text()
+    return Outcome(spec, folder, proc.returncode, ended_by, reached, wall, run_diagnose(out), live,
+                   _hook_events(folder), _stalled_s(out))
 
 
 def _end(proc: subprocess.Popen, spec: Spec, out: Path, start: float) -> str:
@@ -618,9 +624,11 @@ def _stalled_s(out: Path) -> float | None:
 
 # --- scoring ------------------------------------------------------------------------------------------------
 
-RIGHT, PARTIAL, FALSE_OK, INNOCENT_BLAMED, WRONG, NA = \
-    "right", "partial", "false_ok", "innocent_blamed", "wrong", "n/a"
-CATEGORIES = (RIGHT, PARTIAL, FALSE_OK, INNOCENT_BLAMED, WRONG, NA)
+RIGHT, PARTIAL, FALSE_OK, INNOCENT_BLAMED, WRONG, NA, VOID = \
+    "right", "partial", "false_ok", "innocent_blamed", "wrong", "n/a", "void"
+# void: the job never got to its fault (it hung or died before, as a DDP start-up on a loaded machine can), so
+# its truth does not hold; counted apart and listed, never scored.
+CATEGORIES = (RIGHT, PARTIAL, FALSE_OK, INNOCENT_BLAMED, WRONG, NA, VOID)
 # The live verdict is out within about 9 s of a stall (--stall-after 2, at most 5 s waiting for the ranks
 # that do not answer, 2 s more when rank 0 is one of them): a job that went on this long after was owed one.
 VERDICT_DUE_S = 12.0
@@ -663,8 +671,11 @@ def score_live(t: Truth, last: dict[str, Any] | None, stalled_s: float | None) -
 
 def score(outcome: Outcome) -> dict[str, str]:
     t = truth(outcome.spec)
-    outcome.scores = {"diagnose": score_verdict(t, outcome.diagnose, t.diagnose),
-                      "live": score_live(t, outcome.live, outcome.stalled_s)}
+    if not outcome.reached:
+        outcome.scores = dict.fromkeys(JUDGES, VOID)
+    else:
+        outcome.scores = {"diagnose": score_verdict(t, outcome.diagnose, t.diagnose),
+                          "live": score_live(t, outcome.live, outcome.stalled_s)}
     return outcome.scores
 
 
@@ -700,8 +711,9 @@ def sweep(specs: Sequence[Spec], workdir: Path, jobs: int = 1,
 
 
 def failing(outcome: Outcome) -> list[str]:
-    """The judges whose answer on this job is not right (partial and n/a are not failures)."""
-    return [j for j in JUDGES if outcome.scores.get(j) not in (RIGHT, PARTIAL, NA)]
+    """The judges whose answer on this job is not right (partial and n/a are not failures; void is listed
+    apart)."""
+    return [j for j in JUDGES if outcome.scores.get(j) not in (RIGHT, PARTIAL, NA, VOID)]
 
 
 def summary(outcomes: Iterable[Outcome]) -> dict[str, Any]:
@@ -711,6 +723,7 @@ def summary(outcomes: Iterable[Outcome]) -> dict[str, Any]:
         "jobs": len(outcomes), "counts": counts,
         "mean_job_s": round(sum(o.wall_s for o in outcomes) / len(outcomes), 1) if outcomes else None,
         "failing": [failure(o) for o in outcomes if failing(o)],
+        "void": [failure(o) for o in outcomes if not o.reached],
         "each": [{"spec": str(o.spec), "scores": o.scores, "wall_s": round(o.wall_s, 1), "ended_by": o.ended_by,
                   "hook_events": o.hook_events} for o in outcomes],
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +15,14 @@ from support.faults import (
     PARTIAL,
     RIGHT,
     TOPOLOGIES,
+    VOID,
     WRONG,
+    Outcome,
     Spec,
     SpecError,
     generate,
     job_script,
+    score,
     score_live,
     score_verdict,
     truth,
@@ -83,6 +87,7 @@ def test_every_job_script_is_python_that_says_its_spec_and_marks_its_fault():
         assert script.startswith(f"# A generated fault job: {spec}\n")
         assert f"--spec '{spec}'" in script
         assert ("# FAULT" in script) == (spec.fault != "none")
+        assert ("reached its fault" in script) == (spec.fault != "none")  # how the sweep knows it happened
 
 
 def test_a_job_script_reads_as_the_job():
@@ -191,3 +196,12 @@ CRASH = truth(Spec.parse("kill@default,w=3,k=1,r=1,seed=1"))  # ends at once
 ])
 def test_scoring_the_live_verdict(t, last, stalled_s, expected):
     assert score_live(t, last, stalled_s) == expected
+
+
+def test_a_job_that_never_got_to_its_fault_is_void_not_scored():
+    """A DDP start-up that outlasted the deadline on a loaded machine: the truth of its fault does not hold."""
+    spec = Spec.parse("op@ddp,w=3,k=2,r=1,seed=259")
+    never = Outcome(spec, Path("job"), 1, "ctrl-c", False, 60.0, {"status": "incomplete"}, None, [], None)
+    assert score(never) == {"diagnose": VOID, "live": VOID}
+    got_there = Outcome(spec, Path("job"), 1, "ctrl-c", True, 60.0, {"status": "incomplete"}, None, [], None)
+    assert score(got_there) == {"diagnose": WRONG, "live": NA}
