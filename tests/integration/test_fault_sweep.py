@@ -57,3 +57,10 @@ def test_no_healthy_verdict_on_a_faulty_job_and_no_innocent_blamed(outcomes, jud
         f = failure(o)
         lines.append(f"{f['spec']}: {judge} {o.scores[judge]}: {f[judge]}; truth {f['truth']}; {f['job']}")
     assert not bad, f"{len(bad)} of {len(outcomes)} jobs:\n" + "\n".join(lines)
+
+
+def test_every_job_got_to_its_fault(outcomes):
+    """A job that hung or died before its fault checked nothing: that is a failure here, not a pass."""
+    void = [f"{o.spec}: ended by {o.ended_by}, exit {o.returncode}; {o.folder}/record.err" for o in outcomes
+            if not o.reached]
+    assert not void, "\n".join(void)
