@@ -11,8 +11,10 @@ How records meet:
   ``g`` record, else every rank for the default group ``"0"``, else the ranks whose dumps mention it.
 - Collectives meet by ``collective_seq_id``; the recorder's ``seq`` is the same number (it discounts the
   sequence numbers gloo's p2p ops consume, see docs/log-format.md).
-- On one rank, a recorder call and the FR entry with the same key become one record: FR's signature (it
-  knows output sizes), the recorder's arrival (the Python call) and end (the return), FR's start.
+- On one rank, a recorder call and the FR entry with the same key become one record: the recorder's op and
+  sizes, as the user called it, with what FR knows beyond them (output sizes, where FR's entry is the same
+  operation; FR's name kept as ``fr_op``: ``joined_signature``), the recorder's arrival (the Python call) and
+  end (the return), FR's start.
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
 - Profiler traces (``sources.kineto.collectives``) add their collectives: by the trace's ``Seq`` where it has
@@ -76,7 +78,7 @@ from comm2perfetto.sources.discover import (
     dumps_world,
     load_sources,
 )
-from comm2perfetto.sources.event_log import Group
+from comm2perfetto.sources.event_log import Group, StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace
@@ -229,8 +231,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         skipped=tuple(src.skipped),
         notes=tuple(notes),
         logs=MappingProxyType(dict(src.logs)),
-        stall_stacks=MappingProxyType({r: docs[-1].shifted(clock.offset_ns.get(r, 0))
-                                       for r, docs in src.stacks.items() if docs}),
+        stall_stacks=MappingProxyType(_stacks_at_stalls(src, clock)),
         job_info=src.job_info,
         jobs=tuple(src.jobs),
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
@@ -242,6 +243,31 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         sampled=_sampled(src, world, sample),
         group_conflicts=tuple(conflicts),
     )
+
+
+# A rank's stacks belong to a stall when written this soon after it was detected: every rank's watchdog answers
+# another's stall at its next tick (a second), a few seconds late on a loaded host.
+STACKS_WINDOW_NS = 5 * 10**9
+
+
+def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallStacks]:
+    """Each rank's stacks at a stall, on the job's clock: the latest it wrote within ``STACKS_WINDOW_NS`` of a
+    stall some rank detected on its own call (logs shifted already), and before its process began to end (a
+    ``u`` record). A rank that could not write at the stall (frozen: its recorder's thread did not run) wrote
+    later, on its way out: that is no stack at the stall, and it is left out. Without any detected stall (stacks
+    without logs), each rank's latest."""
+    detected = sorted(st.t_ns for log in src.logs.values() for st in log.stalls if st.reason != "remote")
+    out = {}
+    for rank, docs in src.stacks.items():
+        moved = [d.shifted(clock.offset_ns.get(rank, 0)) for d in docs]
+        if detected:
+            log = src.logs.get(rank)
+            ending = min((e.t_ns for e in log.endings), default=None) if log is not None else None
+            moved = [d for d in moved if d.t_ns is not None and (ending is None or d.t_ns < ending) and any(
+                -10**9 <= d.t_ns - t <= STACKS_WINDOW_NS for t in detected)]  # written just before its k record
+        if moved:
+            out[rank] = moved[-1]
+    return out
 
 
 # --- world and groups ------------------------------------------------------------------------------------
@@ -410,20 +436,54 @@ def _merge_log(
                 p2p_ops[uid].append(P2POp(rank, uid, kind, peer, i, sig, state, call.t_call_ns, end, site, "log"))
             continue
         if call.seq is None:
-            sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+            sig = _log_signature(call)
             unnumbered[uid].setdefault(rank, []).append(
                 (sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED))
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
-        root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
-        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
+        sig = _log_signature(call)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
             rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
             log_seen[uid].add(key)
     for uid, by_key in rows.items():
         tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
+
+
+def _log_signature(call) -> Signature:
+    """What a recorder call asked of a collective: its op, input shapes and dtypes, root, and the sizes gloo
+    checks only by aborting a rank (an all-to-all's per-peer counts, an object collective's list length)."""
+    root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
+    return Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root,
+                     exchange=call.exchange, objects=call.objects)
+
+
+def joined_signature(fr: Signature, log: Signature) -> Signature:
+    """One rank's signature of a collective both Flight Recorder (``fr``) and the recorder (``log``) saw: the
+    recorder's op and sizes, as the user called it, and FR's name as ``fr_op`` (the same name mostly; gloo's
+    Flight Recorder names ``reduce_scatter_tensor`` ``all_reduce``, ``all_gather_into_tensor`` ``all_gather``,
+    ``all_to_all_single`` ``all_to_all``, and an object collective after the collectives it is made of).
+    FR's output sizes and dtypes stay where its entry is the same operation (same op family); where the
+    backend implements the call by another collective they describe that one, and are left out. An object
+    collective (no tensors of the user's) keeps FR's sizes: those of the tensors torch made of the objects.
+    ``source`` stays ``fr``: the FR fields kept are exact, and Flight Recorder's own name is in ``fr_op``.
+
+    >>> fr = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))
+    >>> s = joined_signature(fr, Signature("reduce_scatter_tensor", ((4,),), ("Float",), None, None, "log"))
+    >>> s.op, s.fr_op, s.input_sizes, s.output_sizes, s.source
+    ('reduce_scatter_tensor', 'all_reduce', ((4,),), None, 'fr')
+    """
+    if fr.parts:  # a coalesced group: FR knows its members, the recorder one call
+        return dataclasses.replace(fr, fr_op=fr.op)
+    tensors = bool(log.input_sizes)  # an object collective's call has none, a later row of a multi-call no sizes
+    if not tensors or op_family(fr.op) == op_family(log.op):
+        inputs, dtypes = (log.input_sizes, log.input_dtypes) if tensors else (fr.input_sizes, fr.input_dtypes)
+        outputs, out_dtypes = fr.output_sizes, fr.output_dtypes
+    else:
+        inputs, dtypes, outputs, out_dtypes = log.input_sizes, log.input_dtypes, None, None
+    return Signature(log.op, inputs, dtypes, outputs, out_dtypes, "fr", root=log.root if log.root is not None
+                     else fr.root, exchange=log.exchange, objects=log.objects, fr_op=fr.op)
 
 
 def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict[str, ProcessGroup],
@@ -460,6 +520,7 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
     values: tuple[Any, ...]
+    joins: dict[tuple[Signature, Signature], Signature] = {}  # equal pairs share one joined signature
     for key in sorted(set(index) | set(rows)):
         i = index.get(key)
         row = rows.get(key)
@@ -471,14 +532,15 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
             assert fr is not None
             values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
             precise = False
-        else:  # both: FR's signature and start, the recorder's arrival and end
+        else:  # both: the joined signature, FR's start, the recorder's arrival and end
             assert fr is not None and row is not None
             sig, state, t_call, t_end, site, precise = row
-            fr_sig = fr.sigs[i]
-            if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
-                fr_sig = dataclasses.replace(fr_sig, root=sig.root)
+            joined = (fr.sigs[i], sig)
+            both = joins.get(joined)
+            if both is None:
+                both = joins[joined] = joined_signature(*joined)
             values = (
-                fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                both, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )
@@ -853,7 +915,8 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
             closed_reason=log.closed_reason if log is not None else None,
             endings=tuple((e.t_ns, e.cause, e.detail) for e in log.endings) if log is not None else (),
             heartbeats=bool(log is not None and log.heartbeats),
-            alive=src.alive.get(rank),
+            alive=None if rank not in src.alive else src.alive[rank] != "gone",
+            stopped=src.alive.get(rank) == "stopped",
             stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,
         )
     return out

@@ -5,7 +5,8 @@
 one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
 ``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
 skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
-to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
+to do; ``Exchange``, an all-to-all's elements to and from each peer) with ``DTYPE_BYTES``/``tensor_bytes`` and
+``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from itertools import compress
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+
+from comm2perfetto.exchange import Exchange
 
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.group_names import GroupConflict
@@ -196,6 +199,15 @@ class Signature:
     ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
     A coalesced group has one signature whose ``parts`` are its member ops, in issue order. ``root``: the global
     rank a broadcast, reduce, gather or scatter names as its ``src``/``dst`` (from the recorder; None: unknown).
+
+    From the recorder too, for calls whose sizes gloo checks only by aborting a rank: ``exchange``, an
+    all-to-all's per-peer element counts; ``objects``, the length of an object collective's list
+    (``broadcast_object_list``'s, ``all_gather_object``'s output list, ``gather_object``'s gather list and
+    ``scatter_object_list``'s input list, None on the ranks that pass none; ``send_object_list``'s and
+    ``recv_object_list``'s). ``fr_op``: set where the recorder's call was joined to the Flight Recorder entry of
+    the same group and seq (``match.joined_signature``): Flight Recorder's name for it, which differs from ``op``
+    (the user's) where the backend implements the call by another collective (gloo's ``all_reduce`` for
+    ``reduce_scatter_tensor``, its ``broadcast`` of sizes for ``broadcast_object_list``). None: no such join.
     """
 
     op: str
@@ -206,6 +218,9 @@ class Signature:
     source: str = "fr"
     parts: tuple[Signature, ...] = ()
     root: int | None = None
+    exchange: Exchange | None = None
+    objects: int | None = None
+    fr_op: str | None = None
 
     def describe(self) -> str:
         """``all_reduce [[4]] Float``, ``broadcast [[4]] Float root 2`` for messages; outputs where they differ
@@ -220,7 +235,15 @@ class Signature:
             out += f" -> {[list(s) for s in self.output_sizes]}"
         if self.root is not None:
             out += f" root {self.root}"
+        if self.objects is not None:
+            out += f" {self.objects} object{'s' if self.objects != 1 else ''}"
+        if self.exchange is not None:
+            out += f" sends {_counts(self.exchange.send)} expects {_counts(self.exchange.recv)}"
         return out
+
+
+def _counts(counts: tuple[int, ...] | None) -> str:
+    return "?" if counts is None else str(list(counts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,6 +601,7 @@ class RankInfo:
     endings: tuple[tuple[int, str, str], ...] = ()  # (t_ns, "signal" | "exception", detail), the `u` records
     heartbeats: bool = False  # the log has `h` records: a stale last record means the process is gone
     alive: bool | None = None  # an unclosed log's process, probed on this host; None: not known
+    stopped: bool = False  # its process, on the reader's host, is stopped (SIGSTOP, a debugger) now
     stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
 
 

@@ -152,7 +152,21 @@ def test_a_stale_dump_is_a_horizon_not_a_rank_that_never_issued(tmp_path):
     job.write(tmp_path)
     d = diagnose(load_job([tmp_path]))
     assert (d.status, _found(d)) == ("incomplete", [("no_dump", 8, (), (2,), None)])
-    assert "rank 2's dump is older than the others' (it shows #5 and later unfinished" in d.findings[0].detail
+    assert "rank 2's dump is older than the others' (from #5 on it shows unfinished" in d.findings[0].detail
+
+
+def test_a_dump_that_ends_before_collectives_the_others_completed_is_a_horizon(tmp_path):
+    """Rank 3's dump stops at #20, every collective in it completed; the others completed #21-#24 (which needs
+    every rank) and wait in #25. Rank 3 did issue #21: its dump is older, not a rank that never issued it."""
+    job = steady_job(world=4, steps=20)
+    for r in (0, 1, 2):
+        for _ in range(4):
+            job.collective(r, "all_reduce", [[4]])
+        job.collective(r, "all_reduce", [[4]], state="started")
+    job.write(tmp_path)
+    d = diagnose(load_job([tmp_path]))
+    assert (d.status, _found(d)) == ("incomplete", [("no_dump", 25, (), (3,), None)])
+    assert "rank 3's dump is older than the others' (from #21 on" in d.findings[0].detail
 
 
 def test_harmless_differences_in_collectives_that_completed_are_a_note(tmp_path):

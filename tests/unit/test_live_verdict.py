@@ -535,3 +535,45 @@ def test_without_a_complete_list_a_group_a_rank_does_not_list_is_unknown_not_fin
         _groups_rank(0, waiting), _groups_rank(1, {"0": ("default_pg", members, 2, None)}, complete=False), world=2))
     (f,) = d.findings
     assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck", "no_dump", (), (1,))
+
+
+def test_a_frozen_rank_and_a_rank_computing_elsewhere_are_both_accounted_for(tmp_path):
+    """Ranks 0 and 2 wait in all_reduce #4 for ranks 1 and 3: rank 3 did not answer (its process stopped), rank 1
+    answered from its data loader. Both are named; every rank has a place in the verdict."""
+    members = (0, 1, 2, 3)
+    d = live_diagnosis(read_snapshot(str(_write(tmp_path, "s.json", _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0), members=members), _rank(1, 3, None, ["loader.py:12 next"], members=members),
+        _rank(2, 4, ("all_reduce", 4, 0.1), members=members), world=4)))),
+        {3: {"state": "stopped", "detail": "stopped (SIGSTOP, process state T)"}})
+    assert sorted((str(f.kind), f.culprit_ranks) for f in d.findings) == [("missing_ranks", (1,)),
+                                                                         ("rank_frozen", (3,))]
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "blocked", 1: "outside", 2: "blocked", 3: "frozen"}
+    assert d.ranks[1].where == "awaited in all_reduce #4 on default_pg"
+
+
+def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen(tmp_path):
+    """A rank that holds the GIL from its first second never writes a heartbeat: its process runs (burning CPU
+    in a catastrophic regex, as a C extension loop would) while its log shows no sign of its recorder's thread."""
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import re; re.match(r'(a+)+$', 'a' * 64 + 'b')"])
+    try:
+        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+                  "host": socket.gethostname(), "pid": proc.pid, "wall_ns": time.time_ns() - 5 * 10**9}
+        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
+        watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
+        _write(tmp_path, layout.live_snapshot(1), _snapshot(
+            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+        watcher.poll()
+        watcher.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"]) == ("stuck", "rank_frozen", [2])
+    assert "its recorder's thread has not run once since it started" in f["detail"]
+    assert "it holds the GIL" in f["detail"]
+    assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "held")]

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.processes import CPU_SAMPLE_S, cpu_time_growth, process_state
 
 EVENT_FORMAT = "comm2perfetto-stall-verdict"
 DEFAULT_HOOK_TIMEOUT_S = 30.0
@@ -170,9 +171,12 @@ class StallWatcher:
                 frozen[rank] = dict(probe, detail="stopped (SIGSTOP, process state T)")
             elif probe["state"] == "running":
                 last, recording_off = last_heartbeat(path)
-                if last is not None and not recording_off and probe["t_ns"] - last >= FROZEN_GAP_NS:
-                    frozen[rank] = dict(probe, detail=f"running, its heartbeats stopped "
-                                                      f"{(probe['t_ns'] - last) / 1e9:.1f} s before")
+                # No heartbeat at all: its recorder's thread never ran since the log was opened.
+                since = last if last is not None else header.get("wall_ns")
+                if isinstance(since, int) and not recording_off and probe["t_ns"] - since >= FROZEN_GAP_NS:
+                    probe["state"] = "held"  # the process runs, its recorder's thread does not: the GIL is held
+                    frozen[rank] = dict(probe, detail=_held_detail(header["pid"], (probe["t_ns"] - since) / 1e9,
+                                                                   last is None))
         return frozen
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
@@ -256,20 +260,12 @@ def stopped_ranks(out_dir: str) -> list[dict[str, Any]]:
     return out
 
 
-def process_state(pid: int) -> str:
-    """``stopped`` (SIGSTOP or a debugger: state T), ``running`` (it exists), or ``gone`` (it does not, or a
-    zombie): from ``/proc/<pid>/stat`` on Linux, else whether it can be signalled."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "gone"
-        except PermissionError:
-            return "running"
-        return "running"
-    return "stopped" if state in (b"T", b"t") else "gone" if state in (b"Z", b"X") else "running"
+def _held_detail(pid: int, silent_s: float, never: bool) -> str:
+    """What is seen of a process whose recorder thread does not run: whether it burns CPU (a long C call or a
+    runaway regex holding the GIL) or sleeps in C code that holds it."""
+    used = cpu_time_growth(pid)
+    what = (f"running on the CPU ({used:.2f} s of CPU in {CPU_SAMPLE_S:g} s)" if used is not None and used > 0
+            else "asleep in C code" if used is not None else "running")
+    silence = (f"its recorder's thread has not run once since it started {silent_s:.1f} s before" if never
+               else f"its heartbeats stopped {silent_s:.1f} s before")
+    return f"{what} while {silence}: it holds the GIL (a C extension loop, a long regex, a blocked C call)"

@@ -57,9 +57,11 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_inside,
     frozen_findings,
     frozen_ranks,
     in_progress,
+    killed_after,
     no_collectives,
 )
 from comm2perfetto.group_columns import GroupCollectives
@@ -100,6 +102,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
     dead = died_first(job, ends, interrupted_at, notes)
+    killed = killed_after(job, ends, dead)  # by the launcher, after the first death: victims
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
@@ -122,8 +125,17 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
+    # A rank that died inside a collective every rank had joined: gloo aborts a rank whose received sizes do not
+    # match, so a mismatch found there makes it that finding's victim.
+    inside = {r: c for r in dead if (c := died_inside(job, r)) is not None}
+    for r, c in inside.items():
+        i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
+                  and f.seq == c.seq), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = dead_ranks(job, groups, dead, ends, findings)
+        findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
@@ -305,9 +317,10 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
 
 
 def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
-    """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
-    collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
-    without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
+    """Ranks known only from a Flight Recorder dump taken before the others': it ends before a collective
+    another rank completed, or its tail (two collectives or more) is unfinished where other ranks completed
+    the same collectives; neither can happen without every rank. Such a dump is a horizon: rank -> the first
+    seq it cannot speak about."""
     out: dict[int, int] = {}
     done_somewhere: dict[int, bool] = {}
 
@@ -316,9 +329,17 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
             done_somewhere[k] = COMPLETED in cols[k].states
         return done_somewhere[k]
 
+    last_done: int | None = None  # the latest collective some rank completed: it needed every rank
+    for k in range(len(cols) - 1, -1, -1):
+        if completed_anywhere(k):
+            last_done = cols[k].seq
+            break
     for i, rank in enumerate(group.ranks):
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
+            continue
+        if last_done is not None and cov.last_seq < last_done:
+            out[rank] = cov.last_seq + 1  # its dump ends before a collective that completed: an older dump
             continue
         # its last records (up to STALE_TAIL), newest first, read one value at a time: no rank's tuple of
         # every collective (a group of 16,384 ranks asks this of each)
@@ -411,8 +432,18 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
         ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(missing),
         detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
-        t_ns=at_ns if at_ns is not None else t,
+        t_ns=at_ns if at_ns is not None else t, basis=_missing_basis(job, c, missing, at_ns),
     )
+
+
+def _missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int | None) -> str:
+    """What shows the missing ranks had not issued ``c``: their own records, which cover it."""
+    if at_ns is not None:
+        return f"their records show they had not issued #{c.seq} when the stall was detected"
+    fr = all((cov := job.coverage.get((r, c.group.uid))) is not None and cov.has_fr for r in missing)
+    if fr:
+        return f"Flight Recorder records every collective a rank issues, and theirs has no #{c.seq}"
+    return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
 
 
 def _exited(job: Job, rank: int) -> bool:
@@ -527,7 +558,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
         else:
             clusters.append((sig, [r]))
     if len(clusters) < 2:
-        return _all_to_all_totals(job, c, cols, index)
+        return _exchange_mismatch(job, c, cols, index) or _all_to_all_totals(job, c, cols, index)
     clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))  # for the telling only: the largest first
     verdicts, whys = _cluster_verdicts(job, cols, index, clusters)
     sound = [i for i, v in enumerate(verdicts) if v == history.CONFORMS]
@@ -562,9 +593,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
         detail += f" {member}"
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
-    if culprits:
-        detail += f" {basis[0].upper()}{basis[1:]}."
-    else:
+    if not culprits:
         detail += (f" Nothing in the data shows which side is wrong ({basis}): "
                    f"{ranks_text(suspects)} {'are suspects' if len(suspects) > 1 else 'is a suspect'}.")
     same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
@@ -608,6 +637,75 @@ def _differing_member(a: Signature, b: Signature, size: int) -> str:
         if compare(pa, pb, size) is not None:
             return f"The {_ordinal(i + 1)} member differs: {pa.describe()} against {pb.describe()}."
     return ""
+
+
+MAX_PAIRS_TOLD = 4
+
+
+def _exchange_mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
+    """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
+    sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
+    other may return with wrong data), or an object collective whose ranks pass lists of different lengths.
+    Which side is wrong is read from each rank's history, as for other mismatches; otherwise the ranks of the
+    pairs that disagree are suspects."""
+    members = sorted(c.group.ranks)
+    where = {r: i for i, r in enumerate(members)}
+    sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
+    pairs: list[tuple[int, int, int, int]] = []  # (A, B, A sends to B, B expects from A)
+    if op_family(c.op) == "all_to_all":
+        for a, sa in sigs.items():
+            for b, sb in sigs.items():
+                if sa.exchange is None or sb.exchange is None:
+                    continue
+                sent, expected = sa.exchange.sends_to(where[b]), sb.exchange.expects_from(where[a])
+                if sent is not None and expected is not None and sent != expected:
+                    pairs.append((a, b, sent, expected))
+        if not pairs:
+            return None
+        told = "; ".join(f"rank {a} sends {k:,} elements to rank {b}, which expects {j:,} from it"
+                         for a, b, k, j in pairs[:MAX_PAIRS_TOLD])
+        if len(pairs) > MAX_PAIRS_TOLD:
+            told += f" ({len(pairs) - MAX_PAIRS_TOLD} more pairs)"
+        detail = f"The ranks of {c.group.label} disagree on what {c.op} #{c.seq} moves between them: {told}."
+        involved = sorted({r for a, b, _, _ in pairs for r in (a, b)})
+        evidence: dict[str, Any] = {"pairs": [{"src": a, "dst": b, "sends": k, "expects": j} for a, b, k, j in pairs]}
+    else:
+        lengths = {r: sig.objects for r, sig in sigs.items() if sig.objects is not None}
+        if len(set(lengths.values())) < 2 or op_family(c.op) not in ("broadcast", "all_gather", "gather", "scatter"):
+            return None
+        by_length: dict[int, list[int]] = {}
+        for r, n in sorted(lengths.items()):
+            by_length.setdefault(n, []).append(r)
+        told = "; ".join(f"{ranks_text(rs)}: {n}" for n, rs in sorted(by_length.items(), key=lambda kv: -len(kv[1])))
+        detail = f"The ranks of {c.group.label} pass object lists of different lengths to {c.op} #{c.seq} ({told})."
+        involved = sorted(lengths)
+        evidence = {"objects": {str(r): n for r, n in sorted(lengths.items())}}
+    clusters: dict[Signature, list[int]] = {}
+    for r in involved:
+        clusters.setdefault(sigs[r], []).append(r)
+    ordered = sorted(clusters.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    verdicts, whys = _cluster_verdicts(job, cols, index, ordered)
+    wrong = [i for i, v in enumerate(verdicts) if v == history.DEVIATES]
+    if wrong and any(v == history.CONFORMS for v in verdicts):
+        culprits, suspects = sorted(r for i in wrong for r in ordered[i][1]), []
+        basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
+    else:
+        culprits, suspects = [], involved
+        basis = "the ranks disagree, and nothing shows which side is wrong"
+        detail += " Nothing in the data shows which side is wrong."
+    sites = _sites(job, c, (culprits or suspects)[:4])
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    named = ranks_text(culprits or suspects)
+    action = (f"Make the split sizes of {named} agree with what the other ranks send and expect."
+              if op_family(c.op) == "all_to_all" else f"Give {named} object lists of the other ranks' length.")
+    return Finding(
+        kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), suspect_ranks=tuple(suspects),
+        detail=detail, action=action,
+        call_sites=sites, evidence=evidence, t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis=basis,
+    )
 
 
 def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
@@ -748,8 +846,9 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         action = "Profile or record every rank of this group to see which one it waits for."
         suspects = ()
     elif stale:
-        why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
-                        "the others completed)" for r, seq in sorted(stale.items()))
+        why = "; ".join(f"rank {r}'s dump is older than the others' (from #{seq} on it shows unfinished, or not "
+                        "at all, collectives the others completed, which needs every rank)"
+                        for r, seq in sorted(stale.items()))
         detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
                   f"{group.label}; {why}, so whether {ranks_text(no_data)} issued it cannot be told.")
         action = (f"Look at {ranks_text(no_data)} first, and collect a fresh dump of it (TORCH_FR_DUMP_TEMP_FILE, "

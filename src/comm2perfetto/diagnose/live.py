@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose.findings import (
@@ -252,7 +253,8 @@ def _missing(common: dict, waiting: list[int], missing: list[int], ranks: Mappin
     culprits = tuple(r for r in missing if r not in silent)
     return Finding(kind=MISSING_RANKS, ranks_joined=tuple(waiting), ranks_missing=tuple(missing),
                    culprit_ranks=culprits, suspect_ranks=tuple(r for r in missing if r in silent), detail=detail,
-                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits), **common)
+                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits),
+                   basis=f"its count of collectives on {label} is short of #{seq}", **common)
 
 
 def _description(group: Mapping[str, Any]) -> str:
@@ -364,7 +366,14 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
         if wait is not None:
-            out.remove(wait)
+            i = out.index(wait)
+            rest = tuple(r for r in wait.ranks_missing if r != rank)
+            if rest:  # the others it waits for are told on their own (a rank computing elsewhere: a culprit too)
+                out[i] = replace(wait, ranks_missing=rest,
+                                 culprit_ranks=tuple(r for r in wait.culprit_ranks if r in rest),
+                                 suspect_ranks=tuple(r for r in wait.suspect_ranks if r in rest))
+            else:
+                del out[i]
             others = [r for r in wait.ranks_joined if r != rank]
             detail += f" {ranks_text(others).capitalize()} {'wait' if len(others) > 1 else 'waits'} in " \
                       f"{wait.op} #{wait.seq} on {wait.process_group} for it."
@@ -376,7 +385,8 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
             seq=wait.seq if wait else None, op=wait.op if wait else None,
             ranks_joined=tuple(r for r in wait.ranks_joined if r != rank) if wait else (), ranks_missing=(rank,),
             culprit_ranks=(rank,), detail=detail, action=action, call_sites=wait.call_sites if wait else {},
-            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None))
+            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None,
+            basis="its process existed at the stall and did not answer"))
     return out
 
 

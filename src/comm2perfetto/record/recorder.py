@@ -28,7 +28,7 @@ from comm2perfetto.record import nvtx as nvtx_ranges
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
-from comm2perfetto.record.ops import P2P_KIND, p2p_keys
+from comm2perfetto.record.ops import P2P_KIND, SHAPE, SHAPES, SPLITS, p2p_keys
 
 if TYPE_CHECKING:
     from comm2perfetto.record.flight import FlightRecorderDumps
@@ -115,9 +115,11 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
             record = ["b", cid, t, call.name, info.gid, seq,
                       rec._peer(call, args, kwargs, info.group) if call.has_peer else None,
                       async_op, thread.tid, site, ctx, rec.steps.current, aid]
-            if call.functional:
-                record.append(1)
-            data = _dumps(record, None, _NEWLINE)
+            if call.tail is not None:  # a functional collective, or one whose sizes are logged
+                record += call.tail
+                if call.extents:
+                    record.append(rec._extents(call, args, kwargs))
+            data = _dumps(record, _int_value, _NEWLINE)
             try:
                 rec._append(data)
             except (ValueError, TypeError):  # the mapping is full (or closed)
@@ -555,6 +557,27 @@ class Recorder:
             info.arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid  # the hot path's key too
         return aid
 
+    def _extents(self, call: BoundSpec, args: tuple, kwargs: dict) -> list:
+        """The `b` record's ``sizes``: what the call's ``extents`` parameters hold (ops.py), each null when None.
+        Only list lengths for object lists: pickling the objects to learn their size would be a second pickle
+        the job does not do (torch pickles them inside the call, and its Flight Recorder entries of the size
+        and payload collectives carry both). A split list torch's C++ side takes as empty is the even split."""
+        n = len(args)
+        out: list = []
+        for pos, name, kind in call.extents:
+            value = args[pos] if pos < n else kwargs.get(name)
+            if value is None:
+                out.append(None)
+            elif kind is SPLITS:  # the list itself, serialised before the call: its ints, or _int_value's
+                out.append((value if value.__class__ is list else list(value)) or None)
+            elif kind is SHAPE:
+                out.append(list(value.shape))
+            elif kind is SHAPES:
+                out.append([list(t.shape) for t in value])
+            else:
+                out.append(len(value))
+        return out
+
     def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
         n = len(args)
         if call.p2p_ops:  # batch_isend_irecv: a list of P2POp, each with its own peer
@@ -798,6 +821,12 @@ class Recorder:
     def dump_flight_recorder(self, reason: str, wait: bool = True) -> None:
         if self.flight is not None:
             self.flight.dump(reason, wait)
+
+
+def _int_value(value: Any) -> int:
+    """A value in a `b` record that orjson does not serialise itself: an int-like split size (a numpy integer, a
+    0-d tensor), as int. Anything else raises, as orjson would, and disables recording on the rank."""
+    return int(value)
 
 
 def _no_graph_task() -> int:
