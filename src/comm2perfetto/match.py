@@ -357,12 +357,14 @@ def _resolve_groups(
         for name, ranks in conflict.names.items():
             for uid in {out[(r, name)] for r in ranks if (r, name) in out}:
                 descs[uid][conflict.desc] += len(ranks)
-    by_label = Counter(g.label for g in groups.values())
+    # Groups of one description and other members are told apart by their members (DeviceMesh's mesh_tp of
+    # ranks 0, 1 and of ranks 2, 3); of one description and the same members, only their name tells them apart.
+    by_label = Counter((g.label, len(g.ranks), g.ranks[0] if g.ranks else None) for g in groups.values())
     for uid, pg in groups.items():
         if uid in descs and len(descs[uid]) > 1:
             shown = f"group {pg.name} ({'/'.join(d for d, _ in descs[uid].most_common())})"
             groups[uid] = dataclasses.replace(pg, shown=shown)
-        elif by_label[pg.label] > 1 and pg.label != pg.name:
+        elif by_label[(pg.label, len(pg.ranks), pg.ranks[0] if pg.ranks else None)] > 1 and pg.label != pg.name:
             groups[uid] = dataclasses.replace(pg, shown=f"{pg.label} (group {pg.name})")
     return groups, out, conflicts
 
