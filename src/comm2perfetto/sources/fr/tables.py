@@ -76,10 +76,13 @@ class SignatureTable:
         if first is not None and first[0] == raw:
             return first[1], first[2]
         op, in_s, in_d, out_s, out_d = raw
-        read = (_sizes(in_s), _names(in_d), _sizes(out_s), _names(out_d))
-        damaged = tuple(name for name, value, got in zip(SIGNATURE_FIELDS, raw[1:], read)
-                        if got is None and value is not None)
-        sig = self.intern(Signature(op, *read, "fr"))
+        in_sizes, in_dtypes, out_sizes, out_dtypes = _sizes(in_s), _names(in_d), _sizes(out_s), _names(out_d)
+        sig = self.intern(Signature(op, in_sizes, in_dtypes, out_sizes, out_dtypes, "fr"))
+        damaged: tuple[str, ...] = ()
+        if in_sizes is None or in_dtypes is None or out_sizes is None or out_dtypes is None:  # absent, or failed
+            read = (in_sizes, in_dtypes, out_sizes, out_dtypes)
+            damaged = tuple(name for name, value, got in zip(SIGNATURE_FIELDS, raw[1:], read)
+                            if got is None and value is not None)
         if first is None:
             self._first[key] = (raw, sig, damaged)
         return sig, damaged
@@ -161,6 +164,7 @@ def _sizes(raw: Any) -> tuple[tuple[int, ...], ...] | None:
 
 # A dtype as c10 names it: "Float", "BFloat16", "Float8_e4m3fn", "ComplexHalf", "QUInt4x2".
 _DTYPE = re.compile(r"[A-Z][A-Za-z0-9_]{0,39}")
+_DTYPE_NAMES: set[str] = set()
 
 
 def _names(raw: Any) -> tuple[str, ...] | None:
@@ -171,8 +175,16 @@ def _names(raw: Any) -> tuple[str, ...] | None:
     """
     if isinstance(raw, str):  # some writers (and torch's own tests) store one dtype as a bare string
         raw = (raw,)
-    if not isinstance(raw, (list, tuple)) or not all(type(x) is str and _DTYPE.fullmatch(x) for x in raw):
+    if not isinstance(raw, (list, tuple)):
         return None
+    for x in raw:
+        if type(x) is not str:
+            return None
+        if x not in _DTYPE_NAMES:
+            if not _DTYPE.fullmatch(x):
+                return None
+            if len(_DTYPE_NAMES) < 4096:
+                _DTYPE_NAMES.add(x)  # every entry repeats a few names: each is matched once
     return tuple(raw)
 
 
