@@ -1,6 +1,6 @@
 """A damaged Flight Recorder field is skipped and named, never evidence (sources/fr/fields.py): the cases the
-property test over real recordings (tests/integration/test_damaged_fields.py) does not reach, on synthetic
-dumps: several dumps of a rank, a send/recv, a coalesced collective, the dump's top-level keys."""
+property test over real recordings (tests/integration/test_damaged_fields_recorded.py) does not reach, on
+synthetic dumps: several dumps of a rank, a send/recv, a coalesced collective, the dump's top-level keys."""
 
 from __future__ import annotations
 
