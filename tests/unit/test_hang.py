@@ -342,3 +342,43 @@ def test_many_missing_ranks_are_named_and_a_few_explained(tmp_path):
     assert f.culprit_ranks == tuple(range(6, 12))
     assert sorted(f.evidence["last_collective"]) == [str(r) for r in range(6, 10)]
     assert "(2 more ranks missing, not detailed.)" in f.detail
+
+
+def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
+    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
+    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
+    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
+    sites parted."""
+    job = FrJob(world=2)
+    for _ in range(4):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
+    for _ in range(3):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job.collective(0, "barrier", [[1]], site="train.py:80", state="started")
+    job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.seq, f.culprit_ranks) == ("op_mismatch", 8, (1,))
+    assert "at #5, where the ranks' call sites parted" in f.basis
+
+
+def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_that_finished(tmp_path):
+    """As above, but rank 0 simply ends after its 7 all_reduces: rank 1 waits in #8, which rank 0 never issues.
+    Rank 0 did everything its program has: rank 1, shifted by its extra all_reduce, is the cause."""
+    job = FrJob(world=2)
+    for _ in range(4):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
+    for _ in range(2):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job.collective(0, "all_reduce", [[4]], site="train.py:70")  # rank 0's 7th and last
+    job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")  # rank 1's 8th
+    d = _diagnose(tmp_path, job)
+    (f,) = d.findings
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.ranks_missing) == ("desync", "sequence_mismatch", 8, (1,),
+                                                                           (0,))
+    assert f.evidence["parted_at"] == 5

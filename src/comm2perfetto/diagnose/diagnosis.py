@@ -41,6 +41,7 @@ from comm2perfetto.diagnose.findings import (
     OP_MISMATCH,
     P2P_MISMATCH,
     ROOT_MISMATCH,
+    SEQUENCE_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
@@ -297,7 +298,8 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
         statuses = [_NO_DATA if r in beyond else _member_status(job, c, i, covs[i]) for i, r in enumerate(c.ranks)]
         missing = [r for r, s in zip(group.ranks, statuses) if s == _MISSING]
         if missing:
-            return _missing(job, c, missing, statuses)
+            joined = [r for r, st in zip(group.ranks, statuses) if st == _JOINED]
+            return _shifted(job, c, cols, i, joined, missing) or _missing(job, c, missing, statuses)
         joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
         done = joined_states.isdisjoint(NOT_DONE_STATES)
         mismatch = _mismatch(job, c, cols, i)
@@ -432,7 +434,52 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
         ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(missing),
         detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
-        t_ns=at_ns if at_ns is not None else t,
+        t_ns=at_ns if at_ns is not None else t, basis=_missing_basis(job, c, missing, at_ns),
+    )
+
+
+def _missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int | None) -> str:
+    """What shows the missing ranks had not issued ``c``: their own records, which cover it."""
+    if at_ns is not None:
+        return f"their records show they had not issued #{c.seq} when the stall was detected"
+    fr = all((cov := job.coverage.get((r, c.group.uid))) is not None and cov.has_fr for r in missing)
+    if fr:
+        return f"Flight Recorder records every collective a rank issues, and theirs has no #{c.seq}"
+    return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
+
+
+def _shifted(job: Job, c: Collective, cols: Sequence[Collective], index: int, joined: list[int],
+             missing: list[int]) -> Finding | None:
+    """The ranks waiting in ``c`` issued one collective more than the missing ranks (or these one less) from a
+    line of their own: their call sites parted earlier (``history.divergence``) while the signatures matched,
+    and there the waiting ranks left their cycle while the others kept theirs. Then the missing ranks are not
+    the cause: they did all the collectives their program has, and the waiting ranks wait in one too many."""
+    if not joined or not missing:
+        return None
+    ranks = joined[:MAX_JUDGED] + missing[:MAX_JUDGED]
+    parted = history.divergence(job, cols, index, ranks)
+    if parted is None:
+        return None
+    judged = {r: history.judge(job, cols, parted, r) for r in ranks}
+    if not all(judged[r].verdict == history.DEVIATES for r in joined[:MAX_JUDGED]) or \
+            not all(judged[r].verdict == history.CONFORMS for r in missing[:MAX_JUDGED]):
+        return None
+    at = cols[parted]
+    why = "; ".join(f"rank {r}: {judged[r].why}" for r in joined[:3])
+    detail = (f"{ranks_text(joined).capitalize()} {'wait' if len(joined) > 1 else 'waits'} in {c.op} #{c.seq} on "
+              f"{c.group.label}, which {ranks_text(missing)} never issued; but the ranks' collectives parted at "
+              f"#{at.seq} ({at.op}), where {ranks_text(joined)} left {'their' if len(joined) > 1 else 'its'} own "
+              f"cycle and {ranks_text(missing)} kept theirs: from there on {ranks_text(joined)} "
+              f"{'are' if len(joined) > 1 else 'is'} shifted by a collective of {'their' if len(joined) > 1 else 'its'}"
+              f" own (an extra one, or one skipped), and waits in one its peers never issue ({why}).")
+    return Finding(
+        kind=SEQUENCE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(joined), detail=detail,
+        action=(f"Look at what {ranks_text(joined)} issued at #{at.seq} (the call sites above): a collective only "
+                "some ranks issue, or one only some skip, shifts every later one."),
+        call_sites=_sites(job, at, joined + missing), evidence={"parted_at": at.seq},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis=f"at #{at.seq}, where the ranks' call sites parted, it left its own cycle and its peers kept theirs",
     )
 
 
@@ -608,7 +655,22 @@ MAX_JUDGED = 16  # ranks of one cluster whose history is read (a cluster of thou
 def _cluster_verdicts(job: Job, cols: Sequence[Collective], index: int,
                       clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
     """Per cluster, what its ranks' histories say (``history.CONFORMS``/``DEVIATES`` when every rank judged
-    says so, else ``UNKNOWN``), and for the ranks that deviate, why."""
+    says so, else ``UNKNOWN``), and for the ranks that deviate, why. Judged where the ranks' call sites parted
+    (``history.divergence``: an extra or skipped collective shifts the later ones) when that separates them,
+    else at the ``index``-th collective itself."""
+    judged_ranks = [r for _sig, members in clusters for r in members[:MAX_JUDGED]]
+    parted = history.divergence(job, cols, index, judged_ranks)
+    if parted is not None:
+        verdicts, whys = _judged_at(job, cols, parted, clusters)
+        if history.DEVIATES in verdicts and history.CONFORMS in verdicts:
+            seq = cols[parted].seq
+            return verdicts, [(r, f"at #{seq}, where the ranks' call sites parted, {why}; its later collectives are "
+                                  "shifted against its peers'") for r, why in whys]
+    return _judged_at(job, cols, index, clusters)
+
+
+def _judged_at(job: Job, cols: Sequence[Collective], index: int,
+               clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
     verdicts: list[str] = []
     whys: list[tuple[int, str]] = []
     for _sig, members in clusters:
