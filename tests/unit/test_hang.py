@@ -49,7 +49,7 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 
-def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culprit(tmp_path):
+def test_without_history_every_rank_of_a_size_mismatch_is_a_suspect_and_none_a_culprit(tmp_path):
     """One earlier collective is no cycle: nothing shows which side is wrong, and three ranks outvoting one is
     no evidence either (two faulty ranks would outvote a sound one)."""
     job = FrJob(world=4)
@@ -59,8 +59,9 @@ def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culp
                        site="train.py:70" if r != 3 else "train.py:99")
     d = _diagnose(tmp_path, job)
     (f,) = d.findings
-    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (), (3,))
-    assert f.call_sites == {3: "train.py:99", 0: "train.py:70"}
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (),
+                                                                           (0, 1, 2, 3))
+    assert f.call_sites == {0: "train.py:70", 3: "train.py:99"}  # a rank of each side
     assert f.evidence["variants"] == [{"ranks": [0, 1, 2], "signature": "all_reduce [[8]] Float"},
                                       {"ranks": [3], "signature": "all_reduce [[9]] Float"}]
 

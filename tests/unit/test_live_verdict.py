@@ -70,13 +70,14 @@ def test_every_rank_waiting_tells_the_last_to_arrive_and_blames_nobody(tmp_path)
     assert "Rank 1 arrived last, 1.50 s after the first" in f.detail
 
 
-def test_different_ops_at_one_seq_make_the_minority_a_suspect_not_a_culprit(tmp_path):
-    """Positions carry no history of what each rank issued before: nothing shows which side is wrong."""
+def test_different_ops_at_one_seq_make_every_waiting_rank_a_suspect_not_a_culprit(tmp_path):
+    """Positions carry no history of what each rank issued before: nothing shows which side is wrong (and a
+    vote is no evidence: two faulty ranks would outvote a sound one)."""
     d = _verdict(tmp_path, _snapshot(
         _rank(0, 5, ("all_reduce", 5, 0.0)), _rank(1, 5, ("broadcast", 5, 0.0)), _rank(2, 5, ("all_reduce", 5, 0.0)),
     ))
     (f,) = d.findings
-    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (1,))
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (0, 1, 2))
     assert "ranks 0, 2: all_reduce; rank 1: broadcast" in f.detail
 
 
@@ -510,8 +511,9 @@ def test_ranks_that_created_their_groups_in_another_order_are_a_group_mismatch_n
     d = _verdict(tmp_path, _snapshot(_groups_rank(0, usual), _groups_rank(1, usual), _groups_rank(2, swapped)))
     assert d.status == "desync"
     first, *rest = d.findings
-    assert (first.kind, first.culprit_ranks, first.suspect_ranks) == ("group_mismatch", (), (2,))
+    assert (first.kind, first.culprit_ranks, first.suspect_ranks) == ("group_mismatch", (), (0, 1, 2))
     assert "X is group 1 on ranks 0, 1 and group 2 on rank 2" in first.detail
+    assert "Rank 2 created its groups in another order than ranks 0, 1." in first.detail
     assert rest and all(f.blocked_by == 1 and not f.culprit_ranks and not f.suspect_ranks for f in rest)
     labels = {f.process_group for f in rest}
     assert len(labels) == len(rest)  # the two groups are told apart
@@ -577,3 +579,33 @@ def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen
     assert "its recorder's thread has not run once since it started" in f["detail"]
     assert "it holds the GIL" in f["detail"]
     assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "held")]
+
+
+@pytest.mark.parametrize("raised, resolved", [(False, [7]), (True, [])])
+def test_a_stall_is_resolved_by_its_call_completing_never_by_its_call_raising(raised, resolved):
+    """The call that triggered stall 7 left the calls in flight: it completed (the stall resolved, the job went
+    on), or it raised (gloo's timeout, a broken connection: the job did not go on). Also at the recorder's stop."""
+    from comm2perfetto.record.watchdog import Watchdog
+
+    class _Rec:
+        rank = 0
+        failed_calls = {42} if raised else set()
+
+        def in_flight(self):
+            return []
+
+    class _Live:
+        def __init__(self):
+            self.resolved_gens: list[int] = []
+
+        def resolved(self, gen):
+            self.resolved_gens.append(gen)
+
+        def write_resolved(self):
+            pass
+
+    live = _Live()
+    dog = Watchdog(_Rec(), _Store(), None, ".", live=live)
+    dog._open_stalls[42] = 7
+    dog.stop()  # never started: the stop's last look alone
+    assert live.resolved_gens == resolved

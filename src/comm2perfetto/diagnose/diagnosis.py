@@ -135,7 +135,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
-    if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
+    # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
+    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and len(f.ranks_missing) == 1
+                       and f.ranks_missing[0] in set(dead) | set(frozen)}
+    if dead and not any(f.kind in DESYNC_KINDS and id(f) not in waits_on_halted for f in findings):
         findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
@@ -580,8 +583,7 @@ _SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
     """Cluster the joined ranks by compatible signature. Which side is wrong is read from each rank's own
     history (``history``), never from a vote: the clusters whose ranks break their own cycle here are the
-    culprits, when some cluster keeps its cycle; otherwise every rank that differs from a strict majority is a
-    suspect (every rank on a tie)."""
+    culprits, when some cluster keeps its cycle; otherwise every joined rank is a suspect."""
     group = c.group
     size = len(group.ranks)
     clusters: list[tuple[Signature, list[int]]] = []
@@ -609,10 +611,8 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
             f"; {ranks_text(kept)} kept {'their' if len(kept) > 1 else 'its'} own cycle")
         ref = clusters[sound[0]][0]
         others = [clusters[i][0] for i in wrong]
-    else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(joined)
-        suspects = sorted(r for _, m in clusters[1:] for r in m) if majority else joined
+    else:  # no vote either: a sound rank outvoted by two faulty ones would be named
+        culprits, suspects = [], joined
         basis = ("no rank's history shows which side is wrong" if not any(v != history.UNKNOWN for v in verdicts)
                  else "the ranks' histories do not separate them")
         ref = clusters[0][0]
@@ -620,7 +620,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
     worst = min((compare(ref, sig, size) or "dtype" for sig in others), key=_SEVERITY.__getitem__)
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
-    sites = _sites(job, c, (culprits or suspects)[:3] + [r for r in joined if r not in culprits + suspects][:1])
+    sites = _sites(job, c, culprits[:3] + [m[0] for _, m in clusters])  # the culprits, and a rank of each side
     what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
             "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
@@ -764,8 +764,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], inde
     """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
     adds up to what they receive. When it does not, the ranks disagree; which side is wrong is read from each
     rank's history as for other mismatches (``_mismatch``): the ranks whose counts break their own cycle are the
-    culprits when some rank keeps its cycle, otherwise those that differ from a strict majority (every rank on
-    a tie) are suspects."""
+    culprits when some rank keeps its cycle, otherwise every rank is a suspect."""
     if op_family(c.op) != "all_to_all":
         return None
     counts: dict[int, tuple[int, int]] = {}
@@ -787,9 +786,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], inde
         culprits, suspects = sorted(r for i in wrong for r in clusters[i][1]), []
         basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
     else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(counts)
-        suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(counts)
+        culprits, suspects = [], sorted(counts)
         basis = "the totals show that the ranks disagree, not which of them is wrong"
     described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
     detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "

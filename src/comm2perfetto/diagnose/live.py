@@ -294,15 +294,14 @@ def _root(ranks: Mapping[int, dict], rank: int, group: str) -> int | None:
 
 def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
     """Different ops at one sequence number, or one rooted op with different roots. Positions carry no history
-    of what each rank issued before, so nothing shows which side is wrong: the ranks that differ from a strict
-    majority are suspects (every rank on a tie), none a culprit."""
+    of what each rank issued before, so nothing shows which side is wrong: every waiting rank is a suspect, none
+    a culprit."""
     by_op: dict[tuple[str, int | None], list[int]] = {}
     for r in waiting:
         by_op.setdefault((_pending_op(ranks, r, common["group_uid"]), _root(ranks, r, common["group_uid"])),
                          []).append(r)
     clusters = sorted(by_op.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
-    majority = len(clusters[0][1]) * 2 > len(waiting)
-    suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(waiting)
+    suspects = sorted(waiting)  # no vote: two faulty ranks would outvote a sound one
     same_op = len({op for (op, _), _ in clusters}) == 1
     described = "; ".join(f"{ranks_text(rs)}: {op}" + (f" root {root}" if root is not None else "")
                           for (op, root), rs in clusters)
@@ -371,11 +370,14 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
     first wait on it."""
     out = list(findings)
     for rank, probe in sorted(frozen.items()):
-        wait = next((f for f in out if rank in f.ranks_missing and f.kind in (MISSING_RANKS, NO_DUMP)), None)
+        p2p = [f for f in out if f.kind == P2P_MISMATCH and f.ranks_missing == (rank,)]  # the sends and receives
+        out = [f for f in out if f not in p2p]  # it left unmatched: the waits its freeze left, no desync
+        wait = next((f for f in out if rank in f.ranks_missing and f.kind in (MISSING_RANKS, NO_DUMP)),
+                    p2p[0] if p2p else None)
         state = probe.get("detail") or probe.get("state") or "alive"
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
-        if wait is not None:
+        if wait is not None and wait in out:
             i = out.index(wait)
             rest = tuple(r for r in wait.ranks_missing if r != rank)
             if rest:  # the others it waits for are told on their own (a rank computing elsewhere: a culprit too)
@@ -384,9 +386,11 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
                                  suspect_ranks=tuple(r for r in wait.suspect_ranks if r in rest))
             else:
                 del out[i]
+        if wait is not None:
             others = [r for r in wait.ranks_joined if r != rank]
+            what = f"{wait.op} #{wait.seq}" if wait.seq is not None else f"{wait.op}"
             detail += f" {ranks_text(others).capitalize()} {'wait' if len(others) > 1 else 'waits'} in " \
-                      f"{wait.op} #{wait.seq} on {wait.process_group} for it."
+                      f"{what} on {wait.process_group} for it."
         action = (f"Look at what rank {rank} is doing: `py-spy dump --pid PID` of its process, its GPU "
                   "(`nvidia-smi`); a stopped process (SIGSTOP, a debugger) goes on after SIGCONT.")
         out.append(Finding(

@@ -284,6 +284,9 @@ def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
     return kernel
 
 
+MAX_FAILED_REMEMBERED = 4096  # calls that raised, remembered for the watchdog (a job seldom survives many)
+
+
 class _GroupInfo:
     """A process group seen by the patch layer.
 
@@ -332,6 +335,7 @@ class Recorder:
         self._torch = torch
         self._tensor_type = torch.Tensor
         self._c10d = c10d
+        self.failed_calls: set[int] = set()  # cids of calls that raised: a stall they ended did not resolve
         self._world = c10d.GroupMember
         self._declare_lock = threading.Lock()
         self._cids = itertools.count(1)
@@ -528,6 +532,8 @@ class Recorder:
                 nvtx_ranges.emit_own_pop()
             self._write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
             self.pending.pop(cid, None)
+            if len(self.failed_calls) < MAX_FAILED_REMEMBERED:
+                self.failed_calls.add(cid)
         except Exception as inner:
             self.fault(inner)
 

@@ -86,6 +86,11 @@ class RecorderView(RankLog, Protocol):
         ...
 
     @property
+    def failed_calls(self) -> set[int]:
+        """The cids of calls that raised (a timeout, a broken connection): no longer in flight, not completed."""
+        ...
+
+    @property
     def p2p_counts(self) -> dict[tuple[int, str, int], int]:
         """Sends and receives issued: (gid, "send"/"recv", peer) -> how many."""
         ...
