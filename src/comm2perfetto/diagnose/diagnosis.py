@@ -266,8 +266,8 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
     if cov is None:
         return _NO_DATA
     seq = c.seq
-    if seq < cov.first_seq:
-        return _UNKNOWN  # overwritten in the ring buffer
+    if seq < cov.first_seq or cov.unread_at(seq):
+        return _UNKNOWN  # overwritten in the ring buffer, or its entry there unreadable
     if cov.has_fr:
         return _MISSING  # Flight Recorder records every collective: absent means never issued
     # Known from the recorder only: it sees Python calls, not those issued from C++ (DDP).
@@ -1022,7 +1022,10 @@ def _p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Findi
     its own peer then cannot deliver)."""
     transfers = job.p2p.get(group.uid, ())
     bad: list[tuple[P2PTransfer, str]] = []
+    unread = {r for r in group.ranks if (cov := job.coverage.get((r, group.uid))) is not None and cov.unread_p2p}
     for tr in transfers:
+        if tr.src in unread or tr.dst in unread:
+            continue  # a send or recv of that rank was unreadable: which of its ops pairs with which is unknown
         if tr.matched:
             assert tr.send is not None and tr.recv is not None
             a, b = tr.send.signature.input_sizes, tr.recv.signature.input_sizes
