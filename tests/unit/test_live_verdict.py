@@ -609,3 +609,28 @@ def test_a_stall_is_resolved_by_its_call_completing_never_by_its_call_raising(ra
     dog._open_stalls[42] = 7
     dog.stop()  # never started: the stop's last look alone
     assert live.resolved_gens == resolved
+
+
+@pytest.mark.parametrize("passed, kind, told", [
+    ({0: (16, ["Float"]), 1: (17, ["Float"]), 2: (16, ["Float"])}, "size_mismatch", "rank 1: all_reduce 17 elements"),
+    ({0: (16, ["Float"]), 1: (16, ["Double"]), 2: (16, ["Float"])}, "dtype_mismatch",
+     "rank 1: all_reduce 16 elements Double"),
+])
+def test_ranks_waiting_in_one_collective_with_other_sizes_or_dtypes_disagree(tmp_path, passed, kind, told):
+    """Every rank waits in all_reduce #7 (gloo hangs rather than aborts): what each passed tells a mismatch
+    from a stuck collective; without history, every waiting rank is a suspect."""
+    ranks = [_rank(r, 7, ("all_reduce", 7, 0.1 * r)) for r in range(3)]
+    for r, summary in enumerate(ranks):
+        summary["groups"]["0"]["pending"]["numel"], summary["groups"]["0"]["pending"]["dtypes"] = passed[r]
+    d = _verdict(tmp_path, _snapshot(*ranks))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", kind, (), (0, 1, 2))
+    assert told in f.detail
+
+
+def test_a_pending_entry_without_sizes_is_no_mismatch(tmp_path):
+    """Flight Recorder's pending entries (DDP's collectives) carry no sizes: unknown is not different."""
+    ranks = [_rank(r, 7, ("all_reduce", 7, 0.0)) for r in range(3)]
+    ranks[0]["groups"]["0"]["pending"].update(numel=16, dtypes=["Float"])
+    (f,) = _verdict(tmp_path, _snapshot(*ranks)).findings
+    assert f.kind == "stuck_all_joined"
