@@ -345,19 +345,26 @@ def test_many_missing_ranks_are_named_and_a_few_explained(tmp_path):
     assert "(2 more ranks missing, not detailed.)" in f.detail
 
 
-def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
-    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
-    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
-    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
-    sites parted."""
+def _with_an_extra(steps_after: int) -> FrJob:
+    """Two ranks all_reduce at train.py:70 four times; rank 1 then issues one extra all_reduce from
+    train.py:99, and both go on for ``steps_after`` more steps (rank 1's shifted by one)."""
     job = FrJob(world=2)
     for _ in range(4):
         for r in job.ranks:
             job.collective(r, "all_reduce", [[4]], site="train.py:70")
     job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
-    for _ in range(3):
+    for _ in range(steps_after):
         for r in job.ranks:
             job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    return job
+
+
+def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
+    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
+    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
+    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
+    sites parted."""
+    job = _with_an_extra(steps_after=3)
     job.collective(0, "barrier", [[1]], site="train.py:80", state="started")
     job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")
     (f,) = _diagnose(tmp_path, job).findings
@@ -368,14 +375,7 @@ def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_par
 def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_that_finished(tmp_path):
     """As above, but rank 0 simply ends after its 7 all_reduces: rank 1 waits in #8, which rank 0 never issues.
     Rank 0 did everything its program has: rank 1, shifted by its extra all_reduce, is the cause."""
-    job = FrJob(world=2)
-    for _ in range(4):
-        for r in job.ranks:
-            job.collective(r, "all_reduce", [[4]], site="train.py:70")
-    job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
-    for _ in range(2):
-        for r in job.ranks:
-            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job = _with_an_extra(steps_after=2)
     job.collective(0, "all_reduce", [[4]], site="train.py:70")  # rank 0's 7th and last
     job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")  # rank 1's 8th
     d = _diagnose(tmp_path, job)

@@ -444,9 +444,25 @@ def test_the_most_complete_snapshot_of_one_stall_is_the_verdict_kept(tmp_path):
     assert (latest["gen"], f["kind"], f["culprit_ranks"], f["suspect_ranks"]) == (2, "missing_ranks", [2], [])
 
 
+def _watch_a_silent_rank_2(tmp_path: Path, pid: int, **header: int) -> tuple[StallWatcher, dict]:
+    """`record`'s watcher at a stall where ranks 0 and 1 wait in all_reduce #4 and rank 2, whose process ``pid``
+    runs on this host (its log's header, with ``header``'s fields), did not answer: the watcher and the
+    stall-verdict.json it wrote."""
+    import socket
+
+    fields = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+              "host": socket.gethostname(), "pid": pid, **header}
+    (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(fields) + b"\n")
+    watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
+    _write(tmp_path, layout.live_snapshot(1), _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+    watcher.poll()
+    watcher.stop()
+    return watcher, orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+
+
 def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_path):
     import signal
-    import socket
     import subprocess
     import sys
 
@@ -456,19 +472,10 @@ def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_p
         deadline = time.monotonic() + 10
         while process_state(proc.pid) != "stopped" and time.monotonic() < deadline:  # delivered asynchronously
             time.sleep(0.01)
-        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
-                  "host": socket.gethostname(), "pid": proc.pid}
-        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
-        err = io.StringIO()
-        watcher = StallWatcher(str(tmp_path), None, err=err)
-        _write(tmp_path, layout.live_snapshot(1), _snapshot(
-            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
-        watcher.poll()
-        watcher.stop()
+        watcher, latest = _watch_a_silent_rank_2(tmp_path, proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
     (f,) = latest["verdict"]["findings"]
     assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"], f["seq"]) == (
         "stuck", "rank_frozen", [2], 4)
@@ -556,24 +563,15 @@ def test_a_frozen_rank_and_a_rank_computing_elsewhere_are_both_accounted_for(tmp
 def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen(tmp_path):
     """A rank that holds the GIL from its first second never writes a heartbeat: its process runs (burning CPU
     in a catastrophic regex, as a C extension loop would) while its log shows no sign of its recorder's thread."""
-    import socket
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import re; re.match(r'(a+)+$', 'a' * 64 + 'b')"])
     try:
-        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
-                  "host": socket.gethostname(), "pid": proc.pid, "wall_ns": time.time_ns() - 5 * 10**9}
-        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
-        watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
-        _write(tmp_path, layout.live_snapshot(1), _snapshot(
-            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
-        watcher.poll()
-        watcher.stop()
+        watcher, latest = _watch_a_silent_rank_2(tmp_path, proc.pid, wall_ns=time.time_ns() - 5 * 10**9)
     finally:
         proc.kill()
         proc.wait()
-    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
     (f,) = latest["verdict"]["findings"]
     assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"]) == ("stuck", "rank_frozen", [2])
     assert "its recorder's thread has not run once since it started" in f["detail"]
