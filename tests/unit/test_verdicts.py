@@ -399,3 +399,19 @@ def test_a_receive_left_waiting_by_a_frozen_rank_is_its_freeze_not_a_desync(tmp_
     assert (d.status, [k for k, _, _ in found]) == ("stuck", ["rank_frozen"]), found
     (f,) = d.findings
     assert f.culprit_ranks == (0,) and "Rank 1 waits in recv on default_pg for it" in f.detail
+
+
+def test_a_teardown_within_a_heartbeat_of_the_first_death_is_still_the_launcher_s(tmp_path):
+    """Rank 1 aborts between collectives; torchrun kills ranks 0 and 2, waiting in all_reduce #6 for it, 50 ms
+    later (SIGTERM ends a rank blocked in gloo at once): every log stops within a heartbeat, but the launcher
+    reported the failure (exit status 1, no signal forwarded), and only rank 1 died outside a call."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    logs[1].heartbeats(t)
+    for r in (0, 2):
+        logs[r].call("all_reduce", t - S // 2 + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+        logs[r].heartbeats(t + 50_000_000 - S + 1)
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    assert d.findings[0].victim_ranks == (0, 2)
