@@ -49,7 +49,8 @@ def conclude(findings: Sequence[Finding], *, interrupted: bool = False, running:
     if stall is not None and not any(f.kind != NO_DUMP or f.seq is not None for f in open_findings):
         out.append(stall)
         open_findings.append(stall)
-    kinds = {_status_kind(f) for f in open_findings}
+    # A finding blocked by another follows from it: the root causes decide what the job is.
+    kinds = {_status_kind(f) for f in open_findings if f.blocked_by is None}
     if kinds & set(DESYNC_KINDS):
         return Status.DESYNC, out
     if RANK_DIED in kinds:

@@ -266,9 +266,11 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
         explained = explained or (p2p[0] if p2p else None)
         died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
                                (inside or {}).get(rank)))
-    # Waits of the others on a dead rank that another finding names again are the same story.
-    dead_set = set(dead)
-    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
+    # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
+    # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
+    down = set(dead) | {r for r, e in ends.items() if e.how == PEER_LOST} | set(killed or ())
+    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and f.culprit_ranks
+                                  and set(f.culprit_ranks) <= down)]
     return out + died
 
 
