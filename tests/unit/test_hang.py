@@ -50,7 +50,7 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 
-def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culprit(tmp_path):
+def test_without_history_every_rank_of_a_size_mismatch_is_a_suspect_and_none_a_culprit(tmp_path):
     """One earlier collective is no cycle: nothing shows which side is wrong, and three ranks outvoting one is
     no evidence either (two faulty ranks would outvote a sound one)."""
     job = FrJob(world=4)
@@ -60,8 +60,9 @@ def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culp
                        site="train.py:70" if r != 3 else "train.py:99")
     d = _diagnose(tmp_path, job)
     (f,) = d.findings
-    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (), (3,))
-    assert f.call_sites == {3: "train.py:99", 0: "train.py:70"}
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (),
+                                                                           (0, 1, 2, 3))
+    assert f.call_sites == {0: "train.py:70", 3: "train.py:99"}  # a rank of each side
     assert f.evidence["variants"] == [{"ranks": [0, 1, 2], "signature": "all_reduce [[8]] Float"},
                                       {"ranks": [3], "signature": "all_reduce [[9]] Float"}]
 
@@ -345,19 +346,26 @@ def test_many_missing_ranks_are_named_and_a_few_explained(tmp_path):
     assert "(2 more ranks missing, not detailed.)" in f.detail
 
 
-def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
-    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
-    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
-    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
-    sites parted."""
+def _with_an_extra(steps_after: int) -> FrJob:
+    """Two ranks all_reduce at train.py:70 four times; rank 1 then issues one extra all_reduce from
+    train.py:99, and both go on for ``steps_after`` more steps (rank 1's shifted by one)."""
     job = FrJob(world=2)
     for _ in range(4):
         for r in job.ranks:
             job.collective(r, "all_reduce", [[4]], site="train.py:70")
     job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
-    for _ in range(3):
+    for _ in range(steps_after):
         for r in job.ranks:
             job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    return job
+
+
+def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
+    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
+    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
+    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
+    sites parted."""
+    job = _with_an_extra(steps_after=3)
     job.collective(0, "barrier", [[1]], site="train.py:80", state="started")
     job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")
     (f,) = _diagnose(tmp_path, job).findings
@@ -368,14 +376,7 @@ def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_par
 def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_that_finished(tmp_path):
     """As above, but rank 0 simply ends after its 7 all_reduces: rank 1 waits in #8, which rank 0 never issues.
     Rank 0 did everything its program has: rank 1, shifted by its extra all_reduce, is the cause."""
-    job = FrJob(world=2)
-    for _ in range(4):
-        for r in job.ranks:
-            job.collective(r, "all_reduce", [[4]], site="train.py:70")
-    job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
-    for _ in range(2):
-        for r in job.ranks:
-            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job = _with_an_extra(steps_after=2)
     job.collective(0, "all_reduce", [[4]], site="train.py:70")  # rank 0's 7th and last
     job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")  # rank 1's 8th
     d = _diagnose(tmp_path, job)
@@ -383,3 +384,18 @@ def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_
     assert (d.status, f.kind, f.seq, f.culprit_ranks, f.ranks_missing) == ("desync", "sequence_mismatch", 8, (1,),
                                                                            (0,))
     assert f.evidence["parted_at"] == 5
+
+
+def test_a_send_whose_receiver_issued_nothing_since_is_a_wait_not_a_desync(tmp_path):
+    """Rank 1 is away (asleep, deadlocked) when rank 0 sends to it: a hang with rank 1 to blame, status stuck;
+    had rank 1 gone on to other collectives, skipping the recv, it would be out of step: desync."""
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]])
+    job.p2p(0, "send", 1, [[16]], state="started")
+    d = _diagnose(tmp_path, job)
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.evidence["waiting"]) == ("stuck", "p2p_mismatch", (1,), True)
+    job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS + 100 * STEP_NS)  # it went on instead
+    d = _diagnose(tmp_path, job)
+    assert d.status == "desync"

@@ -382,3 +382,36 @@ def test_stacks_a_rank_wrote_on_its_way_out_are_not_its_stack_at_the_stall(tmp_p
     stacks_file(tmp_path, 1, [("threading.py", 1123, "join")], t + 10 * S + 50)
     _d, _found, job = _verdict(tmp_path, logs)
     assert set(job.stall_stacks) == {0}
+
+
+def test_a_receive_left_waiting_by_a_frozen_rank_is_its_freeze_not_a_desync(tmp_path):
+    """A 0 -> 1 pipeline: rank 0 is stopped (SIGSTOP) before its send; rank 1 waits in its receive from it. The
+    unmatched receive is the wait the freeze left behind: stuck, rank 0 frozen, no p2p desync."""
+    logs = _logs(world=2, steps=2)
+    t = T0_NS + S
+    logs[1].call("recv", t, peer=0, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[1].heartbeats(t + 10 * S)
+    logs[0].heartbeats(t - S // 2)
+    probe = {"rank": 0, "pid": 4000, "state": "stopped", "t_ns": t + 8 * S, "attempt": 0}
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1},  # then Ctrl-C: torchrun SIGKILLs both 30 s later
+                           jobs=[{"host": "node01", "ended_ns": t + 11 * S, "exit_status": 1, "probes": [probe],
+                                  "signal": "SIGINT", "signal_ns": t + 9 * S}])
+    assert (d.status, [k for k, _, _ in found]) == ("stuck", ["rank_frozen"]), found
+    (f,) = d.findings
+    assert f.culprit_ranks == (0,) and "Rank 1 waits in recv on default_pg for it" in f.detail
+
+
+def test_a_teardown_within_a_heartbeat_of_the_first_death_is_still_the_launcher_s(tmp_path):
+    """Rank 1 aborts between collectives; torchrun kills ranks 0 and 2, waiting in all_reduce #6 for it, 50 ms
+    later (SIGTERM ends a rank blocked in gloo at once): every log stops within a heartbeat, but the launcher
+    reported the failure (exit status 1, no signal forwarded), and only rank 1 died outside a call."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    logs[1].heartbeats(t)
+    for r in (0, 2):
+        logs[r].call("all_reduce", t - S // 2 + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+        logs[r].heartbeats(t + 50_000_000 - S + 1)
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    assert d.findings[0].victim_ranks == (0, 2)

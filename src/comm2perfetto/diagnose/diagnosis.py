@@ -62,7 +62,6 @@ from comm2perfetto.diagnose.weigh import (
     frozen_findings,
     frozen_ranks,
     in_progress,
-    killed_after,
     no_collectives,
 )
 from comm2perfetto.job import Coverage, Job
@@ -101,8 +100,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     frozen = frozen_ranks(job, ends, now_ns)
     ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
-    dead = died_first(job, ends, interrupted_at, notes)
-    killed = killed_after(job, ends, dead)  # by the launcher, after the first death: victims
+    dead, killed = died_first(job, ends, interrupted_at, notes)  # killed: by the launcher after the first failure
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
@@ -134,7 +132,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
-    if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
+    # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
+    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and len(f.ranks_missing) == 1
+                       and f.ranks_missing[0] in set(dead) | set(frozen)}
+    if dead and not any(f.kind in DESYNC_KINDS and id(f) not in waits_on_halted for f in findings):
         findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
@@ -258,8 +259,8 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
     if cov is None:
         return _NO_DATA
     seq = c.seq
-    if seq < cov.first_seq:
-        return _UNKNOWN  # overwritten in the ring buffer
+    if seq < cov.first_seq or cov.unread_at(seq):
+        return _UNKNOWN  # overwritten in the ring buffer, or its entry there unreadable
     if cov.has_fr:
         return _MISSING  # Flight Recorder records every collective: absent means never issued
     # Known from the recorder only: it sees Python calls, not those issued from C++ (DDP).
@@ -570,8 +571,7 @@ _SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 def _mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding | None:
     """Cluster the joined ranks by compatible signature. Which side is wrong is read from each rank's own
     history (``history``), never from a vote: the clusters whose ranks break their own cycle here are the
-    culprits, when some cluster keeps its cycle; otherwise every rank that differs from a strict majority is a
-    suspect (every rank on a tie)."""
+    culprits, when some cluster keeps its cycle; otherwise every joined rank is a suspect."""
     group = c.group
     size = len(group.ranks)
     clusters: list[tuple[Signature, list[int]]] = []
@@ -599,10 +599,8 @@ def _mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding |
             f"; {ranks_text(kept)} kept {'their' if len(kept) > 1 else 'its'} own cycle")
         ref = clusters[sound[0]][0]
         others = [clusters[i][0] for i in wrong]
-    else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(joined)
-        suspects = sorted(r for _, m in clusters[1:] for r in m) if majority else joined
+    else:  # no vote either: a sound rank outvoted by two faulty ones would be named
+        culprits, suspects = [], joined
         basis = ("no rank's history shows which side is wrong" if not any(v != history.UNKNOWN for v in verdicts)
                  else "the ranks' histories do not separate them")
         ref = clusters[0][0]
@@ -610,7 +608,7 @@ def _mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding |
     worst = min((compare(ref, sig, size) or "dtype" for sig in others), key=_SEVERITY.__getitem__)
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
-    sites = _sites(job, c, (culprits or suspects)[:3] + [r for r in joined if r not in culprits + suspects][:1])
+    sites = _sites(job, c, culprits[:3] + [m[0] for _, m in clusters])  # the culprits, and a rank of each side
     what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
             "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
@@ -754,8 +752,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: GroupView, index: int) -> 
     """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
     adds up to what they receive. When it does not, the ranks disagree; which side is wrong is read from each
     rank's history as for other mismatches (``_mismatch``): the ranks whose counts break their own cycle are the
-    culprits when some rank keeps its cycle, otherwise those that differ from a strict majority (every rank on
-    a tie) are suspects."""
+    culprits when some rank keeps its cycle, otherwise every rank is a suspect."""
     if op_family(c.op) != "all_to_all":
         return None
     counts: dict[int, tuple[int, int]] = {}
@@ -777,9 +774,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: GroupView, index: int) -> 
         culprits, suspects = sorted(r for i in wrong for r in clusters[i][1]), []
         basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
     else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(counts)
-        suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(counts)
+        culprits, suspects = [], sorted(counts)
         basis = "the totals show that the ranks disagree, not which of them is wrong"
     described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
     detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "
@@ -1017,7 +1012,10 @@ def _p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Findi
     its own peer then cannot deliver)."""
     transfers = job.p2p.get(group.uid, ())
     bad: list[tuple[P2PTransfer, str]] = []
+    unread = {r for r in group.ranks if (cov := job.coverage.get((r, group.uid))) is not None and cov.unread_p2p}
     for tr in transfers:
+        if tr.src in unread or tr.dst in unread:
+            continue  # a send or recv of that rank was unreadable: which of its ops pairs with which is unknown
         if tr.matched:
             assert tr.send is not None and tr.recv is not None
             a, b = tr.send.signature.input_sizes, tr.recv.signature.input_sizes
@@ -1069,6 +1067,10 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
             f"but rank {tr.src} never sent it."
         )
         action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
+    evidence: dict[str, Any] = {"src": tr.src, "dst": tr.dst, "index": tr.index}
+    if why != "size" and culprits:  # the other side never posted: went it on to other things, or is it away?
+        t = op.t_arrive_ns
+        evidence["waiting"] = t is not None and not _issued_since(job, culprits[0], t)
     sites: dict[int, str] = {}
     for p in (tr.send, tr.recv):
         if p is not None:
@@ -1081,10 +1083,30 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
         culprit_ranks=culprits, suspect_ranks=suspects, detail=detail, action=action, call_sites=sites,
         stacks={r: s for r in culprits + suspects if (s := stall_stack(job, r))},
-        evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
+        evidence=evidence, t_ns=_p2p_time(tr),
         basis="the sizes of a matched send and recv differ" if suspects else
               f"Flight Recorder and the recorder see every send and recv; rank {culprits[0]} has no record of its side",
     )
+
+
+def _issued_since(job: Job, rank: int, t_ns: int) -> bool:
+    """Whether ``rank`` issued anything (a collective, a send or a recv, in any group) after ``t_ns``: a peer
+    that never posted its side of a transfer while it went on is out of step (a desync); one that issued
+    nothing since is away (a wait, as a missing rank in a collective)."""
+    for uid, group in job.groups.items():
+        if rank not in group.ranks:
+            continue
+        cols = job.collectives.get(uid, ())
+        for k in range(len(cols) - 1, max(-1, len(cols) - 9), -1):
+            t = cols[k].arrival_of(rank)
+            if t is not None:
+                if t > t_ns:
+                    return True
+                break
+        if any(p is not None and p.rank == rank and p.t_arrive_ns is not None and p.t_arrive_ns > t_ns
+               for tr in job.p2p.get(uid, ()) for p in (tr.send, tr.recv)):
+            return True
+    return False
 
 
 def _ordinal(n: int) -> str:

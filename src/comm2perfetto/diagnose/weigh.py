@@ -153,17 +153,20 @@ def _recording_off(job: Job, rank: int) -> bool:
 
 
 def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
-                notes: list[str]) -> dict[int, RankEnd]:
-    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
-    not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
-    nor every rank of a job killed at once."""
+               notes: list[str]) -> tuple[dict[int, RankEnd], dict[int, RankEnd]]:
+    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own),
+    and the ranks the launcher killed after them (victims: ``teardown``): not those that died after the job
+    was interrupted (the interruption, or record's last SIGKILL, did it), nor every rank of a job killed at
+    once."""
     dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
     if not dead and any(e.how == PEER_LOST for e in ends.values()):
         # Some rank lost its peer: an unclosed log whose process could not be checked is the peer that went.
         dead = {r: e for r, e in ends.items() if e.how == UNKNOWN}
     if interrupted_at is not None:
         dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
-    if dead and len(dead) == len(ends) and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
+    everyone = len(dead) == len(ends)
+    killed = teardown(job, dead)
+    if dead and everyone and not killed and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
@@ -171,24 +174,33 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
             spread = latest - min(e.t_ns or latest for e in dead.values())
             notes.append(f"no rank closed its log ({ranks_text(dead)} stop within {duration(spread)} of each "
                          "other): the whole job was killed at once (or its processes run on another host)")
-        return first
-    return dead
+        return first, {}
+    return dead, killed
 
 
-def killed_after(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
-    """The ranks whose death follows the first of ``dead``: when one worker dies, torchrun stops the others
-    (SIGTERM, then SIGKILL after its grace period), and a rank that died more than ``DEATH_GAP_NS`` after the
-    first death, while it was still inside a call (waiting on the dead rank, or on one the death left behind),
-    was ended by that, not by a fault of its own. They are taken out of ``dead`` if there, and returned
-    (victims)."""
-    first = min((e.t_ns for e in dead.values() if e.t_ns is not None), default=None)
-    if first is None:
+# A rank's last record may come up to a heartbeat (a second) before its death: the slack when deaths are ordered.
+HEARTBEAT_SLACK_NS = 10**9
+
+
+def teardown(job: Job, dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
+    """The ranks of ``dead`` the launcher killed after the first failure, taken out of ``dead`` and returned.
+    When one worker fails, torchrun stops the others (SIGTERM, which kills a rank blocked in a collective at
+    once, then SIGKILL after its grace period): a rank that died inside a call (waiting, for the failed rank
+    or for one its failure held up) no earlier than a rank that died outside any call, or raised, was ended by
+    that failure, not by a fault of its own. Only where `record`'s job file says the launcher itself failed
+    (a non-zero exit status, no signal forwarded to it); without such a failure (every dead rank died inside a
+    call, as when the whole job is killed), nothing is taken."""
+    if not any(isinstance(j.get("exit_status"), int) and j["exit_status"] != 0 and not j.get("signal")
+               for j in job.jobs):
+        return {}  # the launcher did not report a failure it saw itself (no job file, or a signal ended the job)
+    inside = {r for r, e in dead.items() if e.how == DIED and _inside_a_call(job, r)}
+    failed = [e.t_ns for r, e in dead.items() if r not in inside and e.t_ns is not None]
+    if not failed:
         return {}
-    out = {}
-    for rank, end in sorted(ends.items()):
-        if end.how == DIED and end.t_ns is not None and end.t_ns > first + DEATH_GAP_NS and _inside_a_call(job, rank):
-            out[rank] = end
-            dead.pop(rank, None)
+    first = min(failed)
+    out = {r: dead[r] for r in sorted(inside) if (t := dead[r].t_ns) is not None and t >= first - HEARTBEAT_SLACK_NS}
+    for rank in out:
+        del dead[rank]
     return out
 
 
@@ -249,12 +261,28 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
                           and rank in f.culprit_ranks and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
+        out, p2p = _waits_on(out, rank)
+        explained = explained or (p2p[0] if p2p else None)
         died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
                                (inside or {}).get(rank)))
-    # Waits of the others on a dead rank that another finding names again are the same story.
-    dead_set = set(dead)
-    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
+    # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
+    # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
+    down = set(dead) | {r for r, e in ends.items() if e.how == PEER_LOST} | set(killed or ())
+    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and f.culprit_ranks
+                                  and set(f.culprit_ranks) <= down)]
     return out + died
+
+
+def _waits_on(findings: list[Finding], rank: int) -> tuple[list[Finding], list[Finding]]:
+    """The sends and receives left unmatched because ``rank`` halted (it is the side that never posted): no
+    desync of their own, but the waits its death or freeze left behind. (kept, taken)."""
+    taken = [f for f in findings if f.kind == P2P_MISMATCH and f.ranks_missing == (rank,)]
+    return [f for f in findings if f not in taken], taken
+
+
+def _op_text(f: Finding) -> str:
+    """``all_reduce #5`` of a collective, ``recv`` of a send or receive without a sequence number."""
+    return f"{f.op} #{f.seq}" if f.seq is not None else f"{f.op}"
 
 
 def frozen_findings(job: Job, groups: Sequence[ProcessGroup], frozen: Mapping[int, RankEnd],
@@ -266,7 +294,8 @@ def frozen_findings(job: Job, groups: Sequence[ProcessGroup], frozen: Mapping[in
                           and rank in f.culprit_ranks + f.ranks_missing and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
-        out.append(_rank_frozen(job, groups, rank, end, explained))
+        out, p2p = _waits_on(out, rank)
+        out.append(_rank_frozen(job, groups, rank, end, explained or (p2p[0] if p2p else None)))
     return out
 
 
@@ -285,7 +314,7 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
     if explained is not None:
         waiting = [r for r in explained.ranks_joined if r != rank]
         detail += (f" {ranks_text(waiting).capitalize()} {'wait' if len(waiting) > 1 else 'waits'} in "
-                   f"{explained.op} #{explained.seq} on {explained.process_group} for it.")
+                   f"{_op_text(explained)} on {explained.process_group} for it.")
     action = (f"Look at what rank {rank} is doing: `py-spy dump --pid PID` of its process (its host and pid are "
               "in its event log's header), its GPU (`nvidia-smi`); a stopped process (SIGSTOP, a debugger) "
               "goes on after SIGCONT.")
@@ -335,11 +364,11 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         verb = "failed" if failed else "waited"
         if rank in explained.ranks_joined:
             others = [r for r in explained.ranks_joined if r != rank]
-            detail += (f" {ranks_text(others).capitalize()} {verb} in {explained.op} #{explained.seq} on "
+            detail += (f" {ranks_text(others).capitalize()} {verb} in {_op_text(explained)} on "
                        f"{explained.process_group}, inside which rank {rank} died.")
         else:
-            detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then {verb} in {explained.op} "
-                       f"#{explained.seq} on {explained.process_group}, which rank {rank} never joined.")
+            detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then {verb} in "
+                       f"{_op_text(explained)} on {explained.process_group}, which rank {rank} never joined.")
     if failed:
         for r in failed[:3]:
             was_in = _last_completed(job, groups, r, issued=True) if explained is None else None
