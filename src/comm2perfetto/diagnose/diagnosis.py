@@ -63,6 +63,7 @@ from comm2perfetto.diagnose.weigh import (
     frozen_ranks,
     in_progress,
     no_collectives,
+    went_down,
 )
 from comm2perfetto.job import Coverage, Job
 from comm2perfetto.model import (
@@ -133,8 +134,9 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
     # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
-    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and len(f.ranks_missing) == 1
-                       and f.ranks_missing[0] in set(dead) | set(frozen)}
+    down = went_down(ends, dead, killed) | set(frozen)
+    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and f.ranks_missing
+                       and set(f.ranks_missing) <= down}
     if dead and not any(f.kind in DESYNC_KINDS and id(f) not in waits_on_halted for f in findings):
         findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, SIGNALLED, UNKNOWN, RankEnd
@@ -256,6 +257,11 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     (``inside``) is a suspect, not a culprit: the collective may have aborted it."""
     out = list(findings)
     died: list[Finding] = []
+    times = [e.t_ns for e in dead.values() if e.t_ns is not None]
+    # Several ranks dead within a heartbeat of each other, none by an exception of its own: a log's last record
+    # can precede its death by up to a heartbeat, so which died first (and took the others down) is not known.
+    together = (len(dead) > 1 and len(times) == len(dead) and max(times) - min(times) <= HEARTBEAT_SLACK_NS
+                and all(e.how == DIED for e in dead.values()))
     for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
@@ -263,14 +269,27 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
             out.remove(explained)
         out, p2p = _waits_on(out, rank)
         explained = explained or (p2p[0] if p2p else None)
-        died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
-                               (inside or {}).get(rank)))
+        f = _rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None, (inside or {}).get(rank))
+        if together and f.culprit_ranks:
+            f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
+                        basis=f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of each "
+                              "other: which died first, and took the others down, cannot be told")
+        died.append(f)
     # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
     # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
-    down = set(dead) | {r for r, e in ends.items() if e.how == PEER_LOST} | set(killed or ())
+    down = went_down(ends, dead, killed)
     out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and f.culprit_ranks
-                                  and set(f.culprit_ranks) <= down)]
+                                  and set(f.culprit_ranks) <= down)
+           and not (f.kind == P2P_MISMATCH and f.ranks_missing and set(f.ranks_missing) <= down)]
     return out + died
+
+
+def went_down(ends: Mapping[int, RankEnd], dead: Mapping[int, RankEnd],
+              killed: Mapping[int, RankEnd] | None) -> set[int]:
+    """The ranks a death took down: the dead, those that failed on the lost connection, those the launcher
+    killed after it. A wait on one of them (a collective, a send or a receive it never reached) is part of
+    the death's story."""
+    return set(dead) | {r for r, e in ends.items() if e.how == PEER_LOST} | set(killed or ())
 
 
 def _waits_on(findings: list[Finding], rank: int) -> tuple[list[Finding], list[Finding]]:
