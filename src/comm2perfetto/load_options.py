@@ -28,7 +28,7 @@ class Traces(StrEnum):
     EVENTS = "events"  # every event (``Job.traces``: merge draws them), in this process
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadOptions:
     """What ``match.load_job`` reads and how. The defaults read everything: every trace event, the stacks now."""
 

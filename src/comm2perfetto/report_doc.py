@@ -6,8 +6,8 @@ Times are in seconds, sizes in bytes, percentages from 0 to 100; None is unknown
 layer may import it (``sources/`` too, which imports nothing above it).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: with the annotations as strings, each TypedDict field is compiled
+# as a forward reference when the class is made: a millisecond more of report's and merge's start-up.
 from typing import Literal, TypedDict
 
 from comm2perfetto.strenum import StrEnum

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job)
     progress = Progress("writing the trace (ranks)")
     try:
-        result = write_trace(job, diagnosis, replace(options, progress=progress))
+        result = write_trace(job, diagnosis, options._replace(progress=progress))
     finally:
         progress.finish()
     if result.preview_skipped is not None:

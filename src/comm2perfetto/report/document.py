@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 from comm2perfetto.diagnose.other_attempts import attempts_note
 from comm2perfetto.errors import Comm2PerfettoError
@@ -36,8 +36,7 @@ class StepsError(Comm2PerfettoError, ValueError):
     """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReportOptions:
+class ReportOptions(NamedTuple):
     """What a report covers: ``steps`` A..B only (inclusive; ``--steps``), module paths cut to ``depth``
     components (``--depth``)."""
 

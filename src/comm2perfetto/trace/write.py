@@ -1,5 +1,6 @@
 """trace's entry point: ``write_trace(job, diagnosis, options)`` writes one trace file of a loaded job (what
-``merge`` does) and, when asked, its PNG preview. Never imports torch.
+``merge`` does) and, when asked, its PNG preview. Never imports torch. (Its records are named tuples: a
+dataclass costs merge's start-up a millisecond each.)
 
 The job is laid out once: diagnose's findings planned into markers (``markers``), the ranks shown chosen
 (``timeline.select_ranks``), the job's time span taken (the origin of ``--window`` and the trace's wall-clock
@@ -16,8 +17,8 @@ import os
 import re
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
 from comm2perfetto.errors import OptionError, writing
@@ -34,16 +35,14 @@ from comm2perfetto.words import duration, rank_list, ranks_text, sample_text
 __all__ = ["RankChoice", "TraceOptions", "TraceResult", "Window", "brief", "write_trace"]
 
 
-@dataclass(frozen=True, slots=True)
-class RankChoice:
+class RankChoice(NamedTuple):
     """The ranks asked for (``--ranks 0-7,12``), and the option as given, for the message when none is in the job."""
 
     text: str
     ranks: frozenset[int]
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
+class Window(NamedTuple):
     """Only what overlaps ``start_ns`` to ``end_ns`` after the job's first event (``--window 10:20``, ``text``)."""
 
     text: str
@@ -51,8 +50,7 @@ class Window:
     end_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class TraceOptions:
+class TraceOptions(NamedTuple):
     """What ``write_trace`` writes: the trace ``output`` (its suffix picks the format), of the ranks ``ranks``
     (default: every rank up to ``timeline.SAMPLE_LIMIT``, or all with ``all_ranks``), in ``window``; a PNG
     ``preview``; ``lean``: profiler events without their args, ids and launch flows. ``progress(done, total)``
@@ -67,8 +65,7 @@ class TraceOptions:
     progress: Callable[[int, int], None] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TraceResult:
+class TraceResult(NamedTuple):
     """What was written: the trace's ``summary`` and the writer's ``stats``; the window on the job's clock and how
     many collectives overlap it; why the preview asked for was not drawn (None: it was, or none was asked for)."""
 
