@@ -1,4 +1,4 @@
-"""The long run of the hostile-input property test: many mutated recordings, and the README's reliability figures.
+"""The long run of the hostile-input property test: many mutated recordings, and docs/reliability.md's figures.
 
 Runs ``tests/unit/test_fuzz_inputs.py`` with ``COMM2PERFETTO_FUZZ_EXAMPLES`` examples (default 1000, each one
 mutated recording run through diagnose, merge and report: 3000 runs, about ten minutes on 2 cores), then

@@ -9,7 +9,7 @@ path given twice, a two-node job recorded by one ``record`` per node. One record
 assertions where it honestly can (the running job is then interrupted; the hung job's rank 0 folder is the
 "one node" view). Then the shapes of real training jobs (issue 21: several groups and a device mesh, pipeline
 and batched p2p, a broadcast root, frozen ranks, an early exit, a late rank), each checked for diagnose's
-verdict and the live verdict file's. README's Reliability section reports these figures.
+verdict and the live verdict file's. docs/reliability.md reports these figures.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ mutation of one rank's files must not change diagnose's findings about a group t
 
 ``COMM2PERFETTO_FUZZ_EXAMPLES`` sets the number of examples (default 100: 300 runs, well under a minute);
 ``COMM2PERFETTO_FUZZ_STATS=FILE`` writes what was tried (kinds, statuses, peak memory) as JSON, which is
-how the README's reliability figures are made (``benchmarks/bench_fuzz.py``). Peak memory is the
+how docs/reliability.md's figures are made (``benchmarks/bench_fuzz.py``). Peak memory is the
 largest resident set of a run's process (a fork shares this process's pages, so it is an upper bound).
 """
 

@@ -312,7 +312,7 @@ def test_hta_scope_matches_hta_on_its_own_public_trace(tmp_path, capsys):
     assert round(orjson.loads(out)["ranks"]["0"]["overlap_pct"], 2) == 14.31
     code, out, _err = _run(capsys, "report", str(data), "--format", "json")
     exact = orjson.loads(out)["ranks"]["0"]["overlap_pct"]
-    assert exact - 14.31 > 0.8  # the difference the README warns about
+    assert exact - 14.31 > 0.8  # the difference docs/report.md warns about
 
 
 def test_a_public_real_trace_alone_is_a_job(tmp_path, capsys):
