@@ -6,6 +6,7 @@ tests/ on ``pythonpath``); tests/conftest.py holds only the fixtures and hooks b
 - factories.py: synthetic Flight Recorder dumps, event logs and stall stacks of a job.
 - kineto_fixtures.py: synthetic profiler (Kineto) traces.
 - hostile.py: the hostile-input harness (mutated recordings run through the CLI).
-- doc_outputs.py: the README blocks whose outputs the docs tests check.
+- doc_outputs.py: the docs' blocks whose outputs the docs tests check (README, examples/README.md, docs/*.md).
+- trace_scenario.py: one trace every writer writes, and what its args decode to.
 - browser.py: headless Chromium over the DevTools pipe.
 """

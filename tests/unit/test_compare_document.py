@@ -1,4 +1,4 @@
-"""The comparison document from two report documents made by hand (tests/compare_docs.py), its renderers,
+"""The comparison document from two report documents made by hand (tests/support/compare_docs.py), its renderers,
 and the command on saved reports: verdicts follow from the numbers given, derived in each test."""
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ MARKDOWN = sorted({*(ROOT / d for d in docs(ROOT)), *ROOT.glob("tests/**/README.
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)|<img\s[^>]*src=\"([^\"]+)\"")
 _FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+# a file of the repository named in backquotes: `tests/unit/test_docs.py`, `benchmarks/bench_scale.py`
+_REPO_PATH = re.compile(r"`((?:src|tests|benchmarks|docs|examples)/[\w/.\-]*\.(?:py|sh|md))`")
 _HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 # other projects' commits, naming the public data taken from them: HolisticTraceAnalysis's tests/data, which the
 # HTA comparison read (docs/report.md), and TraceLens's traces kept in tests/data/kineto
@@ -73,10 +75,19 @@ def test_anchors_are_made_as_github_makes_them():
     assert slug("`comm2perfetto record`: what a job leaves behind") == "comm2perfetto-record-what-a-job-leaves-behind"
 
 
-def test_the_link_check_sees_links_and_headings():
+def test_the_checks_see_links_headings_and_files():
     readme = ROOT / "README.md"
     assert "docs/img/demo_report.png" in links(readme) and "docs/diagnose.md" in links(readme)
     assert "scale-16384-ranks-on-one-machine" in anchors(ROOT / "docs" / "performance.md")
+    named = _REPO_PATH.findall((ROOT / "docs" / "reliability.md").read_text())
+    assert "tests/unit/test_sources_hostile_inputs.py" in named
+
+
+def test_every_file_named_is_there():
+    """Files named in backquotes (tests, benchmarks, sources) exist: a renamed test or module is renamed here too."""
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in MARKDOWN for path in _REPO_PATH.findall(doc.read_text())
+               if not (ROOT / path).exists() and not (doc.parent / path).exists()]
+    assert not missing, "\n".join(missing)
 
 
 def test_every_shown_output_is_marked():
