@@ -8,12 +8,14 @@ Python's. Real jobs: the demo, the hang example (8 and 10 s away), the shape mis
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from support.cli import COMMAND
 from support.doc_outputs import doc_blocks, mismatch
 from support.jobs import job_env, kill_tree
 from support.torch_features import gloo_flight_recorder
@@ -27,9 +29,8 @@ RUN = sorted({b.doc for b in doc_blocks(ROOT) if b.steps})
 
 
 def _shell_prelude() -> str:
-    py = sys.executable
-    return (f'comm2perfetto() {{ "{py}" -m comm2perfetto "$@"; }}\n'
-            f'torchrun() {{ "{py}" -m torch.distributed.run "$@"; }}\n')
+    return (f'comm2perfetto() {{ {shlex.join(COMMAND)} "$@"; }}\n'
+            f'torchrun() {{ {shlex.join([sys.executable, "-m", "torch.distributed.run"])} "$@"; }}\n')
 
 
 def run_command(command: str, cwd: Path) -> tuple[int, str]:

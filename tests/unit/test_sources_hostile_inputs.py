@@ -1,7 +1,7 @@
 """Hostile and malformed input, one case per kind, through the CLI (issue 13's table).
 
 Every case starts from the real recording in tests/data/recording and runs diagnose, merge and report in a
-child process under an address-space limit and a time limit (``hostile.run_cli``): each ends with 0, 1 or 2,
+child process under an address-space limit and a time limit (``hostile.run_bounded``): each ends with 0, 1 or 2,
 prints no traceback, names what it skipped in one line, and never mistakes a file's claim for data.
 """
 
@@ -27,7 +27,7 @@ from support.hostile import (
     garbage_after_header,
     gzip_bomb,
     huge_pg_config,
-    run_cli,
+    run_bounded,
     set_header,
     warm_up,
 )
@@ -50,9 +50,9 @@ def rec(tmp_path: Path) -> Path:
 def _run_all(folder: Path, **kwargs) -> dict[str, CliRun]:
     out = folder.parent / "job.pftrace"
     runs = {
-        "diagnose": run_cli(["diagnose", str(folder)], **kwargs),
-        "merge": run_cli(["merge", str(folder), "-o", str(out)], **kwargs),
-        "report": run_cli(["report", str(folder)], **kwargs),
+        "diagnose": run_bounded(["diagnose", str(folder)], **kwargs),
+        "merge": run_bounded(["merge", str(folder), "-o", str(out)], **kwargs),
+        "report": run_bounded(["report", str(folder)], **kwargs),
     }
     for name, run in runs.items():
         assert run.rc in (0, 1, 2) and not run.traceback, run.explain()
@@ -96,7 +96,7 @@ def test_a_group_listing_more_ranks_than_accepted_is_not_taken_from_the_dumps(re
 
 def test_a_gzip_bomb_is_refused_with_one_line(rec):
     gzip_bomb(rec / "rank0.fr.9.pkl.gz", MAX_FILE_BYTES + 1)
-    run = run_cli(["diagnose", str(rec)])
+    run = run_bounded(["diagnose", str(rec)])
     assert run.rc == 1 and not run.traceback, run.explain()
     assert "rank0.fr.9.pkl.gz: inflates to more than 536,870,912 bytes, larger than any real one; not read" in run.out
 
@@ -149,7 +149,7 @@ def test_an_interrupted_merge_leaves_no_partial_file(rec, monkeypatch):
         time.sleep(30)
 
     monkeypatch.setattr(merge, "write_timeline", killed_halfway)
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 130 and not run.traceback, run.explain()
     assert not list(rec.parent.glob(".*.partial")) and not (rec.parent / "job.pftrace").exists()
 
@@ -161,7 +161,7 @@ def test_a_crashed_merge_leaves_no_partial_file_and_says_internal_error(rec, mon
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(merge, "write_timeline", crash)
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 3 and not run.traceback, run.explain()
     assert run.err.splitlines()[-1].startswith("comm2perfetto merge: internal error (RuntimeError: a bug at ")
     assert "this is a bug: please report it" in run.err
@@ -177,7 +177,7 @@ def test_a_partial_file_of_a_killed_merge_is_removed_by_the_next_one(rec):
     stale.write_bytes(b"half a trace")
     mine = rec.parent / f".job.pftrace.{os.getpid()}.partial"  # a merge still running: left alone
     mine.write_bytes(b"in progress")
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 0, run.explain()
     assert not stale.exists() and mine.exists()
 
@@ -188,7 +188,7 @@ def test_a_rank_outside_the_world_the_profiler_traces_state_is_skipped(rec):
     for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json")]:
         path.unlink()
     shutil.copy(rec / "rank0.fr.2.pkl", rec / f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl")
-    run = run_cli(["diagnose", str(rec)])
+    run = run_bounded(["diagnose", str(rec)])
     assert "data from ranks 0-3)" in run.out, run.explain()
     assert f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl: Flight Recorder dump of (by its name) rank {MAX_WORLD_SIZE - 1}, " \
         "outside the job's 4 ranks" in run.out
@@ -200,7 +200,7 @@ def test_an_input_error_is_one_line_and_status_2_in_a_fresh_interpreter(rec):
         path.unlink()
     for path in rec.glob("rank[123].events.jsonl"):
         path.unlink()
-    run = run_cli(["diagnose", str(rec)], fresh=True)
+    run = run_bounded(["diagnose", str(rec)], fresh=True)
     assert run.rc == 2 and run.err.count("\n") == 1 and not run.traceback, run.explain()
 
 
