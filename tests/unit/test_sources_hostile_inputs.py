@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, TooLargeError, gunzip_bounded, read_bounded
+from support.cli import run_cli
 from support.hostile import (
     CliRun,
     copy_recording,
@@ -31,6 +32,7 @@ from support.hostile import (
     set_header,
     warm_up,
 )
+from support.verdicts import verdict
 
 COMMANDS = ("diagnose", "merge", "report")
 
@@ -115,8 +117,13 @@ def test_entries_with_a_wrong_type_or_an_absurd_value_are_skipped_and_counted(re
 
 
 def test_dtypes_that_are_not_names_make_an_unknown_signature_not_a_crash(rec):
+    """Entries whose dtypes are not names and output sizes not numbers are kept, their signature unknown: none
+    is skipped, and an unknown signature is compared with no rank's, so the verdict is the recording's own."""
+    before = verdict(run_cli("diagnose", rec, "--format", "json").json())
     edit_entries(rec, 1, input_dtypes=[5], output_sizes=[["a"]])
-    _run_all(rec)
+    runs = _run_all(rec)
+    assert "skipped" not in runs["diagnose"].out, runs["diagnose"].out
+    assert verdict(run_cli("diagnose", rec, "--format", "json").json()) == before
 
 
 def test_a_header_rank_that_is_not_a_number_skips_that_log(rec):
