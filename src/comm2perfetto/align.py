@@ -25,15 +25,21 @@ from comm2perfetto.model import ClockAlignment
 MIN_SAMPLES = 5  # fewer matched ends than this: keep the measurement, do not refine
 
 
+# A start-up measurement whose round trip took longer than this was held up (its rank frozen, holding the GIL,
+# or the store overloaded): half of it, its uncertainty, is larger than any clock difference it could correct.
+MAX_RTT_NS = 100_000_000
+
+
 def measured_offsets(logs: Mapping[int, object], ranks: Iterable[int]) -> ClockAlignment:
-    """Offsets from the ``o`` records; ranks without one get 0 (``assumed``)."""
+    """Offsets from the ``o`` records; ranks without one, or whose round trip exceeded ``MAX_RTT_NS``, get 0
+    (``assumed``)."""
     offsets: dict[int, int] = {}
     method: dict[int, str] = {}
     uncertainty: dict[int, int] = {}
     for rank in sorted(set(ranks)):
         log = logs.get(rank)
         off = getattr(log, "clock_offset_ns", None)
-        if off is not None:
+        if off is not None and int(getattr(log, "clock_rtt_ns", 0) or 0) <= MAX_RTT_NS:
             offsets[rank] = int(off)
             method[rank] = "measured"
             uncertainty[rank] = int(getattr(log, "clock_rtt_ns", 0) or 0) // 2

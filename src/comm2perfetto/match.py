@@ -11,8 +11,10 @@ How records meet:
   ``g`` record, else every rank for the default group ``"0"``, else the ranks whose dumps mention it.
 - Collectives meet by ``collective_seq_id``; the recorder's ``seq`` is the same number (it discounts the
   sequence numbers gloo's p2p ops consume, see docs/log-format.md).
-- On one rank, a recorder call and the FR entry with the same key become one record: FR's signature (it
-  knows output sizes), the recorder's arrival (the Python call) and end (the return), FR's start.
+- On one rank, a recorder call and the FR entry with the same key become one record: the recorder's op and
+  sizes, as the user called it, with what FR knows beyond them (output sizes, where FR's entry is the same
+  operation; FR's name kept as ``fr_op``: ``joined_signature``), the recorder's arrival (the Python call) and
+  end (the return), FR's start.
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
 - Profiler traces (``sources.kineto.collectives``) add their collectives: by the trace's ``Seq`` where it has
@@ -28,7 +30,7 @@ import bisect
 import dataclasses
 import functools
 import gc
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
@@ -45,6 +47,8 @@ from comm2perfetto.group_columns import (
     rows_of,
     shift_track,
 )
+from comm2perfetto.group_names import GroupConflict
+from comm2perfetto.group_names import conflicts as group_conflicts
 from comm2perfetto.model import (
     COMPLETED,
     FAILED,
@@ -74,7 +78,7 @@ from comm2perfetto.sources.discover import (
     dumps_world,
     load_sources,
 )
-from comm2perfetto.sources.event_log import Group
+from comm2perfetto.sources.event_log import Group, StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace
@@ -174,7 +178,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
-    groups, local = _resolve_groups(src, world, notes, trace_cols)
+    groups, local, conflicts = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], Track] = {}
     p2p_ops: dict[str, list[P2POp]] = defaultdict(list)
     log_seen: dict[str, set[int]] = defaultdict(set)
@@ -227,8 +231,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         skipped=tuple(src.skipped),
         notes=tuple(notes),
         logs=MappingProxyType(dict(src.logs)),
-        stall_stacks=MappingProxyType({r: docs[-1].shifted(clock.offset_ns.get(r, 0))
-                                       for r, docs in src.stacks.items() if docs}),
+        stall_stacks=MappingProxyType(_stacks_at_stalls(src, clock)),
         job_info=src.job_info,
         jobs=tuple(src.jobs),
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
@@ -238,7 +241,33 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         attempt=src.attempt,
         attempts=src.attempts,
         sampled=_sampled(src, world, sample),
+        group_conflicts=tuple(conflicts),
     )
+
+
+# A rank's stacks belong to a stall when written this soon after it was detected: every rank's watchdog answers
+# another's stall at its next tick (a second), a few seconds late on a loaded host.
+STACKS_WINDOW_NS = 5 * 10**9
+
+
+def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallStacks]:
+    """Each rank's stacks at a stall, on the job's clock: the latest it wrote within ``STACKS_WINDOW_NS`` of a
+    stall some rank detected on its own call (logs shifted already), and before its process began to end (a
+    ``u`` record). A rank that could not write at the stall (frozen: its recorder's thread did not run) wrote
+    later, on its way out: that is no stack at the stall, and it is left out. Without any detected stall (stacks
+    without logs), each rank's latest."""
+    detected = sorted(st.t_ns for log in src.logs.values() for st in log.stalls if st.reason != "remote")
+    out = {}
+    for rank, docs in src.stacks.items():
+        moved = [d.shifted(clock.offset_ns.get(rank, 0)) for d in docs]
+        if detected:
+            log = src.logs.get(rank)
+            ending = min((e.t_ns for e in log.endings), default=None) if log is not None else None
+            moved = [d for d in moved if d.t_ns is not None and (ending is None or d.t_ns < ending) and any(
+                -10**9 <= d.t_ns - t <= STACKS_WINDOW_NS for t in detected)]  # written just before its k record
+        if moved:
+            out[rank] = moved[-1]
+    return out
 
 
 # --- world and groups ------------------------------------------------------------------------------------
@@ -258,8 +287,10 @@ def _world_size(src: Sources) -> int | None:
 
 def _resolve_groups(
     src: Sources, world: int | None, notes: list[str], trace_cols: dict[int, list[TraceCollective]] | None = None,
-) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str]]:
-    """Every process group of the job, and which one each rank's local name means."""
+) -> tuple[dict[str, ProcessGroup], dict[tuple[int, str], str], list[GroupConflict]]:
+    """Every process group of the job, which one each rank's local name means, and the groups the ranks know by
+    different names (``group_names``: created in different orders). Groups that share a description are shown
+    with their name (``X (group 2)``)."""
     # (rank, name) -> (desc, ranks or None, source, backend)
     local: dict[tuple[int, str], tuple[str, Ranks | None, str, str | None]] = {}
     for rank, trace in src.fr.items():
@@ -317,7 +348,23 @@ def _resolve_groups(
             "members of group(s) " + ", ".join(inferred) + " were inferred from the ranks whose dumps "
             "mention them (the dumps do not list them); a member that left no data is not counted"
         )
-    return groups, out
+    named = ((rank, name, desc, groups[out[(rank, name)]].ranks) for (rank, name), (desc, *_rest) in local.items())
+    conflicts = group_conflicts(named)
+    # No text calls two groups by one name: a group the ranks describe differently (they created their groups
+    # in different orders) goes by its c10d name and every description, others sharing one by it and the name.
+    descs: dict[str, Counter[str]] = defaultdict(Counter)
+    for conflict in conflicts:
+        for name, ranks in conflict.names.items():
+            for uid in {out[(r, name)] for r in ranks if (r, name) in out}:
+                descs[uid][conflict.desc] += len(ranks)
+    by_label = Counter(g.label for g in groups.values())
+    for uid, pg in groups.items():
+        if uid in descs and len(descs[uid]) > 1:
+            shown = f"group {pg.name} ({'/'.join(d for d, _ in descs[uid].most_common())})"
+            groups[uid] = dataclasses.replace(pg, shown=shown)
+        elif by_label[pg.label] > 1 and pg.label != pg.name:
+            groups[uid] = dataclasses.replace(pg, shown=f"{pg.label} (group {pg.name})")
+    return groups, out, conflicts
 
 
 def _meaningful(desc: str | None) -> bool:
@@ -389,20 +436,54 @@ def _merge_log(
                 p2p_ops[uid].append(P2POp(rank, uid, kind, peer, i, sig, state, call.t_call_ns, end, site, "log"))
             continue
         if call.seq is None:
-            sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log")
+            sig = _log_signature(call)
             unnumbered[uid].setdefault(rank, []).append(
                 (sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED))
             continue
         first = call.seq
         last = call.seq_last if call.seq_last is not None else first
-        root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
-        sig = Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root)
+        sig = _log_signature(call)
         for key in range(first, max(first, last) + 1):
             row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
             rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
             log_seen[uid].add(key)
     for uid, by_key in rows.items():
         tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
+
+
+def _log_signature(call) -> Signature:
+    """What a recorder call asked of a collective: its op, input shapes and dtypes, root, and the sizes gloo
+    checks only by aborting a rank (an all-to-all's per-peer counts, an object collective's list length)."""
+    root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
+    return Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root,
+                     exchange=call.exchange, objects=call.objects)
+
+
+def joined_signature(fr: Signature, log: Signature) -> Signature:
+    """One rank's signature of a collective both Flight Recorder (``fr``) and the recorder (``log``) saw: the
+    recorder's op and sizes, as the user called it, and FR's name as ``fr_op`` (the same name mostly; gloo's
+    Flight Recorder names ``reduce_scatter_tensor`` ``all_reduce``, ``all_gather_into_tensor`` ``all_gather``,
+    ``all_to_all_single`` ``all_to_all``, and an object collective after the collectives it is made of).
+    FR's output sizes and dtypes stay where its entry is the same operation (same op family); where the
+    backend implements the call by another collective they describe that one, and are left out. An object
+    collective (no tensors of the user's) keeps FR's sizes: those of the tensors torch made of the objects.
+    ``source`` stays ``fr``: the FR fields kept are exact, and Flight Recorder's own name is in ``fr_op``.
+
+    >>> fr = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))
+    >>> s = joined_signature(fr, Signature("reduce_scatter_tensor", ((4,),), ("Float",), None, None, "log"))
+    >>> s.op, s.fr_op, s.input_sizes, s.output_sizes, s.source
+    ('reduce_scatter_tensor', 'all_reduce', ((4,),), None, 'fr')
+    """
+    if fr.parts:  # a coalesced group: FR knows its members, the recorder one call
+        return dataclasses.replace(fr, fr_op=fr.op)
+    tensors = bool(log.input_sizes)  # an object collective's call has none, a later row of a multi-call no sizes
+    if not tensors or op_family(fr.op) == op_family(log.op):
+        inputs, dtypes = (log.input_sizes, log.input_dtypes) if tensors else (fr.input_sizes, fr.input_dtypes)
+        outputs, out_dtypes = fr.output_sizes, fr.output_dtypes
+    else:
+        inputs, dtypes, outputs, out_dtypes = log.input_sizes, log.input_dtypes, None, None
+    return Signature(log.op, inputs, dtypes, outputs, out_dtypes, "fr", root=log.root if log.root is not None
+                     else fr.root, exchange=log.exchange, objects=log.objects, fr_op=fr.op)
 
 
 def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict[str, ProcessGroup],
@@ -439,6 +520,7 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
     if durations is not None:
         out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
     values: tuple[Any, ...]
+    joins: dict[tuple[Signature, Signature], Signature] = {}  # equal pairs share one joined signature
     for key in sorted(set(index) | set(rows)):
         i = index.get(key)
         row = rows.get(key)
@@ -450,14 +532,15 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
             assert fr is not None
             values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
             precise = False
-        else:  # both: FR's signature and start, the recorder's arrival and end
+        else:  # both: the joined signature, FR's start, the recorder's arrival and end
             assert fr is not None and row is not None
             sig, state, t_call, t_end, site, precise = row
-            fr_sig = fr.sigs[i]
-            if sig.root is not None and fr_sig.root is None:  # the recorder knows a broadcast's src, FR does not
-                fr_sig = dataclasses.replace(fr_sig, root=sig.root)
+            joined = (fr.sigs[i], sig)
+            both = joins.get(joined)
+            if both is None:
+                both = joins[joined] = joined_signature(*joined)
             values = (
-                fr_sig, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
+                both, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
                 fr.start[i], t_end if t_end is not None else fr.end[i],
                 fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
             )

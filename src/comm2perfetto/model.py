@@ -5,7 +5,8 @@
 one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
 ``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
 skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
-to do) with ``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``.
+to do; ``Exchange``, an all-to-all's elements to and from each peer) with ``DTYPE_BYTES``/``tensor_bytes`` and
+``op_family``, ``Frame``/``Stack`` with ``call_site``.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -28,6 +29,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
+    from comm2perfetto.group_names import GroupConflict
     from comm2perfetto.sources.event_log import RankLog, StallStacks
     from comm2perfetto.sources.kineto.events import KinetoTrace
 
@@ -170,16 +172,47 @@ class ProcessGroup:
     ranks: tuple[int, ...]
     backend: str | None = None
     ranks_source: str = "pg_config"
+    # Where two groups of the job share a description (ranks that created their groups in different orders):
+    # ``X (group 2)``, so that no text calls two groups by one name.
+    shown: str = ""
 
     @property
     def label(self) -> str:
         """``default_pg`` or ``1`` for display: the description when the user gave one."""
+        if self.shown:
+            return self.shown
         return self.desc if self.desc and self.desc != "undefined" else self.name
 
     def global_rank(self, group_rank: int) -> int | None:
         """Global rank of a rank numbered inside the group (Flight Recorder's ``send 1->0`` uses those)."""
         ordered = sorted(self.ranks)
         return ordered[group_rank] if 0 <= group_rank < len(ordered) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One rank's side of an all-to-all, as the recorder saw the call: the elements it sends to each member of
+    its group and the elements it expects from each, in group-rank order (the group's sorted global ranks).
+    ``send_given``/``recv_given``: the split sizes were passed (``input_split_sizes``, ``output_split_sizes``;
+    ``all_to_all``'s one tensor per peer); False: not given, so torch splits dim 0 evenly across the group,
+    which these counts are. None where that cannot be told (a dim 0 the group size does not divide).
+
+    >>> Exchange(send=(3, 2), recv=(3, 2)).sends_to(1), Exchange(send=(3, 2), recv=(3, 2)).expects_from(1)
+    (2, 2)
+    """
+
+    send: tuple[int, ...] | None
+    recv: tuple[int, ...] | None
+    send_given: bool = True
+    recv_given: bool = True
+
+    def sends_to(self, group_rank: int) -> int | None:
+        """Elements this rank sends to the member at ``group_rank``; None when not known."""
+        return self.send[group_rank] if self.send is not None and 0 <= group_rank < len(self.send) else None
+
+    def expects_from(self, group_rank: int) -> int | None:
+        """Elements this rank expects from the member at ``group_rank``; None when not known."""
+        return self.recv[group_rank] if self.recv is not None and 0 <= group_rank < len(self.recv) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +223,15 @@ class Signature:
     ``log`` (the recorder: public function name, input shapes and dtypes only; outputs are ``None``).
     A coalesced group has one signature whose ``parts`` are its member ops, in issue order. ``root``: the global
     rank a broadcast, reduce, gather or scatter names as its ``src``/``dst`` (from the recorder; None: unknown).
+
+    From the recorder too, for calls whose sizes gloo checks only by aborting a rank: ``exchange``, an
+    all-to-all's per-peer element counts; ``objects``, the length of an object collective's list
+    (``broadcast_object_list``'s, ``all_gather_object``'s output list, ``gather_object``'s gather list and
+    ``scatter_object_list``'s input list, None on the ranks that pass none; ``send_object_list``'s and
+    ``recv_object_list``'s). ``fr_op``: set where the recorder's call was joined to the Flight Recorder entry of
+    the same group and seq (``match.joined_signature``): Flight Recorder's name for it, which differs from ``op``
+    (the user's) where the backend implements the call by another collective (gloo's ``all_reduce`` for
+    ``reduce_scatter_tensor``, its ``broadcast`` of sizes for ``broadcast_object_list``). None: no such join.
     """
 
     op: str
@@ -200,6 +242,9 @@ class Signature:
     source: str = "fr"
     parts: tuple[Signature, ...] = ()
     root: int | None = None
+    exchange: Exchange | None = None
+    objects: int | None = None
+    fr_op: str | None = None
 
     def describe(self) -> str:
         """``all_reduce [[4]] Float``, ``broadcast [[4]] Float root 2`` for messages; outputs where they differ
@@ -214,7 +259,15 @@ class Signature:
             out += f" -> {[list(s) for s in self.output_sizes]}"
         if self.root is not None:
             out += f" root {self.root}"
+        if self.objects is not None:
+            out += f" {self.objects} object{'s' if self.objects != 1 else ''}"
+        if self.exchange is not None:
+            out += f" sends {_counts(self.exchange.send)} expects {_counts(self.exchange.recv)}"
         return out
+
+
+def _counts(counts: tuple[int, ...] | None) -> str:
+    return "?" if counts is None else str(list(counts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -652,6 +705,8 @@ class Job:
     # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
     # without data is then one that should have left some. A sample's other ranks are not suspects.
     sampled: str | None = None
+    # Groups the ranks know by different c10d names (they created their groups in different orders).
+    group_conflicts: tuple[GroupConflict, ...] = ()
 
     @property
     def ranks_with_data(self) -> tuple[int, ...]:

@@ -283,9 +283,10 @@ class EventLog:
              peer: Any = None, shapes: list | None = None, dtypes: list | None = None, dur_ns: int = 50_000,
              site: str = "train.py:57 train", returns: bool = True, is_async: bool = False,
              error: str | None = None, done_ns: int | None = None, module: str | None = None,
-             pass_: str | None = None, nbytes: int | None = None, step: int = 1) -> int:
+             pass_: str | None = None, nbytes: int | None = None, step: int = 1, sizes: Any = None) -> int:
         """One recorded call; ``done_ns``: when an async call's work completed; ``module``/``pass_``: the
-        module it was issued in."""
+        module it was issued in; ``sizes``: the `b` record's sizes field (an all-to-all's splits, an object
+        collective's list length), written where not None."""
         self._cid += 1
         cid = self._cid
         context = 0
@@ -300,7 +301,7 @@ class EventLog:
             self.lines.append(["a", self._args[key], shapes if shapes is not None else [],
                                dtypes if dtypes is not None else [], nbytes])
         self.lines.append(["b", cid, t_ns, op, gid, seq, peer, is_async, 1396872, self._sites[site], context,
-                           step, self._args[key]])
+                           step, self._args[key], *([0, 0, sizes] if sizes is not None else [])])
         if error is not None:
             self.lines.append(["x", cid, t_ns + dur_ns, error])
         elif returns:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from statistics import median
 from types import SimpleNamespace
 
-from comm2perfetto.align import MIN_SAMPLES, measured_offsets, refine, shift
+from comm2perfetto.align import MAX_RTT_NS, MIN_SAMPLES, measured_offsets, refine, shift
 
 
 def _log(offset, rtt):
@@ -46,3 +46,12 @@ def test_shift():
     assert shift([1, None, 3], 10) == [11, None, 13]
     col = [1, 2]
     assert shift(col, 0) is col
+
+
+def test_a_measurement_whose_round_trip_was_held_up_is_not_trusted():
+    """Rank 1 held the GIL at start-up: its clock exchange took 8.8 s, so its offset (-4.4 s) is ± 4.4 s."""
+    logs = {1: SimpleNamespace(clock_offset_ns=-4_383_003_991, clock_rtt_ns=8_773_956_950),
+            2: SimpleNamespace(clock_offset_ns=1200, clock_rtt_ns=MAX_RTT_NS)}
+    clock = measured_offsets(logs, [0, 1, 2])
+    assert dict(clock.offset_ns) == {0: 0, 1: 0, 2: 1200}
+    assert dict(clock.method) == {0: "assumed", 1: "assumed", 2: "measured"}

@@ -49,7 +49,9 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 
-def test_size_mismatch_blames_the_minority(tmp_path):
+def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culprit(tmp_path):
+    """One earlier collective is no cycle: nothing shows which side is wrong, and three ranks outvoting one is
+    no evidence either (two faulty ranks would outvote a sound one)."""
     job = FrJob(world=4)
     for r in job.ranks:
         job.collective(r, "all_reduce", [[4]])
@@ -57,18 +59,58 @@ def test_size_mismatch_blames_the_minority(tmp_path):
                        site="train.py:70" if r != 3 else "train.py:99")
     d = _diagnose(tmp_path, job)
     (f,) = d.findings
-    assert (d.status, f.kind, f.seq, f.culprit_ranks) == ("desync", "size_mismatch", 2, (3,))
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (), (3,))
     assert f.call_sites == {3: "train.py:99", 0: "train.py:70"}
     assert f.evidence["variants"] == [{"ranks": [0, 1, 2], "signature": "all_reduce [[8]] Float"},
                                       {"ranks": [3], "signature": "all_reduce [[9]] Float"}]
 
 
-def test_two_ranks_that_disagree_blame_the_one_that_differs_from_the_lowest(tmp_path):
+def _looping(job: FrJob, steps: int, ranks=None) -> None:
+    """``steps`` steps of two collectives from two call sites, as a training loop issues them."""
+    for _ in range(steps):
+        for r in ranks if ranks is not None else job.ranks:
+            job.collective(r, "all_reduce", [[8]], site="train.py:70")
+            job.collective(r, "broadcast", [[2]], site="train.py:71")
+
+
+def test_a_rank_whose_size_breaks_its_own_cycle_is_the_culprit_even_one_against_one(tmp_path):
+    job = FrJob(world=2)
+    _looping(job, 4)
+    job.collective(0, "all_reduce", [[8]], site="train.py:70", state="started")
+    job.collective(1, "all_reduce", [[9]], site="train.py:70", state="started")  # same line, other size
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", (1,), ())
+    assert "rank 1: its size at train.py:70 differs from its own cycle" in f.basis
+    assert "rank 0 kept its own cycle" in f.basis
+
+
+def test_two_faulty_ranks_that_agree_do_not_outvote_the_sound_one(tmp_path):
+    job = FrJob(world=3)
+    _looping(job, 3)
+    job.collective(0, "all_reduce", [[8]], site="train.py:70", state="started")
+    for r in (1, 2):
+        job.collective(r, "all_gather", [[8]], [[24]], site="train.py:99", state="started")
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.culprit_ranks) == ("op_mismatch", (1, 2))
+    assert "it issued this one from train.py:99, where its own cycle" in f.basis
+
+
+def test_when_every_side_breaks_its_cycle_nobody_is_the_culprit(tmp_path):
+    job = FrJob(world=2)
+    _looping(job, 3)
+    job.collective(0, "all_reduce", [[5]], site="train.py:80", state="started")
+    job.collective(1, "all_reduce", [[6]], site="train.py:81", state="started")
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", (), (0, 1))
+
+
+def test_two_ranks_that_disagree_with_nothing_to_tell_them_apart_are_both_suspects(tmp_path):
     job = FrJob(world=2)
     job.collective(0, "all_reduce", [[4]], dtype="Float")
     job.collective(1, "all_reduce", [[4]], dtype="BFloat16")
     (f,) = _diagnose(tmp_path, job).findings
-    assert (f.kind, f.culprit_ranks) == ("dtype_mismatch", (1,))
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("dtype_mismatch", (), (0, 1))
+    assert "Nothing in the data shows which side is wrong" in f.detail
 
 
 def test_op_mismatch_outranks_size_differences(tmp_path):
@@ -77,8 +119,8 @@ def test_op_mismatch_outranks_size_differences(tmp_path):
     job.collective(1, "all_reduce", [[5]])
     job.collective(2, "broadcast", [[4]])
     (f,) = _diagnose(tmp_path, job).findings
-    # Clusters: {0}, {1}, {2}, each of one rank: rank 0's is taken as intended (the lowest rank).
-    assert (f.kind, f.culprit_ranks) == ("op_mismatch", (1, 2))
+    # Three clusters of one rank each, no history: no majority, every rank a suspect.
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("op_mismatch", (), (0, 1, 2))
 
 
 def test_stuck_all_joined_names_the_least_advanced_rank(tmp_path):
@@ -93,13 +135,25 @@ def test_stuck_all_joined_names_the_least_advanced_rank(tmp_path):
     assert f.evidence["last_arrival_rank"] == max(arrivals, key=arrivals.get)
 
 
-def test_stuck_all_joined_without_state_differences_names_the_last_to_arrive(tmp_path):
+def test_stuck_all_joined_without_state_differences_blames_nobody_for_arriving_last(tmp_path):
+    """45 ns later than the first, with no clock noise or typical duration known: lateness is no evidence."""
     job = FrJob(world=3)
     for r, t in zip(job.ranks, (5, 50, 7)):
         job.collective(r, "all_reduce", [[4]], t_ns=T0_NS + t, state="started")
     (f,) = _diagnose(tmp_path, job).findings
-    assert f.culprit_ranks == (1,)
-    assert "The slowest is rank 1 (state started" in f.detail
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck_all_joined", (), ())
+    assert "Rank 1 arrived last" in f.detail and "singles nobody out" in f.detail
+
+
+def test_stuck_all_joined_makes_a_rank_far_later_than_usual_a_suspect_never_a_culprit(tmp_path):
+    job = FrJob(world=3)
+    for step in range(4):  # completed all_reduces of 1 ms each, every rank on time
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], t_ns=T0_NS + step * STEP_NS, duration_ms=1.0)
+    for r, late_ms in zip(job.ranks, (0, 40, 0)):
+        job.collective(r, "all_reduce", [[4]], t_ns=T0_NS + 4 * STEP_NS + late_ms * 10**6, state="started")
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck_all_joined", (), (1,))
 
 
 def test_a_rank_without_any_data_is_no_dump(tmp_path):
@@ -135,7 +189,7 @@ def test_p2p_size_mismatch(tmp_path):
     job.p2p(0, "send", 1, [[16]])
     job.p2p(1, "recv", 0, [[8]])
     (f,) = _diagnose(tmp_path, job).findings
-    assert f.kind == "p2p_mismatch"
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("p2p_mismatch", (), (0, 1))  # the pair cannot tell which
     assert "the 1st send from rank 0 to rank 1 on default_pg, p2p seq 1" in f.detail.lower()
 
 
@@ -146,7 +200,7 @@ def test_coalesced_collectives_compare_their_members(tmp_path):
         job.collective(r, "REDUCE_SCATTER_coalesced", [], [], coalesced=[
             ("_reduce_oop", [[4, 4]], [[4, 4]]), ("_reduce_oop", last, last)])
     (f,) = _diagnose(tmp_path, job).findings
-    assert (f.kind, f.seq, f.culprit_ranks) == ("size_mismatch", 1, (1,))
+    assert (f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", 1, (), (0, 1))
 
 
 def test_a_wrapped_ring_buffer_is_not_a_missing_rank(tmp_path):

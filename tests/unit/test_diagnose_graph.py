@@ -116,7 +116,8 @@ def test_an_all_to_all_whose_totals_disagree_is_a_size_desync(tmp_path):
         job.collective(r, "all_to_all", [[8]], [[4]] if r == 3 else [[8]], state="started")
     job.write(tmp_path)
     d = diagnose(load_job([tmp_path]))
-    assert (d.status, _found(d)) == ("desync", [("size_mismatch", 3, (3,), (), None)])
+    # The totals show a disagreement, not who is wrong: rank 3 differs from the three others, a suspect.
+    assert (d.status, _found(d)) == ("desync", [("size_mismatch", 3, (), (3,), None)])
     assert "together they send 32 elements and receive 28" in d.findings[0].detail
 
 
@@ -135,7 +136,8 @@ def test_plain_dumps_with_skewed_clocks_are_aligned_on_their_completed_collectiv
     loaded = load_job([tmp_path])
     assert loaded.clock.method[2] == "refined" and abs(loaded.clock.offset_ns[2] + 5 * S) < 10**6
     d = diagnose(loaded)
-    assert _found(d) == [("stuck_all_joined", 9, (0,), (), None)]
+    # 20 ms late against collectives of a few ms: a suspect; arriving late never explains why all still wait.
+    assert _found(d) == [("stuck_all_joined", 9, (), (0,), None)]
 
 
 def test_a_stale_dump_is_a_horizon_not_a_rank_that_never_issued(tmp_path):
@@ -150,7 +152,21 @@ def test_a_stale_dump_is_a_horizon_not_a_rank_that_never_issued(tmp_path):
     job.write(tmp_path)
     d = diagnose(load_job([tmp_path]))
     assert (d.status, _found(d)) == ("incomplete", [("no_dump", 8, (), (2,), None)])
-    assert "rank 2's dump is older than the others' (it shows #5 and later unfinished" in d.findings[0].detail
+    assert "rank 2's dump is older than the others' (from #5 on it shows unfinished" in d.findings[0].detail
+
+
+def test_a_dump_that_ends_before_collectives_the_others_completed_is_a_horizon(tmp_path):
+    """Rank 3's dump stops at #20, every collective in it completed; the others completed #21-#24 (which needs
+    every rank) and wait in #25. Rank 3 did issue #21: its dump is older, not a rank that never issued it."""
+    job = steady_job(world=4, steps=20)
+    for r in (0, 1, 2):
+        for _ in range(4):
+            job.collective(r, "all_reduce", [[4]])
+        job.collective(r, "all_reduce", [[4]], state="started")
+    job.write(tmp_path)
+    d = diagnose(load_job([tmp_path]))
+    assert (d.status, _found(d)) == ("incomplete", [("no_dump", 25, (), (3,), None)])
+    assert "rank 3's dump is older than the others' (from #21 on" in d.findings[0].detail
 
 
 def test_harmless_differences_in_collectives_that_completed_are_a_note(tmp_path):
@@ -192,5 +208,5 @@ def test_a_coalesced_group_names_the_member_that_differs(tmp_path):
                        coalesced=[("all_reduce", [[4]], [[4]]), ("all_reduce", sizes, sizes)])
     job.write(tmp_path)
     (f,) = diagnose(load_job([tmp_path])).findings
-    assert (f.kind, f.culprit_ranks) == ("size_mismatch", (1,))
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", (), (0, 1))  # one against one
     assert "The 2nd member differs: all_reduce [[8]] Float against all_reduce [[9]] Float." in f.detail

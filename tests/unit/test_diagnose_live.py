@@ -60,22 +60,32 @@ def test_a_rank_that_never_issued_the_collective_is_the_culprit(tmp_path):
     assert "Rank 2's last collective on default_pg was #3; it was at data.py:88 next_batch." in f.detail
 
 
-def test_every_rank_waiting_names_the_last_to_arrive(tmp_path):
+def test_every_rank_waiting_tells_the_last_to_arrive_and_blames_nobody(tmp_path):
+    """Arriving last says nothing about why every rank still waits: no culprit, no tie rule."""
     d = _verdict(tmp_path, _snapshot(
         _rank(0, 7, ("all_gather", 7, 0.0)), _rank(1, 7, ("all_gather", 7, 1.5)), _rank(2, 7, ("all_gather", 7, 0.1)),
     ))
     (f,) = d.findings
-    assert (d.status, f.kind, f.culprit_ranks, f.seq) == ("stuck", "stuck_all_joined", (1,), 7)
-    assert "The last to arrive was rank 1, 1.50 s after the first." in f.detail
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks, f.seq) == ("stuck", "stuck_all_joined", (), (), 7)
+    assert "Rank 1 arrived last, 1.50 s after the first" in f.detail
 
 
-def test_different_ops_at_one_seq_blame_the_minority(tmp_path):
+def test_different_ops_at_one_seq_make_the_minority_a_suspect_not_a_culprit(tmp_path):
+    """Positions carry no history of what each rank issued before: nothing shows which side is wrong."""
     d = _verdict(tmp_path, _snapshot(
         _rank(0, 5, ("all_reduce", 5, 0.0)), _rank(1, 5, ("broadcast", 5, 0.0)), _rank(2, 5, ("all_reduce", 5, 0.0)),
     ))
     (f,) = d.findings
-    assert (d.status, f.kind, f.culprit_ranks) == ("desync", "op_mismatch", (1,))
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (1,))
     assert "ranks 0, 2: all_reduce; rank 1: broadcast" in f.detail
+
+
+def test_different_ops_on_a_tie_make_every_rank_a_suspect(tmp_path):
+    d = _verdict(tmp_path, _snapshot(
+        _rank(0, 5, ("all_reduce", 5, 0.0), members=(0, 1)), _rank(1, 5, ("broadcast", 5, 0.0), members=(0, 1)),
+        world=2))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (0, 1))
 
 
 def test_a_group_torch_left_undescribed_goes_by_its_name(tmp_path):
@@ -93,7 +103,7 @@ def test_a_rank_that_did_not_answer_is_a_suspect_not_a_culprit_by_guess(tmp_path
     (f,) = d.findings
     assert (f.kind, f.ranks_missing, f.culprit_ranks, f.suspect_ranks) == ("no_dump", (2,), (), (2,))
     assert "did not answer the live gather" in f.detail
-    assert d.status == "incomplete"
+    assert d.status == "stuck"  # a stall is never OK, nor merely incomplete
 
 
 def test_an_absent_rank_outside_the_stalled_group_is_named_once(tmp_path):
@@ -104,9 +114,11 @@ def test_an_absent_rank_outside_the_stalled_group_is_named_once(tmp_path):
         ("missing_ranks", (1,), ()), ("no_dump", (), (2,))]
 
 
-def test_no_rank_waiting_is_no_finding(tmp_path):
+def test_a_stall_with_no_rank_waiting_is_stuck_cause_not_found(tmp_path):
     d = _verdict(tmp_path, _snapshot(_rank(0, 4), _rank(1, 4), _rank(2, 4)))
-    assert (d.status, d.findings) == ("ok", ())
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck", "stall_unexplained", (), ())
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "outside", 1: "outside", 2: "outside"}
 
 
 @pytest.mark.parametrize("bad", [
@@ -129,7 +141,9 @@ def test_bad_fields_inside_a_summary_are_left_out(tmp_path):
     assert checked["groups"]["0"]["issued"] is None
     assert checked["groups"]["0"]["ranks"] == [0, 1]
     assert len(checked["stack"]) == 16
-    assert live_diagnosis(snap).findings == ()
+    d = live_diagnosis(snap)  # rank 1's count unknown: a suspect of the wait, never "nothing to check"
+    (f,) = d.findings
+    assert (d.status, f.kind, f.ranks_joined, f.culprit_ranks, f.suspect_ranks) == ("stuck", "no_dump", (0,), (), (1,))
 
 
 @pytest.mark.parametrize("content, message", [
@@ -473,3 +487,93 @@ def test_the_last_heartbeat_of_a_log_still_written_is_found_past_its_padding(tmp
     assert last_heartbeat(path) == (T0 + 10**9, True)
     (tmp_path / "empty").write_bytes(b"")
     assert last_heartbeat(tmp_path / "empty") == (None, False)
+
+
+def _groups_rank(rank: int, groups: dict, complete: bool = True) -> dict:
+    """A rank summary listing ``groups``: name -> (desc, members, issued, pending (op, seq) or None)."""
+    out = {}
+    for name, (desc, members, issued, pending) in groups.items():
+        p = None if pending is None else {"op": pending[0], "seq": pending[1], "since_ns": T0, "source": "patch"}
+        out[name] = {"desc": desc, "ranks": list(members), "issued": issued, "pending": p}
+    return {"rank": rank, "host": "node0", "pid": 100 + rank, "t_ns": T0, "step": 1, "groups": out,
+            "groups_complete": complete, "stack": [f"train.py:{50 + rank} main"]}
+
+
+def test_ranks_that_created_their_groups_in_another_order_are_a_group_mismatch_never_ok(tmp_path):
+    """Rank 2 created Y before X: its X is c10d group 2, the others' group 1. Every rank waits, each in its own
+    X; rank 2 never used its group 1 (Y), which a complete summary lists with nothing issued."""
+    members = (0, 1, 2)
+    usual = {"0": ("default_pg", members, 1, None), "1": ("X", members, 1, ("all_reduce", 1)),
+             "2": ("Y", members, 0, None)}
+    swapped = {"0": ("default_pg", members, 1, None), "1": ("Y", members, 0, None),
+               "2": ("X", members, 1, ("all_reduce", 1))}
+    d = _verdict(tmp_path, _snapshot(_groups_rank(0, usual), _groups_rank(1, usual), _groups_rank(2, swapped)))
+    assert d.status == "desync"
+    first, *rest = d.findings
+    assert (first.kind, first.culprit_ranks, first.suspect_ranks) == ("group_mismatch", (), (2,))
+    assert "X is group 1 on ranks 0, 1 and group 2 on rank 2" in first.detail
+    assert rest and all(f.blocked_by == 1 and not f.culprit_ranks and not f.suspect_ranks for f in rest)
+    labels = {f.process_group for f in rest}
+    assert len(labels) == len(rest)  # the two groups are told apart
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "blocked", 1: "blocked", 2: "blocked"}
+
+
+def test_a_group_a_rank_lists_nothing_of_while_listing_every_group_is_one_it_issued_nothing_in(tmp_path):
+    """Rank 1 answered and listed all of its groups: without group 5 there, it has issued nothing in it."""
+    members = (0, 1)
+    waiting = {"0": ("default_pg", members, 2, None), "5": ("tp", members, 1, ("all_reduce", 1))}
+    d = _verdict(tmp_path, _snapshot(_groups_rank(0, waiting), _groups_rank(1, {"0": ("default_pg", members, 2, None)}),
+                                     world=2))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.ranks_missing) == ("stuck", "missing_ranks", (1,), (1,))
+
+
+def test_without_a_complete_list_a_group_a_rank_does_not_list_is_unknown_not_fine(tmp_path):
+    members = (0, 1)
+    waiting = {"0": ("default_pg", members, 2, None), "5": ("tp", members, 1, ("all_reduce", 1))}
+    d = _verdict(tmp_path, _snapshot(
+        _groups_rank(0, waiting), _groups_rank(1, {"0": ("default_pg", members, 2, None)}, complete=False), world=2))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck", "no_dump", (), (1,))
+
+
+def test_a_frozen_rank_and_a_rank_computing_elsewhere_are_both_accounted_for(tmp_path):
+    """Ranks 0 and 2 wait in all_reduce #4 for ranks 1 and 3: rank 3 did not answer (its process stopped), rank 1
+    answered from its data loader. Both are named; every rank has a place in the verdict."""
+    members = (0, 1, 2, 3)
+    d = live_diagnosis(read_snapshot(str(_write(tmp_path, "s.json", _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0), members=members), _rank(1, 3, None, ["loader.py:12 next"], members=members),
+        _rank(2, 4, ("all_reduce", 4, 0.1), members=members), world=4)))),
+        {3: {"state": "stopped", "detail": "stopped (SIGSTOP, process state T)"}})
+    assert sorted((str(f.kind), f.culprit_ranks) for f in d.findings) == [("missing_ranks", (1,)),
+                                                                         ("rank_frozen", (3,))]
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "blocked", 1: "outside", 2: "blocked", 3: "frozen"}
+    assert d.ranks[1].where == "awaited in all_reduce #4 on default_pg"
+
+
+def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen(tmp_path):
+    """A rank that holds the GIL from its first second never writes a heartbeat: its process runs (burning CPU
+    in a catastrophic regex, as a C extension loop would) while its log shows no sign of its recorder's thread."""
+    import socket
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import re; re.match(r'(a+)+$', 'a' * 64 + 'b')"])
+    try:
+        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+                  "host": socket.gethostname(), "pid": proc.pid, "wall_ns": time.time_ns() - 5 * 10**9}
+        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
+        watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
+        _write(tmp_path, layout.live_snapshot(1), _snapshot(
+            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+        watcher.poll()
+        watcher.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+    (f,) = latest["verdict"]["findings"]
+    assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"]) == ("stuck", "rank_frozen", [2])
+    assert "its recorder's thread has not run once since it started" in f["detail"]
+    assert "it holds the GIL" in f["detail"]
+    assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "held")]

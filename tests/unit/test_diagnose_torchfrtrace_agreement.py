@@ -1,4 +1,7 @@
-"""Wherever torch's own analyzer (torchfrtrace) gives an answer, diagnose gives the same one.
+"""Wherever torch's own analyzer (torchfrtrace) gives an answer, diagnose gives the same one: the same
+collective and kind of problem, the ranks torchfrtrace names among those diagnose names (culprits or suspects),
+and never a culprit torchfrtrace does not name. torchfrtrace names the minority of a mismatch by vote; diagnose
+convicts only from evidence, so where nothing but the vote separates the ranks it names them suspects.
 
 The scenarios rebuild those of torch's flight recorder analysis tests (missing rank, size, dtype and type
 mismatches, coalesced and p2p groups) as dumps on disk; both tools read the same files.
@@ -51,11 +54,12 @@ def torchfrtrace_verdict(folder) -> tuple | None:
 
 
 def our_verdict(folder) -> tuple | None:
+    """(seq, kind, culprits, suspects) of diagnose's first finding; None if healthy."""
     d = diagnose(load_job([folder]))
     if not d.findings:
         return None
     f = d.findings[0]
-    return f.seq, f.kind, f.culprit_ranks
+    return f.seq, f.kind, f.culprit_ranks, f.suspect_ranks
 
 
 def _job(world=2, version="2.10") -> FrJob:
@@ -165,7 +169,13 @@ def test_same_verdict_as_torchfrtrace(tmp_path, scenario):
     scenario().write(tmp_path, prefix="dump_file_rank_")
     theirs = torchfrtrace_verdict(tmp_path)
     ours = our_verdict(tmp_path)
-    assert ours == theirs
+    if theirs is None or ours is None:
+        assert ours == theirs
+        return
+    seq, kind, culprits, suspects = ours
+    assert (seq, kind) == theirs[:2]
+    assert set(theirs[2]) <= set(culprits) | set(suspects), (ours, theirs)
+    assert set(culprits) <= set(theirs[2]), (ours, theirs)
 
 
 def test_the_scenarios_cover_every_verdict():

@@ -280,3 +280,105 @@ def test_a_stall_that_shows_nothing_does_not_hide_a_later_one(tmp_path):
     d, found, _ = _verdict(tmp_path, logs)
     assert (d.status, found) == ("ok", [("missing_ranks", 6, (1,))])  # resolved: the job went on
     assert d.findings[0].resolved
+
+
+def test_ranks_the_launcher_kills_after_the_first_death_are_its_victims_not_deaths(tmp_path):
+    """Rank 1 is SIGKILLed; ranks 0 and 2 wait in all_reduce #6 for it, and torchrun SIGKILLs them 30 s later
+    (its grace period after SIGTERM, which a rank blocked in gloo never handles)."""
+    logs = _logs(world=3)
+    logs[1].heartbeats(T0_NS + S // 2)  # then SIGKILL: its log stops, unclosed
+    t = T0_NS + S
+    for r in (0, 2):
+        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+        logs[r].heartbeats(t + 30 * S)  # alive and waiting until the launcher's SIGKILL
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + 31 * S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    (f,) = d.findings
+    assert f.victim_ranks == (0, 2)
+    assert "Ranks 0, 2 ended 30.6 s later, still inside their call" in f.detail  # after rank 1's last record
+    assert {r: a.state for r, a in d.ranks.items()} == {0: "victim", 1: "dead", 2: "victim"}
+    assert d.to_json()["victim_ranks"] == [0, 2]
+
+
+def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path):
+    """Not waiting when it died: the data does not show the launcher did it, so it stays a death of its own."""
+    logs = _logs(world=3)
+    logs[1].heartbeats(T0_NS + S // 2)
+    logs[2].heartbeats(T0_NS + 20 * S)  # computing, outside any call, until it dies too
+    logs[0].heartbeats(T0_NS + 40 * S)
+    logs[0].close(T0_NS + 40 * S)
+    d, found, _ = _verdict(tmp_path, logs, crashed={1, 2},
+                           jobs=[{"host": "node01", "ended_ns": T0_NS + 41 * S, "exit_status": 1}])
+    assert d.status == "crashed" and sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
+    assert sorted(c for _, _, c in found) == [(1,), (2,)]
+
+
+def _died_inside(tmp_path, sizes: dict[int, list]):
+    """Three ranks loop all_reduce [[4]] five times; at #6 each passes ``sizes[rank]``, rank 2's log stops inside
+    the call (gloo's SIGABRT: no Python handler runs) and ranks 0 and 1 fail with a reset connection."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    for r in range(3):
+        error = RESET if r != 2 else None
+        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=sizes[r], dtypes=["Float"], error=error,
+                     returns=r != 2)
+        if r != 2:
+            logs[r].ending(t + S // 10, "exception", RESET)
+            logs[r].close(t + S // 5)
+    return _verdict(tmp_path, logs, crashed={2}, jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+
+
+def test_a_rank_that_died_inside_a_collective_every_rank_joined_is_a_suspect_not_the_cause(tmp_path):
+    d, found, _ = _died_inside(tmp_path, {0: [[4]], 1: [[4]], 2: [[4]]})
+    assert (d.status, found) == ("crashed", [("rank_died", 6, ())])
+    (f,) = d.findings
+    assert (f.suspect_ranks, f.victim_ranks, f.ranks_joined, f.ranks_missing) == ((2,), (0, 1), (0, 1, 2), ())
+    assert "It ended inside all_reduce #6 on default_pg, which ranks 0, 1 had joined too" in f.detail
+
+
+def test_a_rank_that_died_inside_a_mismatched_collective_is_the_mismatch_s_victim(tmp_path):
+    """Rank 0 broke its own cycle ([[4]] five times, then [[8]]): it is the culprit; rank 2, which gloo aborted
+    for receiving more than it expected, is a victim."""
+    d, found, _ = _died_inside(tmp_path, {0: [[8]], 1: [[4]], 2: [[4]]})
+    assert (d.status, found) == ("desync", [("size_mismatch", 6, (0,))])
+    (f,) = d.findings
+    assert f.victim_ranks == (2,)
+    assert d.ranks[2].state == "victim"
+
+
+def test_a_rank_seen_frozen_at_the_stall_stays_frozen_when_the_interruption_unblocks_it(tmp_path):
+    """Rank 1 held the GIL from its start (no heartbeat, no call); `record` saw it running with its recorder
+    silent at the stall ("held"); Ctrl-C then raised KeyboardInterrupt in it, and it wrote its way out."""
+    logs = _logs(world=2, steps=0)
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=1, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[0].stall(t + 2 * S, cid=1)
+    logs[0].heartbeats(t + 10 * S)
+    for log in logs:
+        log.ending(t + 10 * S, "signal", "SIGINT")
+        log.close(t + 10 * S + 1000)
+    probe = {"rank": 1, "pid": 4001, "state": "held", "t_ns": t + 6 * S, "attempt": 0}
+    d, found, _ = _verdict(tmp_path, logs, jobs=[{"host": "node01", "ended_ns": t + 11 * S, "exit_status": 1,
+                                                 "signal": "SIGINT", "signal_ns": t + 10 * S, "probes": [probe]}])
+    assert (d.status, found) == ("stuck", [("rank_frozen", 1, (1,))])
+    assert "running while its recorder's thread did not (the GIL held)" in d.findings[0].detail
+
+
+def test_stacks_a_rank_wrote_on_its_way_out_are_not_its_stack_at_the_stall(tmp_path):
+    """Rank 1 could only answer the stall's stack request once the interruption unblocked it, 9 s later, from
+    its exit path: that stack (threading.join) is not what it was doing at the stall, and is not shown."""
+    from support.factories import stacks_file
+
+    logs = _logs(world=2, steps=0)
+    t = T0_NS + S
+    logs[0].call("all_reduce", t, seq=1, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[0].stall(t + 2 * S, cid=1, stacks_file="rank0.stacks.1.json")
+    logs[1].ending(t + 10 * S, "signal", "SIGINT")
+    logs[1].stall(t + 10 * S + 100, reason="remote", stacks_file="rank1.stacks.1.json")
+    for log in logs:
+        log.close(t + 11 * S)
+    stacks_file(tmp_path, 0, [("job.py", 8, "<module>")], t + 2 * S - 1000)
+    stacks_file(tmp_path, 1, [("threading.py", 1123, "join")], t + 10 * S + 50)
+    _d, _found, job = _verdict(tmp_path, logs)
+    assert set(job.stall_stacks) == {0}

@@ -9,6 +9,7 @@ import inspect
 import os
 import signal
 
+import orjson
 import pytest
 import torch
 import torch.cuda.nvtx as torch_nvtx
@@ -289,3 +290,62 @@ def test_a_group_whose_backend_depends_on_the_device_records_each_call_device(tm
     assert (len(on_mixed), len(on_default)) == (3, 2)
     assert [c.device for c in on_mixed] == ["cpu"] * 3 and [c.device for c in on_default] == [None] * 2
     assert all(groups[c.gid].completes_on_return(c) for c in log.calls)
+
+
+
+def test_split_sizes_and_object_list_lengths_are_logged_as_given(tmp_path, fr_env):
+    """What the `b` record's sizes field holds for each way a job passes them, on a one-rank group: split sizes
+    as a list, a tuple or a torch.Size, not given or empty (torch's even split); the object lists' lengths. The
+    calls themselves do what they do without recording."""
+    import torch.distributed._functional_collectives as funcol
+
+    from comm2perfetto.model import Exchange
+
+    out = comm2perfetto.enable(str(tmp_path / "out"), stall_after=None)
+    try:
+        _init_one_rank()
+        try:
+            received = torch.zeros(3, 2)
+            dist.all_to_all_single(received, torch.ones(3, 2), [3], [3])
+            assert received.tolist() == [[1.0, 1.0]] * 3
+            dist.all_to_all_single(torch.zeros(4), torch.ones(4), output_split_sizes=(4,),
+                                   input_split_sizes=torch.Size([4]))
+            dist.all_to_all_single(torch.zeros(5), torch.ones(5))
+            dist.all_to_all_single(torch.zeros(5), torch.ones(5), [], [])
+            dist.all_to_all([torch.zeros(2)], [torch.ones(2)])
+            assert funcol.all_to_all_single(torch.ones(6), [6], [6], dist.group.WORLD).tolist() == [1.0] * 6
+            assert funcol.all_to_all_single(torch.ones(2, 3), None, None, dist.group.WORLD).tolist() == [[1.0] * 3] * 2
+            objects = ["a", 2, None]
+            dist.broadcast_object_list(objects, src=0)
+            assert objects == ["a", 2, None]
+            gathered = [None]
+            dist.all_gather_object(gathered, {"rank": 0})
+            dist.gather_object("x", [None], dst=0)
+            dist.scatter_object_list([None], ["y"], src=0)
+        finally:
+            dist.destroy_process_group()
+    finally:
+        comm2perfetto.disable()
+    path = os.path.join(out, "rank0.events.jsonl")
+    with open(path, "rb") as f:
+        raw = [r for r in map(orjson.loads, f.read().rstrip(b"\0").splitlines()[1:]) if r[0] == "b"]
+    assert [(r[3], r[13:]) for r in raw] == [
+        ("all_to_all_single", [0, 0, [[3], [3], [3, 2]]]),
+        ("all_to_all_single", [0, 0, [[4], [4], [4]]]),
+        ("all_to_all_single", [0, 0, [None, None, [5]]]),
+        ("all_to_all_single", [0, 0, [None, None, [5]]]),  # [] is what torch passes for "not given"
+        ("all_to_all", [0, 0, [[[2]]]]),
+        ("all_to_all_single", [1, 0, [[6], [6]]]),
+        ("all_to_all_single", [1, 0, [None, None]]),
+        ("broadcast_object_list", [0, 0, [3]]),
+        ("all_gather_object", [0, 0, [1]]),
+        ("gather_object", [0, 0, [1]]),
+        ("scatter_object_list", [0, 0, [1]]),
+    ]
+    log = read_event_log(path)
+    assert log.problems == []
+    assert [c.exchange for c in log.calls[:7]] == [
+        Exchange((6,), (6,)), Exchange((4,), (4,)), Exchange((5,), (5,), False, False),
+        Exchange((5,), (5,), False, False), Exchange((2,), (2,)), Exchange((6,), (6,)),
+        Exchange((6,), (6,), False, False)]
+    assert [c.objects for c in log.calls[7:]] == [3, 1, 1, 1]

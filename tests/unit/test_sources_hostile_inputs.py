@@ -243,5 +243,5 @@ def test_a_dump_named_for_the_largest_rank_accepted_costs_time_for_the_data_not_
     runs = _run_all(rec)
     assert f"showing 256 of {MAX_WORLD_SIZE} ranks" in runs["merge"].out
     assert "(world size 131072, data from ranks 0-3, 131071)" in runs["diagnose"].out
-    assert "suspect (no evidence from it): 4-131070" in runs["diagnose"].out
+    assert "suspect: 4-131070 (no data from them)" in runs["diagnose"].out
     assert all(run.secs < 60 for run in runs.values())  # bounded, not a benchmark: about a second each

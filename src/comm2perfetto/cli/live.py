@@ -170,9 +170,12 @@ class StallWatcher:
                 frozen[rank] = dict(probe, detail="stopped (SIGSTOP, process state T)")
             elif probe["state"] == "running":
                 last, recording_off = last_heartbeat(path)
-                if last is not None and not recording_off and probe["t_ns"] - last >= FROZEN_GAP_NS:
-                    frozen[rank] = dict(probe, detail=f"running, its heartbeats stopped "
-                                                      f"{(probe['t_ns'] - last) / 1e9:.1f} s before")
+                # No heartbeat at all: its recorder's thread never ran since the log was opened.
+                since = last if last is not None else header.get("wall_ns")
+                if isinstance(since, int) and not recording_off and probe["t_ns"] - since >= FROZEN_GAP_NS:
+                    probe["state"] = "held"  # the process runs, its recorder's thread does not: the GIL is held
+                    frozen[rank] = dict(probe, detail=_held_detail(header["pid"], (probe["t_ns"] - since) / 1e9,
+                                                                   last is None))
         return frozen
 
     def _publish(self, event: str, gen: int, verdict: dict[str, Any]) -> None:
@@ -254,6 +257,36 @@ def stopped_ranks(out_dir: str) -> list[dict[str, Any]]:
             out.append({"rank": header["rank"], "pid": header["pid"], "state": "stopped", "t_ns": time.time_ns(),
                         "attempt": attempt})
     return out
+
+
+def _held_detail(pid: int, silent_s: float, never: bool) -> str:
+    """What is seen of a process whose recorder thread does not run: whether it burns CPU (a long C call or a
+    runaway regex holding the GIL) or sleeps in C code that holds it."""
+    used = cpu_time_growth(pid)
+    what = (f"running on the CPU ({used:.2f} s of CPU in {CPU_SAMPLE_S:g} s)" if used is not None and used > 0
+            else "asleep in C code" if used is not None else "running")
+    silence = (f"its recorder's thread has not run once since it started {silent_s:.1f} s before" if never
+               else f"its heartbeats stopped {silent_s:.1f} s before")
+    return f"{what} while {silence}: it holds the GIL (a C extension loop, a long regex, a blocked C call)"
+
+
+CPU_SAMPLE_S = 0.2
+
+
+def cpu_time_growth(pid: int, sample_s: float = CPU_SAMPLE_S) -> float | None:
+    """Seconds of CPU (user + system) the process used over ``sample_s`` (``/proc/<pid>/stat``); None where it
+    cannot be read (not Linux, gone)."""
+    def cpu() -> float | None:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+    before = cpu()
+    time.sleep(sample_s)
+    after = cpu()
+    return None if before is None or after is None else max(0.0, after - before)
 
 
 def process_state(pid: int) -> str:

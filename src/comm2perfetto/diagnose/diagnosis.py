@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from comm2perfetto.diagnose import waits
+from comm2perfetto.diagnose import history, waits
 from comm2perfetto.diagnose.endings import EXITED, RUNNING, SIGNALLED, RankEnd, interruption_ns, rank_ends
 from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
@@ -40,25 +40,28 @@ from comm2perfetto.diagnose.findings import (
     NO_DUMP,
     OP_MISMATCH,
     P2P_MISMATCH,
-    RANK_DIED,
-    RANK_FROZEN,
     ROOT_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
+    Status,
 )
-from comm2perfetto.diagnose.roots import arrange
+from comm2perfetto.diagnose.groups import conflict_uids, group_mismatch
+from comm2perfetto.diagnose.roots import account, arrange
 from comm2perfetto.diagnose.signatures import compare
-from comm2perfetto.diagnose.stalls import stall_stack, stall_times
+from comm2perfetto.diagnose.stalls import open_stall, stall_stack, stall_times
+from comm2perfetto.diagnose.verdict import conclude, unexplained_stall
 from comm2perfetto.diagnose.weigh import (
     any_matched,
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_inside,
     frozen_findings,
     frozen_ranks,
     in_progress,
+    killed_after,
     no_collectives,
 )
 from comm2perfetto.group_columns import GroupCollectives
@@ -80,7 +83,7 @@ from comm2perfetto.model import (
 )
 from comm2perfetto.render.words import duration, ranks_text
 
-__all__ = ["diagnose", "verdict_status"]
+__all__ = ["diagnose"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 STALE_TAIL = 8  # the last collectives of a rank's dump looked at for a dump older than the others'
@@ -99,8 +102,12 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
     dead = died_first(job, ends, interrupted_at, notes)
+    killed = killed_after(job, ends, dead)  # by the launcher, after the first death: victims
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
+    if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
+        uids = conflict_uids(job.group_conflicts, {g.uid: (g.name, g.ranks) for g in job.groups.values()})
+        findings.append(group_mismatch(job.group_conflicts, uids))
     for group in groups:
         f = _end_state(job, group, notes)
         if f is not None:
@@ -118,8 +125,17 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
+    # A rank that died inside a collective every rank had joined: gloo aborts a rank whose received sizes do not
+    # match, so a mismatch found there makes it that finding's victim.
+    inside = {r: c for r in dead if (c := died_inside(job, r)) is not None}
+    for r, c in inside.items():
+        i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
+                  and f.seq == c.seq), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
     if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
-        findings = dead_ranks(job, groups, dead, ends, findings)
+        findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
     absent = _absentranks_text(job, groups)
@@ -139,15 +155,37 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     if groups and all(g.backend == "gloo" for g in groups) and not job.logs:
         notes.append("gloo's Flight Recorder never marks collectives completed: whether the last one finished "
                      "cannot be told from these dumps alone (record with `comm2perfetto record` to know)")
-    status = verdict_status(findings, interrupted_at is not None, bool(running))
-    if status == "interrupted":
+    status, findings = conclude(findings, interrupted=interrupted_at is not None, running=bool(running),
+                                stall=_unexplained(job))
+    if status == Status.INTERRUPTED:
         notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
     return Diagnosis(
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,
         groups_checked=tuple(g.label if g.label == g.name else f"{g.label} ({g.name})" for g in groups),
-        sampled=job.sampled,
+        sampled=job.sampled, ranks=account(states, findings),
     )
+
+
+def _unexplained(job: Job) -> Finding | None:
+    """A stall a rank's recorder saw on a call that never returned: if nothing else explains it, it is told as
+    ``stall_unexplained`` (``verdict.conclude``), never taken for OK."""
+    found = open_stall(job)
+    if found is None:
+        return None
+    rank, stall, call = found
+    group = next((g for g in job.groups.values() if (rank, g.uid) in job.coverage
+                  and g.name == _log_group_name(job, rank, call.gid)), None)
+    label, uid = (group.label, group.uid) if group is not None else ("", "")
+    return unexplained_stall([rank], label, uid, call.op, call.seq, stall.t_ns,
+                             known=f"Rank {rank}'s recorder detected it ({stall.reason}) on a call that never "
+                                   "returned.")
+
+
+def _log_group_name(job: Job, rank: int, gid: int) -> str | None:
+    log = job.logs.get(rank)
+    group = log.groups.get(gid) if log is not None else None
+    return str(group.name) if group is not None else None
 
 
 def _world(job: Job, groups: Sequence[ProcessGroup]) -> set[int]:
@@ -195,25 +233,6 @@ def history_order(job: Job) -> waits.Order:
         return waits.precedes(issues(rank, first.group), issues(rank, then.group), first.seq, then.seq)
 
     return order
-
-
-def verdict_status(findings: Sequence[Finding], interrupted: bool = False, running: bool = False) -> str:
-    """The status a set of findings gives (a key of ``findings.STATUS_EXIT``), worst first. A stall that
-    resolved (the job went on) is reported, and is no problem: ``ok``."""
-    kinds = {f.kind for f in findings if not f.resolved}
-    if kinds & set(DESYNC_KINDS):
-        return "desync"
-    if RANK_DIED in kinds:
-        return "crashed"
-    if kinds & {MISSING_RANKS, STUCK_ALL_JOINED, RANK_FROZEN}:
-        return "stuck"
-    if kinds:
-        return "incomplete"
-    if interrupted:
-        return "interrupted"
-    if running:
-        return "running"
-    return "ok"
 
 
 def _name(path: object) -> str:
@@ -281,7 +300,7 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
             return _missing(job, c, missing, statuses)
         joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
         done = joined_states.isdisjoint(NOT_DONE_STATES)
-        mismatch = _mismatch(job, c)
+        mismatch = _mismatch(job, c, cols, i)
         if mismatch is not None:
             if not (done and all_present and _harmless(c)):
                 return mismatch
@@ -298,9 +317,10 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
 
 
 def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> dict[int, int]:
-    """Ranks known only from a Flight Recorder dump taken before the others': the tail of their dump (two
-    collectives or more) is unfinished where other ranks completed the same collectives, which cannot happen
-    without every rank. Such a dump is a horizon: rank -> the first seq it cannot speak about."""
+    """Ranks known only from a Flight Recorder dump taken before the others': it ends before a collective
+    another rank completed, or its tail (two collectives or more) is unfinished where other ranks completed
+    the same collectives; neither can happen without every rank. Such a dump is a horizon: rank -> the first
+    seq it cannot speak about."""
     out: dict[int, int] = {}
     done_somewhere: dict[int, bool] = {}
 
@@ -309,9 +329,17 @@ def _stale_dumps(job: Job, group: ProcessGroup, cols: Sequence[Collective]) -> d
             done_somewhere[k] = COMPLETED in cols[k].states
         return done_somewhere[k]
 
+    last_done: int | None = None  # the latest collective some rank completed: it needed every rank
+    for k in range(len(cols) - 1, -1, -1):
+        if completed_anywhere(k):
+            last_done = cols[k].seq
+            break
     for i, rank in enumerate(group.ranks):
         cov = job.coverage.get((rank, group.uid))
         if cov is None or not cov.has_fr or cov.has_log:
+            continue
+        if last_done is not None and cov.last_seq < last_done:
+            out[rank] = cov.last_seq + 1  # its dump ends before a collective that completed: an older dump
             continue
         # its last records (up to STALE_TAIL), newest first, read one value at a time: no rank's tuple of
         # every collective (a group of 16,384 ranks asks this of each)
@@ -502,8 +530,11 @@ _KIND = {"op": OP_MISMATCH, "size": SIZE_MISMATCH, "dtype": DTYPE_MISMATCH, "roo
 _SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 
 
-def _mismatch(job: Job, c: Collective) -> Finding | None:
-    """Cluster the joined ranks by compatible signature; the largest cluster is taken as intended."""
+def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
+    """Cluster the joined ranks by compatible signature. Which side is wrong is read from each rank's own
+    history (``history``), never from a vote: the clusters whose ranks break their own cycle here are the
+    culprits, when some cluster keeps its cycle; otherwise every rank that differs from a strict majority is a
+    suspect (every rank on a tie)."""
     group = c.group
     size = len(group.ranks)
     clusters: list[tuple[Signature, list[int]]] = []
@@ -517,35 +548,75 @@ def _mismatch(job: Job, c: Collective) -> Finding | None:
         else:
             clusters.append((sig, [r]))
     if len(clusters) < 2:
-        return _all_to_all_totals(job, c)
-    # Largest cluster wins; on a tie, the one holding the lowest rank (torchfrtrace's reference rank).
-    clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))
-    ref, majority = clusters[0]
-    worst = min((compare(ref, sig, size) or "dtype" for sig, _ in clusters[1:]), key=_SEVERITY.__getitem__)
-    culprits = sorted(r for _, members in clusters[1:] for r in members)
+        return _exchange_mismatch(job, c, cols, index) or _all_to_all_totals(job, c, cols, index)
+    clusters.sort(key=lambda cl: (-len(cl[1]), min(cl[1])))  # for the telling only: the largest first
+    verdicts, whys = _cluster_verdicts(job, cols, index, clusters)
+    sound = [i for i, v in enumerate(verdicts) if v == history.CONFORMS]
+    wrong = [i for i, v in enumerate(verdicts) if v == history.DEVIATES]
+    joined = sorted(r for _, m in clusters for r in m)
+    if sound and wrong:
+        culprits = sorted(r for i in wrong for r in clusters[i][1])
+        suspects = sorted(r for i, v in enumerate(verdicts) if v == history.UNKNOWN for r in clusters[i][1])
+        kept = sorted(r for i in sound for r in clusters[i][1])
+        basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3]) + (
+            f"; {ranks_text(kept)} kept {'their' if len(kept) > 1 else 'its'} own cycle")
+        ref = clusters[sound[0]][0]
+        others = [clusters[i][0] for i in wrong]
+    else:
+        culprits = []
+        majority = len(clusters[0][1]) * 2 > len(joined)
+        suspects = sorted(r for _, m in clusters[1:] for r in m) if majority else joined
+        basis = ("no rank's history shows which side is wrong" if not any(v != history.UNKNOWN for v in verdicts)
+                 else "the ranks' histories do not separate them")
+        ref = clusters[0][0]
+        others = [sig for sig, _ in clusters[1:]]
+    worst = min((compare(ref, sig, size) or "dtype" for sig in others), key=_SEVERITY.__getitem__)
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
-    sites = _sites(job, c, culprits[:3] + sorted(majority)[:1])
+    sites = _sites(job, c, (culprits or suspects)[:3] + [r for r in joined if r not in culprits + suspects][:1])
     what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
             "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
     detail = f"Ranks issued {what} as {c.op} #{c.seq} on {group.label}: {described}."
-    member = _differing_member(ref, clusters[1][0], size)
+    member = _differing_member(clusters[0][0], clusters[1][0], size)
     if member:
         detail += f" {member}"
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
+    if not culprits:
+        detail += (f" Nothing in the data shows which side is wrong ({basis}): "
+                   f"{ranks_text(suspects)} {'are suspects' if len(suspects) > 1 else 'is a suspect'}.")
     same = {"op": "collective", "root": "root (src/dst)"}.get(worst, "tensor " + worst)
-    action = (
-        f"Make {ranks_text(culprits)} issue the same {same} as "
-        f"{ranks_text(sorted(majority))} at this point: the code paths diverge before {c.op} #{c.seq}."
-    )
+    if culprits:
+        action = (f"Make {ranks_text(culprits)} issue the same {same} as the other ranks at this point: the code "
+                  f"paths diverge before {c.op} #{c.seq}.")
+    else:
+        action = (f"Compare what {ranks_text(joined)} issue at this point (the call sites above): the ranks must "
+                  f"issue the same {same}; the code paths diverge before {c.op} #{c.seq}.")
     return Finding(
         kind=kind, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
         ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
         action=action, call_sites=sites, evidence={"variants": variants},
-        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None), suspect_ranks=tuple(suspects),
+        basis=basis,
     )
+
+
+MAX_JUDGED = 16  # ranks of one cluster whose history is read (a cluster of thousands is judged by a sample)
+
+
+def _cluster_verdicts(job: Job, cols: Sequence[Collective], index: int,
+                      clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
+    """Per cluster, what its ranks' histories say (``history.CONFORMS``/``DEVIATES`` when every rank judged
+    says so, else ``UNKNOWN``), and for the ranks that deviate, why."""
+    verdicts: list[str] = []
+    whys: list[tuple[int, str]] = []
+    for _sig, members in clusters:
+        judged = [(r, history.judge(job, cols, index, r)) for r in members[:MAX_JUDGED]]
+        kinds = {j.verdict for _, j in judged}
+        verdicts.append(kinds.pop() if len(kinds) == 1 else history.UNKNOWN)
+        whys += [(r, j.why) for r, j in judged if j.verdict == history.DEVIATES]
+    return verdicts, whys
 
 
 def _differing_member(a: Signature, b: Signature, size: int) -> str:
@@ -558,10 +629,81 @@ def _differing_member(a: Signature, b: Signature, size: int) -> str:
     return ""
 
 
-def _all_to_all_totals(job: Job, c: Collective) -> Finding | None:
+MAX_PAIRS_TOLD = 4
+
+
+def _exchange_mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
+    """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
+    sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
+    other may return with wrong data), or an object collective whose ranks pass lists of different lengths.
+    Which side is wrong is read from each rank's history, as for other mismatches; otherwise the ranks of the
+    pairs that disagree are suspects."""
+    members = sorted(c.group.ranks)
+    where = {r: i for i, r in enumerate(members)}
+    sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
+    pairs: list[tuple[int, int, int, int]] = []  # (A, B, A sends to B, B expects from A)
+    if op_family(c.op) == "all_to_all":
+        for a, sa in sigs.items():
+            for b, sb in sigs.items():
+                if sa.exchange is None or sb.exchange is None:
+                    continue
+                sent, expected = sa.exchange.sends_to(where[b]), sb.exchange.expects_from(where[a])
+                if sent is not None and expected is not None and sent != expected:
+                    pairs.append((a, b, sent, expected))
+        if not pairs:
+            return None
+        told = "; ".join(f"rank {a} sends {k:,} elements to rank {b}, which expects {j:,} from it"
+                         for a, b, k, j in pairs[:MAX_PAIRS_TOLD])
+        if len(pairs) > MAX_PAIRS_TOLD:
+            told += f" ({len(pairs) - MAX_PAIRS_TOLD} more pairs)"
+        detail = f"The ranks of {c.group.label} disagree on what {c.op} #{c.seq} moves between them: {told}."
+        involved = sorted({r for a, b, _, _ in pairs for r in (a, b)})
+        evidence: dict[str, Any] = {"pairs": [{"src": a, "dst": b, "sends": k, "expects": j} for a, b, k, j in pairs]}
+    else:
+        lengths = {r: sig.objects for r, sig in sigs.items() if sig.objects is not None}
+        if len(set(lengths.values())) < 2 or op_family(c.op) not in ("broadcast", "all_gather", "gather", "scatter"):
+            return None
+        by_length: dict[int, list[int]] = {}
+        for r, n in sorted(lengths.items()):
+            by_length.setdefault(n, []).append(r)
+        told = "; ".join(f"{ranks_text(rs)}: {n}" for n, rs in sorted(by_length.items(), key=lambda kv: -len(kv[1])))
+        detail = f"The ranks of {c.group.label} pass object lists of different lengths to {c.op} #{c.seq} ({told})."
+        involved = sorted(lengths)
+        evidence = {"objects": {str(r): n for r, n in sorted(lengths.items())}}
+    clusters: dict[Signature, list[int]] = {}
+    for r in involved:
+        clusters.setdefault(sigs[r], []).append(r)
+    ordered = sorted(clusters.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    verdicts, whys = _cluster_verdicts(job, cols, index, ordered)
+    wrong = [i for i, v in enumerate(verdicts) if v == history.DEVIATES]
+    if wrong and any(v == history.CONFORMS for v in verdicts):
+        culprits, suspects = sorted(r for i in wrong for r in ordered[i][1]), []
+        basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
+    else:
+        culprits, suspects = [], involved
+        basis = "the ranks disagree, and nothing shows which side is wrong"
+        detail += " Nothing in the data shows which side is wrong."
+    sites = _sites(job, c, (culprits or suspects)[:4])
+    if sites:
+        detail += f" Call sites: {_site_list(sites)}."
+    named = ranks_text(culprits or suspects)
+    action = (f"Make the split sizes of {named} agree with what the other ranks send and expect."
+              if op_family(c.op) == "all_to_all" else f"Give {named} object lists of the other ranks' length.")
+    return Finding(
+        kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), suspect_ranks=tuple(suspects),
+        detail=detail, action=action,
+        call_sites=sites, evidence=evidence, t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis=basis,
+    )
+
+
+def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
     """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
-    adds up to what they receive. When it does not, the ranks whose (sent, received) counts differ from most
-    ranks' are the culprits (on a tie, those that differ from the lowest rank)."""
+    adds up to what they receive. When it does not, the ranks disagree; which side is wrong is read from each
+    rank's history as for other mismatches (``_mismatch``): the ranks whose counts break their own cycle are the
+    culprits when some rank keeps its cycle, otherwise those that differ from a strict majority (every rank on
+    a tie) are suspects."""
     if op_family(c.op) != "all_to_all":
         return None
     counts: dict[int, tuple[int, int]] = {}
@@ -576,65 +718,110 @@ def _all_to_all_totals(job: Job, c: Collective) -> Finding | None:
     if sent == received or len(by_count) < 2:
         return None
     clusters = sorted(by_count.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
-    culprits = sorted(r for _, rs in clusters[1:] for r in rs)
+    sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
+    verdicts, whys = _cluster_verdicts(job, cols, index, [(sigs[rs[0]], rs) for _, rs in clusters])
+    wrong = [i for i, v in enumerate(verdicts) if v == history.DEVIATES]
+    if wrong and any(v == history.CONFORMS for v in verdicts):
+        culprits, suspects = sorted(r for i in wrong for r in clusters[i][1]), []
+        basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
+    else:
+        culprits = []
+        majority = len(clusters[0][1]) * 2 > len(counts)
+        suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(counts)
+        basis = "the totals show that the ranks disagree, not which of them is wrong"
     described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
     detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "
               f"and receive {received:,}, which an all-to-all cannot do ({described}).")
-    sites = _sites(job, c, culprits[:3] + sorted(clusters[0][1])[:1])
+    named = culprits or suspects
+    sites = _sites(job, c, named[:3] + sorted(r for r in clusters[0][1] if r not in named)[:1])
     if sites:
         detail += f" Call sites: {_site_list(sites)}."
     return Finding(
         kind=SIZE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
-        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), detail=detail,
-        action=f"Make the split sizes of {ranks_text(culprits)} agree with what the other ranks send to them "
-               "and expect from them.",
+        ranks_joined=c.joined_ranks, ranks_missing=(), culprit_ranks=tuple(culprits), suspect_ranks=tuple(suspects),
+        detail=detail, action=f"Make the split sizes of {ranks_text(named)} agree with what the other ranks send to "
+                              "them and expect from them.",
         call_sites=sites, evidence={"counts": {str(r): list(v) for r, v in sorted(counts.items())}},
-        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None), basis=basis,
     )
 
 
 # --- stuck, no dump --------------------------------------------------------------------------------------
 
 _STATE_RANK = {PENDING: 0, "scheduled": 0, FAILED: 1, "started": 2, "unknown": 3, COMPLETED: 4}
+LATE_FRACTION = 0.2  # of the group's typical collective: a lateness below it (or the clock's noise) singles nobody out
 
 
 def _stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = None,
            resolved: bool = False) -> Finding:
-    """Everyone issued it; it did not complete. The slowest rank: least advanced state, then last arrival."""
+    """Everyone issued it; it did not complete. A culprit only where the ranks' states differ (the least
+    advanced: on NCCL a kernel that never started while the others' did); a rank that arrived last is a suspect
+    only when it came later than the clock's noise and a fifth of the group's typical collective, and arriving
+    last never explains by itself why every rank still waits."""
     ranks = list(c.ranks)
-    order = sorted(
-        ranks, key=lambda r: (_STATE_RANK.get(c.state_of(r) or "unknown", 3),
-                              -(c.arrival_of(r) or 0)),
-    )
-    slowest = order[0]
     states = {str(r): c.state_of(r) for r in ranks}
-    arr = c.arrival_of(slowest)
+    levels = {r: _STATE_RANK.get(c.state_of(r) or "unknown", 3) for r in ranks}
+    known_levels = {lv for lv in levels.values() if lv != 3}
+    behind: list[int] = []
+    if len(known_levels) > 1:
+        lowest = min(known_levels)
+        behind = sorted(r for r, lv in levels.items() if lv == lowest)
     first = min((t for t in c.arrive_ns if t is not None), default=None)
-    late = ""
-    if arr is not None and first is not None and arr > first:
-        late = f", {duration(arr - first)} after the first"
-    sites = _sites(job, c, [slowest] + [r for r in ranks if r != slowest])
+    last = c.last_arrival_rank
+    late_ns = (c.arrival_of(last) or 0) - first if last is not None and first is not None else 0
+    noise = _lateness_noise(job, group)
+    late = [last] if last is not None and not behind and noise is not None and late_ns > noise else []
+    sites = _sites(job, c, behind + late + [r for r in ranks if r not in behind + late])
     if at_ns is None:
         not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
         when = ""
     else:  # at a stall the job later recovered from: what had not completed then
         not_done = sorted(r for r, e in zip(c.ranks, c.end_ns) if e is None or e > at_ns)
         when = " by the time the stall was detected"
-    detail = (
-        f"Every rank of {group.label} issued {c.op} #{c.seq} but it had not completed{when} on "
-        f"{ranks_text(not_done)}. The slowest is rank {slowest} (state {c.state_of(slowest)}{late})."
-    )
-    action = (
-        f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
-        "if every rank looks healthy, suspect the network between them."
-    )
+    detail = f"Every rank of {group.label} issued {c.op} #{c.seq} but it had not completed{when} on " \
+             f"{ranks_text(not_done)}."
+    if behind:
+        ahead = sorted({c.state_of(r) or "unknown" for r in ranks if r not in behind})
+        detail += (f" {ranks_text(behind).capitalize()} {'are' if len(behind) > 1 else 'is'} behind: state "
+                   f"{c.state_of(behind[0])} where the others' is {' or '.join(ahead)}.")
+        basis = f"its state ({c.state_of(behind[0])}) is behind the other ranks'"
+        action = (f"Check {ranks_text(behind)} first (its host, GPU and network, or work it queued before this "
+                  "collective).")
+    else:
+        if last is not None and late_ns > 0:
+            detail += f" Rank {last} arrived last, {duration(late_ns)} after the first"
+            detail += (" (later than the clocks' noise and the group's usual lateness: a suspect)." if late
+                       else ", within what the clocks and the group's usual collectives allow: that singles "
+                            "nobody out.")
+        basis = (f"it arrived {duration(late_ns)} after the first; arriving late does not explain why every rank "
+                 "still waits") if late else "every rank joined it in the same state: nothing singles one out"
+        action = ("Every rank is inside it: look at the network between these ranks and at their hosts and GPUs "
+                  "(py-spy dump of each process); if the collective's sizes may differ, compare its call sites.")
     return Finding(
         kind=STUCK_ALL_JOINED, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
-        ranks_joined=tuple(ranks), ranks_missing=(), culprit_ranks=(slowest,), detail=detail, action=action,
-        call_sites=sites, stacks={slowest: s} if (s := stall_stack(job, slowest)) else {},
-        evidence={"states": states, "last_arrival_rank": c.last_arrival_rank}, resolved=resolved,
-        t_ns=at_ns if at_ns is not None else first,
+        ranks_joined=tuple(ranks), ranks_missing=(), culprit_ranks=tuple(behind), suspect_ranks=tuple(late),
+        detail=detail, action=action, call_sites=sites,
+        stacks={r: s for r in behind + late if (s := stall_stack(job, r))},
+        evidence={"states": states, "last_arrival_rank": last}, resolved=resolved,
+        t_ns=at_ns if at_ns is not None else first, basis=basis,
     )
+
+
+def _lateness_noise(job: Job, group: ProcessGroup) -> int | None:
+    """How late a rank may come to one of this group's collectives without it meaning anything: the clocks'
+    residual skew (twice), and a fifth of the group's typical completed collective; None when neither is known
+    (then lateness is no evidence at all)."""
+    durations = sorted(t[0] for c in _recent(job, group) if (t := c.timing()) is not None)
+    typical = durations[len(durations) // 2] if durations else None
+    residual = job.clock.residual_skew_ns
+    if typical is None and residual is None:
+        return None
+    return max(2 * (residual or 0), int(LATE_FRACTION * (typical or 0)))
+
+
+def _recent(job: Job, group: ProcessGroup, n: int = 32) -> list[Collective]:
+    cols = job.collectives.get(group.uid, ())
+    return [cols[i] for i in range(max(0, len(cols) - n), len(cols))]
 
 
 def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
@@ -649,8 +836,9 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         action = "Profile or record every rank of this group to see which one it waits for."
         suspects = ()
     elif stale:
-        why = "; ".join(f"rank {r}'s dump is older than the others' (it shows #{seq} and later unfinished, which "
-                        "the others completed)" for r, seq in sorted(stale.items()))
+        why = "; ".join(f"rank {r}'s dump is older than the others' (from #{seq} on it shows unfinished, or not "
+                        "at all, collectives the others completed, which needs every rank)"
+                        for r, seq in sorted(stale.items()))
         detail = (f"{ranks_text(joined)} {'are' if len(joined) > 1 else 'is'} waiting in {c.op} #{c.seq} on "
                   f"{group.label}; {why}, so whether {ranks_text(no_data)} issued it cannot be told.")
         action = (f"Look at {ranks_text(no_data)} first, and collect a fresh dump of it (TORCH_FR_DUMP_TEMP_FILE, "
@@ -671,6 +859,7 @@ def _waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         detail=detail, action=action, call_sites=_sites(job, c, joined),
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
         evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
+        basis="their dumps are older than the others'" if stale else "no data from them",
     )
 
 
@@ -702,6 +891,7 @@ def _no_dump_alone(job: Job, absent: list[int]) -> Finding:
     return Finding(
         kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
         ranks_missing=tuple(absent), culprit_ranks=(), suspect_ranks=tuple(absent), detail=detail, action=action,
+        basis="no data from them",
     )
 
 
@@ -799,12 +989,15 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
     assert op is not None
     nth = _ordinal(tr.index + 1)
     seq = f", p2p seq {op.seq}" if op.seq is not None else ""
+    suspects: tuple[int, ...] = ()
     if why == "size":
         assert tr.send is not None and tr.recv is not None
-        culprits: tuple[int, ...] = (tr.src, tr.dst)
+        culprits: tuple[int, ...] = ()
+        suspects = (tr.src, tr.dst)  # which of the two tensors is the wrong one, the pair alone cannot tell
         detail = (
             f"The {nth} send from rank {tr.src} to rank {tr.dst} on {group.label}{seq} carries "
-            f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}."
+            f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}: "
+            "which side is wrong cannot be told from the pair."
         )
         action = "Make the sender's and the receiver's tensors the same size."
     elif tr.send is not None:
@@ -832,9 +1025,11 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
     return Finding(
         kind=P2P_MISMATCH, process_group=group.label, group_uid=group.uid, seq=op.seq, op=op.kind,
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
-        culprit_ranks=culprits, detail=detail, action=action, call_sites=sites,
-        stacks={r: s for r in culprits if (s := stall_stack(job, r))},
+        culprit_ranks=culprits, suspect_ranks=suspects, detail=detail, action=action, call_sites=sites,
+        stacks={r: s for r in culprits + suspects if (s := stall_stack(job, r))},
         evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
+        basis="the sizes of a matched send and recv differ" if suspects else
+              f"Flight Recorder and the recorder see every send and recv; rank {culprits[0]} has no record of its side",
     )
 
 

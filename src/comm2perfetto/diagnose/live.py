@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from comm2perfetto.diagnose.diagnosis import verdict_status
 from comm2perfetto.diagnose.findings import (
     MISSING_RANKS,
     NO_DUMP,
@@ -39,7 +39,9 @@ from comm2perfetto.diagnose.findings import (
     Diagnosis,
     Finding,
 )
-from comm2perfetto.diagnose.roots import arrange
+from comm2perfetto.diagnose.groups import conflict_uids, group_mismatch
+from comm2perfetto.diagnose.roots import account, arrange
+from comm2perfetto.diagnose.verdict import conclude, unexplained_stall
 from comm2perfetto.diagnose.waits import (
     BLOCKED,
     COLLECTIVE,
@@ -54,6 +56,7 @@ from comm2perfetto.diagnose.waits import (
     recent_order,
     waits_of,
 )
+from comm2perfetto.group_names import conflicts as group_conflicts
 from comm2perfetto.model import ClockAlignment
 from comm2perfetto.render.words import duration, ranks_text
 
@@ -67,38 +70,65 @@ NOTE = ("a live verdict, from each rank's position at the stall; `comm2perfetto 
 def live_diagnosis(snapshot: Mapping[str, Any], probes: Mapping[int, Mapping[str, Any]] | None = None) -> Diagnosis:
     """The verdict of one stall snapshot (``.live/stall.<gen>.json``, as ``sources.live.read_snapshot`` checked
     it). ``probes``: the ranks that did not answer whose process `record` found alive and making no progress
-    (frozen), by rank: ``{"state": "stopped", "detail": "stopped (SIGSTOP, process state T)", ...}``."""
+    (frozen), by rank: ``{"state": "stopped", "detail": "stopped (SIGSTOP, process state T)", ...}``.
+
+    It is a verdict at a stall, so it is never OK: a stall nothing here explains is ``stall_unexplained``."""
     ranks = {s["rank"]: s for s in snapshot["ranks"]}
     world = snapshot["world_size"]
     groups = _groups(ranks, world)
     members = {name: tuple(m) for name, _, m in groups}
-    labels = {name: desc or name for name, desc, _ in groups}
-    positions = {r: _position(r, s) for r, s in ranks.items()}
+    labels = {name: label for name, label, _ in groups}
+    positions = {r: _position(r, s, members) for r, s in ranks.items()}
     silent = sorted(set(range(world)) - set(ranks)) if world else []
     frozen = {r: probes[r] for r in silent if probes and r in probes}
     states = {r: FROZEN if r in frozen else NO_DATA for r in silent}
     states.update({r: p.state for r, p in positions.items()})
-    findings = [f for w in waits_of(positions, members)
-                if not _unknown(w, members, positions) and (f := _finding(w, labels, ranks, set(silent))) is not None]
+    findings: list[Finding] = []
+    conflicts = group_conflicts((r, name, str(g.get("desc") or ""), g.get("ranks") or members.get(name, ()))
+                                for r, s in ranks.items() for name, g in (s.get("groups") or {}).items())
+    if conflicts:
+        findings.append(group_mismatch(conflicts, conflict_uids(conflicts, {n: (n, m) for n, m in members.items()})))
+    for w in waits_of(positions, members):
+        f = _unknown(w, members, positions, labels, ranks) or _finding(w, labels, ranks, set(silent))
+        if f is not None:
+            findings.append(f)
     findings = _fold_frozen(findings, frozen)
     waited_for = {r for f in findings for r in f.ranks_missing}
     absent = [r for r in silent if r not in frozen and r not in waited_for]
     if absent:
         findings.append(_silent(absent, world))
     findings = arrange(findings, states, order=recent_order(positions), halted=frozenset(frozen))
+    status, findings = conclude(findings, stall=_stall(positions, labels))
     return Diagnosis(
-        status=verdict_status(findings), world_size=world, ranks_with_data=tuple(sorted(ranks)),
+        status=status, world_size=world, ranks_with_data=tuple(sorted(ranks)),
         findings=tuple(findings), skipped=(), notes=(NOTE,), clock=ClockAlignment(),
-        groups_checked=tuple(name for name, _, _ in groups),
+        groups_checked=tuple(name for name, _, _ in groups), ranks=account(states, findings),
     )
 
 
-def _position(rank: int, summary: Mapping[str, Any]) -> Position:
+def _stall(positions: Mapping[int, Position], labels: Mapping[str, str]) -> Finding:
+    """The stall itself, told when nothing else explains it: the ranks blocked, and where."""
+    blocked = [(r, op) for r, pos in sorted(positions.items()) for op in pos.ops]
+    if not blocked:
+        return unexplained_stall([], "", "", None, None, None,
+                                 known="At the gather no rank was inside a collective or a send or recv that the "
+                                       "recorder saw: the stalled operation finished, or is one the patch layer "
+                                       "does not see and Flight Recorder had not shown yet.")
+    first = blocked[0][1]
+    waiting = [r for r, op in blocked if op == first]
+    return unexplained_stall(waiting, labels.get(first.group, first.group), first.group, first.name, first.seq,
+                             None)
+
+
+def _position(rank: int, summary: Mapping[str, Any], members: Mapping[str, Sequence[int]]) -> Position:
+    """Where one rank is. A rank that listed every group it has (``groups_complete``) and lists none of a group
+    it is a member of has issued nothing there (it has not created it yet)."""
     ops: list[Op] = []
     issued: dict[str, int] = {}
     recent: dict[str, list[tuple[int, int]]] = {}
     p2p_issued: dict[tuple[str, str, int], int] = {}
-    for name, g in (summary.get("groups") or {}).items():
+    reported = summary.get("groups") or {}
+    for name, g in reported.items():
         if g.get("issued") is not None:
             issued[name] = g["issued"]
         p = g.get("pending")
@@ -110,11 +140,17 @@ def _position(rank: int, summary: Mapping[str, Any]) -> Position:
             recent[name] = [(x[0], x[1]) for x in g["recent"]]
         for kind, peer, n in g.get("p2p_issued") or ():
             p2p_issued[(name, SEND if kind in SENDS else RECV, peer)] = n
+    if summary.get("groups_complete"):
+        for name, ranks in members.items():
+            if name not in reported and rank in ranks:
+                issued[name] = 0
     return Position(rank, BLOCKED if ops else OUTSIDE, tuple(ops), issued, recent, p2p_issued)
 
 
 def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str, list[int]]]:
-    """(name, description, member ranks) of every group some rank reported, default group first."""
+    """(name, label, member ranks) of every group some rank reported, default group first. The label is the
+    description; where two names share one (ranks that created their groups in different orders), the name
+    too: ``X (group 2)``."""
     seen: dict[str, tuple[str, list[int]]] = {}
     for summary in ranks.values():
         for name, g in (summary.get("groups") or {}).items():
@@ -127,16 +163,33 @@ def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str
         if not members and name == "0" and world:
             members = list(range(world))
         out.append((name, desc, sorted(set(members))))
+    shared = Counter(desc for _, desc, _ in out if desc)
+    out = [(name, f"{desc} (group {name})" if shared[desc] > 1 else (desc or name), m) for name, desc, m in out]
     return sorted(out, key=lambda g: (0, int(g[0])) if g[0].isdigit() else (1, g[0]))
 
 
-def _unknown(w: Wait, members: Mapping[str, Sequence[int]], positions: Mapping[int, Position]) -> bool:
-    """A collective nobody is known to be missing from, with a member that answered but whose counter is not
-    known: neither stuck nor waiting for anyone that can be named."""
+def _unknown(w: Wait, members: Mapping[str, Sequence[int]], positions: Mapping[int, Position],
+             labels: Mapping[str, str], ranks: Mapping[int, dict]) -> Finding | None:
+    """A collective nobody is known to be missing from, with members that answered but whose count of issued
+    collectives there is not known: they are suspects (nothing says whether they issued it), never "fine"."""
     if w.op.kind != COLLECTIVE or w.waits_for:
-        return False
-    return any(m not in w.blocked and m in positions and w.op.group not in positions[m].issued
-               for m in members.get(w.op.group, ()))
+        return None
+    unknown = [m for m in members.get(w.op.group, ()) if m not in w.blocked and m in positions
+               and w.op.group not in positions[m].issued]
+    if not unknown:
+        return None
+    waiting = [r for r in w.blocked if r in ranks]
+    times = [t for r in waiting if (t := _since(ranks, r, w.op)) is not None]
+    label = labels.get(w.op.group, w.op.group)
+    detail = (f"{ranks_text(waiting)} {'are' if len(waiting) > 1 else 'is'} waiting in {w.op.name} #{w.op.seq} on "
+              f"{label}; {ranks_text(unknown)} answered the gather but without a count of the collectives "
+              f"{'they' if len(unknown) > 1 else 'it'} issued on {label}, so whether "
+              f"{'they' if len(unknown) > 1 else 'it'} issued this one cannot be told.")
+    return Finding(kind=NO_DUMP, process_group=label, group_uid=w.op.group, seq=w.op.seq, op=w.op.name,
+                   ranks_joined=tuple(waiting), ranks_missing=tuple(unknown), culprit_ranks=(),
+                   suspect_ranks=tuple(unknown), detail=detail,
+                   action=f"Look at {ranks_text(unknown)} first (py-spy dump of its process).",
+                   t_ns=min(times) if times else None, basis="no count of its collectives on this group")
 
 
 def _since(ranks: Mapping[int, dict], rank: int, op: Op) -> int | None:
@@ -229,38 +282,46 @@ def _root(ranks: Mapping[int, dict], rank: int, group: str) -> int | None:
 
 
 def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
-    """Different ops at one sequence number, or one rooted op with different roots: the minority is the
-    culprit (on a tie, the ranks that differ from the lowest)."""
+    """Different ops at one sequence number, or one rooted op with different roots. Positions carry no history
+    of what each rank issued before, so nothing shows which side is wrong: the ranks that differ from a strict
+    majority are suspects (every rank on a tie), none a culprit."""
     by_op: dict[tuple[str, int | None], list[int]] = {}
     for r in waiting:
         by_op.setdefault((_pending_op(ranks, r, common["group_uid"]), _root(ranks, r, common["group_uid"])),
                          []).append(r)
     clusters = sorted(by_op.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
-    culprits = sorted(r for _, rs in clusters[1:] for r in rs)
+    majority = len(clusters[0][1]) * 2 > len(waiting)
+    suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(waiting)
     same_op = len({op for (op, _), _ in clusters}) == 1
     described = "; ".join(f"{ranks_text(rs)}: {op}" + (f" root {root}" if root is not None else "")
                           for (op, root), rs in clusters)
     what = "different roots (src/dst)" if same_op else "different collectives"
     detail = f"Ranks issued {what} as #{common['seq']} on {common['process_group']}: {described}."
-    action = (f"Make {ranks_text(culprits)} issue the same {'root' if same_op else 'collective'} as the others at "
-              "this point.")
+    action = (f"Compare what {ranks_text(suspects)} issue here with the other ranks (`comm2perfetto diagnose` on "
+              "the folder afterwards compares their call sites and history): every rank must issue the same "
+              f"{'root' if same_op else 'collective'} at this point.")
     sites = _sites(ranks, waiting[:4])
     return Finding(kind=ROOT_MISMATCH if same_op else OP_MISMATCH, ranks_joined=tuple(waiting), ranks_missing=(),
-                   culprit_ranks=tuple(culprits), detail=detail, action=action, call_sites=sites,
-                   stacks=_stacks(ranks, culprits), **common)
+                   culprit_ranks=(), suspect_ranks=tuple(suspects), detail=detail, action=action, call_sites=sites,
+                   stacks=_stacks(ranks, suspects), basis="the positions carry no history to tell which side is wrong",
+                   **common)
 
 
 def _stuck(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
+    """Every member waits in it: the operation itself is stuck. The last to arrive is told, but arriving last
+    (on clocks not aligned here) says nothing about why every rank still waits: no culprit."""
     since = {r: _since(ranks, r, Op(common["group_uid"], COLLECTIVE, common["seq"])) or 0 for r in waiting}
-    slowest = max(waiting, key=lambda r: (since[r], -r))
-    late = since[slowest] - (common["t_ns"] or since[slowest])
+    last = max(waiting, key=lambda r: (since[r], -r))
+    late = since[last] - (common["t_ns"] or since[last])
     detail = (f"Every rank of {common['process_group']} issued {common['op']} #{common['seq']} and "
-              f"{ranks_text(waiting)} {'are' if len(waiting) > 1 else 'is'} still waiting in it. The last to "
-              f"arrive was rank {slowest}" + (f", {duration(late)} after the first." if late > 0 else "."))
-    action = (f"Check rank {slowest} first (its host, GPU and network, or work it queued before this collective); "
-              "if every rank looks healthy, suspect the network between them.")
-    return Finding(kind=STUCK_ALL_JOINED, ranks_joined=tuple(waiting), ranks_missing=(), culprit_ranks=(slowest,),
-                   detail=detail, action=action, stacks=_stacks(ranks, [slowest]), **common)
+              f"{ranks_text(waiting)} {'are' if len(waiting) > 1 else 'is'} still waiting in it: the collective "
+              f"itself does not complete. Rank {last} arrived last"
+              + (f", {duration(late)} after the first (each rank's own clock)." if late > 0 else "."))
+    action = ("Look at the network between these ranks and at the ranks' hosts; if the collective's sizes or "
+              "dtypes may differ, `comm2perfetto diagnose` on the folder afterwards compares them.")
+    return Finding(kind=STUCK_ALL_JOINED, ranks_joined=tuple(waiting), ranks_missing=(), culprit_ranks=(),
+                   detail=detail, action=action, stacks=_stacks(ranks, [last]),
+                   basis="every rank joined it: nothing singles one out", **common)
 
 
 def _p2p(common: dict, w: Wait, ranks: Mapping[int, dict]) -> Finding:
@@ -291,7 +352,7 @@ def _waiting_for_silent(common: dict, waiting: list[int], silent: list[int]) -> 
               "gather, so whether it issued it cannot be told.")
     action = f"Look at {ranks_text(silent)} first: is the process alive, and what is it doing (py-spy dump)?"
     return Finding(kind=NO_DUMP, ranks_joined=tuple(waiting), ranks_missing=tuple(silent), culprit_ranks=(),
-                   suspect_ranks=tuple(silent), detail=detail, action=action, **common)
+                   suspect_ranks=tuple(silent), detail=detail, action=action, basis="no answer from them", **common)
 
 
 def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
@@ -304,7 +365,14 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
         if wait is not None:
-            out.remove(wait)
+            i = out.index(wait)
+            rest = tuple(r for r in wait.ranks_missing if r != rank)
+            if rest:  # the others it waits for are told on their own (a rank computing elsewhere: a culprit too)
+                out[i] = replace(wait, ranks_missing=rest,
+                                 culprit_ranks=tuple(r for r in wait.culprit_ranks if r in rest),
+                                 suspect_ranks=tuple(r for r in wait.suspect_ranks if r in rest))
+            else:
+                del out[i]
             others = [r for r in wait.ranks_joined if r != rank]
             detail += f" {ranks_text(others).capitalize()} {'wait' if len(others) > 1 else 'waits'} in " \
                       f"{wait.op} #{wait.seq} on {wait.process_group} for it."
@@ -326,7 +394,7 @@ def _silent(absent: list[int], world: int) -> Finding:
     action = f"Check whether {ranks_text(absent)} {'are' if len(absent) > 1 else 'is'} still alive."
     return Finding(kind=NO_DUMP, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),
                    ranks_missing=tuple(absent), culprit_ranks=(), suspect_ranks=tuple(absent), detail=detail,
-                   action=action)
+                   action=action, basis="no answer from them")
 
 
 def _sites(ranks: Mapping[int, dict], which: Sequence[int]) -> dict[int, str]:

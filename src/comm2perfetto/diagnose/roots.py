@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
+    GROUP_MISMATCH,
     MISSING_RANKS,
     NO_DUMP,
     ORDER,
@@ -33,6 +34,7 @@ from comm2perfetto.diagnose.findings import (
     RANK_FROZEN,
     STUCK_ALL_JOINED,
     Finding,
+    RankAccount,
 )
 from comm2perfetto.diagnose.waits import (
     COLLECTIVE,
@@ -90,10 +92,16 @@ def arrange(findings: Sequence[Finding], states: Mapping[int, str], order: Order
     for f in items:  # a rank a finding says nothing is known of (no data, a stale dump) is a suspect
         if f.kind == NO_DUMP:
             states.update({r: NO_DATA for r in f.ranks_missing})
+    # Groups the ranks created in different orders: every wait in them follows from that, not from a rank.
+    by_group = {uid: i for i, f in enumerate(items) if f.kind == GROUP_MISMATCH
+                for uid in f.evidence.get("group_uids", ())}
     waits: dict[int, Wait] = {}
+    in_conflict: list[tuple[int, int]] = []
     for i in sorted(range(len(items)), key=lambda i: (_t(items[i]), ORDER[items[i].kind])):
         w = wait_of(items[i], halted)
-        if w is not None:
+        if w is not None and items[i].group_uid in by_group and items[i].kind not in RANK_LEVEL:
+            in_conflict.append((i, by_group[items[i].group_uid]))
+        elif w is not None:
             waits[i] = replace(w, ref=i)
     graph = explain(states, list(waits.values()), order)
     told_by: list[int] = []  # per root of the graph: the index of the finding that tells it
@@ -105,8 +113,10 @@ def arrange(findings: Sequence[Finding], states: Mapping[int, str], order: Order
         culprits.setdefault(i, set()).update(root.culprits)
         suspects.setdefault(i, set()).update(root.suspects if root.kind in (RANK, CYCLE) else ())
     roots: list[tuple[int, Finding]] = []
-    blocked: list[tuple[int, int]] = []  # (finding, finding of its root)
+    blocked: list[tuple[int, int]] = list(in_conflict)  # (finding, finding of its root)
     for i, f in enumerate(items):
+        if any(i == j for j, _ in in_conflict):
+            continue
         if i in culprits:
             roots.append((i, _with_roots(f, culprits[i], suspects[i])))
         elif i in waits and (leads := graph.blocked_by(waits[i])):
@@ -208,3 +218,37 @@ def _cycle_finding(root: Root, items: Sequence[Finding], graph: Graph) -> Findin
         call_sites=call_sites, stacks=stacks, evidence={"cycle": list(cycle), "went_to": went_to},
         t_ns=min((_t(items[int(w.ref)]) for w in inside), default=None),
     )
+
+
+def account(states: Mapping[int, str], findings: Sequence[Finding]) -> dict[int, RankAccount]:
+    """Where every rank stood (``RankAccount``): blocked in the operation an unresolved finding has it join, a
+    victim of one, or its state (``states``: outside, exited, dead, frozen, no data), with the operation others
+    awaited it in. Every rank of ``states`` and of the findings gets one."""
+    out: dict[int, RankAccount] = {}
+    awaited: dict[int, str] = {}
+    for f in findings:
+        if f.resolved:
+            continue
+        where = _where(f)
+        for r in f.victim_ranks:
+            out.setdefault(r, RankAccount("victim", where))
+        for r in f.ranks_missing:
+            awaited.setdefault(r, where)
+        if f.kind not in RANK_LEVEL:
+            for r in f.ranks_joined:
+                if r not in f.victim_ranks:
+                    out.setdefault(r, RankAccount("blocked", where))
+    for f in findings:  # a rank told by its own finding (died, frozen) is that, wherever it was
+        if not f.resolved and f.kind in RANK_LEVEL:
+            for r in f.culprit_ranks:
+                out[r] = RankAccount("dead" if f.kind == RANK_DIED else "frozen", awaited.get(r, ""))
+    for r in sorted(set(states) | set(awaited)):
+        if r not in out:
+            out[r] = RankAccount(states.get(r, NO_DATA), f"awaited in {awaited[r]}" if r in awaited else "")
+    return dict(sorted(out.items()))
+
+
+def _where(f: Finding) -> str:
+    if f.op and f.seq is not None:
+        return f"{f.op} #{f.seq}" + (f" on {f.process_group}" if f.process_group else "")
+    return f.op or ""

@@ -47,8 +47,10 @@ def compare(a: Signature, b: Signature, group_size: int) -> str | None:
                 return d
         return None
     same_source = a.source == b.source
-    if same_source:
-        if a.op != b.op:
+    if same_source and a.op != b.op:
+        # A signature joined from the recorder and Flight Recorder has the user's op and FR's name (``fr_op``):
+        # against a Flight Recorder entry alone (a rank whose log is missing), FR's names are what compares.
+        if (a.fr_op is None) == (b.fr_op is None) or (a.fr_op or a.op) != (b.fr_op or b.op):
             return "op"
     else:
         fa, fb = op_family(a.op), op_family(b.op)

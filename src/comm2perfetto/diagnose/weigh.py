@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, UNKNOWN, RankEnd
+from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, SIGNALLED, UNKNOWN, RankEnd
 from comm2perfetto.diagnose.findings import (
     MISSING_RANKS,
     NO_COLLECTIVES,
@@ -22,6 +22,7 @@ from comm2perfetto.diagnose.findings import (
     Finding,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
+from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup
 from comm2perfetto.render.words import duration, ranks_text
 
@@ -112,14 +113,38 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
     out = {}
     for rank, (t, state) in seen.items():
         info, end = job.ranks.get(rank), ends.get(rank)
-        if info is None or end is None or info.last_ns is None or (state != "stopped" and not info.heartbeats):
+        if info is None or end is None or info.last_ns is None or (
+                state not in ("stopped", "held") and not info.heartbeats):
             continue  # a log without heartbeats can be quiet while its rank works; a stopped process cannot
+        how = {"stopped": "stopped (SIGSTOP, process state T)",
+               "held": "running while its recorder's thread did not (the GIL held)"}.get(state, "running")
+        if state in ("stopped", "held") and end.how in (SIGNALLED, PEER_LOST) and not _issued_after(job, rank, t):
+            # Seen frozen at the stall; the interruption (or a peer's end) then unblocked it, and it wrote its
+            # last records on the way out: frozen from its last call until then.
+            last = _last_call_before(job, rank, t)
+            out[rank] = RankEnd(rank, FROZEN, last, f"its process was seen {how} at the stall"
+                                + (f", {duration(t - last)} after its last call" if last is not None else "")
+                                + ", and issued nothing more before it ended")
+            continue
         if end.how not in (DIED, RUNNING, UNKNOWN) or t - info.last_ns < FROZEN_GAP_NS or _recording_off(job, rank):
             continue  # it ended by itself, or by a signal it handled; or it is fine
-        how = "stopped (SIGSTOP, process state T)" if state == "stopped" else "running"
         out[rank] = RankEnd(rank, FROZEN, info.last_ns,
                             f"its process was seen {how} {duration(t - info.last_ns)} after its last record")
     return out
+
+
+def _issued_after(job: Job, rank: int, t_ns: int) -> bool:
+    log = job.logs.get(rank)
+    return log is not None and any(c.t_call_ns > t_ns for c in log.calls)
+
+
+def _last_call_before(job: Job, rank: int, t_ns: int) -> int | None:
+    """When the rank last called torch.distributed before ``t_ns`` (else when its log began)."""
+    log = job.logs.get(rank)
+    if log is None:
+        return None
+    before = [c.t_call_ns for c in log.calls if c.t_call_ns <= t_ns]
+    return max(before) if before else log.first_ns
 
 
 def _recording_off(job: Job, rank: int) -> bool:
@@ -150,18 +175,83 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
     return dead
 
 
+def killed_after(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
+    """The ranks whose death follows the first of ``dead``: when one worker dies, torchrun stops the others
+    (SIGTERM, then SIGKILL after its grace period), and a rank that died more than ``DEATH_GAP_NS`` after the
+    first death, while it was still inside a call (waiting on the dead rank, or on one the death left behind),
+    was ended by that, not by a fault of its own. They are taken out of ``dead`` if there, and returned
+    (victims)."""
+    first = min((e.t_ns for e in dead.values() if e.t_ns is not None), default=None)
+    if first is None:
+        return {}
+    out = {}
+    for rank, end in sorted(ends.items()):
+        if end.how == DIED and end.t_ns is not None and end.t_ns > first + DEATH_GAP_NS and _inside_a_call(job, rank):
+            out[rank] = end
+            dead.pop(rank, None)
+    return out
+
+
+def _inside_a_call(job: Job, rank: int) -> bool:
+    """The rank's log ends inside a torch.distributed call (it never returned), or, without a log of it, its
+    latest Flight Recorder collective is unfinished."""
+    log = job.logs.get(rank)
+    if log is not None and log.calls:
+        return log.calls[-1].t_return_ns is None
+    latest: tuple[int, bool] | None = None
+    for uid, cols in job.collectives.items():
+        group = job.groups.get(uid)
+        if group is None or rank not in group.ranks or not len(cols):
+            continue
+        for k in range(len(cols) - 1, max(-1, len(cols) - 9), -1):
+            c = cols[k]
+            if c.signatures[c.index_of(rank)] is not None:
+                t = c.arrival_of(rank) or 0
+                if latest is None or t > latest[0]:
+                    latest = (t, c.state_of(rank) in NOT_DONE_STATES)
+                break
+    return latest is not None and latest[1]
+
+
+def died_inside(job: Job, rank: int) -> Collective | None:
+    """The collective a dead rank's log ends inside (a call that never returned, with no exception of its own),
+    when every member of its group had joined it: the collective itself may have ended the rank, gloo aborting
+    one whose received data does not match the size it expects (SIGABRT from C++: no Python handler runs, so
+    the log just stops)."""
+    log = job.logs.get(rank)
+    if log is None or not log.calls or log.endings:
+        return None
+    call = log.calls[-1]
+    group = log.groups.get(call.gid)
+    if call.t_return_ns is not None or call.seq is None or group is None:
+        return None
+    for uid, cols in job.collectives.items():
+        pg = job.groups.get(uid)
+        if pg is None or pg.name != str(group.name) or rank not in pg.ranks:
+            continue
+        c = cols.find(call.seq) if isinstance(cols, GroupCollectives) else next(
+            (x for x in cols if x.seq == call.seq), None)
+        return c if c is not None and all(c.signatures) else None
+    return None
+
+
 def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
-                ends: Mapping[int, RankEnd], findings: list[Finding]) -> list[Finding]:
+               ends: Mapping[int, RankEnd], findings: list[Finding],
+               killed: Mapping[int, RankEnd] | None = None,
+               inside: Mapping[int, Collective] | None = None) -> list[Finding]:
     """Each rank that died first becomes a ``rank_died`` finding; the waits of the others it explains (the
-    collective it never joined) are folded into it."""
+    collective it never joined) are folded into it, and the ranks killed after it (``killed``) are its victims
+    (told in the first death's finding). A rank that died inside a collective every rank had joined
+    (``inside``) is a suspect, not a culprit: the collective may have aborted it."""
     out = list(findings)
     died: list[Finding] = []
-    for rank, end in sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0])):
+    for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
-        died.append(_rank_died(job, groups, rank, end, ends, explained))
+        died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
+                               (inside or {}).get(rank)))
     # Waits of the others on a dead rank that another finding names again are the same story.
     dead_set = set(dead)
     out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
@@ -213,7 +303,8 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
 
 
 def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd, ends: Mapping[int, RankEnd],
-               explained: Finding | None) -> Finding:
+               explained: Finding | None, killed: Mapping[int, RankEnd] | None = None,
+               inside: Collective | None = None) -> Finding:
     when = f" at {_clock_text(end.t_ns)}" if end.t_ns is not None else ""
     step = _last_step(job, rank)
     during = f" during step {step}" if step is not None else ""
@@ -233,27 +324,65 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
                   "Flight Recorder dumps, which a killed rank does not write)."
     victims = {r: e for r, e in ends.items() if r != rank and e.how not in (DIED, EXCEPTION)}
     failed = sorted(r for r, e in victims.items() if e.how == PEER_LOST)
-    if explained is not None:
-        detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then "
-                   f"{'waited' if not failed else 'failed'} in {explained.op} #{explained.seq} on "
-                   f"{explained.process_group}, which rank {rank} never joined.")
+    if inside is not None:
+        others = [r for r in inside.ranks if r != rank]
+        detail += (f" It ended inside {inside.op} #{inside.seq} on {inside.group.label}, which "
+                   f"{ranks_text(others)} had joined too: gloo aborts a rank whose received data does not match the "
+                   "size it expects (SIGABRT, \"Received data size doesn't match expected size\" in its stderr), so "
+                   "this collective's sizes may disagree, and then the rank whose sizes differ is the cause; an "
+                   "outside kill (the OOM killer) would look the same in these files.")
+        evidence["died_inside"] = {"process_group": inside.group.label, "seq": inside.seq, "op": inside.op}
+    elif explained is not None:
+        verb = "failed" if failed else "waited"
+        if rank in explained.ranks_joined:
+            others = [r for r in explained.ranks_joined if r != rank]
+            detail += (f" {ranks_text(others).capitalize()} {verb} in {explained.op} #{explained.seq} on "
+                       f"{explained.process_group}, inside which rank {rank} died.")
+        else:
+            detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then {verb} in {explained.op} "
+                       f"#{explained.seq} on {explained.process_group}, which rank {rank} never joined.")
     if failed:
         for r in failed[:3]:
             was_in = _last_completed(job, groups, r, issued=True) if explained is None else None
-            inside = f" in {was_in['op']} #{was_in['seq']} on {was_in['process_group']} (its last collective)" \
+            within = f" in {was_in['op']} #{was_in['seq']} on {was_in['process_group']} (its last collective)" \
                 if was_in else ""
-            detail += f" Rank {r} failed{inside}: {_short(ends[r].detail)}"
+            detail += f" Rank {r} failed{within}: {_short(ends[r].detail)}"
         evidence["failed"] = {str(r): ends[r].detail for r in failed}
-    action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
-              f"killer); the other ranks' failures follow from it.")
+    after = sorted(killed or ())
+    if after and end.t_ns is not None:
+        gap = min((killed or {})[r].t_ns or end.t_ns for r in after) - end.t_ns
+        detail += (f" {ranks_text(after).capitalize()} ended {duration(gap)} later, still inside "
+                   f"{'their' if len(after) > 1 else 'its'} call: the launcher stops the other workers when one "
+                   "fails (torchrun: SIGTERM, then SIGKILL after its grace period), a consequence, not a cause.")
+        evidence["killed_after"] = {str(r): (killed or {})[r].t_ns for r in after}
+    if end.how == EXCEPTION:
+        action = (f"Fix the exception rank {rank} raised (its traceback is in the job's stderr); the other ranks' "
+                  "failures follow from it.")
+    elif inside is not None:
+        action = (f"Look at rank {rank}'s stderr for gloo's size message (or the launcher's exit code -6, SIGABRT) "
+                  f"and compare the sizes every rank passes to {inside.op} here (`comm2perfetto record` logs "
+                  "all-to-all split sizes and object list lengths).")
+    else:
+        action = (f"Find out why rank {rank}'s process ended (its stderr, the launcher's log, `dmesg` for the OOM "
+                  f"killer); the other ranks' failures follow from it.")
+    label, uid, seq, op = "", "", None, None
+    joined: tuple[int, ...] = tuple(failed)
+    missing: tuple[int, ...] = (rank,)
+    if inside is not None:  # where it died, with every rank that joined
+        label, uid, seq, op = inside.group.label, inside.group.uid, inside.seq, inside.op
+        joined, missing = tuple(inside.ranks), ()
+    elif explained is not None:
+        label, uid, seq, op = explained.process_group, explained.group_uid, explained.seq, explained.op
+        joined, missing = explained.ranks_joined, (rank,)
     return Finding(
-        kind=RANK_DIED, process_group=explained.process_group if explained else "",
-        group_uid=explained.group_uid if explained else "", seq=explained.seq if explained else None,
-        op=explained.op if explained else None,
-        ranks_joined=explained.ranks_joined if explained else tuple(failed), ranks_missing=(rank,),
-        culprit_ranks=(rank,), detail=detail, action=action,
+        kind=RANK_DIED, process_group=label, group_uid=uid, seq=seq, op=op, ranks_joined=joined,
+        ranks_missing=missing, detail=detail, action=action,
         call_sites=explained.call_sites if explained else {}, stacks={rank: s} if (s := stall_stack(job, rank)) else {},
-        evidence=evidence, t_ns=end.t_ns,
+        evidence=evidence, t_ns=end.t_ns, victim_ranks=tuple(sorted(set(failed) | set(after))),
+        culprit_ranks=() if inside is not None else (rank,), suspect_ranks=(rank,) if inside is not None else (),
+        basis="it ended inside a collective every rank had joined, which may have aborted it" if inside is not None
+        else "an uncaught exception of its own ended it first" if end.how == EXCEPTION
+        else "its process ended first, without closing its log",
     )
 
 

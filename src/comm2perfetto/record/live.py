@@ -75,7 +75,10 @@ TAIL_BYTES = 64 << 10  # of the event log read back for the recent collectives (
 
 
 def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, folder: str = "") -> dict[str, Any]:
-    """What this rank is doing now, for the live verdict: bounded in size whatever the job does."""
+    """What this rank is doing now, for the live verdict: bounded in size whatever the job does. Every group
+    the process created is listed, used or not (``groups_complete``): a group missing from a rank's summary is
+    one it does not have, and a listed group it never used shows ``issued`` 0."""
+    rec.declare_all_groups()
     groups: dict[str, dict[str, Any]] = {}
     counters: dict[str, int | None] = {}
     for info in rec.groups()[:MAX_GROUPS]:
@@ -122,7 +125,7 @@ def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, f
     return {
         "rank": rec.rank, "host": socket.gethostname()[:MAX_TEXT], "folder": folder[:1000], "pid": os.getpid(),
         "t_ns": time.time_ns(), "step": rec.steps.current, "groups": groups,
-        "stack": main_stack(rec.internal_roots),
+        "groups_complete": len(rec.groups()) <= MAX_GROUPS, "stack": main_stack(rec.internal_roots),
     }
 
 

@@ -11,6 +11,14 @@ An entry names parameters, as torch's signatures do::
     def broadcast(tensor, src=None, group=None, async_op=False, group_src=None)
     OpSpec("broadcast", inputs=("tensor",), peers=(("src", False), ("group_src", True)))
     bound: inputs ((0, "tensor"),), group 2, async_op 3, peers ((1, "src", False), (4, "group_src", True))
+
+Calls whose sizes gloo checks only by aborting the receiving rank (all-to-all splits, the object collectives' list
+lengths) also name the parameters whose sizes the recorder logs (``extents``, the `b` record's ``sizes``)::
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, ...)
+    OpSpec("all_to_all_single", ("input",), extents=(("input_split_sizes", SPLITS),
+                                                     ("output_split_sizes", SPLITS), ("output", SHAPE)))
+    logged: [[3, 2], [2, 3], [5]]   (or [null, null, [4]] for the even split)
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ class OpSpec:
     ``functional``: a function of ``torch.distributed._functional_collectives`` (its ``group`` may be a group
     name, a rank list, a DeviceMesh or a ``(mesh, dim)`` pair; it returns at once with an
     AsyncCollectiveTensor). An op without ``inputs`` (barrier, the object collectives) has no argument
-    signature and no byte count.
+    signature and no byte count. ``extents``: the parameters whose sizes the `b` record's ``sizes`` field
+    lists, in this order, each with what is logged of it (``SPLITS``, ``SHAPE``, ``SHAPES``, ``COUNT``).
     """
 
     name: str
@@ -45,10 +54,19 @@ class OpSpec:
     always_async: bool = False
     multi: bool = False
     functional: bool = False
+    extents: tuple[tuple[str, str], ...] = ()
 
+
+# What the `b` record's ``sizes`` field holds of each parameter an OpSpec's ``extents`` names (null for None):
+SPLITS = "splits"  # a list of split sizes, as ints (all_to_all_single's; null: not given, the even split)
+SHAPE = "shape"  # a tensor's shape
+SHAPES = "shapes"  # the shapes of a list of tensors
+COUNT = "count"  # the length of a list (of objects): free to read, where their pickled size is not
 
 _DST = (("dst", False), ("group_dst", True))
 _SRC = (("src", False), ("group_src", True))
+_A2A_SPLITS = (("input_split_sizes", SPLITS), ("output_split_sizes", SPLITS))
+_OBJECTS = (("object_list", COUNT),)
 
 # torch.distributed.distributed_c10d. Deprecated names that call their successor (all_gather_into_tensor calls
 # all_gather_single on 2.13) are wrapped too: the outer call is recorded, the nested one passes through.
@@ -60,33 +78,33 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec("all_gather_single", ("input_tensor",)),
     OpSpec("all_gather_into_tensor", ("input_tensor",)),
     OpSpec("_all_gather_base", ("input_tensor",)),
-    OpSpec("all_gather_object", multi=True),
+    OpSpec("all_gather_object", multi=True, extents=_OBJECTS),
     OpSpec("gather", ("tensor",), _DST),
-    OpSpec("gather_object", (), _DST, multi=True),
+    OpSpec("gather_object", (), _DST, multi=True, extents=(("object_gather_list", COUNT),)),
     OpSpec("scatter", ("tensor",), _SRC),
-    OpSpec("scatter_object_list", (), _SRC, multi=True),
+    OpSpec("scatter_object_list", (), _SRC, multi=True, extents=(("scatter_object_input_list", COUNT),)),
     OpSpec("reduce_scatter", ("input_list",)),
     OpSpec("reduce_scatter_single", ("input",)),
     OpSpec("reduce_scatter_tensor", ("input",)),
     OpSpec("_reduce_scatter_base", ("input",)),
-    OpSpec("all_to_all", ("input_tensor_list",)),
-    OpSpec("all_to_all_single", ("input",)),
+    OpSpec("all_to_all", ("input_tensor_list",), extents=(("output_tensor_list", SHAPES),)),
+    OpSpec("all_to_all_single", ("input",), extents=_A2A_SPLITS + (("output", SHAPE),)),
     OpSpec("barrier"),
     OpSpec("monitored_barrier", multi=True),
-    OpSpec("broadcast_object_list", (), _SRC, multi=True),
+    OpSpec("broadcast_object_list", (), _SRC, multi=True, extents=_OBJECTS),
     OpSpec("send", ("tensor",), _DST, p2p=True),
     OpSpec("recv", ("tensor",), _SRC, p2p=True),
     OpSpec("isend", ("tensor",), _DST, p2p=True, always_async=True),
     OpSpec("irecv", ("tensor",), _SRC, p2p=True, always_async=True),
     OpSpec("batch_isend_irecv", ("p2p_op_list",), p2p=True, p2p_ops=True, always_async=True),
-    OpSpec("send_object_list", (), _DST, p2p=True),
-    OpSpec("recv_object_list", (), _SRC, p2p=True),
+    OpSpec("send_object_list", (), _DST, p2p=True, extents=_OBJECTS),
+    OpSpec("recv_object_list", (), _SRC, p2p=True, extents=_OBJECTS),
 )
 
 
 def _functional(name: str, inputs: str = "self", peers: tuple[tuple[str, bool], ...] = (),
-                multi: bool = False) -> OpSpec:
-    return OpSpec(name, (inputs,), peers, always_async=True, multi=multi, functional=True)
+                multi: bool = False, extents: tuple[tuple[str, str], ...] = ()) -> OpSpec:
+    return OpSpec(name, (inputs,), peers, always_async=True, multi=multi, functional=True, extents=extents)
 
 
 # torch.distributed._functional_collectives, which DTensor and tensor parallelism call through the module
@@ -102,8 +120,8 @@ FUNCTIONAL_OPS: tuple[OpSpec, ...] = (
     _functional("reduce_scatter_single_autograd"),
     _functional("reduce_scatter_tensor"),
     _functional("reduce_scatter_tensor_autograd"),
-    _functional("all_to_all_single"),
-    _functional("all_to_all_single_autograd"),
+    _functional("all_to_all_single", extents=_A2A_SPLITS),  # its output is made from the splits: no shape
+    _functional("all_to_all_single_autograd", extents=_A2A_SPLITS),
     _functional("all_reduce_coalesced", multi=True),
     _functional("all_gather_single_coalesced", multi=True),
     _functional("all_gather_into_tensor_coalesced", multi=True),
@@ -122,6 +140,7 @@ class BoundSpec:
         "always_async",
         "async_op",
         "collective",
+        "extents",
         "functional",
         "group",
         "has_peer",
@@ -132,6 +151,7 @@ class BoundSpec:
         "peers",
         "single",
         "spec",
+        "tail",
         "tracing",
     )
 
@@ -151,6 +171,11 @@ class BoundSpec:
         self.collective = not spec.p2p  # p2p ops get no collective sequence number of their own
         self.has_peer = bool(spec.peers) or spec.p2p_ops
         self.functional = spec.functional
+        self.extents = tuple((index.get(n, _ABSENT), n, kind) for n, kind in spec.extents)
+        # The `b` record's optional trailing fields that every call of this function has (``functional``, then
+        # ``from_cpp``, as 0 where only the ``sizes`` after them are there), or None: the hot path's one test
+        # for all of them.
+        self.tail = (int(spec.functional), 0) if spec.extents else (1,) if spec.functional else None
         # Functional collectives also run while torch.compile or make_fx traces DTensor code, with fake tensors
         # and no collective issued: funcol's own test for that, so those calls are not recorded.
         self.tracing = tracing

@@ -28,7 +28,7 @@ from comm2perfetto.record import nvtx as nvtx_ranges
 from comm2perfetto.record.config import ENV_FAULT, RecordConfig
 from comm2perfetto.record.context import ModuleTracker, StepCounter
 from comm2perfetto.record.log import EventLog
-from comm2perfetto.record.ops import P2P_KIND, p2p_keys
+from comm2perfetto.record.ops import P2P_KIND, SHAPE, SHAPES, SPLITS, p2p_keys
 
 if TYPE_CHECKING:
     from comm2perfetto.record.flight import FlightRecorderDumps
@@ -115,9 +115,11 @@ def recording_wrapper(call: BoundSpec, original: Callable[..., Any]) -> Callable
             record = ["b", cid, t, call.name, info.gid, seq,
                       rec._peer(call, args, kwargs, info.group) if call.has_peer else None,
                       async_op, thread.tid, site, ctx, rec.steps.current, aid]
-            if call.functional:
-                record.append(1)
-            data = _dumps(record, None, _NEWLINE)
+            if call.tail is not None:  # a functional collective, or one whose sizes are logged
+                record += call.tail
+                if call.extents:
+                    record.append(rec._extents(call, args, kwargs))
+            data = _dumps(record, _int_value, _NEWLINE)
             try:
                 rec._append(data)
             except (ValueError, TypeError):  # the mapping is full (or closed)
@@ -331,6 +333,7 @@ class Recorder:
         self._tensor_type = torch.Tensor
         self._c10d = c10d
         self._world = c10d.GroupMember
+        self._declare_lock = threading.Lock()
         self._cids = itertools.count(1)
         # Code objects are keyed by id(): hashing one hashes its bytecode (half a microsecond for a training
         # loop). Each keyed code object is kept alive in _codes, so its id() is never reused.
@@ -554,6 +557,27 @@ class Recorder:
             info.arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid  # the hot path's key too
         return aid
 
+    def _extents(self, call: BoundSpec, args: tuple, kwargs: dict) -> list:
+        """The `b` record's ``sizes``: what the call's ``extents`` parameters hold (ops.py), each null when None.
+        Only list lengths for object lists: pickling the objects to learn their size would be a second pickle
+        the job does not do (torch pickles them inside the call, and its Flight Recorder entries of the size
+        and payload collectives carry both). A split list torch's C++ side takes as empty is the even split."""
+        n = len(args)
+        out: list = []
+        for pos, name, kind in call.extents:
+            value = args[pos] if pos < n else kwargs.get(name)
+            if value is None:
+                out.append(None)
+            elif kind is SPLITS:  # the list itself, serialised before the call: its ints, or _int_value's
+                out.append((value if value.__class__ is list else list(value)) or None)
+            elif kind is SHAPE:
+                out.append(list(value.shape))
+            elif kind is SHAPES:
+                out.append([list(t.shape) for t in value])
+            else:
+                out.append(len(value))
+        return out
+
     def _peer(self, call: BoundSpec, args: tuple, kwargs: dict, group: Any) -> Any:
         n = len(args)
         if call.p2p_ops:  # batch_isend_irecv: a list of P2POp, each with its own peer
@@ -596,10 +620,31 @@ class Recorder:
         return info
 
     def declare_group(self, group: Any) -> _GroupInfo:
-        """The group's info, declaring it in the log (a ``g`` record) the first time."""
+        """The group's info, declaring it in the log (a ``g`` record) the first time. The watchdog thread
+        declares too (``declare_all_groups``): the first declaration takes a lock, the hot path never does."""
         info = self._groups.get(id(group))
         if info is not None:
             return info
+        with self._declare_lock:
+            info = self._groups.get(id(group))
+            return info if info is not None else self._declare(group)
+
+    def declare_all_groups(self) -> None:
+        """Declare every process group this process has created, used or not (at a stall, from the watchdog):
+        a group the rank never used is known to it all the same, under the c10d name its creation order gave
+        it, which is how ranks that created their groups in different orders are told apart. Reads c10d's
+        registry only."""
+        try:
+            created = list(getattr(getattr(self._c10d, "_world", None), "pg_names", None) or ())
+        except Exception:  # the registry changing under us (a group being destroyed): try at the next stall
+            return
+        for group in created:
+            try:
+                self.declare_group(group)
+            except Exception:
+                continue
+
+    def _declare(self, group: Any) -> _GroupInfo:
         c10d = self._c10d
         gid = len(self._group_list)
         try:
@@ -776,6 +821,12 @@ class Recorder:
     def dump_flight_recorder(self, reason: str, wait: bool = True) -> None:
         if self.flight is not None:
             self.flight.dump(reason, wait)
+
+
+def _int_value(value: Any) -> int:
+    """A value in a `b` record that orjson does not serialise itself: an int-like split size (a numpy integer, a
+    0-d tensor), as int. Anything else raises, as orjson would, and disables recording on the rank."""
+    return int(value)
 
 
 def _no_graph_task() -> int:

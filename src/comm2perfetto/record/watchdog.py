@@ -231,6 +231,7 @@ class Watchdog:
 
     def _dump(self, reason: str, trigger_rank: int | None, cid: int | None) -> None:
         rec = self._recorder
+        rec.declare_all_groups()  # the log then names every group this rank created, in its creation order
         stacks_file = None
         if self._dumps < MAX_STALL_DUMPS:
             self._dumps += 1

@@ -75,10 +75,14 @@ def _finding(i: int, f: Finding, out: TextIO) -> None:
     if f.blocked_by is not None:
         tag += f" (blocked by [{f.blocked_by}])"
     out.write(f"[{i}] {f.kind}{where}:{what}{tag}\n")
+    basis = f" ({f.basis})" if f.basis else ""
     if f.culprit_ranks:
-        out.write(f"    culprit: {rank_list(f.culprit_ranks)}\n")
+        out.write(_wrap(f"culprit: {rank_list(f.culprit_ranks)}{basis}", "    ", hang="      "))
     if f.suspect_ranks:
-        out.write(f"    suspect (no evidence from it): {rank_list(f.suspect_ranks)}\n")
+        why = basis if not f.culprit_ranks and basis else " (the data can neither clear nor blame it)"
+        out.write(_wrap(f"suspect: {rank_list(f.suspect_ranks)}{why}", "    ", hang="      "))
+    if f.victim_ranks:
+        out.write(f"    victim: {rank_list(f.victim_ranks)} (failed because of it)\n")
     out.write(_wrap(f.detail, "    "))
     for rank, site in sorted(f.call_sites.items()):
         out.write(f"    call site, rank {rank}: {site}\n")
@@ -89,7 +93,8 @@ def _finding(i: int, f: Finding, out: TextIO) -> None:
     out.write(_wrap("-> " + f.action, "    "))
 
 
-def _wrap(text: str, indent: str, width: int = 110) -> str:
+def _wrap(text: str, indent: str, width: int = 110, hang: str | None = None) -> str:
+    """``text`` in lines of at most ``width``, the first indented by ``indent``, the rest by ``hang``."""
     words, lines, line = text.split(), [], ""
     for w in words:
         if line and len(indent) + len(line) + 1 + len(w) > width:
@@ -99,4 +104,5 @@ def _wrap(text: str, indent: str, width: int = 110) -> str:
             line = f"{line} {w}" if line else w
     if line:
         lines.append(line)
-    return "".join(f"{indent}{ln}\n" for ln in lines)
+    rest = indent if hang is None else hang
+    return "".join(f"{indent if i == 0 else rest}{ln}\n" for i, ln in enumerate(lines))

@@ -341,7 +341,7 @@ def _plain_fields(info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if plain(v)}
 
 
-PROCESS_STATES = ("stopped", "running", "gone")
+PROCESS_STATES = ("stopped", "held", "running", "gone")  # held: running while its recorder thread did not
 
 
 def _probes(raw: Any, attempt: int) -> list[dict[str, Any]]:

@@ -7,10 +7,14 @@ Raw input, one JSON document per line::
     ["a",1,[[4]],["Float"],16]
     ["b",7,1795313447406614332,"all_reduce",0,5,null,false,1396872,1,1,3,1]
     ["e",7,1795313447406980001,5]
+    ["a",2,[[5]],["Float"],20]
+    ["b",8,1795313447407000000,"all_to_all_single",0,6,null,false,1396872,1,1,3,2,0,0,[[3,2],[2,3],[5]]]
 
 A log cut short by a dead process ends in NUL padding and maybe one torn line: both are tolerated and
 reported in ``RankLog.problems``. Every record is checked against ``_FIELDS`` (types, ranges) before it
-becomes model data; bad records are skipped and counted, one note per file.
+becomes model data; bad records are skipped and counted, one note per file. A `b` record's ``sizes`` (an
+all-to-all's splits, an object collective's list length) is checked against the call's group and input shapes
+(``_call_sizes``); a bad one is dropped, the call kept, and counted in a note of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.model import Exchange
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -141,6 +146,10 @@ class Call:
     captured: bool = False  # captured into a CUDA graph: issued at each replay, which no source sees
     # The input tensors' device type, where the recorder wrote it: on groups whose backend depends on it.
     device: str | None = None
+    # From the `b` record's sizes (calls whose sizes gloo checks only by aborting a rank): an all-to-all's
+    # elements to and from each peer; an object collective's list length (see model.Signature). None: not logged.
+    exchange: Exchange | None = None
+    objects: int | None = None
 
     @property
     def t_end_ns(self) -> int | None:
@@ -403,6 +412,80 @@ _FIELDS: dict[str, tuple] = {
 }
 
 
+# What a `b` record's ``sizes`` field (its 15th) holds, by op (record/ops.py writes it, docs/log-format.md).
+_SPLITS_OPS = frozenset({"all_to_all_single", "all_to_all_single_autograd"})  # [in_splits, out_splits(, out_shape)]
+_OBJECT_OPS = frozenset({"broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+                         "send_object_list", "recv_object_list"})  # [list length or null]
+_SIZES_AT = 15
+
+
+def _call_sizes(op: str, raw: Any, group: Group | None, shapes: list) -> tuple[Exchange | None, int | None]:
+    """(exchange, objects) of a `b` record's ``sizes`` field ``raw``; ValueError naming what is wrong with it.
+    ``shapes`` are the call's input shapes (its `a` record), ``group`` the group it names. Split sizes count
+    dim-0 slices of the input (sent) and output (expected) tensor; null is the even split.
+
+    >>> g = Group(0, "0", "default_pg", range(2), "gloo")
+    >>> _call_sizes("all_to_all_single", [[3, 2], None, [4, 2]], g, [[5, 2]])
+    (Exchange(send=(6, 4), recv=(4, 4), send_given=True, recv_given=False), None)
+    >>> _call_sizes("broadcast_object_list", [3], g, [])
+    (None, 3)
+    >>> _call_sizes("all_to_all_single", [[3, 2, 1], None], g, [[6]])
+    Traceback (most recent call last):
+    ValueError: split sizes [3, 2, 1] are not one per member of its 2-rank group
+    """
+    if not isinstance(raw, list):
+        raise ValueError(f"sizes {shown(raw)} are not a list")
+    if op in _OBJECT_OPS:
+        if len(raw) != 1 or not _opt_count(raw[0]):
+            raise ValueError(f"object list length {shown(raw)} is not one count")
+        return None, raw[0]
+    if op not in _SPLITS_OPS and op != "all_to_all":
+        return None, None  # a newer writer's field, whose meaning this reader does not know
+    if group is None:
+        raise ValueError("names an undeclared group")
+    n = len(group.ranks)
+    if op == "all_to_all":  # [output shapes]: one tensor to and from each peer
+        outputs = raw[0] if len(raw) == 1 else None
+        if not isinstance(outputs, list) or not _sizes(outputs) or len(outputs) != n or len(shapes) != n:
+            raise ValueError(f"all_to_all's tensors {shown(shapes)} -> {shown(outputs)} are not one per member "
+                             f"of its {n}-rank group")
+        return Exchange(tuple(map(_numel, shapes)), tuple(map(_numel, outputs))), None
+    if len(raw) not in (2, 3) or len(shapes) != 1 or not shapes[0]:
+        raise ValueError(f"sizes {shown(raw)} of an all_to_all_single of input {shown(shapes)}")
+    in_splits, out_splits = raw[0], raw[1]
+    for splits in (in_splits, out_splits):
+        if splits is not None and not (isinstance(splits, list) and len(splits) == n and all(map(count_ok, splits))):
+            raise ValueError(f"split sizes {shown(splits)} are not one per member of its {n}-rank group")
+    in_shape = shapes[0]
+    if len(raw) == 3:  # the output tensor's shape (c10d's); a functional collective's is made from the splits
+        out_shape = raw[2]
+        if not _sizes([out_shape]) or not out_shape:
+            raise ValueError(f"output shape {shown(out_shape)} is not a shape")
+    else:
+        out_shape = [sum(out_splits) if out_splits is not None else in_shape[0], *in_shape[1:]]
+    return Exchange(_per_peer(in_splits, in_shape, n), _per_peer(out_splits, out_shape, n),
+                    send_given=in_splits is not None, recv_given=out_splits is not None), None
+
+
+def _per_peer(splits: list[int] | None, shape: list[int], n: int) -> tuple[int, ...] | None:
+    """Elements to or from each peer of a tensor split along dim 0 by ``splits`` (None: evenly, where n
+    divides it; else None)."""
+    row = _numel(shape[1:])
+    if splits is None:
+        if shape[0] % n:
+            return None
+        splits = [shape[0] // n] * n
+    counts = tuple(s * row for s in splits)
+    return counts if all(map(count_ok, counts)) else None
+
+
+def _numel(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
 _HEADER_FIELDS = {
     "host": _str, "backend": _str, "run_id": lambda v: isinstance(v, str) and len(v) <= 200, "torch": _str,
     "comm2perfetto": _str, "pid": count_ok,
@@ -446,6 +529,8 @@ class _Builder:
         self.arguments: dict[int, tuple[list, list, int | None, str | None]] = {}
         self.calls: dict[int, Call] = {}
         self.ranges: dict[int, Range] = {}
+        self.bad_sizes = 0  # `b` records whose sizes field was dropped
+        self.first_bad_sizes = ""
 
     def feed(self, lines: Iterable[bytes]) -> None:
         """Apply every line after the header; bad ones are counted into one note (a garbage file has
@@ -477,6 +562,10 @@ class _Builder:
         if bad:
             self.log.problems.append(f"{self.log.path.name}: {bad:,} bad line{'s' if bad > 1 else ''} skipped "
                                      f"({first})")
+        if self.bad_sizes:
+            self.log.problems.append(f"{self.log.path.name}: the sizes of {self.bad_sizes:,} call"
+                                     f"{'s' if self.bad_sizes > 1 else ''} skipped, the calls kept "
+                                     f"({self.first_bad_sizes})")
 
     def _in_window(self, r: list, window: tuple[int, int]) -> None:
         at = _TIME_AT.get(r[0])
@@ -488,6 +577,16 @@ class _Builder:
         if r[2] < begin:
             raise ValueError(f"{r[0]!r} record ends {begin - r[2]:,} ns before its begin")
         return (self.calls if table is None else table)[r[1]]
+
+    def _sizes(self, call: Call, r: list) -> None:
+        """Set ``call``'s exchange and objects from its `b` record's sizes, or count them as bad."""
+        try:
+            call.exchange, call.objects = _call_sizes(call.op, r[_SIZES_AT], self.log.groups.get(call.gid),
+                                                      call.shapes)
+        except ValueError as exc:
+            self.bad_sizes += 1
+            if self.bad_sizes == 1:
+                self.first_bad_sizes = f"call {call.cid}, {call.op}: {exc}"
 
     def _apply(self, r: list) -> None:
         kind = r[0]
@@ -506,6 +605,8 @@ class _Builder:
                 shapes=shapes, dtypes=dtypes, nbytes=nbytes, functional=len(r) > 13 and bool(r[13]), device=device,
                 from_cpp=len(r) > 14 and bool(r[14]),
             )
+            if len(r) > _SIZES_AT:
+                self._sizes(call, r)
             self.calls[call.cid] = call
             log.calls.append(call)
         elif kind == "e":

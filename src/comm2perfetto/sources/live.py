@@ -4,7 +4,7 @@ Every field the live verdict uses is checked here, once: a rank summary with a w
 or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` strings. The raw format::
 
     {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": 2, "gathered_ns": ..., "ranks": [
-      {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"],
+      {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"], "groups_complete": true,
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
                         "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
                         "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
@@ -104,6 +104,7 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
     stack = raw.get("stack")
     stack = stack if isinstance(stack, list) else []
     return {"rank": rank, "host": str(raw.get("host") or "")[:200], "groups": groups,
+            "groups_complete": raw.get("groups_complete") is True and len(groups) < MAX_GROUPS,
             "stack": [str(line)[:200] for line in stack[:MAX_FRAMES]],
             "step": raw.get("step") if count_ok(raw.get("step")) else None}
 
