@@ -915,7 +915,8 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
             closed_reason=log.closed_reason if log is not None else None,
             endings=tuple((e.t_ns, e.cause, e.detail) for e in log.endings) if log is not None else (),
             heartbeats=bool(log is not None and log.heartbeats),
-            alive=src.alive.get(rank),
+            alive=None if rank not in src.alive else src.alive[rank] != "gone",
+            stopped=src.alive.get(rank) == "stopped",
             stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,
         )
     return out

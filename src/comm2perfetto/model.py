@@ -28,6 +28,8 @@ from itertools import compress
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
+from comm2perfetto.exchange import Exchange
+
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.group_names import GroupConflict
     from comm2perfetto.sources.event_log import RankLog, StallStacks
@@ -187,32 +189,6 @@ class ProcessGroup:
         """Global rank of a rank numbered inside the group (Flight Recorder's ``send 1->0`` uses those)."""
         ordered = sorted(self.ranks)
         return ordered[group_rank] if 0 <= group_rank < len(ordered) else None
-
-
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """One rank's side of an all-to-all, as the recorder saw the call: the elements it sends to each member of
-    its group and the elements it expects from each, in group-rank order (the group's sorted global ranks).
-    ``send_given``/``recv_given``: the split sizes were passed (``input_split_sizes``, ``output_split_sizes``;
-    ``all_to_all``'s one tensor per peer); False: not given, so torch splits dim 0 evenly across the group,
-    which these counts are. None where that cannot be told (a dim 0 the group size does not divide).
-
-    >>> Exchange(send=(3, 2), recv=(3, 2)).sends_to(1), Exchange(send=(3, 2), recv=(3, 2)).expects_from(1)
-    (2, 2)
-    """
-
-    send: tuple[int, ...] | None
-    recv: tuple[int, ...] | None
-    send_given: bool = True
-    recv_given: bool = True
-
-    def sends_to(self, group_rank: int) -> int | None:
-        """Elements this rank sends to the member at ``group_rank``; None when not known."""
-        return self.send[group_rank] if self.send is not None and 0 <= group_rank < len(self.send) else None
-
-    def expects_from(self, group_rank: int) -> int | None:
-        """Elements this rank expects from the member at ``group_rank``; None when not known."""
-        return self.recv[group_rank] if self.recv is not None and 0 <= group_rank < len(self.recv) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,6 +601,7 @@ class RankInfo:
     endings: tuple[tuple[int, str, str], ...] = ()  # (t_ns, "signal" | "exception", detail), the `u` records
     heartbeats: bool = False  # the log has `h` records: a stale last record means the process is gone
     alive: bool | None = None  # an unclosed log's process, probed on this host; None: not known
+    stopped: bool = False  # its process, on the reader's host, is stopped (SIGSTOP, a debugger) now
     stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
 
 

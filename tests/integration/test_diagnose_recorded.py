@@ -73,7 +73,11 @@ def test_shape_mismatch_with_a_rank_killed_by_gloo(recorded):
     code, text = _diagnose(out, "--format", "json")
     doc = json.loads(text)
     (f,) = doc["findings"]
-    assert (code, doc["status"], f["kind"], f["seq"], f["culprit_ranks"]) == (1, "desync", "size_mismatch", 4, [1])
+    # Both ranks reach a new call site with their own size: nothing shows which side is wrong (no tie rule), and
+    # the rank gloo aborted for receiving more than it expected is the mismatch's victim.
+    assert (code, doc["status"], f["kind"], f["seq"], f["culprit_ranks"], f["suspect_ranks"]) == (
+        1, "desync", "size_mismatch", 4, [], [0, 1])
+    assert f["victim_ranks"] == [0]
     variants = {tuple(v["ranks"]): v["signature"] for v in f["evidence"]["variants"]}
     assert variants == {(0,): "all_reduce [[256]] Float", (1,): "all_reduce [[512]] Float"}
 

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.processes import CPU_SAMPLE_S, cpu_time_growth, process_state
 
 EVENT_FORMAT = "comm2perfetto-stall-verdict"
 DEFAULT_HOOK_TIMEOUT_S = 30.0
@@ -268,41 +269,3 @@ def _held_detail(pid: int, silent_s: float, never: bool) -> str:
     silence = (f"its recorder's thread has not run once since it started {silent_s:.1f} s before" if never
                else f"its heartbeats stopped {silent_s:.1f} s before")
     return f"{what} while {silence}: it holds the GIL (a C extension loop, a long regex, a blocked C call)"
-
-
-CPU_SAMPLE_S = 0.2
-
-
-def cpu_time_growth(pid: int, sample_s: float = CPU_SAMPLE_S) -> float | None:
-    """Seconds of CPU (user + system) the process used over ``sample_s`` (``/proc/<pid>/stat``); None where it
-    cannot be read (not Linux, gone)."""
-    def cpu() -> float | None:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return None
-    before = cpu()
-    time.sleep(sample_s)
-    after = cpu()
-    return None if before is None or after is None else max(0.0, after - before)
-
-
-def process_state(pid: int) -> str:
-    """``stopped`` (SIGSTOP or a debugger: state T), ``running`` (it exists), or ``gone`` (it does not, or a
-    zombie): from ``/proc/<pid>/stat`` on Linux, else whether it can be signalled."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "gone"
-        except PermissionError:
-            return "running"
-        return "running"
-    return "stopped" if state in (b"T", b"t") else "gone" if state in (b"Z", b"X") else "running"

@@ -432,8 +432,18 @@ def _missing(job: Job, c: Collective, missing: list[int], statuses: list[str], a
         kind=MISSING_RANKS, process_group=group.label, group_uid=group.uid, seq=c.seq, op=op,
         ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(missing),
         detail=detail, action=action, call_sites=sites, stacks=stacks, evidence=evidence, resolved=resolved,
-        t_ns=at_ns if at_ns is not None else t,
+        t_ns=at_ns if at_ns is not None else t, basis=_missing_basis(job, c, missing, at_ns),
     )
+
+
+def _missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int | None) -> str:
+    """What shows the missing ranks had not issued ``c``: their own records, which cover it."""
+    if at_ns is not None:
+        return f"their records show they had not issued #{c.seq} when the stall was detected"
+    fr = all((cov := job.coverage.get((r, c.group.uid))) is not None and cov.has_fr for r in missing)
+    if fr:
+        return f"Flight Recorder records every collective a rank issues, and theirs has no #{c.seq}"
+    return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
 
 
 def _exited(job: Job, rank: int) -> bool:

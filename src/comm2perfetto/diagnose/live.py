@@ -152,10 +152,13 @@ def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str
     description; where two names share one (ranks that created their groups in different orders), the name
     too: ``X (group 2)``."""
     seen: dict[str, tuple[str, list[int]]] = {}
+    descs: dict[str, Counter[str]] = {}  # per name, how many ranks gave it each description
     for summary in ranks.values():
         for name, g in (summary.get("groups") or {}).items():
             members = [r for r in g.get("ranks") or () if isinstance(r, int)]
             desc = _description(g)
+            if desc:
+                descs.setdefault(name, Counter())[desc] += 1
             if name not in seen or len(members) > len(seen[name][1]):
                 seen[name] = (desc or seen.get(name, ("", []))[0], members)
     out = []
@@ -164,7 +167,14 @@ def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str
             members = list(range(world))
         out.append((name, desc, sorted(set(members))))
     shared = Counter(desc for _, desc, _ in out if desc)
-    out = [(name, f"{desc} (group {name})" if shared[desc] > 1 else (desc or name), m) for name, desc, m in out]
+
+    def label(name: str, desc: str) -> str:
+        told = descs.get(name, Counter())
+        if len(told) > 1:  # the ranks describe this group differently: they created their groups in other orders
+            return f"group {name} ({'/'.join(d for d, _ in told.most_common())})"
+        return f"{desc} (group {name})" if shared[desc] > 1 else (desc or name)
+
+    out = [(name, label(name, desc), m) for name, desc, m in out]
     return sorted(out, key=lambda g: (0, int(g[0])) if g[0].isdigit() else (1, g[0]))
 
 
@@ -253,7 +263,8 @@ def _missing(common: dict, waiting: list[int], missing: list[int], ranks: Mappin
     culprits = tuple(r for r in missing if r not in silent)
     return Finding(kind=MISSING_RANKS, ranks_joined=tuple(waiting), ranks_missing=tuple(missing),
                    culprit_ranks=culprits, suspect_ranks=tuple(r for r in missing if r in silent), detail=detail,
-                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits), **common)
+                   action=action, call_sites=sites, stacks=_stacks(ranks, culprits),
+                   basis=f"its count of collectives on {label} is short of #{seq}", **common)
 
 
 def _description(group: Mapping[str, Any]) -> str:
@@ -384,7 +395,8 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
             seq=wait.seq if wait else None, op=wait.op if wait else None,
             ranks_joined=tuple(r for r in wait.ranks_joined if r != rank) if wait else (), ranks_missing=(rank,),
             culprit_ranks=(rank,), detail=detail, action=action, call_sites=wait.call_sites if wait else {},
-            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None))
+            evidence={"how": "frozen", "process": dict(probe)}, t_ns=wait.t_ns if wait else None,
+            basis="its process existed at the stall and did not answer"))
     return out
 
 

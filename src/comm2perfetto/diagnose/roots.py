@@ -217,6 +217,8 @@ def _cycle_finding(root: Root, items: Sequence[Finding], graph: Graph) -> Findin
         culprit_ranks=root.culprits, suspect_ranks=root.suspects, detail=detail, action=action,
         call_sites=call_sites, stacks=stacks, evidence={"cycle": list(cycle), "went_to": went_to},
         t_ns=min((_t(items[int(w.ref)]) for w in inside), default=None),
+        basis="its own earlier steps issue these groups' collectives in the other order" if root.culprits
+        else "the ranks wait on each other, and no history of their order tells which one deviates",
     )
 
 

@@ -109,7 +109,7 @@ def frozen_ranks(job: Job, ends: Mapping[int, RankEnd], now_ns: int | None) -> d
     if now_ns is not None:
         for rank, rank_info in job.ranks.items():
             if rank_info.alive is True and now_ns > seen.get(rank, (0, ""))[0]:
-                seen[rank] = (now_ns, "running")
+                seen[rank] = (now_ns, "stopped" if rank_info.stopped else "running")
     out = {}
     for rank, (t, state) in seen.items():
         info, end = job.ranks.get(rank), ends.get(rank)
@@ -298,7 +298,7 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
         ranks_joined=tuple(r for r in explained.ranks_joined if r != rank) if explained else (),
         ranks_missing=(rank,), culprit_ranks=(rank,), detail=detail, action=action,
         call_sites=explained.call_sites if explained else {}, stacks={rank: stack} if stack else {},
-        evidence=evidence, t_ns=end.t_ns,
+        evidence=evidence, t_ns=end.t_ns, basis="its process existed at the stall and made no progress",
     )
 
 

@@ -226,6 +226,12 @@ class LiveVerdict:
                     continue
             if now >= since + 3 * GATHER_WAIT_S:  # nobody published one: `record` says nothing for this gen
                 del self._open[gen]
+        self.write_resolved()
+
+    def write_resolved(self) -> None:
+        """Write ``.live/stall.<gen>.resolved.json`` for each stall whose snapshot this rank wrote and that some
+        rank's completed call ended (``resolved``). Also called once as the recorder stops: a job that ends a
+        moment after its stall resolved is told it resolved."""
         for gen in sorted(self._written - self._resolved_seen):
             key = RESOLVED_KEY.format(gen)
             if self._store.check([key]):

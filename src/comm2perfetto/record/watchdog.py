@@ -75,6 +75,14 @@ class Watchdog:
         self._stop.set()
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
+        if wait and self._live is not None and not self._thread.is_alive():
+            # A last look, as the rank stops: a stall whose call completed a moment ago is told resolved (the
+            # ticks that would have said so do not come). Best effort: the store may be gone already.
+            try:
+                self._check_resolved()
+                self._live.write_resolved()
+            except Exception:
+                pass
 
     def _run(self) -> None:
         from comm2perfetto.record import state

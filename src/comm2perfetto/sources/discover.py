@@ -36,8 +36,10 @@ import orjson
 from comm2perfetto import layout
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.model import Skipped
+from comm2perfetto.processes import process_state
 from comm2perfetto.render.words import duration
 from comm2perfetto.sources.event_log import (
+    UNCLOSED,
     EventLogError,
     RankLog,
     StallStacks,
@@ -100,7 +102,7 @@ class Sources:
     traces: dict[int, list[KinetoTrace]] = field(default_factory=dict)  # the same, read (see load_sources)
     jobs: list[dict[str, Any]] = field(default_factory=list)  # every job file (one per `record`, per node)
     unusable_ranks: set[int] = field(default_factory=set)  # ranks whose every dump was skipped
-    alive: dict[int, bool] = field(default_factory=dict)  # unclosed logs of this host: is the process alive?
+    alive: dict[int, str] = field(default_factory=dict)  # unclosed logs of this host: their process's state
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stack_table: StackTable = field(default_factory=StackTable)
@@ -319,6 +321,7 @@ def load_sources(
     _check_fr_groups(src, problems)
     _check_fr_times(src, problems)
     src.alive = _probe_alive(src.logs)
+    _say_what_unclosed_logs_are(src)
     check_against_job(src.traces, dumps_world(src), _dumps_times(src), problems)
     _refuse_mixed(src, problems, force)
     if not src.fr and not src.logs and not src.kineto:
@@ -425,8 +428,9 @@ def _check_fr_times(src: Sources, problems: list[str]) -> None:
                 return
 
 
-def _probe_alive(logs: dict[int, RankLog]) -> dict[int, bool]:
-    """For each log not closed that was written on this host: is its process still running?
+def _probe_alive(logs: dict[int, RankLog]) -> dict[int, str]:
+    """For each log not closed that was written on this host: its process's state now (``processes``:
+    ``running``, ``stopped``, ``gone``).
 
     (A log without its closing record is either a dead rank's or a live one's; on another host the reader
     relies on the log's heartbeats.)"""
@@ -436,14 +440,20 @@ def _probe_alive(logs: dict[int, RankLog]) -> dict[int, bool]:
         pid = log.header.get("pid")
         if log.closed_cleanly or log.header.get("host") != here or not isinstance(pid, int) or pid <= 0:
             continue
-        try:
-            os.kill(pid, 0)
-            out[rank] = True
-        except ProcessLookupError:
-            out[rank] = False
-        except PermissionError:  # alive, someone else's
-            out[rank] = True
+        out[rank] = process_state(pid)
     return out
+
+
+_STATE_SAID = {"running": ": still being written (its process runs on this host): read up to its last record",
+               "stopped": ": still being written (its process, on this host, is stopped): read up to its last record",
+               "gone": ": not closed cleanly (its process is gone: it died): read up to its last record"}
+
+
+def _say_what_unclosed_logs_are(src: Sources) -> None:
+    """An unclosed log whose process this host can see is told as what it is: still running, or dead."""
+    for rank, state in src.alive.items():
+        name = src.logs[rank].path.name
+        src.notes = [name + _STATE_SAID[state] if note == name + UNCLOSED else note for note in src.notes]
 
 
 def _refuse_mixed(src: Sources, problems: list[str], force: bool) -> None:

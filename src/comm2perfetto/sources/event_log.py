@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from comm2perfetto.errors import Comm2PerfettoError
-from comm2perfetto.model import Exchange
+from comm2perfetto.exchange import Exchange
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -260,6 +260,10 @@ def is_event_log(head: bytes) -> bool:
     return head.lstrip().startswith(b"{") and FORMAT_NAME.encode() in head[:4096]
 
 
+# The note of a log without its closing record (readers that can see the process say more: sources.discover).
+UNCLOSED = ": not closed cleanly (the rank died, or still runs): read up to its last record"
+
+
 def read_event_log(path: str | Path) -> RankLog:
     """Parse one rank's event log. Raises EventLogError when the file is not one."""
     path = Path(path)
@@ -297,8 +301,7 @@ def read_event_log(path: str | Path) -> RankLog:
         log.first_ns = log.last_ns = log.header["wall_ns"]
     _Builder(log).feed(lines)
     if log.closed_reason is None:
-        log.problems.append(f"{path.name}: not closed cleanly (the rank died, or still runs): "
-                            f"read up to its last record")
+        log.problems.append(path.name + UNCLOSED)
     return log
 
 
