@@ -81,6 +81,7 @@ from comm2perfetto.sources.discover import (
 from comm2perfetto.sources.event_log import Group, StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
+from comm2perfetto.sources.fr.fields import ANY_GROUP
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
@@ -357,12 +358,14 @@ def _resolve_groups(
         for name, ranks in conflict.names.items():
             for uid in {out[(r, name)] for r in ranks if (r, name) in out}:
                 descs[uid][conflict.desc] += len(ranks)
-    by_label = Counter(g.label for g in groups.values())
+    # Groups of one description and other members are told apart by their members (DeviceMesh's mesh_tp of
+    # ranks 0, 1 and of ranks 2, 3); of one description and the same members, only their name tells them apart.
+    by_label = Counter((g.label, len(g.ranks), g.ranks[0] if g.ranks else None) for g in groups.values())
     for uid, pg in groups.items():
         if uid in descs and len(descs[uid]) > 1:
             shown = f"group {pg.name} ({'/'.join(d for d, _ in descs[uid].most_common())})"
             groups[uid] = dataclasses.replace(pg, shown=shown)
-        elif by_label[pg.label] > 1 and pg.label != pg.name:
+        elif by_label[(pg.label, len(pg.ranks), pg.ranks[0] if pg.ranks else None)] > 1 and pg.label != pg.name:
             groups[uid] = dataclasses.replace(pg, shown=f"{pg.label} (group {pg.name})")
     return groups, out, conflicts
 
@@ -840,7 +843,9 @@ def _coverage(
                 low, last = first_last(tr)
                 first = low if wrapped else 0
             upto = completed_upto(tr) if tr is not None and len(tr) else -1
-            out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto)
+            unread = (fr.unread.get(group.name, ()) + fr.unread.get(ANY_GROUP, ())) if fr is not None else ()
+            unread_p2p = fr is not None and not fr.unread_p2p.isdisjoint((group.name, ANY_GROUP))
+            out[(rank, uid)] = Coverage(rank, uid, first, last, fr is not None, has_log, upto, unread, unread_p2p)
     return out
 
 
@@ -856,8 +861,9 @@ def _sampled(src: Sources, world: int | None, sample: bool) -> str | None:
 
 def _wrapped(trace: FrRankTrace) -> bool:
     """True when the ring buffer overwrote the rank's first records (its oldest record id is not 0)."""
-    ids = [gt.first_record_id for gt in trace.groups.values() if gt.first_record_id != NO_VALUE]
-    ids += [gt.p2p[0][8] for gt in trace.groups.values() if gt.p2p]
+    ids = [gt.first_record_id for gt in trace.groups.values()]
+    ids += [min((row[8] for row in gt.p2p if row[8] != NO_VALUE), default=NO_VALUE) for gt in trace.groups.values()]
+    ids = [i for i in ids if i != NO_VALUE]  # NO_VALUE: none, or none readable
     return bool(ids) and min(ids) > 0
 
 

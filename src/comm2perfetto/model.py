@@ -547,6 +547,9 @@ class Coverage:
     buffer: a seq below ``first_seq`` may have happened and been overwritten. ``complete_fr`` is true when
     a Flight Recorder dump of this rank was read (so a seq above ``last_seq`` was not issued before the
     dump); a rank known only from the recorder's log can have gaps (collectives issued from C++).
+    ``unread``: seqs (closed intervals) where this rank's dump held an entry whose identity could not be
+    read: its record of them is unknown, whatever ``has_fr`` says; ``unread_p2p``: a send or recv of it on
+    this group was (which of its sends and recvs pairs with which of its peers' is unknown).
     """
 
     rank: int
@@ -556,6 +559,12 @@ class Coverage:
     has_fr: bool
     has_log: bool
     completed_upto: int  # every seq <= this is known completed on this rank (-1: none known)
+    unread: tuple[tuple[int, int], ...] = ()
+    unread_p2p: bool = False
+
+    def unread_at(self, seq: int) -> bool:
+        """Whether this rank's record of ``seq`` was unreadable (see ``unread``)."""
+        return any(lo <= seq <= hi for lo, hi in self.unread)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,19 +52,21 @@ dist.destroy_process_group()
 
 def test_ranks_that_created_their_groups_in_another_order_are_never_ok(record_job):
     """Every rank hangs at its first collective on X, each in its own c10d group: the live verdict used to say
-    OK. Both verdicts say group_mismatch, name rank 2's side as the suspect and tell the two groups apart."""
+    OK. Both verdicts say group_mismatch, say that rank 2 deviates from ranks 0, 1 (every rank stays a suspect:
+    which order the program meant is not in the data) and tell the two groups apart."""
     job = record_job.run(GROUP_ORDER, nproc=3, record_args=("--stall-after", "2"), timeout=120)
     live = _live(job)
     assert live["status"] == "desync", live
     first, *rest = live["findings"]
-    assert (first["kind"], first["culprit_ranks"], first["suspect_ranks"]) == ("group_mismatch", [], [2])
+    assert (first["kind"], first["culprit_ranks"], first["suspect_ranks"]) == ("group_mismatch", [], [0, 1, 2])
     assert "X is group 1 on ranks 0, 1 and group 2 on rank 2" in first["detail"]
     assert rest and all(f["blocked_by"] == 1 for f in rest)
     assert {f["process_group"] for f in rest} == {"group 1 (X/Y)", "group 2 (Y/X)"}  # told apart
     code, doc = diagnose(job.out)
     assert (code, doc["status"]) == (1, "desync"), doc
     first, *rest = doc["findings"]
-    assert (first["kind"], first["culprit_ranks"], first["suspect_ranks"]) == ("group_mismatch", [], [2])
+    assert (first["kind"], first["culprit_ranks"], first["suspect_ranks"]) == ("group_mismatch", [], [0, 1, 2])
+    assert "Rank 2 created its groups in another order than ranks 0, 1." in first["detail"]
     assert doc["culprit_ranks"] == []
     groups = {f["process_group"] for f in rest}
     assert len(groups) == len(rest) and all(g.startswith("group ") for g in groups), groups  # told apart

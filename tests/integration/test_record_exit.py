@@ -11,6 +11,9 @@ how far the exchange gets: tests/unit/test_record_clock.py checks the stop itsel
 
 from __future__ import annotations
 
+import socket
+import sys
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -59,3 +62,43 @@ def test_log_is_closed_at_exit(short_job, rank):
     log = short_job.log(rank)
     assert log.problems == []
     assert log.closed_reason == "exit"
+
+
+SIGTERM_JOB = """
+import os, signal, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 0:
+    Path("pid0").write_text(str(os.getpid()))
+    dist.all_reduce(torch.ones(2))  # rank 1 never joins: rank 0 blocks here, inside gloo's C++
+else:
+    while not Path("pid0").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)  # rank 0 is inside its all_reduce by now
+    pid = int(Path("pid0").read_text())
+    start = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    while Path(f"/proc/{pid}").exists() and time.monotonic() - start < 20:
+        time.sleep(0.05)
+    Path("gone_after").write_text(f"{time.monotonic() - start:.2f}")
+    os._exit(0)
+"""
+
+
+def test_sigterm_ends_a_rank_blocked_in_a_collective_at_once_as_without_the_recorder(record_job):
+    """Without a handler of the job's own, SIGTERM kills a process at once, also one blocked in gloo's C++ where
+    no Python handler can run. The recorder installs none there: a handler would keep the rank alive until the
+    launcher's SIGKILL (torchrun's 30 s grace after a failure), changing when the job ends."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ranks = " ".join(f"RANK={r} LOCAL_RANK={r} {sys.executable} job.py &" for r in (0, 1))
+    bash = f"export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT={port}; {ranks} wait"
+    job = record_job.run(SIGTERM_JOB, job=["bash", "-c", bash], timeout=120)
+    assert float((job.cwd / "gone_after").read_text()) < 5.0, job.explain()
+    assert not any(cause == "signal" for _t, cause, _d in
+                   [(e.t_ns, e.cause, e.detail) for e in job.log(0).endings])  # it died as it would have

@@ -49,7 +49,7 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 
-def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culprit(tmp_path):
+def test_without_history_every_rank_of_a_size_mismatch_is_a_suspect_and_none_a_culprit(tmp_path):
     """One earlier collective is no cycle: nothing shows which side is wrong, and three ranks outvoting one is
     no evidence either (two faulty ranks would outvote a sound one)."""
     job = FrJob(world=4)
@@ -59,8 +59,9 @@ def test_without_history_the_minority_of_a_size_mismatch_is_a_suspect_not_a_culp
                        site="train.py:70" if r != 3 else "train.py:99")
     d = _diagnose(tmp_path, job)
     (f,) = d.findings
-    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (), (3,))
-    assert f.call_sites == {3: "train.py:99", 0: "train.py:70"}
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 2, (),
+                                                                           (0, 1, 2, 3))
+    assert f.call_sites == {0: "train.py:70", 3: "train.py:99"}  # a rank of each side
     assert f.evidence["variants"] == [{"ranks": [0, 1, 2], "signature": "all_reduce [[8]] Float"},
                                       {"ranks": [3], "signature": "all_reduce [[9]] Float"}]
 
@@ -342,3 +343,43 @@ def test_many_missing_ranks_are_named_and_a_few_explained(tmp_path):
     assert f.culprit_ranks == tuple(range(6, 12))
     assert sorted(f.evidence["last_collective"]) == [str(r) for r in range(6, 10)]
     assert "(2 more ranks missing, not detailed.)" in f.detail
+
+
+def _with_an_extra(steps_after: int) -> FrJob:
+    """Two ranks all_reduce at train.py:70 four times; rank 1 then issues one extra all_reduce from
+    train.py:99, and both go on for ``steps_after`` more steps (rank 1's shifted by one)."""
+    job = FrJob(world=2)
+    for _ in range(4):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    job.collective(1, "all_reduce", [[4]], site="train.py:99")  # the extra one
+    for _ in range(steps_after):
+        for r in job.ranks:
+            job.collective(r, "all_reduce", [[4]], site="train.py:70")
+    return job
+
+
+def test_an_extra_collective_from_its_own_line_is_found_where_the_call_sites_parted(tmp_path):
+    """Rank 1 issues one extra all_reduce (train.py:99) in step 5; the signatures still match, so every later
+    collective is shifted by one, and the mismatch shows only at the end, where rank 0 reaches the barrier while
+    rank 1 is still in the loop. Rank 0 leaving the loop is no deviation: rank 1 left its cycle where the call
+    sites parted."""
+    job = _with_an_extra(steps_after=3)
+    job.collective(0, "barrier", [[1]], site="train.py:80", state="started")
+    job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")
+    (f,) = _diagnose(tmp_path, job).findings
+    assert (f.kind, f.seq, f.culprit_ranks) == ("op_mismatch", 8, (1,))
+    assert "at #5, where the ranks' call sites parted" in f.basis
+
+
+def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_that_finished(tmp_path):
+    """As above, but rank 0 simply ends after its 7 all_reduces: rank 1 waits in #8, which rank 0 never issues.
+    Rank 0 did everything its program has: rank 1, shifted by its extra all_reduce, is the cause."""
+    job = _with_an_extra(steps_after=2)
+    job.collective(0, "all_reduce", [[4]], site="train.py:70")  # rank 0's 7th and last
+    job.collective(1, "all_reduce", [[4]], site="train.py:70", state="started")  # rank 1's 8th
+    d = _diagnose(tmp_path, job)
+    (f,) = d.findings
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.ranks_missing) == ("desync", "sequence_mismatch", 8, (1,),
+                                                                           (0,))
+    assert f.evidence["parted_at"] == 5

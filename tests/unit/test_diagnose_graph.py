@@ -116,8 +116,9 @@ def test_an_all_to_all_whose_totals_disagree_is_a_size_desync(tmp_path):
         job.collective(r, "all_to_all", [[8]], [[4]] if r == 3 else [[8]], state="started")
     job.write(tmp_path)
     d = diagnose(load_job([tmp_path]))
-    # The totals show a disagreement, not who is wrong: rank 3 differs from the three others, a suspect.
-    assert (d.status, _found(d)) == ("desync", [("size_mismatch", 3, (), (3,), None)])
+    # The totals show a disagreement, not who is wrong: rank 3 differs from the three others, but that vote is
+    # no evidence; every rank is a suspect.
+    assert (d.status, _found(d)) == ("desync", [("size_mismatch", 3, (), (0, 1, 2, 3), None)])
     assert "together they send 32 elements and receive 28" in d.findings[0].detail
 
 

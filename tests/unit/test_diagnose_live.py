@@ -70,13 +70,14 @@ def test_every_rank_waiting_tells_the_last_to_arrive_and_blames_nobody(tmp_path)
     assert "Rank 1 arrived last, 1.50 s after the first" in f.detail
 
 
-def test_different_ops_at_one_seq_make_the_minority_a_suspect_not_a_culprit(tmp_path):
-    """Positions carry no history of what each rank issued before: nothing shows which side is wrong."""
+def test_different_ops_at_one_seq_make_every_waiting_rank_a_suspect_not_a_culprit(tmp_path):
+    """Positions carry no history of what each rank issued before: nothing shows which side is wrong (and a
+    vote is no evidence: two faulty ranks would outvote a sound one)."""
     d = _verdict(tmp_path, _snapshot(
         _rank(0, 5, ("all_reduce", 5, 0.0)), _rank(1, 5, ("broadcast", 5, 0.0)), _rank(2, 5, ("all_reduce", 5, 0.0)),
     ))
     (f,) = d.findings
-    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (1,))
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", "op_mismatch", (), (0, 1, 2))
     assert "ranks 0, 2: all_reduce; rank 1: broadcast" in f.detail
 
 
@@ -443,9 +444,25 @@ def test_the_most_complete_snapshot_of_one_stall_is_the_verdict_kept(tmp_path):
     assert (latest["gen"], f["kind"], f["culprit_ranks"], f["suspect_ranks"]) == (2, "missing_ranks", [2], [])
 
 
+def _watch_a_silent_rank_2(tmp_path: Path, pid: int, **header: int) -> tuple[StallWatcher, dict]:
+    """`record`'s watcher at a stall where ranks 0 and 1 wait in all_reduce #4 and rank 2, whose process ``pid``
+    runs on this host (its log's header, with ``header``'s fields), did not answer: the watcher and the
+    stall-verdict.json it wrote."""
+    import socket
+
+    fields = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
+              "host": socket.gethostname(), "pid": pid, **header}
+    (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(fields) + b"\n")
+    watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
+    _write(tmp_path, layout.live_snapshot(1), _snapshot(
+        _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
+    watcher.poll()
+    watcher.stop()
+    return watcher, orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
+
+
 def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_path):
     import signal
-    import socket
     import subprocess
     import sys
 
@@ -455,19 +472,10 @@ def test_a_rank_that_did_not_answer_but_whose_process_is_stopped_is_frozen(tmp_p
         deadline = time.monotonic() + 10
         while process_state(proc.pid) != "stopped" and time.monotonic() < deadline:  # delivered asynchronously
             time.sleep(0.01)
-        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
-                  "host": socket.gethostname(), "pid": proc.pid}
-        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
-        err = io.StringIO()
-        watcher = StallWatcher(str(tmp_path), None, err=err)
-        _write(tmp_path, layout.live_snapshot(1), _snapshot(
-            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
-        watcher.poll()
-        watcher.stop()
+        watcher, latest = _watch_a_silent_rank_2(tmp_path, proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
     (f,) = latest["verdict"]["findings"]
     assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"], f["seq"]) == (
         "stuck", "rank_frozen", [2], 4)
@@ -510,8 +518,9 @@ def test_ranks_that_created_their_groups_in_another_order_are_a_group_mismatch_n
     d = _verdict(tmp_path, _snapshot(_groups_rank(0, usual), _groups_rank(1, usual), _groups_rank(2, swapped)))
     assert d.status == "desync"
     first, *rest = d.findings
-    assert (first.kind, first.culprit_ranks, first.suspect_ranks) == ("group_mismatch", (), (2,))
+    assert (first.kind, first.culprit_ranks, first.suspect_ranks) == ("group_mismatch", (), (0, 1, 2))
     assert "X is group 1 on ranks 0, 1 and group 2 on rank 2" in first.detail
+    assert "Rank 2 created its groups in another order than ranks 0, 1." in first.detail
     assert rest and all(f.blocked_by == 1 and not f.culprit_ranks and not f.suspect_ranks for f in rest)
     labels = {f.process_group for f in rest}
     assert len(labels) == len(rest)  # the two groups are told apart
@@ -554,26 +563,72 @@ def test_a_frozen_rank_and_a_rank_computing_elsewhere_are_both_accounted_for(tmp
 def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen(tmp_path):
     """A rank that holds the GIL from its first second never writes a heartbeat: its process runs (burning CPU
     in a catastrophic regex, as a C extension loop would) while its log shows no sign of its recorder's thread."""
-    import socket
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import re; re.match(r'(a+)+$', 'a' * 64 + 'b')"])
     try:
-        header = {"kind": "header", "format": "comm2perfetto-events", "version": 1, "rank": 2, "world_size": 3,
-                  "host": socket.gethostname(), "pid": proc.pid, "wall_ns": time.time_ns() - 5 * 10**9}
-        (tmp_path / layout.event_log(2)).write_bytes(orjson.dumps(header) + b"\n")
-        watcher = StallWatcher(str(tmp_path), None, err=io.StringIO())
-        _write(tmp_path, layout.live_snapshot(1), _snapshot(
-            _rank(0, 4, ("all_reduce", 4, 0.0)), _rank(1, 4, ("all_reduce", 4, 0.1))))
-        watcher.poll()
-        watcher.stop()
+        watcher, latest = _watch_a_silent_rank_2(tmp_path, proc.pid, wall_ns=time.time_ns() - 5 * 10**9)
     finally:
         proc.kill()
         proc.wait()
-    latest = orjson.loads((tmp_path / layout.STALL_VERDICT_FILE).read_bytes())
     (f,) = latest["verdict"]["findings"]
     assert (latest["verdict"]["status"], f["kind"], f["culprit_ranks"]) == ("stuck", "rank_frozen", [2])
     assert "its recorder's thread has not run once since it started" in f["detail"]
     assert "it holds the GIL" in f["detail"]
     assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "held")]
+
+
+@pytest.mark.parametrize("raised, resolved", [(False, [7]), (True, [])])
+def test_a_stall_is_resolved_by_its_call_completing_never_by_its_call_raising(raised, resolved):
+    """The call that triggered stall 7 left the calls in flight: it completed (the stall resolved, the job went
+    on), or it raised (gloo's timeout, a broken connection: the job did not go on). Also at the recorder's stop."""
+    from comm2perfetto.record.watchdog import Watchdog
+
+    class _Rec:
+        rank = 0
+        failed_calls = {42} if raised else set()
+
+        def in_flight(self):
+            return []
+
+    class _Live:
+        def __init__(self):
+            self.resolved_gens: list[int] = []
+
+        def resolved(self, gen):
+            self.resolved_gens.append(gen)
+
+        def write_resolved(self):
+            pass
+
+    live = _Live()
+    dog = Watchdog(_Rec(), _Store(), None, ".", live=live)
+    dog._open_stalls[42] = 7
+    dog.stop()  # never started: the stop's last look alone
+    assert live.resolved_gens == resolved
+
+
+@pytest.mark.parametrize("passed, kind, told", [
+    ({0: (16, ["Float"]), 1: (17, ["Float"]), 2: (16, ["Float"])}, "size_mismatch", "rank 1: all_reduce 17 elements"),
+    ({0: (16, ["Float"]), 1: (16, ["Double"]), 2: (16, ["Float"])}, "dtype_mismatch",
+     "rank 1: all_reduce 16 elements Double"),
+])
+def test_ranks_waiting_in_one_collective_with_other_sizes_or_dtypes_disagree(tmp_path, passed, kind, told):
+    """Every rank waits in all_reduce #7 (gloo hangs rather than aborts): what each passed tells a mismatch
+    from a stuck collective; without history, every waiting rank is a suspect."""
+    ranks = [_rank(r, 7, ("all_reduce", 7, 0.1 * r)) for r in range(3)]
+    for r, summary in enumerate(ranks):
+        summary["groups"]["0"]["pending"]["numel"], summary["groups"]["0"]["pending"]["dtypes"] = passed[r]
+    d = _verdict(tmp_path, _snapshot(*ranks))
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.suspect_ranks) == ("desync", kind, (), (0, 1, 2))
+    assert told in f.detail
+
+
+def test_a_pending_entry_without_sizes_is_no_mismatch(tmp_path):
+    """Flight Recorder's pending entries (DDP's collectives) carry no sizes: unknown is not different."""
+    ranks = [_rank(r, 7, ("all_reduce", 7, 0.0)) for r in range(3)]
+    ranks[0]["groups"]["0"]["pending"].update(numel=16, dtypes=["Float"])
+    (f,) = _verdict(tmp_path, _snapshot(*ranks)).findings
+    assert f.kind == "stuck_all_joined"

@@ -382,3 +382,20 @@ def test_stacks_a_rank_wrote_on_its_way_out_are_not_its_stack_at_the_stall(tmp_p
     stacks_file(tmp_path, 1, [("threading.py", 1123, "join")], t + 10 * S + 50)
     _d, _found, job = _verdict(tmp_path, logs)
     assert set(job.stall_stacks) == {0}
+
+
+def test_a_receive_left_waiting_by_a_frozen_rank_is_its_freeze_not_a_desync(tmp_path):
+    """A 0 -> 1 pipeline: rank 0 is stopped (SIGSTOP) before its send; rank 1 waits in its receive from it. The
+    unmatched receive is the wait the freeze left behind: stuck, rank 0 frozen, no p2p desync."""
+    logs = _logs(world=2, steps=2)
+    t = T0_NS + S
+    logs[1].call("recv", t, peer=0, shapes=[[4]], dtypes=["Float"], returns=False)
+    logs[1].heartbeats(t + 10 * S)
+    logs[0].heartbeats(t - S // 2)
+    probe = {"rank": 0, "pid": 4000, "state": "stopped", "t_ns": t + 8 * S, "attempt": 0}
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1},  # then Ctrl-C: torchrun SIGKILLs both 30 s later
+                           jobs=[{"host": "node01", "ended_ns": t + 11 * S, "exit_status": 1, "probes": [probe],
+                                  "signal": "SIGINT", "signal_ns": t + 9 * S}])
+    assert (d.status, [k for k, _, _ in found]) == ("stuck", ["rank_frozen"]), found
+    (f,) = d.findings
+    assert f.culprit_ranks == (0,) and "Rank 1 waits in recv on default_pg for it" in f.detail

@@ -181,17 +181,27 @@ def test_threads_are_named_in_the_log(tmp_path, fr_env):
     assert log.thread_names[by_op[2]] == "loss-reducer"
 
 
-def test_a_signal_the_process_ignores_stays_ignored():
+def test_a_signal_the_process_ignores_stays_ignored_and_a_default_action_stays_the_default():
     """A shell's background job starts with SIGINT ignored: the recorder must not make it catch SIGINT (it
-    would write an ending for a signal the job goes on ignoring)."""
+    would write an ending for a signal the job goes on ignoring). SIGTERM's default kills at once, also a rank
+    blocked in C++ where no Python handler runs: the recorder leaves it alone. Only a Python handler the job
+    has (Python's own for SIGINT, one the job installed) gets the recorder's in front of it."""
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         session._install_exit_handlers()
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        session.remove_exit_handlers()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        session._install_exit_handlers()
+        assert signal.getsignal(signal.SIGINT) is session._on_signal
         assert signal.getsignal(signal.SIGTERM) is session._on_signal
     finally:
         session.remove_exit_handlers()
         signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, before_term)
 
 
 def test_recorder_ranges_go_to_a_domain_of_their_own(tmp_path, monkeypatch, fr_env):

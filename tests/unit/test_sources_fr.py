@@ -203,6 +203,7 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
     import pickle
 
     from comm2perfetto.sources.fr.dump import read_fr_dump
+    from comm2perfetto.sources.fr.fields import Damage
     from comm2perfetto.sources.fr.ingest import _merge_snapshots
 
     frames = [{"name": "train_step", "filename": "train.py", "line": 57}]
@@ -215,7 +216,8 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
         path.write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "pg_status": {},
                                        "entries": [e, dict(entry, record_id=n + 10)]}))
         paths.append(path)
-    merged, conflict = _merge_snapshots([read_fr_dump(p) for p in paths], [])
+    dumps = [read_fr_dump(p) for p in paths]
+    merged, conflict = _merge_snapshots(dumps, Damage(dumps))
     assert conflict is None
     assert [e.get("frames") for e in merged if e["record_id"] == 3] == [frames]
 
@@ -234,26 +236,46 @@ def test_entries_whose_groups_are_lists_and_tuples_alike_all_load():
     assert track.seqs == [1, 2, 3] and not trace.notes
 
 
-@pytest.mark.parametrize(("key", "value", "problem"), [
-    ("time_created_ns", -5, "time_created_ns is -5"),
-    ("collective_seq_id", 2**63, "collective_seq_id is 9223372036854775808"),
-    ("time_discovered_completed_ns", "soon", "time_discovered_completed_ns is 'soon'"),
-    ("record_id", None, "record_id is None"),
-])
-def test_one_bad_count_or_time_skips_that_entry_only(key, value, problem):
-    """The columns' int64 conversion refuses the value; the rank is then checked entry by entry, and only the
-    bad entry is skipped, with a note naming it."""
+def _three_all_reduces_with(key, value):
+    """Rank 0's trace of three all-reduces, the second entry's ``key`` set to ``value``."""
     job = FrJob(world=2)
     for _ in range(3):
         job.collective(0, "all_reduce", [[4]])
     doc = job.document(0)
     doc["entries"][1][key] = value
     dump = read_fr_dump("nccl_trace_rank_0", pickle.dumps(doc, protocol=2))
-    trace, _ = build_rank_trace(0, [dump], StackTable(), SignatureTable())
+    return build_rank_trace(0, [dump], StackTable(), SignatureTable())[0]
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("time_created_ns", -5, "time_created_ns of record 1 (all_reduce #2 on default_pg) is -5, not a time"),
+    ("time_discovered_completed_ns", "soon", "time_discovered_completed_ns of record 1 (all_reduce #2 on default_pg) "
+                                             "is 'soon', not a time"),
+    ("state", 5, "state of record 1 (all_reduce #2 on default_pg) is 5, not a state Flight Recorder writes"),
+    ("record_id", "x", "record_id of a record (all_reduce #2 on default_pg) is 'x', not a record id"),
+])
+def test_a_damaged_field_is_skipped_and_named_and_its_entry_kept(key, value, problem):
+    """The columns' conversion refuses the value; the rank is then checked entry by entry: the field reads as
+    unknown, a note names it, and the rest of the entry (its collective) stays."""
+    trace = _three_all_reduces_with(key, value)
     (track,) = trace.groups.values()
-    assert track.seqs == [1, 3]
+    assert track.seqs == [1, 2, 3] and not trace.unread
+    assert track.states[1] == ("unknown" if key == "state" else "completed")
     (note,) = trace.notes
-    assert "1 malformed Flight Recorder entries skipped" in note and problem in note
+    assert note.startswith("nccl_trace_rank_0: 1 Flight Recorder field failed its check") and problem in note
+
+
+@pytest.mark.parametrize(("key", "value", "unread"), [
+    ("collective_seq_id", 2**63, (2, 2)),  # between #1 and #3
+    ("profiling_name", 7, (2, 2)),  # its seq is readable
+])
+def test_an_entry_whose_identity_fails_is_skipped_and_its_seqs_unread(key, value, unread):
+    trace = _three_all_reduces_with(key, value)
+    (track,) = trace.groups.values()
+    assert track.seqs == [1, 3] and trace.unread == {"0": (unread,)}
+    (note,) = trace.notes
+    assert "1 Flight Recorder entry skipped, its identity unreadable" in note and key in note
+    assert "what rank 0 issued there reads as unknown, not as never issued" in note
 
 
 def test_collective_stacks_take_the_latest_snapshot_and_a_coalesced_groups_first_entry(tmp_path):

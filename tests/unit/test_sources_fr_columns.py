@@ -144,6 +144,8 @@ def _edit_header(path: Path, edit) -> None:
     (lambda h: h.update(stacks=[[["f.py", -3, "x"]]]), "a frame"),
     (lambda h: h["groups"][0].update(sigs=[["all_reduce", "[[4]]", None, None, None, "fr", []]]), "sizes"),
     (lambda h: h.update(pg_config=[["0", "default_pg", [0, 0]]]), "ranks of group"),
+    (lambda h: h.update(unread=[["0", 5, 2]]), "unread entry"),
+    (lambda h: h.update(unread_p2p=[7]), "unread_p2p"),
 ])
 def test_a_malformed_columns_file_is_skipped_and_named(tmp_path, edit, why):
     out = _compacted(tmp_path)

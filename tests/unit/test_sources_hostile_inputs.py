@@ -108,21 +108,23 @@ def test_a_gzip_bomb_is_refused_with_one_line(rec):
     {"time_created_ns": math.nan}, {"time_created_ns": math.inf}, {"time_created_ns": -5},
     {"time_created_ns": 10**100}, {"process_group": 7}, {"profiling_name": None},
 ])
-def test_entries_with_a_wrong_type_or_an_absurd_value_are_skipped_and_counted(rec, fields):
+def test_fields_with_a_wrong_type_or_an_absurd_value_are_skipped_and_named(rec, fields):
     edit_entries(rec, 1, **fields)
     out = _run_all(rec)["diagnose"].out
     (field, _), = fields.items()
-    assert f"malformed Flight Recorder entries skipped (first: record 0: {field} is " in out \
-        or "entries without a usable name, group id or record id skipped" in out
+    identity = field in ("collective_seq_id", "process_group", "profiling_name")
+    assert ("identity unreadable" if identity else "failed their check") in out, out
+    assert f"{field} of record 0 " in out or f"): {field} is " in out or f"a record: {field} is " in out, out
 
 
 def test_dtypes_that_are_not_names_make_an_unknown_signature_not_a_crash(rec):
-    """Entries whose dtypes are not names and output sizes not numbers are kept, their signature unknown: none
-    is skipped, and an unknown signature is compared with no rank's, so the verdict is the recording's own."""
+    """Entries whose dtypes are not names and output sizes not numbers are kept, those fields unknown and named:
+    no entry is skipped, and an unknown signature is compared with no rank's, so the verdict is the recording's."""
     before = verdict(run_cli("diagnose", rec, "--format", "json").json())
     edit_entries(rec, 1, input_dtypes=[5], output_sizes=[["a"]])
-    runs = _run_all(rec)
-    assert "skipped" not in runs["diagnose"].out, runs["diagnose"].out
+    out = _run_all(rec)["diagnose"].out
+    assert "input_dtypes of record 0 (barrier #1 on default_pg) is [5], not a list of dtypes" in out
+    assert "entry skipped" not in out and "entries skipped" not in out, out
     assert verdict(run_cli("diagnose", rec, "--format", "json").json()) == before
 
 

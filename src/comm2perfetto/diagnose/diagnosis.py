@@ -41,6 +41,7 @@ from comm2perfetto.diagnose.findings import (
     OP_MISMATCH,
     P2P_MISMATCH,
     ROOT_MISMATCH,
+    SEQUENCE_MISMATCH,
     SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
@@ -134,7 +135,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
-    if dead and not any(f.kind in DESYNC_KINDS for f in findings):  # a desync explains the deaths it causes
+    # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
+    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and len(f.ranks_missing) == 1
+                       and f.ranks_missing[0] in set(dead) | set(frozen)}
+    if dead and not any(f.kind in DESYNC_KINDS and id(f) not in waits_on_halted for f in findings):
         findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
         findings = frozen_findings(job, groups, frozen, findings)
@@ -262,8 +266,8 @@ def _member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str
     if cov is None:
         return _NO_DATA
     seq = c.seq
-    if seq < cov.first_seq:
-        return _UNKNOWN  # overwritten in the ring buffer
+    if seq < cov.first_seq or cov.unread_at(seq):
+        return _UNKNOWN  # overwritten in the ring buffer, or its entry there unreadable
     if cov.has_fr:
         return _MISSING  # Flight Recorder records every collective: absent means never issued
     # Known from the recorder only: it sees Python calls, not those issued from C++ (DDP).
@@ -297,7 +301,8 @@ def _end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | Non
         statuses = [_NO_DATA if r in beyond else _member_status(job, c, i, covs[i]) for i, r in enumerate(c.ranks)]
         missing = [r for r, s in zip(group.ranks, statuses) if s == _MISSING]
         if missing:
-            return _missing(job, c, missing, statuses)
+            joined = [r for r, st in zip(group.ranks, statuses) if st == _JOINED]
+            return _shifted(job, c, cols, i, joined, missing) or _missing(job, c, missing, statuses)
         joined_states = {s for s, st in zip(c.states, statuses) if st == _JOINED}
         done = joined_states.isdisjoint(NOT_DONE_STATES)
         mismatch = _mismatch(job, c, cols, i)
@@ -446,6 +451,41 @@ def _missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int |
     return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
 
 
+def _shifted(job: Job, c: Collective, cols: Sequence[Collective], index: int, joined: list[int],
+             missing: list[int]) -> Finding | None:
+    """The ranks waiting in ``c`` issued one collective more than the missing ranks (or these one less) from a
+    line of their own: their call sites parted earlier (``history.divergence``) while the signatures matched,
+    and there the waiting ranks left their cycle while the others kept theirs. Then the missing ranks are not
+    the cause: they did all the collectives their program has, and the waiting ranks wait in one too many."""
+    if not joined or not missing:
+        return None
+    ranks = joined[:MAX_JUDGED] + missing[:MAX_JUDGED]
+    parted = history.divergence(job, cols, index, ranks)
+    if parted is None:
+        return None
+    judged = {r: history.judge(job, cols, parted, r) for r in ranks}
+    if not all(judged[r].verdict == history.DEVIATES for r in joined[:MAX_JUDGED]) or \
+            not all(judged[r].verdict == history.CONFORMS for r in missing[:MAX_JUDGED]):
+        return None
+    at = cols[parted]
+    why = "; ".join(f"rank {r}: {judged[r].why}" for r in joined[:3])
+    detail = (f"{ranks_text(joined).capitalize()} {'wait' if len(joined) > 1 else 'waits'} in {c.op} #{c.seq} on "
+              f"{c.group.label}, which {ranks_text(missing)} never issued; but the ranks' collectives parted at "
+              f"#{at.seq} ({at.op}), where {ranks_text(joined)} left {'their' if len(joined) > 1 else 'its'} own "
+              f"cycle and {ranks_text(missing)} kept theirs: from there on {ranks_text(joined)} "
+              f"{'are' if len(joined) > 1 else 'is'} shifted by a collective of {'their' if len(joined) > 1 else 'its'}"
+              f" own (an extra one, or one skipped), and waits in one its peers never issue ({why}).")
+    return Finding(
+        kind=SEQUENCE_MISMATCH, process_group=c.group.label, group_uid=c.group.uid, seq=c.seq, op=c.op,
+        ranks_joined=tuple(joined), ranks_missing=tuple(missing), culprit_ranks=tuple(joined), detail=detail,
+        action=(f"Look at what {ranks_text(joined)} issued at #{at.seq} (the call sites above): a collective only "
+                "some ranks issue, or one only some skip, shifts every later one."),
+        call_sites=_sites(job, at, joined + missing), evidence={"parted_at": at.seq},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis=f"at #{at.seq}, where the ranks' call sites parted, it left its own cycle and its peers kept theirs",
+    )
+
+
 def _exited(job: Job, rank: int) -> bool:
     info = job.ranks.get(rank)
     return info is not None and bool(info.closed_cleanly) and not info.endings
@@ -543,8 +583,7 @@ _SEVERITY = {"op": 0, "root": 1, "size": 2, "dtype": 3}
 def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -> Finding | None:
     """Cluster the joined ranks by compatible signature. Which side is wrong is read from each rank's own
     history (``history``), never from a vote: the clusters whose ranks break their own cycle here are the
-    culprits, when some cluster keeps its cycle; otherwise every rank that differs from a strict majority is a
-    suspect (every rank on a tie)."""
+    culprits, when some cluster keeps its cycle; otherwise every joined rank is a suspect."""
     group = c.group
     size = len(group.ranks)
     clusters: list[tuple[Signature, list[int]]] = []
@@ -572,10 +611,8 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
             f"; {ranks_text(kept)} kept {'their' if len(kept) > 1 else 'its'} own cycle")
         ref = clusters[sound[0]][0]
         others = [clusters[i][0] for i in wrong]
-    else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(joined)
-        suspects = sorted(r for _, m in clusters[1:] for r in m) if majority else joined
+    else:  # no vote either: a sound rank outvoted by two faulty ones would be named
+        culprits, suspects = [], joined
         basis = ("no rank's history shows which side is wrong" if not any(v != history.UNKNOWN for v in verdicts)
                  else "the ranks' histories do not separate them")
         ref = clusters[0][0]
@@ -583,7 +620,7 @@ def _mismatch(job: Job, c: Collective, cols: Sequence[Collective], index: int) -
     worst = min((compare(ref, sig, size) or "dtype" for sig in others), key=_SEVERITY.__getitem__)
     kind = _KIND[worst]
     variants = [{"ranks": sorted(m), "signature": s.describe()} for s, m in clusters]
-    sites = _sites(job, c, (culprits or suspects)[:3] + [r for r in joined if r not in culprits + suspects][:1])
+    sites = _sites(job, c, culprits[:3] + [m[0] for _, m in clusters])  # the culprits, and a rank of each side
     what = {"op": "different collectives", "size": "different sizes", "dtype": "different dtypes",
             "root": "different roots"}[worst]
     described = "; ".join(f"{ranks_text(sorted(m))}: {s.describe()}" for s, m in clusters)
@@ -618,7 +655,22 @@ MAX_JUDGED = 16  # ranks of one cluster whose history is read (a cluster of thou
 def _cluster_verdicts(job: Job, cols: Sequence[Collective], index: int,
                       clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
     """Per cluster, what its ranks' histories say (``history.CONFORMS``/``DEVIATES`` when every rank judged
-    says so, else ``UNKNOWN``), and for the ranks that deviate, why."""
+    says so, else ``UNKNOWN``), and for the ranks that deviate, why. Judged where the ranks' call sites parted
+    (``history.divergence``: an extra or skipped collective shifts the later ones) when that separates them,
+    else at the ``index``-th collective itself."""
+    judged_ranks = [r for _sig, members in clusters for r in members[:MAX_JUDGED]]
+    parted = history.divergence(job, cols, index, judged_ranks)
+    if parted is not None:
+        verdicts, whys = _judged_at(job, cols, parted, clusters)
+        if history.DEVIATES in verdicts and history.CONFORMS in verdicts:
+            seq = cols[parted].seq
+            return verdicts, [(r, f"at #{seq}, where the ranks' call sites parted, {why}; its later collectives are "
+                                  "shifted against its peers'") for r, why in whys]
+    return _judged_at(job, cols, index, clusters)
+
+
+def _judged_at(job: Job, cols: Sequence[Collective], index: int,
+               clusters: Sequence[tuple[Signature, list[int]]]) -> tuple[list[str], list[tuple[int, str]]]:
     verdicts: list[str] = []
     whys: list[tuple[int, str]] = []
     for _sig, members in clusters:
@@ -712,8 +764,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], inde
     """An all-to-all moves every element one rank sends to another: whatever the splits, what all ranks send
     adds up to what they receive. When it does not, the ranks disagree; which side is wrong is read from each
     rank's history as for other mismatches (``_mismatch``): the ranks whose counts break their own cycle are the
-    culprits when some rank keeps its cycle, otherwise those that differ from a strict majority (every rank on
-    a tie) are suspects."""
+    culprits when some rank keeps its cycle, otherwise every rank is a suspect."""
     if op_family(c.op) != "all_to_all":
         return None
     counts: dict[int, tuple[int, int]] = {}
@@ -735,9 +786,7 @@ def _all_to_all_totals(job: Job, c: Collective, cols: Sequence[Collective], inde
         culprits, suspects = sorted(r for i in wrong for r in clusters[i][1]), []
         basis = "; ".join(f"rank {r}: {why}" for r, why in whys[:3])
     else:
-        culprits = []
-        majority = len(clusters[0][1]) * 2 > len(counts)
-        suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(counts)
+        culprits, suspects = [], sorted(counts)
         basis = "the totals show that the ranks disagree, not which of them is wrong"
     described = "; ".join(f"{ranks_text(rs)}: {a:,} sent, {b:,} received" for (a, b), rs in clusters)
     detail = (f"The ranks of {c.group.label} disagree on {c.op} #{c.seq}: together they send {sent:,} elements "
@@ -973,7 +1022,10 @@ def _p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Findi
     its own peer then cannot deliver)."""
     transfers = job.p2p.get(group.uid, ())
     bad: list[tuple[P2PTransfer, str]] = []
+    unread = {r for r in group.ranks if (cov := job.coverage.get((r, group.uid))) is not None and cov.unread_p2p}
     for tr in transfers:
+        if tr.src in unread or tr.dst in unread:
+            continue  # a send or recv of that rank was unreadable: which of its ops pairs with which is unknown
         if tr.matched:
             assert tr.send is not None and tr.recv is not None
             a, b = tr.send.signature.input_sizes, tr.recv.signature.input_sizes

@@ -17,7 +17,8 @@ from typing import Any
 from comm2perfetto.model import ClockAlignment, Skipped
 
 __all__ = ["DESYNC_KINDS", "DTYPE_MISMATCH", "GROUP_MISMATCH", "MISSING_RANKS", "NO_COLLECTIVES", "NO_DUMP",
-           "OP_MISMATCH", "ORDER", "P2P_MISMATCH", "RANK_DIED", "SIZE_MISMATCH", "STALL_UNEXPLAINED", "STATUS_EXIT",
+           "OP_MISMATCH", "ORDER", "P2P_MISMATCH", "RANK_DIED", "SEQUENCE_MISMATCH", "SIZE_MISMATCH",
+           "STALL_UNEXPLAINED", "STATUS_EXIT",
            "STUCK_ALL_JOINED", "AttemptEnd", "Diagnosis", "Finding", "Kind", "RankAccount", "Status"]
 
 
@@ -39,6 +40,7 @@ class Kind(_Word):
     ROOT_MISMATCH = "root_mismatch"  # a rooted collective (broadcast, reduce, gather, scatter) with different roots
     ORDER_MISMATCH = "order_mismatch"  # ranks waiting on each other: one issued two groups' collectives out of order
     GROUP_MISMATCH = "group_mismatch"  # one group under different c10d ids on different ranks: creation order
+    SEQUENCE_MISMATCH = "sequence_mismatch"  # a rank's collectives shifted against its peers': an extra or a skip
     STUCK_ALL_JOINED = "stuck_all_joined"
     NO_DUMP = "no_dump"
     RANK_DIED = "rank_died"
@@ -67,6 +69,7 @@ P2P_MISMATCH = Kind.P2P_MISMATCH
 ROOT_MISMATCH = Kind.ROOT_MISMATCH
 ORDER_MISMATCH = Kind.ORDER_MISMATCH
 GROUP_MISMATCH = Kind.GROUP_MISMATCH
+SEQUENCE_MISMATCH = Kind.SEQUENCE_MISMATCH
 STUCK_ALL_JOINED = Kind.STUCK_ALL_JOINED
 NO_DUMP = Kind.NO_DUMP
 RANK_DIED = Kind.RANK_DIED
@@ -74,8 +77,8 @@ RANK_FROZEN = Kind.RANK_FROZEN
 STALL_UNEXPLAINED = Kind.STALL_UNEXPLAINED
 NO_COLLECTIVES = Kind.NO_COLLECTIVES
 
-DESYNC_KINDS = (GROUP_MISMATCH, OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, ROOT_MISMATCH, ORDER_MISMATCH,
-                P2P_MISMATCH)
+DESYNC_KINDS = (GROUP_MISMATCH, SEQUENCE_MISMATCH, OP_MISMATCH, SIZE_MISMATCH, DTYPE_MISMATCH, ROOT_MISMATCH,
+                ORDER_MISMATCH, P2P_MISMATCH)
 ORDER = {k: i for i, k in enumerate(DESYNC_KINDS + (RANK_DIED, RANK_FROZEN, MISSING_RANKS, STUCK_ALL_JOINED,
                                                     STALL_UNEXPLAINED, NO_DUMP, NO_COLLECTIVES))}
 # The verdicts, and the exit status diagnose gives each: 0 when nothing is wrong (so far).

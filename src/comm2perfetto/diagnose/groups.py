@@ -25,15 +25,15 @@ def group_mismatch(conflicts: Sequence[GroupConflict], uids: Sequence[str], t_ns
         others = [r for r in everyone if r not in odd]
         detail += (f" {ranks_text(odd).capitalize()} created {'their' if len(odd) > 1 else 'its'} groups in "
                    f"another order than {ranks_text(others)}.")
-        basis = (f"{ranks_text(odd)} named the groups differently from the other {len(others)} ranks; which order "
-                 "the program meant cannot be read from the data")
+        basis = (f"{ranks_text(odd)} named the groups differently from the other {len(others)} ranks, but which "
+                 "order the program meant cannot be read from the data (two ranks that swapped it would outvote one)")
     else:
         detail += " As many ranks use one name as the other: nothing tells which order the program meant."
         basis = "the ranks split evenly between the names"
     return Finding(
         kind=GROUP_MISMATCH, process_group=", ".join(dict.fromkeys(c.desc for c in conflicts)),
         group_uid=uids[0] if uids else "", seq=None, op=None,
-        ranks_joined=(), ranks_missing=(), culprit_ranks=(), suspect_ranks=tuple(odd or everyone), detail=detail,
+        ranks_joined=(), ranks_missing=(), culprit_ranks=(), suspect_ranks=tuple(everyone), detail=detail,
         action=("Create the process groups (new_group, init_device_mesh, split_group) in the same order on every "
                 "rank: a group created under a rank-dependent condition shifts the numbers of every group "
                 "created after it."),

@@ -25,7 +25,7 @@ from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import Collective, Job, Signature, call_site
 
-__all__ = ["Judgement", "judge"]
+__all__ = ["Judgement", "divergence", "judge"]
 
 WINDOW = 16  # earlier collectives of the rank read (each may cost a stack lookup)
 MAX_PERIOD = 6  # the longest cycle looked for: collectives a step issues on one group
@@ -67,6 +67,26 @@ def judge(job: Job, cols: Sequence[Collective], index: int, rank: int) -> Judgem
     if same(current, expected):
         return Judgement(CONFORMS)
     return Judgement(DEVIATES, _why(current, expected, history, group_size))
+
+
+def divergence(job: Job, cols: Sequence[Collective], index: int, ranks: Sequence[int]) -> int | None:
+    """Where the ranks' call sites parted before the ``index``-th collective: the latest of the last ``WINDOW``
+    collectives whose call sites differ between the ranks while their signatures matched. A rank that issued an
+    extra collective (or skipped one) from its own line shifts every later collective against its peers'; the
+    mismatch shows only later, where the shifted collectives differ, and the rank to judge is the one that left
+    its cycle where the sites parted. None: the sites never parted (or are not known, or differ all along, as
+    rank-dependent code paths make them)."""
+    reads = [_reader(job, cols, r) for r in ranks]
+    parted: list[int] = []
+    seen = 0
+    for j in range(index - 1, max(-1, index - 1 - WINDOW), -1):
+        tokens = [read(j) for read in reads]
+        if any(t is None or t[0] is None for t in tokens):
+            return None
+        seen += 1
+        if len({t[0] for t in tokens if t is not None}) > 1:
+            parted.append(j)
+    return parted[0] if parted and len(parted) < seen else None
 
 
 def _why(current: Token, expected: Token, history: Sequence[Token], group_size: int) -> str:

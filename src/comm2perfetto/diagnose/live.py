@@ -29,12 +29,14 @@ from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose.findings import (
+    DTYPE_MISMATCH,
     MISSING_RANKS,
     NO_DUMP,
     OP_MISMATCH,
     P2P_MISMATCH,
     RANK_FROZEN,
     ROOT_MISMATCH,
+    SIZE_MISMATCH,
     STUCK_ALL_JOINED,
     Diagnosis,
     Finding,
@@ -225,7 +227,7 @@ def _finding(w: Wait, labels: Mapping[str, str], ranks: Mapping[int, dict], sile
     ops = Counter(_pending_op(ranks, r, op.group) for r in waiting)
     name = ops.most_common(1)[0][0]
     common["op"] = name
-    if len(ops) > 1 or len({_root(ranks, r, op.group) for r in waiting} - {None}) > 1:
+    if _differs({_passed(ranks, r, op.group) for r in waiting}) is not None:
         return _op_mismatch(common, waiting, ranks)
     if not w.waits_for:
         return _stuck(common, waiting, ranks)
@@ -236,6 +238,22 @@ def _finding(w: Wait, labels: Mapping[str, str], ranks: Mapping[int, dict], sile
 
 def _pending_op(ranks: Mapping[int, dict], rank: int, group: str) -> str:
     return str(ranks[rank]["groups"][group]["pending"]["op"])
+
+
+# Collectives whose ranks must pass the same number of elements (the all-to-all, gather, scatter and object
+# families may differ between ranks; the recorder gives no sizes for those here).
+_SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather",
+                        "reduce_scatter_tensor"})
+
+
+def _passed(ranks: Mapping[int, dict], rank: int, group: str) -> tuple:
+    """What a waiting rank asked of its collective, as far as the positions tell: (op, root, elements, dtypes);
+    None where not known (Flight Recorder's pending entries carry no sizes)."""
+    pending = ranks[rank]["groups"][group]["pending"]
+    op = str(pending["op"])
+    numel = pending.get("numel") if op in _SAME_SIZE else None
+    dtypes = tuple(pending.get("dtypes") or ()) or None
+    return op, _root(ranks, rank, group), numel, dtypes
 
 
 def _missing(common: dict, waiting: list[int], missing: list[int], ranks: Mapping[int, dict],
@@ -292,27 +310,38 @@ def _root(ranks: Mapping[int, dict], rank: int, group: str) -> int | None:
     return root if isinstance(root, int) else None
 
 
+def _differs(calls: set[tuple]) -> int | None:
+    """Which part of ``_passed`` the ranks' calls differ in first (op, root, elements, dtypes), where known."""
+    return next((i for i in range(4) if len({c[i] for c in calls} - {None}) > 1), None)
+
+
 def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
-    """Different ops at one sequence number, or one rooted op with different roots. Positions carry no history
-    of what each rank issued before, so nothing shows which side is wrong: the ranks that differ from a strict
-    majority are suspects (every rank on a tie), none a culprit."""
-    by_op: dict[tuple[str, int | None], list[int]] = {}
+    """Ranks waiting at one sequence number with different ops, roots, element counts or dtypes. Positions carry
+    no history of what each rank issued before, so nothing shows which side is wrong: every waiting rank is a
+    suspect, none a culprit."""
+    by_call: dict[tuple, list[int]] = {}
     for r in waiting:
-        by_op.setdefault((_pending_op(ranks, r, common["group_uid"]), _root(ranks, r, common["group_uid"])),
-                         []).append(r)
-    clusters = sorted(by_op.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
-    majority = len(clusters[0][1]) * 2 > len(waiting)
-    suspects = sorted(r for _, rs in clusters[1:] for r in rs) if majority else sorted(waiting)
-    same_op = len({op for (op, _), _ in clusters}) == 1
-    described = "; ".join(f"{ranks_text(rs)}: {op}" + (f" root {root}" if root is not None else "")
-                          for (op, root), rs in clusters)
-    what = "different roots (src/dst)" if same_op else "different collectives"
+        by_call.setdefault(_passed(ranks, r, common["group_uid"]), []).append(r)
+    clusters = sorted(by_call.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
+    suspects = sorted(waiting)  # no vote: two faulty ranks would outvote a sound one
+    kind, what, same = [(OP_MISMATCH, "different collectives", "collective"),
+                        (ROOT_MISMATCH, "different roots (src/dst)", "root"),
+                        (SIZE_MISMATCH, "different sizes", "tensor size"),
+                        (DTYPE_MISMATCH, "different dtypes", "tensor dtype")][_differs(set(by_call)) or 0]
+
+    def told(call: tuple) -> str:
+        op, root, numel, dtypes = call
+        return op + (f" root {root}" if root is not None else "") + (f" {numel:,} elements" if numel is not None
+                                                                     else "") + (f" {'/'.join(dtypes)}"
+                                                                                 if dtypes else "")
+
+    described = "; ".join(f"{ranks_text(rs)}: {told(call)}" for call, rs in clusters)
     detail = f"Ranks issued {what} as #{common['seq']} on {common['process_group']}: {described}."
     action = (f"Compare what {ranks_text(suspects)} issue here with the other ranks (`comm2perfetto diagnose` on "
-              "the folder afterwards compares their call sites and history): every rank must issue the same "
-              f"{'root' if same_op else 'collective'} at this point.")
+              f"the folder afterwards compares their call sites and history): every rank must issue the same {same} "
+              "at this point.")
     sites = _sites(ranks, waiting[:4])
-    return Finding(kind=ROOT_MISMATCH if same_op else OP_MISMATCH, ranks_joined=tuple(waiting), ranks_missing=(),
+    return Finding(kind=kind, ranks_joined=tuple(waiting), ranks_missing=(),
                    culprit_ranks=(), suspect_ranks=tuple(suspects), detail=detail, action=action, call_sites=sites,
                    stacks=_stacks(ranks, suspects), basis="the positions carry no history to tell which side is wrong",
                    **common)
@@ -371,11 +400,14 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
     first wait on it."""
     out = list(findings)
     for rank, probe in sorted(frozen.items()):
-        wait = next((f for f in out if rank in f.ranks_missing and f.kind in (MISSING_RANKS, NO_DUMP)), None)
+        p2p = [f for f in out if f.kind == P2P_MISMATCH and f.ranks_missing == (rank,)]  # the sends and receives
+        out = [f for f in out if f not in p2p]  # it left unmatched: the waits its freeze left, no desync
+        wait = next((f for f in out if rank in f.ranks_missing and f.kind in (MISSING_RANKS, NO_DUMP)),
+                    p2p[0] if p2p else None)
         state = probe.get("detail") or probe.get("state") or "alive"
         detail = (f"Rank {rank} did not answer the live gather although its process exists ({state}): it stopped "
                   "making progress; its process was alive at the stall.")
-        if wait is not None:
+        if wait is not None and wait in out:
             i = out.index(wait)
             rest = tuple(r for r in wait.ranks_missing if r != rank)
             if rest:  # the others it waits for are told on their own (a rank computing elsewhere: a culprit too)
@@ -384,9 +416,11 @@ def _fold_frozen(findings: list[Finding], frozen: Mapping[int, Mapping[str, Any]
                                  suspect_ranks=tuple(r for r in wait.suspect_ranks if r in rest))
             else:
                 del out[i]
+        if wait is not None:
             others = [r for r in wait.ranks_joined if r != rank]
+            what = f"{wait.op} #{wait.seq}" if wait.seq is not None else f"{wait.op}"
             detail += f" {ranks_text(others).capitalize()} {'wait' if len(others) > 1 else 'waits'} in " \
-                      f"{wait.op} #{wait.seq} on {wait.process_group} for it."
+                      f"{what} on {wait.process_group} for it."
         action = (f"Look at what rank {rank} is doing: `py-spy dump --pid PID` of its process, its GPU "
                   "(`nvidia-smi`); a stopped process (SIGSTOP, a debugger) goes on after SIGCONT.")
         out.append(Finding(

@@ -250,12 +250,26 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
                           and rank in f.culprit_ranks and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
+        out, p2p = _waits_on(out, rank)
+        explained = explained or (p2p[0] if p2p else None)
         died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
                                (inside or {}).get(rank)))
     # Waits of the others on a dead rank that another finding names again are the same story.
     dead_set = set(dead)
     out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
     return out + died
+
+
+def _waits_on(findings: list[Finding], rank: int) -> tuple[list[Finding], list[Finding]]:
+    """The sends and receives left unmatched because ``rank`` halted (it is the side that never posted): no
+    desync of their own, but the waits its death or freeze left behind. (kept, taken)."""
+    taken = [f for f in findings if f.kind == P2P_MISMATCH and f.ranks_missing == (rank,)]
+    return [f for f in findings if f not in taken], taken
+
+
+def _op_text(f: Finding) -> str:
+    """``all_reduce #5`` of a collective, ``recv`` of a send or receive without a sequence number."""
+    return f"{f.op} #{f.seq}" if f.seq is not None else f"{f.op}"
 
 
 def frozen_findings(job: Job, groups: Sequence[ProcessGroup], frozen: Mapping[int, RankEnd],
@@ -267,7 +281,8 @@ def frozen_findings(job: Job, groups: Sequence[ProcessGroup], frozen: Mapping[in
                           and rank in f.culprit_ranks + f.ranks_missing and f.seq is not None), None)
         if explained is not None:
             out.remove(explained)
-        out.append(_rank_frozen(job, groups, rank, end, explained))
+        out, p2p = _waits_on(out, rank)
+        out.append(_rank_frozen(job, groups, rank, end, explained or (p2p[0] if p2p else None)))
     return out
 
 
@@ -286,7 +301,7 @@ def _rank_frozen(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankE
     if explained is not None:
         waiting = [r for r in explained.ranks_joined if r != rank]
         detail += (f" {ranks_text(waiting).capitalize()} {'wait' if len(waiting) > 1 else 'waits'} in "
-                   f"{explained.op} #{explained.seq} on {explained.process_group} for it.")
+                   f"{_op_text(explained)} on {explained.process_group} for it.")
     action = (f"Look at what rank {rank} is doing: `py-spy dump --pid PID` of its process (its host and pid are "
               "in its event log's header), its GPU (`nvidia-smi`); a stopped process (SIGSTOP, a debugger) "
               "goes on after SIGCONT.")
@@ -336,11 +351,11 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         verb = "failed" if failed else "waited"
         if rank in explained.ranks_joined:
             others = [r for r in explained.ranks_joined if r != rank]
-            detail += (f" {ranks_text(others).capitalize()} {verb} in {explained.op} #{explained.seq} on "
+            detail += (f" {ranks_text(others).capitalize()} {verb} in {_op_text(explained)} on "
                        f"{explained.process_group}, inside which rank {rank} died.")
         else:
-            detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then {verb} in {explained.op} "
-                       f"#{explained.seq} on {explained.process_group}, which rank {rank} never joined.")
+            detail += (f" {ranks_text(list(explained.ranks_joined)).capitalize()} then {verb} in "
+                       f"{_op_text(explained)} on {explained.process_group}, which rank {rank} never joined.")
     if failed:
         for r in failed[:3]:
             was_in = _last_completed(job, groups, r, issued=True) if explained is None else None

@@ -281,7 +281,6 @@ class FlightRecorderDumps:
         self._generic_json = getattr(c10d_C, "_dump_fr_trace_json", None)
         self._nccl_json = getattr(c10d_C, "_dump_nccl_trace_json", None)
         self._lock = threading.Lock()
-        self.after_dump: Callable[[], None] | None = None  # a signal that waits for the dump in progress
         self._count = 0
         self._issued_at_last_dump = 0
         self._c10d = c10d
@@ -319,9 +318,6 @@ class FlightRecorderDumps:
             self._dump_locked(reason)
         finally:
             self._lock.release()
-            then, self.after_dump = self.after_dump, None
-            if then is not None:
-                then()
 
     def busy(self) -> bool:
         return self._lock.locked()

@@ -32,10 +32,11 @@ A rank summary::
                       "recent": [[2, 1795313441406614332], [3, 1795313442406614332]], "p2p_issued": []}},
      "stack": ["hang_missing_rank.py:36 load_next_shard", "hang_missing_rank.py:55 run", ...]}
 
-``pending`` is ``{"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"}`` for a rank waiting in
-a collective (``source`` ``fr`` for one only Flight Recorder sees, such as DDP's; ``"root": 0``, its src or
-dst, for a rooted one); ``p2p`` lists ``{"op": "recv", "peer": 2, "n": 3, "since_ns": ...}`` for each send or
-receive it is inside or whose work is pending (``n``: its index among the rank's recvs from rank 2), and
+``pending`` is ``{"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch", "numel": 16, "dtypes":
+["Float"]}`` for a rank waiting in a collective (``source`` ``fr`` for one only Flight Recorder sees, such as
+DDP's, without sizes; ``"root": 0``, its src or dst, for a rooted one; ``numel``/``dtypes``: its input
+tensors'); ``p2p`` lists ``{"op": "recv", "peer": 2, "n": 3, "since_ns": ...}`` for each send or receive it is
+inside or whose work is pending (``n``: its index among the rank's recvs from rank 2), and
 ``p2p_issued`` ``[["send", 1, 3], ...]`` how many of each it issued per peer.
 """
 
@@ -110,6 +111,9 @@ def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, f
             entry["pending"] = {"op": op, "seq": seq, "since_ns": t_begin, "source": "patch"}
             if isinstance(record[6], int):  # a broadcast's src, a reduce's dst...
                 entry["pending"]["root"] = record[6]
+            passed = rec.arg_numel.get(record[12]) if len(record) > 12 else None
+            if passed is not None:  # what it passes: ranks waiting with other sizes or dtypes disagree
+                entry["pending"]["numel"], entry["pending"]["dtypes"] = passed[0], list(passed[1][:8])
     for name, pending in (fr_pending or {}).items():
         entry = groups.setdefault(name, {"desc": pending.get("desc", ""), "ranks": [], "issued": None,
                                          "pending": None, "p2p": [], "recent": []})

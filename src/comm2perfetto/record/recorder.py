@@ -284,6 +284,9 @@ def dispatcher_kernel(call: BoundSpec, op: Any) -> Callable[..., Any]:
     return kernel
 
 
+MAX_FAILED_REMEMBERED = 4096  # calls that raised, remembered for the watchdog (a job seldom survives many)
+
+
 class _GroupInfo:
     """A process group seen by the patch layer.
 
@@ -332,6 +335,8 @@ class Recorder:
         self._torch = torch
         self._tensor_type = torch.Tensor
         self._c10d = c10d
+        self.arg_numel: dict[int, tuple[int, tuple[str, ...]]] = {}  # arg id -> (elements, dtypes)
+        self.failed_calls: set[int] = set()  # cids of calls that raised: a stall they ended did not resolve
         self._world = c10d.GroupMember
         self._declare_lock = threading.Lock()
         self._cids = itertools.count(1)
@@ -528,6 +533,8 @@ class Recorder:
                 nvtx_ranges.emit_own_pop()
             self._write(["x", cid, _time_ns(), f"{type(exc).__name__}: {exc}"[:500]])
             self.pending.pop(cid, None)
+            if len(self.failed_calls) < MAX_FAILED_REMEMBERED:
+                self.failed_calls.add(cid)
         except Exception as inner:
             self.fault(inner)
 
@@ -553,6 +560,8 @@ class Recorder:
             dtypes = [self._dtype_name(dtype) for _, dtype in pairs]
             nbytes = sum(_numel(shape) * dtype.itemsize for shape, dtype in pairs) if call.inputs else None
             self._write(["a", aid, shapes, dtypes, nbytes] + ([device] if device is not None else []))
+            if call.inputs:  # what a pending call passes, for the live verdict (its summary at a stall)
+                self.arg_numel[aid] = (sum(_numel(shape) for shape, _ in pairs), tuple(dtypes))
         if not info.mixed and call.input_pos < n and args[call.input_pos].__class__ is tensor_type:
             info.arg_ids.setdefault(pairs[0][1], {})[pairs[0][0]] = aid  # the hot path's key too
         return aid

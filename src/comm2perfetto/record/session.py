@@ -264,8 +264,12 @@ def _install_exit_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
-            if previous is _on_signal or previous == signal.SIG_IGN:
-                continue  # a process that ignores the signal (a shell's background job: SIGINT) goes on ignoring it
+            if previous is _on_signal or not callable(previous):
+                # Ignored (a shell's background job: SIGINT): it goes on ignoring it. The default action (SIGTERM's):
+                # the process dies at once, even blocked in a C++ collective, where a Python handler would not
+                # run until SIGKILL (torchrun's 30 s grace after a failure): a handler here would change when the
+                # job ends, so the rank dies as it would have, and its log stays unclosed (read as killed).
+                continue
             _previous_handlers[signum] = previous
             signal.signal(signum, _on_signal)
     if not _fork_handler_registered:
@@ -301,31 +305,16 @@ def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
+    """Chained before a Python handler the job has (the default SIGINT handler raises KeyboardInterrupt): the
+    log says which signal ended the rank, and Flight Recorder is dumped, then the job's own handler runs."""
     rec = _parts.get("recorder")
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if rec is not None:
         try:
             rec.log.write(["u", time.time_ns(), "signal", signal.Signals(signum).name])
-            if previous != signal.SIG_DFL:  # with the default action, the exit below dumps
-                rec.dump_flight_recorder("signal", wait=False)
+            rec.dump_flight_recorder("signal", wait=False)
         except Exception:
             pass
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        if rec is not None and rec.flight is not None and rec.flight.busy():
-            # A dump is being written, maybe by the very code this handler interrupted (the first dump
-            # imports for a second or two): let it finish, then die (FlightRecorderDumps.dump calls back).
-            rec.flight.after_dump = functools.partial(_die_of, signum)
-            return
-        _die_of(signum)
-
-
-def _die_of(signum: int) -> None:
-    """Die of the signal as the job would have without us, so launchers see the usual status."""
-    stop("signal", wait=False)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    _previous_handlers[signum](signum, frame)
 
 
 def _forget_in_child() -> None:

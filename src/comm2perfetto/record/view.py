@@ -86,6 +86,16 @@ class RecorderView(RankLog, Protocol):
         ...
 
     @property
+    def arg_numel(self) -> dict[int, tuple[int, tuple[str, ...]]]:
+        """Argument signature id (a `b` record's last field) -> (elements, dtypes) of the input tensors."""
+        ...
+
+    @property
+    def failed_calls(self) -> set[int]:
+        """The cids of calls that raised (a timeout, a broken connection): no longer in flight, not completed."""
+        ...
+
+    @property
     def p2p_counts(self) -> dict[tuple[int, str, int], int]:
         """Sends and receives issued: (gid, "send"/"recv", peer) -> how many."""
         ...

@@ -147,7 +147,8 @@ class Watchdog:
         for trigger, gen in list(self._open_stalls.items()):
             if trigger not in (in_flight if isinstance(trigger, int) else fr_items):
                 del self._open_stalls[trigger]
-                live.resolved(gen)
+                if trigger not in self._recorder.failed_calls:  # a call that raised (a timeout) did not resolve it
+                    live.resolved(gen)
 
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's

@@ -6,7 +6,8 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
     {"format": "comm2perfetto-live", "version": 1, "gen": 1, "world_size": 2, "gathered_ns": ..., "ranks": [
       {"rank": 0, "host": "node0", "t_ns": ..., "step": 3, "stack": ["job.py:57 main"], "groups_complete": true,
        "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 4,
-                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch"},
+                        "pending": {"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch",
+                                    "numel": 16, "dtypes": ["Float"]},
                         "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
                         "p2p_issued": [["send", 1, 3], ["recv", 1, 2]],
                         "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
@@ -132,4 +133,7 @@ def _pending(raw: Any) -> dict[str, Any] | None:
     out = {"op": op[:100], "seq": seq, "since_ns": since, "source": str(raw.get("source") or "")[:10]}
     if rank_ok(raw.get("root")):
         out["root"] = raw["root"]
+    dtypes = raw.get("dtypes")
+    if count_ok(raw.get("numel")) and isinstance(dtypes, list) and all(isinstance(d, str) for d in dtypes[:8]):
+        out["numel"], out["dtypes"] = raw["numel"], [d[:40] for d in dtypes[:8]]
     return out

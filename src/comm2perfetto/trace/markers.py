@@ -72,7 +72,9 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
                 markers.marks.append(RankMark(rank, f.group_uid, c.arrival_of(rank) if c is not None else None,
                                               f"{f.kind} {title}", {
                                                   "signature": sig.describe() if sig is not None else "?",
-                                                  "culprit": rank in f.culprit_ranks, "detail": f.detail}))
+                                                  "culprit": rank in f.culprit_ranks,
+                                                  "suspect": rank in f.suspect_ranks,
+                                                  "victim": rank in f.victim_ranks, "detail": f.detail}))
         if f.kind in (MISSING_RANKS, RANK_DIED, RANK_FROZEN):
             what = {MISSING_RANKS: "missing", RANK_DIED: "died before", RANK_FROZEN: "stopped before"}[f.kind]
             for rank in f.ranks_missing:

@@ -107,7 +107,9 @@ class GroupTrack:
             local = {s: i for i, s in enumerate(track.stack_table)}
             track.stack_col = array("i", [NO_VALUE if s is None else local[s] for s in stack_ids])
         track.duration_col = durations_ms
-        track.first_record_id = min(record_ids)
+        first = min(record_ids)
+        # NO_VALUE: a record id that failed its check; the oldest readable one counts
+        track.first_record_id = first if first != NO_VALUE else min((r for r in record_ids if r >= 0), default=NO_VALUE)
         return track
 
     def __len__(self) -> int:

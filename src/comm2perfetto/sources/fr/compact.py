@@ -14,7 +14,9 @@ process hands the loader (``columns.GroupTrack``), made portable::
                  "sigs": [["all_reduce", [[4]], ["Float"], [[4]], ["Float"], "fr", []]],
                  "stack_table": [0, 1],                              # the group's stack ids -> "stacks"
                  "columns": {"seq": [0, 2000, "q"], "sig": [16000, 2000, "i"], ...},  # offset, length, type
-                 "p2p": [["send", 1, 1, SIG, "completed", 17..., 17..., 0, 12]]}]}
+                 "p2p": [["send", 1, 1, SIG, "completed", 17..., 17..., 0, 12]]}],
+     "unread": [["0", 7, 7]],        # seqs of a group whose record on this rank is unknown (an entry unreadable)
+     "unread_p2p": []}               # groups where a send/recv of this rank was unreadable
     <the columns' bytes, little-endian>
 
 Read back, it is input like any dump: every field is checked (types, ranges, lengths, ids within their
@@ -35,7 +37,8 @@ from comm2perfetto.model import Signature
 from comm2perfetto.sources.fr.columns import COLUMNS_MAGIC as MAGIC
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATES, GroupTrack
 from comm2perfetto.sources.fr.dump import FrFormatError, PgConfig, checked_ranks
-from comm2perfetto.sources.fr.ingest import MAX_DURATION_MS, FrRankTrace
+from comm2perfetto.sources.fr.fields import MAX_DURATION_MS
+from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import StackTable
 from comm2perfetto.sources.limits import (
     MAX_FILE_BYTES,
@@ -94,6 +97,8 @@ def write_fr_columns(path: Path, trace: FrRankTrace, stacks: StackTable, conflic
                       for c in trace.pg_config.values()],
         "completed_upto": [[k[0], k[1], v] for k, v in trace.completed_upto.items()],
         "notes": trace.notes, "conflict": conflict, "stacks": table, "groups": groups,
+        "unread": [[name, lo, hi] for name, spans in trace.unread.items() for lo, hi in spans],
+        "unread_p2p": sorted(trace.unread_p2p, key=str),
     }
     head = orjson.dumps(header)
     data = MAGIC + len(head).to_bytes(8, "little") + head + bytes(blob)
@@ -169,6 +174,13 @@ def _parse(path: Path, data: bytes, stacks: StackTable) -> tuple[FrRankTrace, st
         _need(isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)
               and is_int(item[2]) and item[2] >= -1, "completed_upto entry")
         completed_upto[(item[0], item[1])] = item[2]
+    unread: dict[str | None, list[tuple[int, int]]] = {}
+    for item in _list(header.get("unread", []), "unread"):  # absent from files written before it existed
+        _need(isinstance(item, list) and len(item) == 3 and (item[0] is None or isinstance(item[0], str))
+              and count_ok(item[1]) and count_ok(item[2]) and item[1] <= item[2], "unread entry")
+        unread.setdefault(item[0], []).append((item[1], item[2]))
+    unread_p2p = _list(header.get("unread_p2p", []), "unread_p2p")
+    _need(all(name is None or isinstance(name, str) for name in unread_p2p), "unread_p2p")
     table = [_stack(s, stacks) for s in _list(header.get("stacks"), "stacks")]
     groups: dict[tuple[str, str], GroupTrack] = {}
     for g in _list(header.get("groups"), "groups"):
@@ -176,7 +188,9 @@ def _parse(path: Path, data: bytes, stacks: StackTable) -> tuple[FrRankTrace, st
         _need((track.name, track.desc) not in groups, f"group {track.name!r} twice")
         groups[(track.name, track.desc)] = track
     trace = FrRankTrace(rank=rank, files=files, version=version, backend=backend, pg_config=pg_config,
-                        groups=groups, completed_upto=completed_upto, notes=notes)
+                        groups=groups, completed_upto=completed_upto, notes=notes,
+                        unread={name: tuple(spans) for name, spans in unread.items()},
+                        unread_p2p=frozenset(unread_p2p))
     return trace, conflict
 
 
@@ -290,5 +304,6 @@ def _p2p(row: Any, table: list[int]) -> tuple:
     kind, peer, p2p_seq, sig, state, t0, t1, sid, rid = row
     _need(isinstance(kind, str) and (peer is None or count_ok(peer)) and (p2p_seq is None or count_ok(p2p_seq))
           and state in STATES and all(t is None or (count_ok(t) and t >= MIN_TIME_NS) for t in (t0, t1))
-          and (sid is None or (is_int(sid) and 0 <= sid < len(table))) and count_ok(rid), "a p2p op")
+          and (sid is None or (is_int(sid) and 0 <= sid < len(table))) and (count_ok(rid) or rid == NO_VALUE),
+          "a p2p op")
     return (kind, peer, p2p_seq, _signature(sig), state, t0, t1, table[sid] if sid is not None else None, rid)

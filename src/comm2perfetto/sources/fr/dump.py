@@ -117,7 +117,7 @@ def parse_fr_document(path: Path, doc: Any, fmt: str) -> FrDump:
     if isinstance(doc, list):  # the earliest dumps: a bare list of entries
         entries, version, top = doc, "", {}
     elif isinstance(doc, dict) and ("entries" in doc or "version" in doc):
-        entries, version, top = doc.get("entries") or [], _label(doc.get("version", "")), doc
+        entries, version, top = doc.get("entries") or [], _version(doc.get("version")), doc
     else:
         raise FrFormatError(f"{path}: not a Flight Recorder dump (no 'entries' or 'version' at the top)")
     if not isinstance(entries, list):
@@ -132,13 +132,24 @@ def parse_fr_document(path: Path, doc: Any, fmt: str) -> FrDump:
         entries = kept
     if entries and "profiling_name" not in entries[0]:
         raise FrFormatError(f"{path}: not a Flight Recorder dump (entries have no 'profiling_name')")
+    for key in ("version", "comm_lib_version", "nccl_version"):
+        if top.get(key) is not None and not _version(top[key]) and top[key] != "":
+            problems.append(f"{path.name}: {key} is {shown(top[key])}, not a version; read as unknown")
     pg_config = _parse_pg_config(top.get("pg_config"), path, problems)
     return FrDump(
         path=path, fmt=fmt, version=version,
-        comm_lib_version=_label(top.get("comm_lib_version") or top.get("nccl_version") or ""),
-        pg_config=pg_config, pg_status=_parse_pg_status(top.get("pg_status")), entries=entries,
+        comm_lib_version=_version(top.get("comm_lib_version")) or _version(top.get("nccl_version")),
+        pg_config=pg_config, pg_status=_parse_pg_status(top.get("pg_status"), path, problems), entries=entries,
         problems=problems,
     )
+
+
+def _version(value: Any) -> str:
+    """A format or library version as the dump writes it ("2.10", "2.21.5"); empty where absent or not one."""
+    return value if isinstance(value, str) and _VERSION.fullmatch(value) else ""
+
+
+_VERSION = re.compile(r"\d{1,9}(\.\d{1,9}){0,5}[\w.+-]{0,40}")  # 2.10, 2.21.5, 2.27.3+cuda12.8
 
 
 def _label(value: Any) -> str:
@@ -151,9 +162,14 @@ def _label(value: Any) -> str:
 def _parse_pg_config(raw: Any, path: Path, problems: list[str]) -> dict[str, PgConfig]:
     out: dict[str, PgConfig] = {}
     if not isinstance(raw, dict):
+        if raw is not None:
+            problems.append(f"{path.name}: pg_config is {shown(raw)}, not a table of groups; no group's members "
+                            "are taken from it")
         return out
     for key, cfg in raw.items():
         if not isinstance(cfg, dict):
+            problems.append(f"{path.name}: pg_config of group {shown(key)} is {shown(cfg)}, not a group's "
+                            "description; its members are not taken from it")
             continue
         name = _label(cfg.get("name", key))
         ranks: Any = cfg.get("ranks")
@@ -208,30 +224,42 @@ def checked_ranks(value: list | tuple) -> Ranks | None:
     return ranks if isinstance(ranks, range) or len(set(ranks)) == len(ranks) else None
 
 
-def _status_value(st: dict[str, Any], key: str) -> int:
+def _status_value(st: dict[str, Any], key: str, bad: list[str]) -> int:
+    """One counter of a group's ``pg_status``; -1 (none known) where absent, or where it fails its check (then
+    its name and value go to ``bad``)."""
     value = st.get(key, -1)
     if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 20:  # JSON writes strings
         value = int(value)
     if not is_int(value) or not -1 <= value < 1 << 63:
-        raise ValueError(key)
+        bad.append(f"{key} is {shown(value)}")
+        return -1
     return value
 
 
-def _parse_pg_status(raw: Any) -> dict[int, tuple[int, int, int]]:
+def _parse_pg_status(raw: Any, path: Path, problems: list[str]) -> dict[int, tuple[int, int, int]]:
+    """pg_id -> (last enqueued, started, completed collective); a group whose entry fails its check is left out,
+    a counter that fails its check reads as -1 (none known); each named in ``problems``."""
     out: dict[int, tuple[int, int, int]] = {}
     if not isinstance(raw, dict):
+        if raw is not None:
+            problems.append(f"{path.name}: pg_status is {shown(raw)}, not a table of groups; no collective is "
+                            "known completed from it")
         return out
+    bad: list[str] = []
     for key, st in raw.items():
-        try:
-            pg_id = int(key) if isinstance(key, (int, str)) and str(key).isdigit() and len(str(key)) < 20 else -1
-            if pg_id < 0 or not isinstance(st, dict):
-                continue
-            out[pg_id] = (_status_value(st, "last_enqueued_collective"),
-                          _status_value(st, "last_started_collective"),
-                          _status_value(st, "last_completed_collective"))
-        except ValueError:
+        pg_id = int(key) if isinstance(key, (int, str)) and str(key).isdigit() and len(str(key)) < 20 else -1
+        if pg_id < 0 or not isinstance(st, dict):
+            bad.append(f"group {shown(key)}: {shown(st)}")
             continue
+        counters = [_status_value(st, key, bad) for key in _STATUS_KEYS]
+        out[pg_id] = (counters[0], counters[1], counters[2])
+    if bad:
+        problems.append(f"{path.name}: pg_status: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}, not "
+                        "what Flight Recorder writes; read as unknown")
     return out
+
+
+_STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
 
 
 # --- names -----------------------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ is done on whole columns (``map`` over the entries, array conversions, slices co
 per-entry Python only where the data needs it: several groups, p2p ops, coalesced groups, signatures that
 differ from the first rank's, old formats. The conversions are the checks (array's int64 conversion refuses
 anything but an int in range; a byte pass finds negatives), and only a rank whose columns fail is checked
-entry by entry: bad entries are skipped and counted.
+entry by entry (``fields.repair_rows``): a field that fails its check is skipped and named, the rest of its
+entry kept; an entry whose identity fails is skipped, and the seqs it may have held read as unknown.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from array import array
 from collections import defaultdict
@@ -22,11 +22,24 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
-from comm2perfetto.model import COMPLETED, SCHEDULED, STARTED, UNKNOWN, Frame, Signature
+from comm2perfetto.model import COMPLETED, SCHEDULED, UNKNOWN, Frame, Signature
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, STATES, GroupTrack
 from comm2perfetto.sources.fr.dump import P2P_OPS, FrDump, PgConfig, split_profiling_name
-from comm2perfetto.sources.fr.tables import SignatureTable, StackTable, encode, stack_id
-from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok, opt_time_ok, shown
+from comm2perfetto.sources.fr.fields import (
+    FR_STATES,
+    MAX_DURATION_MS,
+    ROW_KEYS,
+    Damage,
+    duration_ok,
+    frames_ok,
+    name_ok,
+    pg_ok,
+    record_key,
+    repair_rows,
+    snapshot_age,
+)
+from comm2perfetto.sources.fr.tables import SIGNATURE_FIELDS, SignatureTable, StackTable, encode, stack_id
+from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok
 
 
 @dataclass(slots=True)
@@ -87,62 +100,90 @@ class FrRankTrace:
     groups: dict[tuple[str, str], GroupTrack]  # by (pg name, desc): compact columns
     completed_upto: dict[tuple[str, str], int]
     notes: list[str] = field(default_factory=list)  # what was skipped while reading, one line per kind
+    # seqs (closed intervals) of each group name (``fields.ANY_GROUP``: of every group) whose record on this rank
+    # is unknown: an entry there was skipped, its identity unreadable
+    unread: dict[str | None, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    unread_p2p: frozenset[str | None] = frozenset()  # group names (or ANY_GROUP) where a send/recv was skipped
 
 
-def _snapshot_age(d: FrDump) -> tuple[int, int, int]:
-    """Sort key, oldest snapshot first: the one holding the newest records is the latest; between equal
-    ones, the recorder's dump counter (file names do not sort by age: ``rank0.fr.10.pkl`` comes before
-    ``rank0.fr.2.pkl``)."""
-    last = d.entries[-1].get("record_id", -1) if d.entries else -1
-    counter = _DUMP_COUNTER.search(d.path.name)
-    return (last if count_ok(last) else -1, len(d.entries), int(counter.group(1)) if counter else 0)
-
-
-_DUMP_COUNTER = re.compile(r"\.(\d+)\.pkl$")  # rank3.fr.12.pkl -> 12
-
-
-def _merge_snapshots(dumps: list[FrDump], notes: list[str]) -> tuple[list[dict[str, Any]], str | None]:
+def _merge_snapshots(dumps: list[FrDump], damage: Damage) -> tuple[list[dict[str, Any]], str | None]:
     """Union of the entries of several ring-buffer snapshots of one rank, later snapshots winning.
 
     Returns the entries in record order and a conflict message when two snapshots disagree about the
-    same record (they come from different jobs or runs). Entries without a usable identity (name, group id,
-    record id) are skipped and counted in ``notes``.
+    same record (they come from different jobs or runs). An entry whose name or record id is unreadable is
+    placed by its neighbours in its dump (a ring lists consecutive record ids), its name read from an older
+    copy of the record where one is there (``_mend_key``); one that cannot be placed is skipped.
     """
     if len(dumps) == 1:
         return dumps[0].entries, None
-    merged: dict[tuple, dict[str, Any]] = {}
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
     conflict = None
-    unusable = 0
     # Snapshots of one rank describe one default group; two sizes mean two jobs' dumps of the same rank.
     worlds = sorted((len(d.pg_config["0"].ranks), str(d.path)) for d in dumps
                     if "0" in d.pg_config and d.pg_config["0"].ranks is not None)
     if worlds and worlds[0][0] != worlds[-1][0]:
         (na, a), (nb, b) = worlds[0], worlds[-1]
         conflict = f"{a} and {b} are dumps of the same rank from jobs of {na} and {nb} ranks"
-    for d in sorted(dumps, key=_snapshot_age):
+    for d in sorted(dumps, key=snapshot_age):
         for i, e in enumerate(d.entries):
-            name, pg_id, rid = e.get("profiling_name", ""), e.get("pg_id"), e.get("record_id", i)
-            if type(name) is not str or not (pg_id is None or count_ok(pg_id)) or not count_ok(rid):
-                unusable += 1
-                continue
-            key = (name.partition(":")[0], pg_id, rid)
+            key = record_key(e, i)
+            if key is None:
+                key = _placed(d.entries, i)
+                if key is None:
+                    damage.lost(e)
+                    continue
+                e = _mend_key(e, key, merged.get(key), d, damage)
             old = merged.get(key)
-            if old is not None and conflict is None and (
-                _created(old) != _created(e)
-                or old.get("profiling_name") != e.get("profiling_name")
-            ):
-                conflict = (
-                    f"{d.path.name} and another dump of the same rank disagree about record "
-                    f"{key[2]} (different jobs or runs in one folder)"
-                )
-            if old is not None and "frames" in old and not e.get("frames"):
-                # a periodic dump leaves stacks out (record/flight.py): keep those an earlier dump had
-                e = dict(e, frames=old["frames"])
+            if old is not None:
+                if conflict is None and _disagree(old, e):
+                    conflict = (f"{d.path.name} and another dump of the same rank disagree about record {key[1]} "
+                                "(different jobs or runs in one folder)")
+                if "frames" in old and not e.get("frames"):
+                    # a periodic dump leaves stacks out (record/flight.py): keep those an earlier dump had
+                    e = dict(e, frames=old["frames"])
             merged[key] = e
-    if unusable:
-        notes.append(f"{_files_text(dumps)}: {unusable:,} Flight Recorder entries without a usable name, group id "
-                     "or record id skipped")
-    return sorted(merged.values(), key=_record_order), conflict
+    order = sorted(merged, key=lambda k: (k[1], _created(merged[k]) or 0))
+    return [merged[k] for k in order], conflict
+
+
+def _mend_key(e: dict[str, Any], key: tuple[str, int], older: dict[str, Any] | None, d: FrDump,
+              damage: Damage) -> dict[str, Any]:
+    """``e``, placed at ``key`` by its neighbours, with its unreadable record id read from there and its
+    unreadable name from ``older`` (the record's copy in an older dump) where there is one (else it stays
+    unreadable, for the checks to skip the entry); each named in ``damage``."""
+    mended = {}
+    rid, name = e.get("record_id"), e.get("profiling_name")
+    if not count_ok(rid):
+        mended["record_id"] = key[1]
+        damage.mended(e, "record_id", rid, f"read as {key[1]}, between its neighbours in {d.path.name}")
+    if not name_ok(name) and older is not None:
+        mended["profiling_name"] = older["profiling_name"]
+        damage.mended(e, "profiling_name", name, f"read from the same record in {damage.origin(older)}")
+    return dict(e, **mended) if mended else e
+
+
+def _disagree(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two copies of one record that cannot be one record: another creation time or name (where both are
+    readable: a damaged field is no evidence of another run)."""
+    ta, tb = _created(a), _created(b)
+    na, nb = a.get("profiling_name"), b.get("profiling_name")
+    return (ta is not None and tb is not None and ta != tb) or (name_ok(na) and name_ok(nb) and na != nb)
+
+
+def _placed(entries: list[dict[str, Any]], i: int) -> tuple[str, int] | None:
+    """The key of ``entries[i]`` (whose own is unreadable) from its neighbours, where they agree with each
+    other and with what of its own is readable."""
+    keys = set()
+    for j, step in ((i - 1, 1), (i + 1, -1)):
+        if 0 <= j < len(entries) and (k := record_key(entries[j], j)) is not None:
+            keys.add((k[0], k[1] + step))
+    if len(keys) != 1:
+        return None
+    key = keys.pop()
+    name, rid = entries[i].get("profiling_name"), entries[i].get("record_id")
+    if (name_ok(name) and name.partition(":")[0] != key[0]) or (count_ok(rid) and rid != key[1]):
+        return None
+    return key
 
 
 def _created(e: dict[str, Any]) -> int | None:
@@ -150,37 +191,29 @@ def _created(e: dict[str, Any]) -> int | None:
     return t if count_ok(t) else None  # NaN, which equals nothing, is no time either
 
 
-def _record_order(e: dict[str, Any]) -> tuple[int, int]:
-    return e.get("record_id", 0), _created(e) or 0
-
-
-def _files_text(dumps: list[FrDump]) -> str:
-    names = sorted(d.path.name for d in dumps)
-    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
-
-
 def build_rank_trace(
     rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> tuple[FrRankTrace, str | None]:
     """Normalise one rank's dumps into an ``FrRankTrace``; also returns a snapshot-conflict message."""
     notes = [p for d in dumps for p in d.problems]
-    entries, conflict = _merge_snapshots(dumps, notes)
+    damage = Damage(dumps)
+    entries, conflict = _merge_snapshots(dumps, damage)
     version = max((d.version for d in dumps), key=_version_key, default="")
     pg_config: dict[str, PgConfig] = {}
     status: dict[int, tuple[int, int, int]] = {}
-    for d in sorted(dumps, key=_snapshot_age):  # later snapshots win
+    for d in sorted(dumps, key=snapshot_age):  # later snapshots win
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
     groups: dict[tuple[str, str], _Rows] = {}
-    entries, cols, rejected = _checked(entries)
-    if rejected:
-        notes.append(f"{_files_text(dumps)}: {rejected[0]:,} malformed Flight Recorder entries skipped "
-                     f"(first: {rejected[1]})")
-    backend = _ingest(entries, cols, groups, stacks, signatures, with_stacks)
+    entries, cols = _checked(entries, damage)
+    backend = _ingest(entries, cols, groups, stacks, signatures, with_stacks, damage)
     completed_upto = _apply_pg_status(groups, status, backend)
+    if damage:
+        notes.extend(damage.notes(rank))
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
         groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto, notes=notes,
+        unread=damage.unread_spans(), unread_p2p=frozenset(damage.unread_p2p),
     )
     return trace, conflict
 
@@ -198,15 +231,6 @@ def _version_key(v: str) -> tuple[int, ...]:
         return (0,)
 
 
-# Keys every entry has since format 2.4, read in one C call per entry (operator.itemgetter). pg_id, op_id
-# and p2p_seq_id are only needed for gloo dumps, debug-mode dumps and p2p entries: read separately, if at all.
-_MODERN_KEYS = (
-    "profiling_name", "process_group", "collective_seq_id", "is_p2p", "state", "time_discovered_started_ns",
-    "time_discovered_completed_ns", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
-    "output_dtypes", "record_id",
-)
-
-
 def _slow_row(e: dict[str, Any], index: int) -> tuple:
     """The same tuple as ``_modern_row`` for entries of older formats (missing keys get defaults)."""
     get = e.get
@@ -214,7 +238,7 @@ def _slow_row(e: dict[str, Any], index: int) -> tuple:
     pg = get("process_group")
     seq = get("collective_seq_id")
     if seq is None:
-        seq = get("seq_id", 0)
+        seq = get("seq_id")
     is_p2p = get("is_p2p")
     if is_p2p is None:
         op = split_profiling_name(name)[1] if isinstance(name, str) else ""
@@ -228,12 +252,13 @@ def _slow_row(e: dict[str, Any], index: int) -> tuple:
 
 
 def _columns(entries: list[dict[str, Any]]) -> list[tuple]:
-    """One tuple per key of ``_MODERN_KEYS``: each entry's values read in one C call (``itemgetter``), while
-    the entry is in cache (a pass per key over thousands of cold dicts costs half as much again), then
-    turned into columns."""
-    if entries and all(k in entries[0] for k in _MODERN_KEYS):
+    """One tuple per key of ``fields.ROW_KEYS`` (the keys every entry has since format 2.4): each entry's
+    values read in one C call (``itemgetter``), while the entry is in cache (a pass per key over thousands of
+    cold dicts costs half as much again), then turned into columns. pg_id, op_id and p2p_seq_id are only
+    needed for gloo dumps, debug-mode dumps and p2p entries: read separately, if at all."""
+    if entries and all(k in entries[0] for k in ROW_KEYS):
         try:
-            return list(zip(*map(itemgetter(*_own_keys(entries[0], _MODERN_KEYS)), entries)))
+            return list(zip(*map(itemgetter(*_own_keys(entries[0], ROW_KEYS)), entries)))
         except (KeyError, TypeError):
             pass  # a mixed dump: take the careful path
     return list(zip(*[_slow_row(e, i) for i, e in enumerate(entries)]))
@@ -252,9 +277,20 @@ def _values(entries: list[dict[str, Any]], key: str) -> list:
     return list(map(dict.get, entries, repeat(_own_keys(entries[0], (key,))[0], len(entries))))
 
 
-def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list:
-    """One field of every entry; a value that is not a count (an id, a seq) reads as ``default``."""
-    return [v if count_ok(v) else default for v in _values(entries, key)]
+def _column(entries: list[dict[str, Any]], key: str, absent: Any, damage: Damage, unknown: Any = None) -> list:
+    """One field of every entry (a count: an id, a seq), ``absent`` where the entry has none; where it fails
+    its check, what ``damage`` reads instead (named there), else ``unknown``."""
+    values = _values(entries, key)
+    if all(map(count_ok, values)):
+        return values
+    out = []
+    for e, v in zip(entries, values):
+        if v is not None and not count_ok(v):
+            v = damage.failed(e, key, v)
+            out.append(unknown if v is None else v)
+        else:
+            out.append(absent if v is None else v)
+    return out
 
 
 @dataclass(slots=True)
@@ -277,36 +313,25 @@ class _Columns:
     record_ids: array
 
 
-def _checked(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], _Columns | None, tuple[int, str] | None]:
-    """The entries whose fields the analysis relies on have the right type and range, their checked columns
-    (None when no entry is left), and (count, first problem) of those that do not. Whole columns are checked
-    in C; only a rank whose columns fail is checked entry by entry.
-    """
+def _checked(entries: list[dict[str, Any]], damage: Damage) -> tuple[list[dict[str, Any]], _Columns | None]:
+    """The entries whose identity is sound and their checked columns (None when no entry is left): whole
+    columns are checked in C; only a rank whose columns fail is checked entry by entry, field by field
+    (``fields.repair_rows``, which tells ``damage`` what failed)."""
     if not entries:
-        return entries, None, None
+        return entries, None
     raw = _columns(entries)
     cols = _checked_columns(raw)
     if cols is not None:
-        return entries, cols, None
-    kept, kept_rows, bad, first = [], [], 0, ""
-    for e, row in zip(entries, zip(*raw)):
-        problem = _row_problem(row)
-        if problem is None:
-            kept.append(e)
-            kept_rows.append(row)
-            continue
-        bad += 1
-        if bad == 1:
-            first = f"record {shown(row[12])}: {problem}"
-    cols = _checked_columns(list(zip(*kept_rows))) if kept else None
-    if kept and cols is None:
-        # a bug if ever seen: the two checks differ
-        return [], None, (len(entries), first or "the entries pass one by one but not as columns")
-    return kept, cols, (bad, first)
+        return entries, cols
+    kept, rows = repair_rows(entries, zip(*raw), _values(entries, "pg_id"), damage)
+    cols = _checked_columns(list(zip(*rows))) if kept else None
+    if kept and cols is None:  # a bug if ever seen: the two checks differ (the loader skips the rank's dumps)
+        raise ValueError("Flight Recorder entries that pass their checks one by one but not as columns")
+    return kept, cols
 
 
 def _checked_columns(raw: list[tuple]) -> _Columns | None:
-    """The columns, converted, if every entry's fields have the type and range ``_row_problem`` asks for;
+    """The columns, converted, if every entry's fields have the type and range ``fields.CHECKS`` asks for;
     checked a column at a time in C (about 0.2 ms for a 2000-entry ring, against 2 ms to unpickle it)."""
     names, pgs, seqs, p2ps, states, t_st, t_co, created, in_s, in_d, out_s, out_d, rids = raw
     if 0 in t_st:  # JSON writes 0 for "not discovered yet"
@@ -314,7 +339,7 @@ def _checked_columns(raw: list[tuple]) -> _Columns | None:
     if 0 in t_co:
         t_co = tuple(x or None for x in t_co)
     seq_a, st_a, co_a = _int64(seqs, False), _int64(t_st, True), _int64(t_co, True)
-    cr_a, rid_a = _int64(created, True), _int64(rids, False)
+    cr_a, rid_a = _int64(created, True), _int64(rids, True)
     if seq_a is None or st_a is None or co_a is None or cr_a is None or rid_a is None:
         return None
     earliest = min(cr_a)
@@ -328,8 +353,8 @@ def _checked_columns(raw: list[tuple]) -> _Columns | None:
         except TypeError:  # JSON's lists: as tuples (an unhashable value inside still fails)
             pgs = tuple(tuple(pg) if isinstance(pg, list) else pg for pg in pgs)
             distinct_pgs = set(pgs)
-        if not (all(type(n) is str for n in set(names)) and all(s is None or type(s) is str for s in set(states))
-                and all(map(_pg_ok, distinct_pgs))):
+        if not (all(map(name_ok, set(names))) and set(states) <= _STATE_VALUES and all(map(pg_ok, distinct_pgs))
+                and all(type(p) is bool for p in set(p2ps))):
             return None
     except TypeError:  # an unhashable value
         return None
@@ -378,45 +403,15 @@ def _filled(col: Sequence, nones: int, fill: Any) -> list:
     return out
 
 
-def _pg_ok(pg: Any) -> bool:
-    return isinstance(pg, (tuple, list)) and len(pg) == 2 and all(isinstance(x, str) for x in pg)
-
-
-def _row_problem(row: tuple) -> str | None:
-    name, pg, seq, _, state, t_st, t_co, created = row[:8]
-    if type(name) is not str:
-        return f"profiling_name is {shown(name)}"
-    if not _pg_ok(pg):
-        return f"process_group is {shown(pg)}"
-    if not count_ok(seq):
-        return f"collective_seq_id is {shown(seq)}"
-    if not (state is None or type(state) is str):
-        return f"state is {shown(state)}"
-    for label, t in (("time_discovered_started_ns", t_st), ("time_discovered_completed_ns", t_co),
-                     ("time_created_ns", created)):
-        if not opt_time_ok(t):
-            return f"{label} is {shown(t)}"
-    if created is not None and created < MIN_TIME_NS:
-        return f"time_created_ns is {shown(created)}, before any job"
-    if not count_ok(row[12]):
-        return f"record_id is {shown(row[12])}"
-    return None
-
-
-class _StateCodes(dict):
-    """FR's state names to ``columns.STATES`` codes; any other value (None, a newer name) is unknown."""
-
-    def __missing__(self, key: Any) -> int:
-        return STATE_CODE[UNKNOWN]
-
-
-_STATE_CODES = _StateCodes({s: STATE_CODE[s] for s in (COMPLETED, STARTED, SCHEDULED)})
+_STATE_VALUES = FR_STATES | {None}  # None: absent (unknown)
+# FR's state names to ``columns.STATES`` codes (the columns hold these values only: see ``_checked_columns``)
+_STATE_CODES: dict[str | None, int] = {**{s: STATE_CODE[s] for s in FR_STATES}, None: STATE_CODE[UNKNOWN]}
 _SCHEDULED, _UNKNOWN, _COMPLETED = STATE_CODE[SCHEDULED], STATE_CODE[UNKNOWN], STATE_CODE[COMPLETED]
 
 
 def _ingest(
     entries: list[dict[str, Any]], cols: _Columns | None, groups: dict[tuple[str, str], _Rows],
-    stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
+    stacks: StackTable, signatures: SignatureTable, with_stacks: bool, damage: Damage,
 ) -> str:
     """Turn checked columns into each group's rows. Returns the backend prefix seen most (``nccl``, ``gloo``).
 
@@ -433,22 +428,23 @@ def _ingest(
         counts[backend] = counts.get(backend, 0) + names.count(name)
     backend = max(counts, key=counts.__getitem__)
     gloo = backend == "gloo"
-    op_ids = array("q", [o if count_ok(o) else q for o, q in zip(_column(entries, "op_id", None), seqs)]) \
-        if gloo else None
+    # an absent op_id is the seq (as before gloo had p2p ops); a damaged one is unknown
+    op_ids = array("q", [q if o is None else o for o, q in zip(_column(entries, "op_id", None, damage, NO_VALUE),
+                                                                seqs)]) if gloo else None
     states = bytes(map(_STATE_CODES.__getitem__, cols.states))
     # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
-    durations = _durations_ms(_values(entries, "duration_ms")) if timed else None
-    sids = _stack_ids(_values(entries, "frames"), stacks) if with_stacks and "frames" in entries[0] \
+    durations = _durations_ms(entries, _values(entries, "duration_ms"), damage) if timed else None
+    sids = _stack_ids(entries, _values(entries, "frames"), stacks, damage) if with_stacks and "frames" in entries[0] \
         else None  # without frames (JSON), or resolved later on demand (see match.LazyStacks)
 
     distinct_pgs = set(pgs)
     unnamed = any(not pg[0] for pg in distinct_pgs)
     # pg_id per entry only where it matters: gloo's pg_status is keyed by it, debug-mode dumps name groups by it.
-    pg_ids = _column(entries, "pg_id", None) if gloo or unnamed else None
+    pg_ids = _column(entries, "pg_id", None, damage) if gloo or unnamed else None
     any_p2p = any(p2ps)
-    p2p_seqs = _column(entries, "p2p_seq_id", 0) if any_p2p else None
+    p2p_seqs = _column(entries, "p2p_seq_id", 0, damage) if any_p2p else None
     helpers: set[Any] = set()
     if unnamed:
         assert pg_ids is not None
@@ -477,12 +473,14 @@ def _ingest(
         elif (pid := entries[0 if idx is None else idx[0]].get("pg_id")) is not None:
             track.pg_ids.add(pid)
         if p2p:
-            _add_p2p(track, take, parts, p2p_seqs, cols, states, sids, signatures)
+            _add_p2p(track, take, parts, p2p_seqs, cols, states, sids, signatures, take(entries), damage)
             continue
         new = _Rows(key[0], key[1])
         new.seqs = take(seqs)
-        new.sig_ids, new.sig_table = signatures.column(key[0], new.seqs, take(names), parts, take(cols.in_s),
-                                                       take(cols.in_d), take(cols.out_s), take(cols.out_d))
+        new.sig_ids, new.sig_table, bad = signatures.column(key[0], new.seqs, take(names), parts, take(cols.in_s),
+                                                            take(cols.in_d), take(cols.out_s), take(cols.out_d))
+        if bad:
+            _mend_signatures(new, bad, take(entries), parts, signatures, damage)
         new.states, new.created_ns, new.started_ns = take(states), take(cols.created), take(cols.started)
         new.completed_ns, new.stack_ids, new.op_ids = take(cols.completed), take(sids), take(op_ids)
         new.record_ids, new.durations_ms = take(cols.record_ids), take(durations)
@@ -574,24 +572,62 @@ def _optional(t: int) -> int | None:
 
 
 def _add_p2p(track: _Rows, take: Callable[[Any], Any], parts: dict, p2p_seqs: Sequence | None, cols: _Columns,
-             states: bytes, sids: list[int | None] | None, signatures: SignatureTable) -> None:
+             states: bytes, sids: list[int | None] | None, signatures: SignatureTable, entries: Sequence[dict],
+             damage: Damage) -> None:
     assert p2p_seqs is not None
     n = len(take(cols.seqs))
-    for name, p2p_seq, i_s, i_d, o_s, o_d, code, t0, t1, sid, rid in zip(
-            take(cols.names), take(p2p_seqs), take(cols.in_s), take(cols.in_d), take(cols.out_s), take(cols.out_d),
-            take(states), take(cols.created), take(cols.completed), take(sids) or repeat(None, n),
+    for e, name, p2p_seq, i_s, i_d, o_s, o_d, code, t0, t1, sid, rid in zip(
+            entries, take(cols.names), take(p2p_seqs), take(cols.in_s), take(cols.in_d), take(cols.out_s),
+            take(cols.out_d), take(states), take(cols.created), take(cols.completed), take(sids) or repeat(None, n),
             take(cols.record_ids)):
         _, op, src, dst = parts[name]
-        sig = signatures.from_raw(track.name, -1 - (p2p_seq or 0), (op, i_s, i_d, o_s, o_d))
+        raw = (op, i_s, i_d, o_s, o_d)
+        sig, bad = signatures.checked(track.name, -1 - (p2p_seq or 0), raw)
+        if bad:
+            sig = _mended_signature(track.name, -1 - (p2p_seq or 0), raw, bad, e, signatures, damage)
         peer = (dst if op == "send" else src) if op in P2P_OPS else None
         track.p2p.append((op, peer, p2p_seq, sig, STATES[code], _optional(t0), _optional(t1), sid, rid))
 
 
-def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
+def _mend_signatures(rows: _Rows, bad: list[tuple[int, tuple[str, ...]]], entries: Sequence[dict], parts: dict,
+                     signatures: SignatureTable, damage: Damage) -> None:
+    """Give the rows whose signature fields failed their check (``bad``: row, fields) the signature
+    ``_mended_signature`` makes of them."""
+    sigs = list(map(rows.sig_table.__getitem__, rows.sig_ids))
+    for row, fields in bad:
+        e = entries[row]
+        raw = (parts[e["profiling_name"]][1], *(e.get(k) for k in SIGNATURE_FIELDS))
+        sigs[row] = _mended_signature(rows.name, rows.seqs[row], raw, fields, e, signatures, damage)
+    rows.sig_ids, rows.sig_table = encode(sigs)
+
+
+def _mended_signature(pg_name: str, seq: int, raw: tuple, fields: tuple[str, ...], e: dict[str, Any],
+                      signatures: SignatureTable, damage: Damage) -> Signature:
+    """The signature of an entry whose ``fields`` failed their check: each read from the same record in
+    another dump where it is sound there, else unknown (None); each named in ``damage``."""
+    mended = list(raw)
+    for name in fields:
+        i = 1 + SIGNATURE_FIELDS.index(name)
+        mended[i] = damage.failed(e, name, raw[i])
+    return signatures.checked(pg_name, seq, tuple(mended))[0]
+
+
+def _stack_ids(entries: list[dict[str, Any]], frames_col: list, stacks: StackTable,
+               damage: Damage) -> list[int | None]:
     """Stack id of every entry. torch's pickler shares frame dicts between entries, so the tuple of their
-    ids names a call path while the dump is alive; each distinct one is converted once."""
+    ids names a call path while the dump is alive; each distinct one is converted once. A value that is not
+    a list of frame records is damaged (a copy in another dump gives it, else no stack)."""
+    if not set(map(type, frames_col)) <= {list, type(None)}:
+        frames_col = [f if f is None or type(f) is list else damage.failed(e, "frames", f)
+                      for e, f in zip(entries, frames_col)]
     keys = [tuple(map(id, f)) if f and isinstance(f, list) else None for f in frames_col]
     first = dict(zip(keys, frames_col))
+    bad = {key for key, frames in first.items() if key is not None and not frames_ok(frames)}
+    if bad:  # a list holding something other than frames: that entry's stack is damaged
+        frames_col = [damage.failed(e, "frames", f) if key in bad else f
+                      for e, f, key in zip(entries, frames_col, keys)]
+        keys = [tuple(map(id, f)) if f and isinstance(f, list) else None for f in frames_col]
+        first = dict(zip(keys, frames_col))
     frame_cache: dict[int, Frame] = {}
     sid_of: dict[Any, int | None] = {None: None}
     for key, frames in first.items():
@@ -600,21 +636,11 @@ def _stack_ids(frames_col: list, stacks: StackTable) -> list[int | None]:
     return list(map(sid_of.__getitem__, keys))
 
 
-def _duration_ns(ms: Any) -> int | None:
-    """FR's ``duration_ms`` (a float: ``0.25``) in ns; None when absent or not a plausible duration.
-
-    >>> _duration_ns(0.25), _duration_ns(None), _duration_ns(float("nan")), _duration_ns(-1.0)
-    (250000, None, None, None)
-    """
-    if type(ms) not in (float, int) or not 0 <= ms < MAX_DURATION_MS:  # NaN fails both comparisons
-        return None
-    return round(ms * 1_000_000)
-
-
-def _durations_ms(raw: list[Any]) -> array:
+def _durations_ms(entries: list[dict[str, Any]], raw: list[Any], damage: Damage) -> array:
     """FR's ``duration_ms`` of every entry as float64, -1 where absent or not a plausible duration (see
-    ``_duration_ns``): checked a column at a time in C where every value is a number in range (the top bytes
-    show negatives, NaN and infinities)."""
+    ``fields.duration_ok``; such a value is damaged, named in ``damage``, which may read it from another dump):
+    checked a column at a time in C where every value is a number in range (the top bytes show negatives,
+    NaN and infinities)."""
     nones = raw.count(None)
     if set(map(type, raw)) <= {float, int, type(None)}:
         values = array("d", _filled(raw, nones, -1.0) if nones else raw)
@@ -623,14 +649,15 @@ def _durations_ms(raw: list[Any]) -> array:
         # fills are the only others.
         if len(top.translate(None, _FINITE_POSITIVE_TOP)) == nones and max(values) < MAX_DURATION_MS:
             return values
-    return array("d", [x if _duration_ns(x) is not None else -1.0 for x in raw])
+    out = array("d")
+    for e, x in zip(entries, raw):
+        if x is not None and not duration_ok(x):
+            x = damage.failed(e, "duration_ms", x)
+        out.append(-1.0 if x is None else x)
+    return out
 
 
 _FINITE_POSITIVE_TOP = bytes(range(0x7f))
-
-
-# A day: longer than any collective completes (NCCL's timeout defaults to 10 minutes).
-MAX_DURATION_MS = 86_400_000
 
 
 def _fold_coalesced(rows: list[tuple], signatures: SignatureTable) -> list[tuple]:
@@ -697,7 +724,7 @@ def _apply_pg_status(
             continue
         states = bytearray(track.states)
         for i, ident in enumerate(track.op_ids or ()):
-            if ident <= last:
+            if 0 <= ident <= last:  # NO_VALUE: its op_id was damaged, its state stays unknown
                 states[i] = _COMPLETED
                 out[key] = track.seqs[i]
             elif states[i] == _SCHEDULED:
