@@ -383,3 +383,18 @@ def test_a_rank_waiting_in_one_collective_too_many_is_the_culprit_not_the_peers_
     assert (d.status, f.kind, f.seq, f.culprit_ranks, f.ranks_missing) == ("desync", "sequence_mismatch", 8, (1,),
                                                                            (0,))
     assert f.evidence["parted_at"] == 5
+
+
+def test_a_send_whose_receiver_issued_nothing_since_is_a_wait_not_a_desync(tmp_path):
+    """Rank 1 is away (asleep, deadlocked) when rank 0 sends to it: a hang with rank 1 to blame, status stuck;
+    had rank 1 gone on to other collectives, skipping the recv, it would be out of step: desync."""
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]])
+    job.p2p(0, "send", 1, [[16]], state="started")
+    d = _diagnose(tmp_path, job)
+    (f,) = d.findings
+    assert (d.status, f.kind, f.culprit_ranks, f.evidence["waiting"]) == ("stuck", "p2p_mismatch", (1,), True)
+    job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS + 100 * STEP_NS)  # it went on instead
+    d = _diagnose(tmp_path, job)
+    assert d.status == "desync"

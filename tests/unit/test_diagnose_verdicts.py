@@ -399,3 +399,51 @@ def test_a_receive_left_waiting_by_a_frozen_rank_is_its_freeze_not_a_desync(tmp_
     assert (d.status, [k for k, _, _ in found]) == ("stuck", ["rank_frozen"]), found
     (f,) = d.findings
     assert f.culprit_ranks == (0,) and "Rank 1 waits in recv on default_pg for it" in f.detail
+
+
+def test_a_teardown_within_a_heartbeat_of_the_first_death_is_still_the_launcher_s(tmp_path):
+    """Rank 1 aborts between collectives; torchrun kills ranks 0 and 2, waiting in all_reduce #6 for it, 50 ms
+    later (SIGTERM ends a rank blocked in gloo at once): every log stops within a heartbeat, but the launcher
+    reported the failure (exit status 1, no signal forwarded), and only rank 1 died outside a call."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    logs[1].heartbeats(t)
+    for r in (0, 2):
+        logs[r].call("all_reduce", t - S // 2 + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"], returns=False)
+        logs[r].heartbeats(t + 50_000_000 - S + 1)
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (1,))])
+    assert d.findings[0].victim_ranks == (0, 2)
+
+
+def test_ranks_that_died_within_a_heartbeat_of_each_other_are_suspects_not_culprits(tmp_path):
+    """Ranks 1 and 2 both stop right after all_reduce #5, 0.6 ms apart, outside any call (one aborted, gloo
+    then aborted the other): a log's last record may precede its death by a heartbeat, so which died first is
+    not known."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    logs[0].call("broadcast", t, seq=6, shapes=[[4]], dtypes=["Float"], error=RESET)
+    logs[0].ending(t + 1000, "exception", RESET)
+    logs[0].close(t + 2000)
+    d, found, _ = _verdict(tmp_path, logs, crashed={1, 2},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    assert d.status == "crashed" and [c for _, _, c in found] == [(), ()]
+    assert d.to_json()["suspect_ranks"] == [1, 2]
+    assert "which died first, and took the others down, cannot be told" in d.findings[0].basis
+
+
+def test_a_pipeline_s_waits_on_ranks_a_death_took_down_are_the_death_s_story(tmp_path):
+    """0 -> 1 -> 2: rank 1 is killed; rank 0's send to it fails, rank 2's receive from it fails (both lost their
+    connection): one rank_died, no p2p desync, no other culprit."""
+    logs = _logs(world=3, steps=2)
+    t = T0_NS + S
+    logs[1].heartbeats(t - S // 2)
+    logs[0].call("send", t, peer=1, shapes=[[4]], dtypes=["Float"], error=RESET)
+    logs[2].call("recv", t, peer=1, shapes=[[4]], dtypes=["Float"], error=RESET)
+    for r in (0, 2):
+        logs[r].ending(t + 1000, "exception", RESET)
+        logs[r].close(t + 2000)
+    d, found, _ = _verdict(tmp_path, logs, crashed={1},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    assert (d.status, found) == ("crashed", [("rank_died", None, (1,))])

@@ -62,8 +62,8 @@ from comm2perfetto.diagnose.weigh import (
     frozen_findings,
     frozen_ranks,
     in_progress,
-    killed_after,
     no_collectives,
+    went_down,
 )
 from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.model import (
@@ -102,8 +102,7 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     frozen = frozen_ranks(job, ends, now_ns)
     ends.update(frozen)
     interrupted_at = interruption_ns(job, ends)
-    dead = died_first(job, ends, interrupted_at, notes)
-    killed = killed_after(job, ends, dead)  # by the launcher, after the first death: victims
+    dead, killed = died_first(job, ends, interrupted_at, notes)  # killed: by the launcher after the first failure
     halted = set(dead) | set(frozen)
     findings: list[Finding] = []
     if job.group_conflicts:  # ranks that created their groups in different orders: what their waits follow from
@@ -136,8 +135,9 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
     # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
-    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and len(f.ranks_missing) == 1
-                       and f.ranks_missing[0] in set(dead) | set(frozen)}
+    down = went_down(ends, dead, killed) | set(frozen)
+    waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and f.ranks_missing
+                       and set(f.ranks_missing) <= down}
     if dead and not any(f.kind in DESYNC_KINDS and id(f) not in waits_on_halted for f in findings):
         findings = dead_ranks(job, groups, dead, ends, findings, killed, inside)
     if frozen:
@@ -1077,6 +1077,10 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
             f"but rank {tr.src} never sent it."
         )
         action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
+    evidence: dict[str, Any] = {"src": tr.src, "dst": tr.dst, "index": tr.index}
+    if why != "size" and culprits:  # the other side never posted: went it on to other things, or is it away?
+        t = op.t_arrive_ns
+        evidence["waiting"] = t is not None and not _issued_since(job, culprits[0], t)
     sites: dict[int, str] = {}
     for p in (tr.send, tr.recv):
         if p is not None:
@@ -1089,10 +1093,30 @@ def _p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fi
         ranks_joined=joined, ranks_missing=tuple(r for r in (tr.src, tr.dst) if r not in joined),
         culprit_ranks=culprits, suspect_ranks=suspects, detail=detail, action=action, call_sites=sites,
         stacks={r: s for r in culprits + suspects if (s := stall_stack(job, r))},
-        evidence={"src": tr.src, "dst": tr.dst, "index": tr.index}, t_ns=_p2p_time(tr),
+        evidence=evidence, t_ns=_p2p_time(tr),
         basis="the sizes of a matched send and recv differ" if suspects else
               f"Flight Recorder and the recorder see every send and recv; rank {culprits[0]} has no record of its side",
     )
+
+
+def _issued_since(job: Job, rank: int, t_ns: int) -> bool:
+    """Whether ``rank`` issued anything (a collective, a send or a recv, in any group) after ``t_ns``: a peer
+    that never posted its side of a transfer while it went on is out of step (a desync); one that issued
+    nothing since is away (a wait, as a missing rank in a collective)."""
+    for uid, group in job.groups.items():
+        if rank not in group.ranks:
+            continue
+        cols = job.collectives.get(uid, ())
+        for k in range(len(cols) - 1, max(-1, len(cols) - 9), -1):
+            t = cols[k].arrival_of(rank)
+            if t is not None:
+                if t > t_ns:
+                    return True
+                break
+        if any(p is not None and p.rank == rank and p.t_arrive_ns is not None and p.t_arrive_ns > t_ns
+               for tr in job.p2p.get(uid, ()) for p in (tr.send, tr.recv)):
+            return True
+    return False
 
 
 def _ordinal(n: int) -> str:

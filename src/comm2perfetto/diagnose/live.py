@@ -382,7 +382,8 @@ def _p2p(common: dict, w: Wait, ranks: Mapping[int, dict]) -> Finding:
         detail += f" Rank {peer}: {elsewhere}."
     return Finding(kind=P2P_MISMATCH, ranks_joined=(rank,), ranks_missing=(peer,), culprit_ranks=(peer,),
                    detail=detail, action=action, call_sites=_sites(ranks, [rank]),
-                   stacks=_stacks(ranks, [peer]), evidence={"src": src, "dst": dst}, op=op.kind,
+                   stacks=_stacks(ranks, [peer]), op=op.kind,
+                   evidence={"src": src, "dst": dst, "waiting": peer in ranks and not elsewhere},
                    **{**common, "seq": None})
 
 

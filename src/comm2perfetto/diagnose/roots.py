@@ -59,6 +59,13 @@ RANK_LEVEL = (RANK_DIED, RANK_FROZEN)
 def wait_of(f: Finding, halted: frozenset[int] = frozenset()) -> Wait | None:
     """The wait a finding is about, or None (a rank-level or a resolved finding, nothing checked). ``halted``:
     ranks that died or froze: a collective they joined still waits for them."""
+    if f.kind in RANK_LEVEL and f.seq is None and f.ranks_joined and f.op in (SEND, RECV, "send", "recv",
+                                                                              "isend", "irecv"):
+        # a send or receive the rank's death or freeze left waiting (the others blocked in it wait for it)
+        (peer,) = f.culprit_ranks or f.ranks_missing or (None,)
+        kind = SEND if f.op in ("send", "isend") else RECV
+        return Wait(Op(f.group_uid, kind, None, f.op or kind, peer=peer), f.ranks_joined,
+                    f.culprit_ranks or f.ranks_missing, ref=f)
     if f.resolved or (f.seq is None and f.kind != P2P_MISMATCH):
         return None
     if f.kind == P2P_MISMATCH:

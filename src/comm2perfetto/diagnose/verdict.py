@@ -22,11 +22,13 @@ from comm2perfetto.diagnose.findings import (
     DESYNC_KINDS,
     MISSING_RANKS,
     NO_DUMP,
+    P2P_MISMATCH,
     RANK_DIED,
     RANK_FROZEN,
     STALL_UNEXPLAINED,
     STUCK_ALL_JOINED,
     Finding,
+    Kind,
     Status,
 )
 from comm2perfetto.render.words import ranks_text
@@ -47,7 +49,8 @@ def conclude(findings: Sequence[Finding], *, interrupted: bool = False, running:
     if stall is not None and not any(f.kind != NO_DUMP or f.seq is not None for f in open_findings):
         out.append(stall)
         open_findings.append(stall)
-    kinds = {f.kind for f in open_findings}
+    # A finding blocked by another follows from it: the root causes decide what the job is.
+    kinds = {_status_kind(f) for f in open_findings if f.blocked_by is None}
     if kinds & set(DESYNC_KINDS):
         return Status.DESYNC, out
     if RANK_DIED in kinds:
@@ -61,6 +64,14 @@ def conclude(findings: Sequence[Finding], *, interrupted: bool = False, running:
     if running:
         return Status.RUNNING, out
     return Status.OK, out
+
+
+def _status_kind(f: Finding) -> Kind:
+    """The kind a finding counts as for the status: a send or receive whose peer never posted its side and
+    issued nothing since (``evidence.waiting``: the peer is away, not out of step) is a wait, as a missing rank."""
+    if f.kind == P2P_MISMATCH and f.evidence.get("waiting"):
+        return MISSING_RANKS
+    return f.kind
 
 
 def unexplained_stall(waiting: Sequence[int], group_label: str, group_uid: str, op: str | None, seq: int | None,

@@ -6,7 +6,7 @@ outside any communication, exited, dead, frozen, no data. A blocked rank waits f
 that have not reached it (``Wait``). Following the waits (``explain``):
 
 - a rank waited for that is blocked in nothing (outside, exited, dead, frozen, no data) is a **root**: nobody's
-  wait explains it;
+  wait explains it (a rank known to be blocked in an operation none of the waits describes is a suspect);
 - an operation every member reached that still did not complete (a mismatch, a broken network) is a root;
 - ranks that wait on each other in a **cycle** are a root: some rank's order of operations deviates (it issued one
   group's operation before another's that its peers, and its own earlier steps, put first). ``order`` says
@@ -169,7 +169,7 @@ def explain(states: Mapping[int, str], waits: Sequence[Wait], order: Order | Non
                 continue
             named.add(m)
             state = all_states.get(m, NO_DATA)
-            if state == NO_DATA:
+            if state in (NO_DATA, BLOCKED):  # no data; or blocked in an operation nothing here describes
                 roots.append(Root(RANK, (), suspects=(m,), wait=w))
             else:
                 roots.append(Root(RANK, (m,), wait=w))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, SIGNALLED, UNKNOWN, RankEnd
@@ -153,17 +154,20 @@ def _recording_off(job: Job, rank: int) -> bool:
 
 
 def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None,
-                notes: list[str]) -> dict[int, RankEnd]:
-    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own):
-    not those that died after the job was interrupted (the interruption, or record's last SIGKILL, did it),
-    nor every rank of a job killed at once."""
+               notes: list[str]) -> tuple[dict[int, RankEnd], dict[int, RankEnd]]:
+    """Ranks whose process ended before the job did (killed, crashed, or an uncaught exception of their own),
+    and the ranks the launcher killed after them (victims: ``teardown``): not those that died after the job
+    was interrupted (the interruption, or record's last SIGKILL, did it), nor every rank of a job killed at
+    once."""
     dead = {r: e for r, e in ends.items() if e.how in (DIED, EXCEPTION)}
     if not dead and any(e.how == PEER_LOST for e in ends.values()):
         # Some rank lost its peer: an unclosed log whose process could not be checked is the peer that went.
         dead = {r: e for r, e in ends.items() if e.how == UNKNOWN}
     if interrupted_at is not None:
         dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
-    if dead and len(dead) == len(ends) and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
+    everyone = len(dead) == len(ends)
+    killed = teardown(job, dead)
+    if dead and everyone and not killed and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
@@ -171,24 +175,33 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
             spread = latest - min(e.t_ns or latest for e in dead.values())
             notes.append(f"no rank closed its log ({ranks_text(dead)} stop within {duration(spread)} of each "
                          "other): the whole job was killed at once (or its processes run on another host)")
-        return first
-    return dead
+        return first, {}
+    return dead, killed
 
 
-def killed_after(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
-    """The ranks whose death follows the first of ``dead``: when one worker dies, torchrun stops the others
-    (SIGTERM, then SIGKILL after its grace period), and a rank that died more than ``DEATH_GAP_NS`` after the
-    first death, while it was still inside a call (waiting on the dead rank, or on one the death left behind),
-    was ended by that, not by a fault of its own. They are taken out of ``dead`` if there, and returned
-    (victims)."""
-    first = min((e.t_ns for e in dead.values() if e.t_ns is not None), default=None)
-    if first is None:
+# A rank's last record may come up to a heartbeat (a second) before its death: the slack when deaths are ordered.
+HEARTBEAT_SLACK_NS = 10**9
+
+
+def teardown(job: Job, dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
+    """The ranks of ``dead`` the launcher killed after the first failure, taken out of ``dead`` and returned.
+    When one worker fails, torchrun stops the others (SIGTERM, which kills a rank blocked in a collective at
+    once, then SIGKILL after its grace period): a rank that died inside a call (waiting, for the failed rank
+    or for one its failure held up) no earlier than a rank that died outside any call, or raised, was ended by
+    that failure, not by a fault of its own. Only where `record`'s job file says the launcher itself failed
+    (a non-zero exit status, no signal forwarded to it); without such a failure (every dead rank died inside a
+    call, as when the whole job is killed), nothing is taken."""
+    if not any(isinstance(j.get("exit_status"), int) and j["exit_status"] != 0 and not j.get("signal")
+               for j in job.jobs):
+        return {}  # the launcher did not report a failure it saw itself (no job file, or a signal ended the job)
+    inside = {r for r, e in dead.items() if e.how == DIED and _inside_a_call(job, r)}
+    failed = [e.t_ns for r, e in dead.items() if r not in inside and e.t_ns is not None]
+    if not failed:
         return {}
-    out = {}
-    for rank, end in sorted(ends.items()):
-        if end.how == DIED and end.t_ns is not None and end.t_ns > first + DEATH_GAP_NS and _inside_a_call(job, rank):
-            out[rank] = end
-            dead.pop(rank, None)
+    first = min(failed)
+    out = {r: dead[r] for r in sorted(inside) if (t := dead[r].t_ns) is not None and t >= first - HEARTBEAT_SLACK_NS}
+    for rank in out:
+        del dead[rank]
     return out
 
 
@@ -245,6 +258,11 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     (``inside``) is a suspect, not a culprit: the collective may have aborted it."""
     out = list(findings)
     died: list[Finding] = []
+    times = [e.t_ns for e in dead.values() if e.t_ns is not None]
+    # Several ranks dead within a heartbeat of each other, none by an exception of its own: a log's last record
+    # can precede its death by up to a heartbeat, so which died first (and took the others down) is not known.
+    together = (len(dead) > 1 and len(times) == len(dead) and max(times) - min(times) <= HEARTBEAT_SLACK_NS
+                and all(e.how == DIED for e in dead.values()))
     for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
@@ -252,12 +270,27 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
             out.remove(explained)
         out, p2p = _waits_on(out, rank)
         explained = explained or (p2p[0] if p2p else None)
-        died.append(_rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None,
-                               (inside or {}).get(rank)))
-    # Waits of the others on a dead rank that another finding names again are the same story.
-    dead_set = set(dead)
-    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and set(f.culprit_ranks) <= dead_set)]
+        f = _rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None, (inside or {}).get(rank))
+        if together and f.culprit_ranks:
+            f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
+                        basis=f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of each "
+                              "other: which died first, and took the others down, cannot be told")
+        died.append(f)
+    # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
+    # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
+    down = went_down(ends, dead, killed)
+    out = [f for f in out if not (f.kind in (MISSING_RANKS, STUCK_ALL_JOINED) and f.culprit_ranks
+                                  and set(f.culprit_ranks) <= down)
+           and not (f.kind == P2P_MISMATCH and f.ranks_missing and set(f.ranks_missing) <= down)]
     return out + died
+
+
+def went_down(ends: Mapping[int, RankEnd], dead: Mapping[int, RankEnd],
+              killed: Mapping[int, RankEnd] | None) -> set[int]:
+    """The ranks a death took down: the dead, those that failed on the lost connection, those the launcher
+    killed after it. A wait on one of them (a collective, a send or a receive it never reached) is part of
+    the death's story."""
+    return set(dead) | {r for r, e in ends.items() if e.how == PEER_LOST} | set(killed or ())
 
 
 def _waits_on(findings: list[Finding], rank: int) -> tuple[list[Finding], list[Finding]]:
