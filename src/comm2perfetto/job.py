@@ -31,9 +31,10 @@ from comm2perfetto.model import (
 
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.group_names import GroupConflict
-    from comm2perfetto.sources.event_log import RankLog, StallStacks
+    from comm2perfetto.sources.event_log import RankLog
     from comm2perfetto.sources.kineto.events import KinetoTrace
     from comm2perfetto.sources.kineto.profile import RankProfile
+    from comm2perfetto.sources.stacks import StallStacks
 
 __all__ = ["Coverage", "Job", "RankInfo"]
 

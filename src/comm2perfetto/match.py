@@ -56,7 +56,6 @@ from comm2perfetto.model import (
     Stack,
 )
 from comm2perfetto.sources.checks import dumps_world
-from comm2perfetto.sources.event_log import StallStacks
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
@@ -65,6 +64,7 @@ from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
+from comm2perfetto.sources.stacks import StallStacks
 from comm2perfetto.tracks import SiteInterner, fr_p2p, merge_log, merge_traces, number_by_order
 
 

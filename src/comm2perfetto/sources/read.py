@@ -45,7 +45,7 @@ from comm2perfetto.sources.discover import (
     find_files,
     pick_attempt,
 )
-from comm2perfetto.sources.event_log import UNCLOSED, EventLogError, RankLog, StallStacks, read_event_log, read_stacks
+from comm2perfetto.sources.event_log import UNCLOSED, EventLogError, RankLog, read_event_log
 from comm2perfetto.sources.fr.dump import FrDump, FrFormatError, rank_from_name, read_fr_dump
 from comm2perfetto.sources.fr.ingest import FrRankTrace, build_rank_trace
 from comm2perfetto.sources.fr.tables import SignatureTable, StackTable
@@ -53,6 +53,7 @@ from comm2perfetto.sources.kineto.events import KinetoTrace
 from comm2perfetto.sources.kineto.load import check_against_job, load_traces
 from comm2perfetto.sources.kineto.profile import RankProfile, read_profiles
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, rank_ok, read_bounded, time_ok
+from comm2perfetto.sources.stacks import StallStacks, read_stacks
 
 __all__ = ["PARALLEL_MIN_RANKS", "Sources", "cores", "load_sources"]
 
