@@ -61,7 +61,7 @@ from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
-from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
+from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of, shifted
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
 from comm2perfetto.sources.stacks import StallStacks
@@ -110,7 +110,8 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     for rank, log in src.logs.items():
         merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
     number_by_order(unnumbered, groups, tracks, log_seen, notes)
-    gpu_ends = merge_traces(trace_cols, local, tracks, notes)
+    ungrouped: dict[int, list[TraceCollective]] = {}
+    gpu_ends = merge_traces(trace_cols, local, tracks, notes, ungrouped)
 
     if options.align:
         ends = _precise_ends(tracks)
@@ -151,6 +152,8 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
+        kernel_collectives=MappingProxyType({rank: tuple(shifted(c, clock.offset_ns.get(rank, 0)) for c in cols)
+                                             for rank, cols in ungrouped.items()}),
         resolver=None if options.stacks else LazyStacks(src),
         profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,

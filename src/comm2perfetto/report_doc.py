@@ -89,10 +89,10 @@ class CollectiveRow(TypedDict):
 
     op: str
     process_group: str
-    group_size: int
+    group_size: int | None  # None: not known (kernels of a library that names no group)
     count: int
     timed: int
-    bytes: int
+    bytes: int | None  # of the instances whose size is known; None where none's is
     total_s: float | None
     mean_s: float | None
     p50_s: float | None

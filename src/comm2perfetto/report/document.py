@@ -150,7 +150,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
     ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
     step)."""
-    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessTable(job),
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None, steps=steps), Stragglers(), LatenessTable(job),
                      ModuleTable(job, depth, steps))
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
