@@ -59,7 +59,7 @@ from comm2perfetto.sources.checks import dumps_world
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
-from comm2perfetto.sources.fr.ingest import FrRankTrace
+from comm2perfetto.sources.fr.ingest import FrRankTrace, fr_job_notes
 from comm2perfetto.sources.fr.tables import contiguous
 from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of, shifted
 from comm2perfetto.sources.limits import Ranks
@@ -91,6 +91,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     profiler traces in place (a ``Sources`` builds one Job), the stall stacks and the profiles as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
+    notes.extend(fr_job_notes(src.fr))
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
     groups, local, conflicts = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], Track] = {}
