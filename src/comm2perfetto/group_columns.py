@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, overload
 
-from comm2perfetto.model import CallState, Collective, ProcessGroup, Signature, Stack, gpu_backend
-from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns_col
+from comm2perfetto.model import CallState, Collective, ProcessGroup, RankClock, Signature, Stack, gpu_backend
+from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_LOOKUP, STATES, GroupTrack, ms_to_ns_col
 from comm2perfetto.sources.fr.tables import contiguous
 
 # Up to this many (rank, collective) cells, a group's per-collective tuples of a field are built all at once when
@@ -91,20 +91,20 @@ def completed_upto(track: Track) -> int:
     return seqs[bad - 1] if bad > 0 else -1
 
 
-def shift_track(track: Track, offset: int) -> None:
+def shift_track(track: Track, clock: RankClock) -> None:
     """Move a track's times onto the job's clock, once, in place."""
-    if not offset:
+    if not clock:
         return
     if isinstance(track, GroupTrack):
         for name in ("created_col", "started_col", "completed_col"):
             col = getattr(track, name)
-            setattr(track, name, type(col)(col.typecode, [t + offset if t >= 0 else t for t in col]))
+            setattr(track, name, type(col)(col.typecode, clock.times(col, NO_VALUE)))
         return
     for name in ("arrive", "start", "end"):
-        setattr(track, name, [t + offset if t is not None else None for t in getattr(track, name)])
+        setattr(track, name, clock.times(getattr(track, name)))
     if track.gpu_begins is not None:
-        track.gpu_begins = [t + offset if t is not None else None for t in track.gpu_begins]
-    track.log_ends = {k: t + offset for k, t in track.log_ends.items()}
+        track.gpu_begins = clock.times(track.gpu_begins)
+    track.log_ends = dict(zip(track.log_ends, clock.times(track.log_ends.values())))
 
 
 class _Member:

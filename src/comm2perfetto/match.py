@@ -131,10 +131,10 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}
     p2p = {uid: _pair(uid, ops, clock) for uid, ops in p2p_ops.items()}
     for rank, log in src.logs.items():
-        log.shift(clock.offset_ns.get(rank, 0))
+        log.shift(clock.of(rank))
     for rank, traces in src.traces.items():
         for kineto_trace in traces:
-            kineto_trace.shift(clock.offset_ns.get(rank, 0))
+            kineto_trace.shift(clock.of(rank))
     return Job(
         world_size=world,
         ranks=MappingProxyType(_rank_infos(src)),
@@ -153,10 +153,10 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
-        kernel_collectives=MappingProxyType({rank: tuple(shifted(c, clock.offset_ns.get(rank, 0)) for c in cols)
+        kernel_collectives=MappingProxyType({rank: tuple(shifted(c, clock.of(rank)) for c in cols)
                                              for rank, cols in ungrouped.items()}),
         resolver=None if options.stacks else LazyStacks(src),
-        profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
+        profiles=MappingProxyType({rank: p.shifted(clock.of(rank)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,
         attempts=src.attempts,
         sampled=_sampled(src, world, options.sample),
@@ -180,7 +180,7 @@ def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallSta
     detected = sorted(st.t_ns for log in src.logs.values() for st in log.stalls if st.reason != "remote")
     out = {}
     for rank, docs in src.stacks.items():
-        moved = [d.shifted(clock.offset_ns.get(rank, 0)) for d in docs]
+        moved = [d.shifted(clock.of(rank)) for d in docs]
         if detected:
             log = src.logs.get(rank)
             ending = min((e.t_ns for e in log.endings), default=None) if log is not None else None
@@ -329,8 +329,8 @@ class _FrEndDifferences:
         """The ranks to refine: none without the reference's completions."""
         return list(self._tracks) if self._reference else []
 
-    def __call__(self, rank: int) -> list[int]:
-        out: list[int] = []
+    def __call__(self, rank: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
         for uid, tr in self._tracks[rank]:
             ref = self._reference.get(uid)
             if ref is not None:
@@ -338,9 +338,10 @@ class _FrEndDifferences:
         return out
 
 
-def _end_differences(tr: Track, ref: Track) -> list[int]:
-    """``tr``'s completion time minus ``ref``'s for collectives both completed, over at most ``FR_END_SAMPLES``
-    seqs evenly spaced: slices of the columns where both tracks hold one row per seq (the common case)."""
+def _end_differences(tr: Track, ref: Track) -> list[tuple[int, int]]:
+    """``(tr's completion time, that minus ref's)`` for collectives both completed, over at most
+    ``FR_END_SAMPLES`` seqs evenly spaced: slices of the columns where both tracks hold one row per seq (the
+    common case)."""
     if isinstance(tr, GroupTrack) and isinstance(ref, GroupTrack) and contiguous(tr.seq_col) \
             and contiguous(ref.seq_col):
         lo, hi = max(tr.seq_col[0], ref.seq_col[0]), min(tr.seq_col[-1], ref.seq_col[-1])
@@ -349,12 +350,12 @@ def _end_differences(tr: Track, ref: Track) -> list[int]:
         n = hi - lo + 1
         step = -(-n // FR_END_SAMPLES)
         i, j = lo - tr.seq_col[0], lo - ref.seq_col[0]
-        return [a - b for a, b, sa, sb in zip(tr.completed_col[i:i + n:step], ref.completed_col[j:j + n:step],
+        return [(a, a - b) for a, b, sa, sb in zip(tr.completed_col[i:i + n:step], ref.completed_col[j:j + n:step],
                                               tr.state_col[i:i + n:step], ref.state_col[j:j + n:step])
                 if sa == sb == _DONE and a != NO_VALUE and b != NO_VALUE]
     ref_ends = _completed_ends(ref)
     pairs = [(seq, end) for seq, end in _completed_ends(tr).items() if seq in ref_ends]
-    return [end - ref_ends[seq] for seq, end in pairs[::-(-len(pairs) // FR_END_SAMPLES) or 1]]
+    return [(end, end - ref_ends[seq]) for seq, end in pairs[::-(-len(pairs) // FR_END_SAMPLES) or 1]]
 
 
 _DONE = STATE_CODE[CallState.COMPLETED]
@@ -431,7 +432,7 @@ def _collectives(
     members = [tracks.get((r, group.uid)) for r in group.ranks]
     for rank, tr in zip(group.ranks, members):
         if tr is not None:
-            shift_track(tr, clock.offset_ns.get(rank, 0))
+            shift_track(tr, clock.of(rank))
     return GroupCollectives(group, members, stacks)
 
 
@@ -439,11 +440,11 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
     sends: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
     for op in ops:
-        off = clock.offset_ns.get(op.rank, 0)
-        if off:
-            op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
-                       op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
-                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source, op.seq)
+        moved = clock.of(op.rank)
+        if moved:
+            arrive, end = moved.times((op.t_arrive_ns, op.t_end_ns))
+            op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state, arrive, end,
+                       op.stack_id, op.source, op.seq)
         if op.kind == "send":
             sends[(op.rank, op.peer)].append(op)
         else:

@@ -603,14 +603,60 @@ class ClockMethod(StrEnum):
     NONE = "none"  # not aligned (merge --no-align): each rank on its own clock
 
 
+class ClockFit(StrEnum):
+    """What was fitted to a refined rank's clock (``ClockAlignment.fit``)."""
+
+    DRIFT = "offset and drift"  # an offset and a rate: the rank's clock runs fast or slow against the reference
+    OFFSET = "offset"  # one offset: the ends resolve no drift beyond their own scatter
+    OFFSET_ONLY = "offset only"  # one offset: too few ends, or too close in time, to fit a rate
+
+
+@dataclass(frozen=True, slots=True)
+class RankClock:
+    """How one rank's local times map onto the job's clock: ``t_job = t + offset_ns + round(rate * (t -
+    anchor_ns))``. ``rate`` is how much the rank's clock loses per nanosecond against the reference's (-2e-4 for
+    a clock 200 ppm fast); 0 for one offset. Every time the ``Job`` holds is moved through one of these, once.
+
+    >>> RankClock(offset_ns=-1_000, rate=-2e-4, anchor_ns=10**9)(10**9 + 10**6)
+    1000998800
+    """
+
+    offset_ns: int = 0
+    rate: float = 0.0
+    anchor_ns: int = 0
+
+    def __bool__(self) -> bool:
+        """False when it moves nothing (rank 0, a rank assumed on time)."""
+        return bool(self.offset_ns or self.rate)
+
+    def __call__(self, t: int) -> int:
+        if self.rate:
+            return t + self.offset_ns + round(self.rate * (t - self.anchor_ns))
+        return t + self.offset_ns
+
+    def times(self, values: Iterable[int | None], missing: int | None = None) -> list:
+        """A column of local times on the job's clock; ``None`` (or ``missing``, a column's no-value code) kept."""
+        off, rate, anchor = self.offset_ns, self.rate, self.anchor_ns
+        if rate:
+            return [t + off + round(rate * (t - anchor)) if t is not None and t != missing else t for t in values]
+        if missing is None:
+            return [t + off if t is not None else None for t in values]
+        return [t + off if t != missing else t for t in cast(Iterable[int], values)]  # a coded column: no None
+
+
 @dataclass(frozen=True, slots=True)
 class ClockAlignment:
-    """Per-rank clock offsets to rank 0: ``t_rank0 = t_local + offset_ns[rank]``.
+    """Per-rank clocks put on rank 0's: ``t_rank0 = t_local + offset_ns[rank] + rate[rank] * (t_local -
+    anchor_ns[rank])`` (``of(rank)``: the ``RankClock`` that does it); ``rate`` only where a drift was fitted.
 
     ``method[rank]``: ``measured`` (the recorder's start-up measurement), ``refined`` (corrected from
     collectives that completed on every rank, whose ends are near-simultaneous), ``assumed`` (no
-    information: 0). ``residual_skew_ns`` is the largest per-rank median distance between a rank's
-    collective ends and rank 0's after alignment: what is left of the skew; None when unmeasurable.
+    information: 0). A refined rank has its ``fit`` (an offset, or an offset and a drift, ``ClockFit``) and
+    ``residual_ns``, the median distance of its collective ends from the reference's after alignment;
+    ``residual_skew_ns`` is the largest of these: what is left of the skew; None when unmeasurable.
+    ``uncalibrated``: the ranks whose residual stays above what their ends resolve (their scatter from one end
+    to the next, and at least ``align.UNCALIBRATED_FLOOR_NS``): their times are not comparable with other
+    ranks', and no view takes their lateness as evidence.
     """
 
     offset_ns: Mapping[int, int] = field(default_factory=_empty)
@@ -618,6 +664,20 @@ class ClockAlignment:
     uncertainty_ns: Mapping[int, int] = field(default_factory=_empty)
     residual_skew_ns: int | None = None
     samples: int = 0
+    rate: Mapping[int, float] = field(default_factory=_empty)
+    anchor_ns: Mapping[int, int] = field(default_factory=_empty)
+    fit: Mapping[int, ClockFit] = field(default_factory=_empty)
+    residual_ns: Mapping[int, int] = field(default_factory=_empty)
+    uncalibrated: frozenset[int] = frozenset()
+
+    def of(self, rank: int) -> RankClock:
+        """The map of ``rank``'s local times onto the job's clock."""
+        return RankClock(self.offset_ns.get(rank, 0), self.rate.get(rank, 0.0), self.anchor_ns.get(rank, 0))
+
+    def drift_ppm(self, rank: int) -> float | None:
+        """How many parts per million ``rank``'s clock runs fast (positive) or slow; None where none was fitted."""
+        rate = self.rate.get(rank)
+        return None if rate is None else -rate * 1e6
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from statistics import median
 from types import SimpleNamespace
 
-from comm2perfetto.align import MAX_RTT_NS, MIN_SAMPLES, measured_offsets, refine, shift
+from comm2perfetto.align import MAX_RTT_NS, MIN_SAMPLES, measured_offsets, refine
+from comm2perfetto.model import RankClock
 
 
 def _log(offset, rtt):
@@ -42,10 +43,11 @@ def test_too_few_matched_ends_keep_the_measurement():
     assert clock.offset_ns[1] == -10 and clock.method[1] == "measured"
 
 
-def test_shift():
-    assert shift([1, None, 3], 10) == [11, None, 13]
-    col = [1, 2]
-    assert shift(col, 0) is col
+def test_a_rank_clock_moves_a_column_and_keeps_what_is_missing():
+    assert RankClock(10).times([1, None, 3]) == [11, None, 13]
+    assert RankClock(10).times([1, -1, 3], missing=-1) == [11, -1, 13]
+    assert RankClock(10, -1e-3, 1_000).times([1_000, None, 3_000, -1], missing=-1) == [1_010, None, 3_008, -1]
+    assert not RankClock() and RankClock(0, 1e-6)
 
 
 def test_a_measurement_whose_round_trip_was_held_up_is_not_trusted():

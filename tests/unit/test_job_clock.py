@@ -12,6 +12,7 @@ import pytest
 
 from comm2perfetto.load_options import REPORT, LoadOptions
 from comm2perfetto.match import load_job
+from comm2perfetto.model import RankClock
 from comm2perfetto.sources.event_log import _TIME_AT, read_event_log
 from comm2perfetto.sources.kineto.profile import RankProfile
 
@@ -59,7 +60,7 @@ def test_a_shifted_log_is_the_log_its_rank_would_have_written_on_the_other_clock
         path.write_bytes(b"\n".join(map(orjson.dumps, content)) + b"\n")
 
     log = read_event_log(paths[0])
-    log.shift(offset)
+    log.shift(RankClock(offset))
     expected = read_event_log(paths[1])
     assert not log.problems and log.ranges and any(t is None for t, _ in log.warnings)
     for f in dataclasses.fields(log):
@@ -70,35 +71,35 @@ def test_a_shifted_log_is_the_log_its_rank_would_have_written_on_the_other_clock
 def test_the_job_holds_logs_traces_and_stall_stacks_on_its_clock(jobs):
     aligned, own = jobs
     for rank in sorted(aligned.ranks):
-        offset = aligned.clock.offset_ns.get(rank, 0)
+        to_job = aligned.clock.of(rank)
         log, raw = aligned.logs[rank], own.logs[rank]
-        assert [c.t_call_ns for c in log.calls] == [c.t_call_ns + offset for c in raw.calls]
-        assert [c.t_return_ns for c in log.calls] == [c.t_return_ns + offset for c in raw.calls]
-        assert [t for _, t, _ in log.steps] == [t + offset for _, t, _ in raw.steps]
-        assert [s.t_ns for s in log.stalls] == [s.t_ns + offset for s in raw.stalls]
-        assert (aligned.ranks[rank].first_ns, aligned.ranks[rank].last_ns) == (raw.first_ns + offset,
-                                                                                raw.last_ns + offset)
+        assert [c.t_call_ns for c in log.calls] == [to_job(c.t_call_ns) for c in raw.calls]
+        assert [c.t_return_ns for c in log.calls] == [to_job(c.t_return_ns) for c in raw.calls]
+        assert [t for _, t, _ in log.steps] == [to_job(t) for _, t, _ in raw.steps]
+        assert [s.t_ns for s in log.stalls] == [to_job(s.t_ns) for s in raw.stalls]
+        assert (aligned.ranks[rank].first_ns, aligned.ranks[rank].last_ns) == (to_job(raw.first_ns),
+                                                                                to_job(raw.last_ns))
         for trace, raw_trace in zip(aligned.traces[rank], own.traces[rank], strict=True):
             for events, raw_events in ((trace.cpu_ops, raw_trace.cpu_ops), (trace.gpu_events, raw_trace.gpu_events),
                                        (trace.comm_events, raw_trace.comm_events)):
-                assert [e.t_begin_ns for e in events] == [e.t_begin_ns + offset for e in raw_events]
-            assert [(b, e) for _, b, e in trace.steps] == [(b + offset, e + offset) for _, b, e in raw_trace.steps]
+                assert [e.t_begin_ns for e in events] == [to_job(e.t_begin_ns) for e in raw_events]
+            assert [(b, e) for _, b, e in trace.steps] == [(to_job(b), to_job(e)) for _, b, e in raw_trace.steps]
         if rank in aligned.stall_stacks:
             stacks, raw_stacks = aligned.stall_stacks[rank], own.stall_stacks[rank]
-            assert stacks.t_ns == raw_stacks.t_ns + offset
-            assert [p.since_ns for p in stacks.pending] == [p.since_ns + offset for p in raw_stacks.pending]
+            assert stacks.t_ns == to_job(raw_stacks.t_ns)
+            assert [p.since_ns for p in stacks.pending] == [to_job(p.since_ns) for p in raw_stacks.pending]
             assert stacks.threads == raw_stacks.threads
 
 
 def test_the_profiles_report_measures_are_on_the_jobs_clock():
     aligned = load_job([RECORDING], dataclasses.replace(REPORT, workers=1))
     own = load_job([RECORDING], dataclasses.replace(REPORT, workers=1, align=False))
-    offset = aligned.clock.offset_ns[1]
+    to_job = aligned.clock.of(1)
     profile, raw = aligned.profiles[1], own.profiles[1]
     assert profile.cpu_compute and profile.cpu_comm and profile.windows
-    assert profile.cpu_compute == [(b + offset, e + offset) for b, e in raw.cpu_compute]
-    assert profile.cpu_comm == [(b + offset, e + offset) for b, e in raw.cpu_comm]
-    assert profile.windows == tuple((b + offset, e + offset) for b, e in raw.windows)
+    assert profile.cpu_compute == [(to_job(b), to_job(e)) for b, e in raw.cpu_compute]
+    assert profile.cpu_comm == [(to_job(b), to_job(e)) for b, e in raw.cpu_comm]
+    assert profile.windows == tuple((to_job(b), to_job(e)) for b, e in raw.windows)
     assert profile.traces == () and aligned.traces[1]  # its communication events live in the job, moved once
 
 
@@ -108,7 +109,7 @@ def test_a_shifted_profile_moves_every_span_and_step():
     profile = RankProfile(gpu_compute=spans, gpu_comm=spans, gpu_memory=spans, cpu_compute=spans, cpu_comm=spans,
                           gpu_overlapped=spans, gpu_busy=spans, steps=steps, gpu_steps=steps,
                           windows=tuple(spans), traces=("adopted by the job",), events=9, notes=("a note",))
-    moved = profile.shifted(5)
+    moved = profile.shifted(RankClock(5))
     for f in dataclasses.fields(RankProfile):
         before, after = getattr(profile, f.name), getattr(moved, f.name)
         if f.name == "traces":
@@ -117,7 +118,7 @@ def test_a_shifted_profile_moves_every_span_and_step():
             assert list(after) == [(*x[:-2], x[-2] + 5, x[-1] + 5) for x in before], f.name
         else:
             assert after == before, f.name
-    assert RankProfile(gpu_overlapped=None).shifted(5).gpu_overlapped is None
+    assert RankProfile(gpu_overlapped=None).shifted(RankClock(5)).gpu_overlapped is None
 
 
 def test_loading_twice_gives_the_same_times(jobs):
@@ -133,7 +134,7 @@ def test_a_shifted_profiler_trace_moves_every_event_and_step():
         return trace
 
     before, trace = read(), read()
-    trace.shift(5)
+    trace.shift(RankClock(5))
     for f in dataclasses.fields(trace):
         old, new = getattr(before, f.name), getattr(trace, f.name)
         if f.name in ("comm_events", "cpu_ops", "gpu_events", "gpu_annotations"):

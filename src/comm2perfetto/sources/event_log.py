@@ -31,6 +31,7 @@ import orjson
 
 from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.exchange import Exchange
+from comm2perfetto.model import RankClock
 from comm2perfetto.sources.limits import (
     MAX_JOB_NS,
     MAX_OFFSET_NS,
@@ -212,34 +213,34 @@ class RankLog:
     heartbeats: int = 0
     problems: list[str] = field(default_factory=list)
 
-    def shift(self, offset_ns: int) -> None:
-        """Move every time this log holds by ``offset_ns``, in place: from the rank's own clock onto the job's
+    def shift(self, clock: RankClock) -> None:
+        """Move every time this log holds through ``clock``, in place: from the rank's own clock onto the job's
         (``match.build_job`` does, once, after aligning the clocks). The header keeps the rank's own times."""
-        if not offset_ns:
+        if not clock:
             return
         for call in self.calls:
-            call.t_call_ns += offset_ns
+            call.t_call_ns = clock(call.t_call_ns)
             if call.t_return_ns is not None:
-                call.t_return_ns += offset_ns
+                call.t_return_ns = clock(call.t_return_ns)
             if call.t_done_ns is not None:
-                call.t_done_ns += offset_ns
+                call.t_done_ns = clock(call.t_done_ns)
         for rng in self.ranges:
-            rng.t_begin_ns += offset_ns
+            rng.t_begin_ns = clock(rng.t_begin_ns)
             if rng.t_end_ns is not None:
-                rng.t_end_ns += offset_ns
+                rng.t_end_ns = clock(rng.t_end_ns)
         for stall in self.stalls:
-            stall.t_ns += offset_ns
+            stall.t_ns = clock(stall.t_ns)
         for ending in self.endings:
-            ending.t_ns += offset_ns
-        self.marks = [(t + offset_ns, name, tid, source) for t, name, tid, source in self.marks]
-        self.steps = [(step, t + offset_ns, source) for step, t, source in self.steps]
-        self.fr_dumps = [(t + offset_ns, path, reason) for t, path, reason in self.fr_dumps]
-        self.profiler_traces = [(t + offset_ns, path) for t, path in self.profiler_traces]
-        self.warnings = [(t + offset_ns if t is not None else None, message) for t, message in self.warnings]
+            ending.t_ns = clock(ending.t_ns)
+        self.marks = [(clock(t), name, tid, source) for t, name, tid, source in self.marks]
+        self.steps = [(step, clock(t), source) for step, t, source in self.steps]
+        self.fr_dumps = [(clock(t), path, reason) for t, path, reason in self.fr_dumps]
+        self.profiler_traces = [(clock(t), path) for t, path in self.profiler_traces]
+        self.warnings = [(clock(t) if t is not None else None, message) for t, message in self.warnings]
         if self.first_ns is not None:
-            self.first_ns += offset_ns
+            self.first_ns = clock(self.first_ns)
         if self.last_ns is not None:
-            self.last_ns += offset_ns
+            self.last_ns = clock(self.last_ns)
 
     @property
     def rank(self) -> int:

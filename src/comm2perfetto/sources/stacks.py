@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from comm2perfetto.model import RankClock
 from comm2perfetto.sources.event_log import EventLogError
 from comm2perfetto.sources.limits import TooLargeError, count_ok, is_int, rank_ok, read_bounded, shown, time_ok
 
@@ -45,13 +46,13 @@ class StallStacks(NamedTuple):
     pending: tuple[PendingCall, ...]
     threads: tuple[ThreadStack, ...]
 
-    def shifted(self, offset_ns: int) -> StallStacks:
-        """The same stacks with their times moved by ``offset_ns`` (onto the job's clock: ``match.build_job``)."""
-        if not offset_ns:
+    def shifted(self, clock: RankClock) -> StallStacks:
+        """The same stacks with their times moved through ``clock`` (onto the job's clock: ``match.build_job``)."""
+        if not clock:
             return self
-        pending = tuple(p._replace(since_ns=p.since_ns + offset_ns if p.since_ns is not None else None)
+        pending = tuple(p._replace(since_ns=clock(p.since_ns) if p.since_ns is not None else None)
                         for p in self.pending)
-        return self._replace(t_ns=self.t_ns + offset_ns if self.t_ns is not None else None, pending=pending)
+        return self._replace(t_ns=clock(self.t_ns) if self.t_ns is not None else None, pending=pending)
 
     def main_thread(self) -> ThreadStack | None:
         """The thread the training ran on: the one named MainThread, else the first."""

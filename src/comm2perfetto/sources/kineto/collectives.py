@@ -36,6 +36,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from comm2perfetto.model import RankClock
 from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS, comm_family, family_op
 from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
 from comm2perfetto.sources.kineto.steps import launch_steps
@@ -79,12 +80,12 @@ class TraceCollective:
     family: str | None = None  # its kernel's row of comm_kernels.COMM_KERNEL_FAMILIES ("nccl", "deepep" ...)
 
 
-def shifted(c: TraceCollective, offset_ns: int) -> TraceCollective:
-    """``c`` with its times moved by ``offset_ns`` (onto the job's clock)."""
-    if not offset_ns:
+def shifted(c: TraceCollective, clock: RankClock) -> TraceCollective:
+    """``c`` with its times moved through ``clock`` (onto the job's clock)."""
+    if not clock:
         return c
-    return replace(c, t_call_ns=c.t_call_ns + offset_ns if c.t_call_ns is not None else None,
-                   t_begin_ns=c.t_begin_ns + offset_ns, t_end_ns=c.t_end_ns + offset_ns)
+    return replace(c, t_call_ns=clock(c.t_call_ns) if c.t_call_ns is not None else None,
+                   t_begin_ns=clock(c.t_begin_ns), t_end_ns=clock(c.t_end_ns))
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:

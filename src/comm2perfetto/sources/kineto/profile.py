@@ -14,6 +14,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from comm2perfetto.intervals import Span, intersection, union
+from comm2perfetto.model import RankClock
 from comm2perfetto.sources.kineto.events import KinetoSpans
 from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto_spans
 
@@ -43,14 +44,14 @@ class RankProfile:
     events: int = 0
     notes: tuple[str, ...] = ()
 
-    def shifted(self, offset_ns: int) -> RankProfile:
-        """The same profile with every span moved by ``offset_ns`` (onto the job's clock: ``match.load_job``),
+    def shifted(self, clock: RankClock) -> RankProfile:
+        """The same profile with every span moved through ``clock`` (onto the job's clock: ``match.load_job``),
         its communication events left out: the job holds them (``Job.traces``), on its clock."""
         def spans(u: list[tuple[int, int]]) -> list[tuple[int, int]]:
-            return [(b + offset_ns, e + offset_ns) for b, e in u] if offset_ns else u
+            return [(clock(b), clock(e)) for b, e in u] if clock else u
 
         def steps(s: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
-            return tuple((n, b + offset_ns, e + offset_ns) for n, b, e in s) if offset_ns else s
+            return tuple((n, clock(b), clock(e)) for n, b, e in s) if clock else s
 
         return replace(
             self, gpu_compute=spans(self.gpu_compute), gpu_comm=spans(self.gpu_comm),
