@@ -15,9 +15,10 @@ collectives can span an hour, over which one offset leaves the ends of its first
 the whole drift. So the differences are fitted with a line against the rank's own time (``fit_differences``:
 an offset and a rate, robust to outliers), kept where the drift over the run exceeds the ends' scatter and is
 one a clock can have (``MAX_DRIFT``); else one offset (their median), and ``ClockFit`` says which and why. Each
-refined rank's residual (the median distance of its ends from the fit) is kept, and a rank whose residual stays
-above what its ends resolve (their scatter from one collective to the next, and ``UNCALIBRATED_FLOOR_NS``: a
-clock stepped mid-run, say) is *uncalibrated*: its times are shown, and its lateness is evidence of nothing.
+refined rank's residual (the median distance of its ends from the fit) is kept, and a rank whose ends stray from
+the fit by more than they resolve (a tenth of them further than twice their change from one collective to the
+next, and than ``UNCALIBRATED_FLOOR_NS``: a clock stepped mid-run, say) is *uncalibrated*: its times are shown,
+and its lateness is evidence of nothing.
 
 Dumps without event logs (plain Flight Recorder) carry no measurement: their offsets are assumed 0 (the
 hosts' clocks are trusted, e.g. NTP), unless the collectives Flight Recorder saw complete (NCCL's watchdog
@@ -115,15 +116,17 @@ class DriftFit(NamedTuple):
     last_ns: int
     fit: ClockFit
     residual_ns: int  # the median distance of the ends from the line
-    scatter_ns: int  # the median change of that distance from one end to the next: what the ends resolve
+    stray_ns: int  # the distance a tenth of the ends exceed (90th percentile)
+    scatter_ns: int  # the 90th percentile of its change from one end to the next: what the ends resolve
 
     def at(self, t: int) -> int:
         return self.level + round(self.slope * (t - self.anchor_ns))
 
     @property
     def uncalibrated(self) -> bool:
-        """The ends stray from the line by more than they scatter: a clock the line does not describe."""
-        return self.residual_ns > max(UNCALIBRATED_FLOOR_NS, 2 * self.scatter_ns)
+        """A tenth of the ends stray from the line by more than they scatter: a clock the line does not describe
+        (a median residual would hide a clock stepped for a third of the run)."""
+        return self.stray_ns > max(UNCALIBRATED_FLOOR_NS, 2 * self.scatter_ns)
 
 
 def fit_differences(points: Sequence[tuple[int, int]]) -> DriftFit:
@@ -166,8 +169,13 @@ def fit_differences(points: Sequence[tuple[int, int]]) -> DriftFit:
                 level, slope, kind = line, s, ClockFit.DRIFT
     off = [d - level - round(slope * (t - anchor)) for t, d in pts]
     residual = int(median(abs(r) for r in off))
-    scatter = int(median(abs(b - a) for a, b in pairwise(off))) if n > 1 else 0
-    return DriftFit(level, slope, anchor, ts[0], ts[-1], kind, residual, scatter)
+    scatter = _p90([abs(b - a) for a, b in pairwise(off)]) if n > 1 else 0
+    return DriftFit(level, slope, anchor, ts[0], ts[-1], kind, residual, _p90(list(map(abs, off))), scatter)
+
+
+def _p90(values: list[int]) -> int:
+    values.sort()
+    return values[(len(values) * 9) // 10]
 
 
 def refine_by_differences(
@@ -187,7 +195,7 @@ def refine_by_differences(
     offsets = dict(clock.offset_ns)
     method = dict(clock.method)
     rate, anchor, fit = dict(clock.rate), dict(clock.anchor_ns), dict(clock.fit)
-    residual, uncalibrated = dict(clock.residual_ns), set(clock.uncalibrated)
+    residual, uncalibrated = dict(clock.residual_ns), dict(clock.uncalibrated)
     total = 0
     base = offsets.get(reference, 0)
     for rank in ranks:
@@ -198,7 +206,9 @@ def refine_by_differences(
             continue
         line = fit_differences(points)
         apart = offsets.get(rank, 0) - base  # what the rank's clock is already moved by, against the reference's
-        if max(abs(line.at(line.first_ns) + apart), abs(line.at(line.last_ns) + apart)) < min_correction_ns:
+        skew = max(abs(line.at(line.first_ns) + apart), abs(line.at(line.last_ns) + apart),
+                   line.stray_ns if line.uncalibrated else 0)
+        if skew < min_correction_ns:
             continue
         offsets[rank] = base - line.level
         method[rank] = ClockMethod.REFINED
@@ -209,9 +219,9 @@ def refine_by_differences(
             rate.pop(rank, None)
             anchor.pop(rank, None)
         if line.uncalibrated:
-            uncalibrated.add(rank)
+            uncalibrated[rank] = line.stray_ns
         else:
-            uncalibrated.discard(rank)
+            uncalibrated.pop(rank, None)
         total += len(points)
     if not total:
         return clock
@@ -219,5 +229,5 @@ def refine_by_differences(
         offset_ns=MappingProxyType(offsets), method=MappingProxyType(method),
         uncertainty_ns=clock.uncertainty_ns, residual_skew_ns=max(residual.values()), samples=clock.samples + total,
         rate=MappingProxyType(rate), anchor_ns=MappingProxyType(anchor), fit=MappingProxyType(fit),
-        residual_ns=MappingProxyType(residual), uncalibrated=frozenset(uncalibrated),
+        residual_ns=MappingProxyType(residual), uncalibrated=MappingProxyType(uncalibrated),
     )

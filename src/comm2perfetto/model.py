@@ -654,9 +654,9 @@ class ClockAlignment:
     information: 0). A refined rank has its ``fit`` (an offset, or an offset and a drift, ``ClockFit``) and
     ``residual_ns``, the median distance of its collective ends from the reference's after alignment;
     ``residual_skew_ns`` is the largest of these: what is left of the skew; None when unmeasurable.
-    ``uncalibrated``: the ranks whose residual stays above what their ends resolve (their scatter from one end
-    to the next, and at least ``align.UNCALIBRATED_FLOOR_NS``): their times are not comparable with other
-    ranks', and no view takes their lateness as evidence.
+    ``uncalibrated``: the ranks whose ends stray from their fit by more than the ends resolve (``align``), with
+    how far a tenth of them stray: their times are not comparable with other ranks', and no view takes their
+    lateness as evidence.
     """
 
     offset_ns: Mapping[int, int] = field(default_factory=_empty)
@@ -668,16 +668,20 @@ class ClockAlignment:
     anchor_ns: Mapping[int, int] = field(default_factory=_empty)
     fit: Mapping[int, ClockFit] = field(default_factory=_empty)
     residual_ns: Mapping[int, int] = field(default_factory=_empty)
-    uncalibrated: frozenset[int] = frozenset()
+    uncalibrated: Mapping[int, int] = field(default_factory=_empty)
 
     def of(self, rank: int) -> RankClock:
         """The map of ``rank``'s local times onto the job's clock."""
         return RankClock(self.offset_ns.get(rank, 0), self.rate.get(rank, 0.0), self.anchor_ns.get(rank, 0))
 
     def drift_ppm(self, rank: int) -> float | None:
-        """How many parts per million ``rank``'s clock runs fast (positive) or slow; None where none was fitted."""
+        """How many parts per million ``rank``'s clock runs fast (+) or slow; None where no drift was fitted."""
         rate = self.rate.get(rank)
         return None if rate is None else -rate * 1e6
+
+    def drifts_ppm(self) -> dict[int, float]:
+        """``drift_ppm`` of every rank whose drift was fitted."""
+        return {rank: -rate * 1e6 for rank, rate in sorted(self.rate.items())}
 
 
 @dataclass(frozen=True, slots=True)

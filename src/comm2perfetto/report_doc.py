@@ -137,6 +137,10 @@ class Clock(TypedDict):
     method: dict[str, str]
     residual_skew_s: float | None
     samples: int
+    fit: dict[str, str]  # refined ranks: "offset and drift", "offset", "offset only" (model.ClockFit)
+    drift_ppm: dict[str, float]  # ranks whose drift was fitted: how fast their clock runs against rank 0's
+    residual_s: dict[str, float]  # refined ranks: the median distance of their ends from rank 0's, aligned
+    uncalibrated: dict[str, float]  # ranks no fit describes: how far a tenth of their ends stray from it
 
 
 class _Report(TypedDict):

@@ -11,6 +11,9 @@ annotations and the preview all call these, so one fact reads the same wherever 
     sample_text("traces", [0, 1], 128) -> "traces of 2 of 128 ranks (0, 1)"   a sample of a larger job
     clock_text({0: "measured", 1: "refined"}, 14_600, 5)
         -> "clocks aligned to rank 0; residual skew 14.6 us (5 collective ends)"
+    clock_fits_text({2: 200.0}, {3: 40_000_000})
+        -> "; drift fitted on rank 2 (+200.0 ppm); uncalibrated: rank 3 (a tenth of its ends 40.0 ms or more
+           off the fit), its times not comparable with other ranks'"
 
 The order of process groups is a fact of the job: :meth:`comm2perfetto.job.Job.groups_in_order`.
 Standard library only and no import of comm2perfetto when it runs (``report_doc``'s types for the type
@@ -24,10 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from comm2perfetto.model import ClockAlignment
     from comm2perfetto.report_doc import Clock
 
-__all__ = ["MAX_RANK_PARTS", "clock_text", "duration", "rank_list", "ranks_text", "sample_text", "size",
-           "three_digits"]
+__all__ = ["MAX_RANK_PARTS", "UNCALIBRATED_LEGEND", "alignment_text", "clock_fits_text", "clock_text", "duration",
+           "rank_list", "rank_mark", "ranks_text", "sample_text", "size", "three_digits"]
 
 # A sentence names at most this many runs or single ranks ("ranks 0-3, 5, 9, ..."); the full list is the JSON's.
 MAX_RANK_PARTS = 6
@@ -117,6 +121,23 @@ def size(n_bytes: float) -> str:
     return _scaled(n_bytes, _SIZE_UNITS)
 
 
+def clock_fits_text(drift_ppm: Mapping[int, float], uncalibrated: Mapping[int, int]) -> str:
+    """What a clock line adds where clocks were fitted: the ranks whose drift was fitted (its ppm, or the range
+    of them), and the uncalibrated ranks with how far a tenth of their ends stray from their fit (the most);
+    empty where neither."""
+    out = ""
+    if drift_ppm:
+        low, high = min(drift_ppm.values()), max(drift_ppm.values())
+        rates = f"{low:+.1f} ppm" if len(drift_ppm) == 1 else f"{low:+.1f} to {high:+.1f} ppm"
+        out += f"; drift fitted on {ranks_text(sorted(drift_ppm))} ({rates})"
+    if uncalibrated:
+        its = "its" if len(uncalibrated) == 1 else "their"
+        out += (f"; uncalibrated: {ranks_text(sorted(uncalibrated))} (a tenth of {its} ends "
+                f"{duration(max(uncalibrated.values()))} or more off the fit), {its} times not comparable with "
+                "other ranks'")
+    return out
+
+
 def sample_text(what: str, ranks: Sequence[int], world: int | None) -> str:
     """What a sample of a job's ranks covers (``Job.sampled``: ``traces`` or ``data``):
     ``traces of 2 of 128 ranks (0, 1)``."""
@@ -125,22 +146,45 @@ def sample_text(what: str, ranks: Sequence[int], world: int | None) -> str:
 
 def document_clock_text(clock: Clock | None) -> str | None:
     """``clock_text`` of a report document's ``clock`` (``{"method": {"0": "measured", ...}, "residual_skew_s":
-    1.6e-05, "samples": 118}``); None where the document has none (no job)."""
+    1.6e-05, "samples": 118, "drift_ppm": {"2": 200.0}, "uncalibrated": {}, ...}``); None where the document has
+    none (no job)."""
     if not clock:
         return None
     residual = clock["residual_skew_s"]
-    return clock_text({int(r): m for r, m in clock["method"].items()},
-                      round(residual * 1e9) if residual is not None else None, clock["samples"])
+    method = {int(r): m for r, m in clock["method"].items()}
+    if residual is None:  # nothing was fitted
+        return clock_text(method, None, clock["samples"])
+    return clock_text(method, round(residual * 1e9), clock["samples"],
+                      {int(r): ppm for r, ppm in clock["drift_ppm"].items()},
+                      {int(r): round(s * 1e9) for r, s in clock["uncalibrated"].items()})
 
 
-def clock_text(method: Mapping[int, str], residual_skew_ns: int | None, samples: int) -> str:
+# The straggler tables mark an uncalibrated rank's row ("3*") and say why under the table.
+UNCALIBRATED_LEGEND = "* clock uncalibrated (see the clock line): its lateness is not comparable with other ranks'"
+
+
+def rank_mark(rank: int, clock: Clock | None) -> str:
+    """A rank as a straggler table shows it: ``3*`` where the report's ``clock`` says it is uncalibrated."""
+    return f"{rank}*" if clock and str(rank) in clock["uncalibrated"] else str(rank)
+
+
+def alignment_text(clock: ClockAlignment) -> str:
+    """``clock_text`` of a job's clock alignment."""
+    return clock_text(clock.method, clock.residual_skew_ns, clock.samples, clock.drifts_ppm(),
+                      clock.uncalibrated)
+
+
+def clock_text(method: Mapping[int, str], residual_skew_ns: int | None, samples: int,
+               drift_ppm: Mapping[int, float] | None = None, uncalibrated: Mapping[int, int] | None = None) -> str:
     """How the ranks' clocks were put on rank 0's, always said (merge's summary, the report's header):
-    aligned with the residual left, aligned by the recorder's measurement alone, or not aligned and why.
-    ``method``: rank -> ``refined``, ``measured``, ``assumed`` or ``none`` (model.ClockAlignment)."""
+    aligned with the residual left (and ``clock_fits_text``), aligned by the recorder's measurement alone, or
+    not aligned and why. ``method``: rank -> ``refined``, ``measured``, ``assumed`` or ``none``
+    (model.ClockAlignment)."""
     if len(method) <= 1:
         return "clocks: one rank, nothing to align"
     if residual_skew_ns is not None:
-        return f"clocks aligned to rank 0; residual skew {duration(residual_skew_ns)} ({samples} collective ends)"
+        return (f"clocks aligned to rank 0; residual skew {duration(residual_skew_ns)} ({samples} collective ends)"
+                + clock_fits_text(drift_ppm or {}, uncalibrated or {}))
     if all(m == "none" for m in method.values()):
         return "clocks: not aligned (--no-align): each rank on its own clock"
     reference = min(method)  # rank 0, or the lowest rank with data: the clock the others are put on

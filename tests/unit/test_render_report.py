@@ -583,7 +583,9 @@ def test_html_shows_every_ranks_and_steps_numbers_as_the_text_does() -> None:
 def test_html_header_says_what_the_report_covers() -> None:
     doc = make_doc()
     doc.update(paths=["runs/job7"], world_size=4,
-               clock={"residual_skew_s": 4.1e-05, "samples": 5, "method": {str(r): "refined" for r in range(4)}})
+               clock={"residual_skew_s": 4.1e-05, "samples": 5, "method": {str(r): "refined" for r in range(4)},
+                      "fit": {str(r): "offset" for r in range(4)}, "drift_ppm": {},
+                      "residual_s": {str(r): 4.1e-05 for r in range(4)}, "uncalibrated": {}})
     tree = charts(render_html(doc))[0]
     title = "comm2perfetto report: runs/job7 (4 ranks, steps 3-5, basis gpu)"
     assert tree.root.all("title")[0].text == title and tree.root.all("h1")[0].text == title
@@ -593,6 +595,12 @@ def test_html_header_says_what_the_report_covers() -> None:
                      "clocks": "clocks aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
     # The page words the clocks as the text report does: one sentence, from words.
     assert facts["clocks"] in render_text(doc)
+    doc["clock"].update(drift_ppm={"2": 200.0}, uncalibrated={"3": 0.04})
+    drifting = document_clock_text(doc["clock"])
+    assert drifting == ("clocks aligned to rank 0; residual skew 41.0 us (5 collective ends); drift fitted on rank 2 "
+                        "(+200.0 ppm); uncalibrated: rank 3 (a tenth of its ends 40.0 ms or more off the fit), its "
+                        "times not comparable with other ranks'")
+    assert drifting in render_text(doc)
     doc["clock"] = {"method": {"0": "assumed", "1": "assumed"}, "residual_skew_s": None, "samples": 0}
     assert document_clock_text(doc["clock"]) == (
         "clocks: not aligned (each rank on its own clock): no recorder measurement, and too few collective ends to "

@@ -29,7 +29,7 @@ from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import require_paths
 from comm2perfetto.trace.formats import format_for
 from comm2perfetto.trace.write import RankChoice, TraceOptions, TraceResult, Window, brief, write_trace
-from comm2perfetto.words import clock_text, duration, ranks_text, size
+from comm2perfetto.words import alignment_text, duration, ranks_text, size
 
 __all__ = ["add_parser", "run"]
 
@@ -139,7 +139,7 @@ def summary_text(options: TraceOptions, job: Job, diagnosis: Diagnosis, result: 
          f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
         (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}{sampled}; collectives: {summary.collectives:,}"
          f"{in_window}; p2p transfers: {summary.p2p:,}; time span: {duration(span)}"),
-        "  " + clock_text(job.clock.method, job.clock.residual_skew_ns, job.clock.samples),
+        "  " + alignment_text(job.clock),
     ]
     if diagnosis.findings:
         lines.append(f"  findings ({diagnosis.status}): " + "; ".join(map(brief, diagnosis.findings[:4]))

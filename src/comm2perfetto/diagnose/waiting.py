@@ -235,7 +235,9 @@ def stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = None
     last = c.last_arrival_rank
     late_ns = (c.arrival_of(last) or 0) - first if last is not None and first is not None else 0
     noise = lateness_noise(job, group)
-    late = [last] if last is not None and not behind and noise is not None and late_ns > noise else []
+    unaligned = sorted(set(ranks).intersection(job.clock.uncalibrated))  # their arrivals compare with nothing
+    late = [last] if last is not None and not behind and noise is not None and late_ns > noise and not unaligned \
+        else []
     sites = sites_of(job, c, behind + late + [r for r in ranks if r not in behind + late])
     if at_ns is None:
         not_done = sorted(r for r in ranks if (c.state_of(r) or "") in NOT_DONE_STATES)
@@ -253,7 +255,11 @@ def stuck(job: Job, c: Collective, group: ProcessGroup, at_ns: int | None = None
         action = (f"Check {ranks_text(behind)} first (its host, GPU and network, or work it queued before this "
                   "collective).")
     else:
-        if last is not None and late_ns > 0:
+        if last is not None and late_ns > 0 and unaligned:
+            detail += (f" Rank {last} arrived last by the clocks, but the clock of {ranks_text(unaligned)} is "
+                       "uncalibrated (its collective ends stray from any fit further than they resolve): the order of "
+                       "arrivals singles nobody out.")
+        elif last is not None and late_ns > 0:
             detail += f" Rank {last} arrived last, {duration(late_ns)} after the first"
             detail += (" (later than the clocks' noise and the group's usual lateness: a suspect)." if late
                        else ", within what the clocks and the group's usual collectives allow: that singles "

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.words import duration, rank_list, ranks_text, sample_text
+from comm2perfetto.words import clock_fits_text, duration, rank_list, ranks_text, sample_text
 
 __all__ = ["render_text"]
 
@@ -65,7 +65,8 @@ def render_text(d: Diagnosis, out: TextIO) -> None:
     clock = d.clock
     if clock.residual_skew_ns is not None:
         out.write(f"\nClock: ranks aligned on {clock.samples} collective ends; residual skew "
-                  f"{duration(clock.residual_skew_ns)}\n")
+                  f"{duration(clock.residual_skew_ns)}"
+                  f"{clock_fits_text(clock.drifts_ppm(), clock.uncalibrated)}\n")
 
 
 def _finding(i: int, f: Finding, out: TextIO) -> None:

@@ -54,7 +54,7 @@ from comm2perfetto.render.report_text import (
     time_cells,
 )
 from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
-from comm2perfetto.words import document_clock_text, ranks_text
+from comm2perfetto.words import UNCALIBRATED_LEGEND, document_clock_text, rank_mark, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
            "write_plot"]
@@ -461,10 +461,11 @@ def _collectives_table(doc: ReportDoc) -> str:
 
 def _stragglers_table(doc: ReportDoc) -> str:
     header = ["rank", "matched", "last arrivals", "mean lateness", "p99 lateness"]
-    rows = [[fmt_int(s["rank"]), fmt_int(s["matched"]), fmt_int(s["last_arrivals"]),
+    rows = [[rank_mark(s["rank"], doc["clock"]), fmt_int(s["matched"]), fmt_int(s["last_arrivals"]),
              fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])]
             for s in doc["stragglers"]]
-    return _html_table(header, rows)
+    legend = f"<p>{_e(UNCALIBRATED_LEGEND)}</p>" if any(row[0].endswith("*") for row in rows) else ""
+    return _html_table(header, rows) + legend
 
 
 def _modules_table(doc: ReportDoc) -> str:

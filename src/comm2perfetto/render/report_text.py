@@ -29,7 +29,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from comm2perfetto.report_doc import CollectiveRow, FigureKey, Figures, ModuleRow, RankFigures, ReportDoc
-from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
+from comm2perfetto.words import (
+    UNCALIBRATED_LEGEND,
+    document_clock_text,
+    duration,
+    rank_mark,
+    ranks_text,
+    size,
+    three_digits,
+)
 
 __all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
            "rank_sort_key", "render_text", "table", "time_cells"]
@@ -265,10 +273,11 @@ def _stragglers_section(doc: Doc, width: int) -> list[str]:
     for s in stragglers[:MAX_STRAGGLERS_SHOWN]:
         matched, last = s["matched"], s["last_arrivals"]
         share = 100.0 * last / matched if matched and last is not None else None
-        rows.append([fmt_int(s["rank"]), fmt_int(matched), fmt_int(last), fmt_pct(share),
+        rows.append([rank_mark(s["rank"], doc["clock"]), fmt_int(matched), fmt_int(last), fmt_pct(share),
                      fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])])
     title = "stragglers (last = collectives this rank arrived at last; late = arrival - earliest arrival)"
-    return [title, *table(header, rows, ">" * len(header), width=width)]
+    legend = [UNCALIBRATED_LEGEND] if any(row[0].endswith("*") for row in rows) else []
+    return [title, *table(header, rows, ">" * len(header), width=width), *legend]
 
 
 # --- module tree --------------------------------------------------------------------------------------------

@@ -169,7 +169,10 @@ def _clock(job: Job) -> Clock:
     clock = job.clock
     return {"method": {str(r): m for r, m in sorted(clock.method.items())},
             "residual_skew_s": clock.residual_skew_ns / 1e9 if clock.residual_skew_ns is not None else None,
-            "samples": clock.samples}
+            "samples": clock.samples, "fit": {str(r): f for r, f in sorted(clock.fit.items())},
+            "drift_ppm": {str(r): ppm for r, ppm in clock.drifts_ppm().items()},
+            "residual_s": {str(r): ns / 1e9 for r, ns in sorted(clock.residual_ns.items())},
+            "uncalibrated": {str(r): ns / 1e9 for r, ns in sorted(clock.uncalibrated.items())}}
 
 
 def _step_finder(facts: Mapping[int, _RankFacts]) -> Callable[[Collective], int | None]:

@@ -131,13 +131,29 @@ class RankWriter:
             return "no data from this rank"
         parts = [f"host {info.host}" if info.host else None, f"pid {info.pid}" if info.pid else None,
                  info.backend]
-        method = self.job.clock.method.get(self.rank)
-        if method:
-            offset = self.job.clock.offset_ns.get(self.rank, 0)
-            parts.append(f"clock {method} ({'+' if offset >= 0 else ''}{duration(offset)})")
+        parts.append(self._clock())
         if info.closed_cleanly is False:
             parts.append("log not closed cleanly: the rank died or was killed")
         return ", ".join(p for p in parts if p)
+
+    def _clock(self) -> str | None:
+        """How this rank's clock was put on rank 0's: method and offset, and for a refined one its fit and
+        residual; an uncalibrated one says its times are not comparable."""
+        clock = self.job.clock
+        method = clock.method.get(self.rank)
+        if not method:
+            return None
+        offset = clock.offset_ns.get(self.rank, 0)
+        facts = [f"{'+' if offset >= 0 else ''}{duration(offset)}"]
+        fit = clock.fit.get(self.rank)
+        if fit is not None:
+            drift = clock.drift_ppm(self.rank)
+            facts.append(f"drift {drift:+.1f} ppm" if drift is not None else fit)
+            facts.append(f"residual {duration(clock.residual_ns[self.rank])}")
+        text = f"clock {method} ({', '.join(facts)})"
+        if self.rank in clock.uncalibrated:
+            text += ", UNCALIBRATED: its times are not comparable with other ranks'"
+        return text
 
     def _seen(self, begin: int, end: int | None) -> None:
         stop = end if end is not None else begin

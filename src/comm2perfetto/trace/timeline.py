@@ -36,7 +36,7 @@ from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
 from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, rank_at
 from comm2perfetto.trace.sink import TraceSink
-from comm2perfetto.words import duration
+from comm2perfetto.words import clock_fits_text, duration
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
 
@@ -158,7 +158,8 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
     parts = [f"world size {job.world_size}" if job.world_size else "world size unknown",
              f"diagnose: {diagnosis.status}"]
     if job.clock.residual_skew_ns is not None:
-        parts.append(f"residual clock skew {duration(job.clock.residual_skew_ns)}")
+        parts.append(f"residual clock skew {duration(job.clock.residual_skew_ns)}"
+                     f"{clock_fits_text(job.clock.drifts_ppm(), job.clock.uncalibrated)}")
     attempts = attempts_text(diagnosis.attempt, diagnosis.other_attempts, "this trace")
     if attempts is not None:
         parts.append(attempts)
