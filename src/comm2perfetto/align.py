@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from math import sqrt
+from operator import itemgetter
 from statistics import median
 from types import MappingProxyType
 from typing import NamedTuple
@@ -148,29 +149,32 @@ def fit_differences(points: Sequence[tuple[int, int]]) -> DriftFit:
     n = len(pts)
     ts = [t for t, _ in pts]
     ds = [d for _, d in pts]
-    anchor = ts[n // 2]
+    anchor, span = ts[n // 2], ts[-1] - ts[0]
     level, slope = int(median(ds)), 0.0
     kind = ClockFit.OFFSET_ONLY
     windows = min(DRIFT_WINDOWS, n // MIN_SAMPLES)
-    if windows >= 3 and ts[-1] > ts[0]:
+    if windows >= 3 and span > 0:
         kind = ClockFit.OFFSET
         cuts = [n * k // windows for k in range(windows + 1)]
         centres = [(median(ts[a:b]), median(ds[a:b])) for a, b in pairwise(cuts)]
         slopes = [(d2 - d1) / (t2 - t1) for i, (t1, d1) in enumerate(centres) for t2, d2 in centres[i + 1:]
                   if t2 > t1]
-        if slopes:
-            s = median(slopes)
-            line = int(median(d - s * (t - anchor) for t, d in pts))
-            spread = median(abs(d - line - s * (t - anchor)) for t, d in pts)
+        s = median(slopes) if slopes else 0.0
+        if abs(s) <= MAX_DRIFT and abs(s) * span > DRIFT_FLOOR_NS:  # else no drift worth the two passes below
+            line = int(median([d - s * (t - anchor) for t, d in pts]))
+            spread = median([abs(d - line - s * (t - anchor)) for t, d in pts])
             # Noise alone tilts the line through stretches of m ends by about 2.6 spreads / sqrt(m): a drift must
-            # move the run's ends apart by three times that, by more than one end strays, and by the floor.
-            needed = max(DRIFT_FLOOR_NS, spread, 8 * spread / sqrt(n / windows))
-            if abs(s) <= MAX_DRIFT and abs(s) * (ts[-1] - ts[0]) > needed:
+            # move the run's ends apart by three times that, and by more than one end strays.
+            if abs(s) * span > max(spread, 8 * spread / sqrt(n / windows)):
                 level, slope, kind = line, s, ClockFit.DRIFT
-    off = [d - level - round(slope * (t - anchor)) for t, d in pts]
-    residual = int(median(abs(r) for r in off))
+    off = [d - level - round(slope * (t - anchor)) for t, d in pts] if slope else [d - level for d in ds]
+    far = sorted(map(abs, off))
+    residual = (far[(n - 1) // 2] + far[n // 2]) // 2  # their median
     scatter = _p90([abs(b - a) for a, b in pairwise(off)]) if n > 1 else 0
-    return DriftFit(level, slope, anchor, ts[0], ts[-1], kind, residual, _p90(list(map(abs, off))), scatter)
+    return DriftFit(level, slope, anchor, ts[0], ts[-1], kind, residual, far[(n * 9) // 10], scatter)
+
+
+_second = itemgetter(1)
 
 
 def _p90(values: list[int]) -> int:
@@ -204,8 +208,11 @@ def refine_by_differences(
         points = differences(rank)
         if len(points) < MIN_SAMPLES:
             continue
-        line = fit_differences(points)
         apart = offsets.get(rank, 0) - base  # what the rank's clock is already moved by, against the reference's
+        if min_correction_ns and 2 * max(abs(min(points, key=_second)[1] + apart),
+                                         abs(max(points, key=_second)[1] + apart)) < min_correction_ns:
+            continue  # every end within half of it: no fit could find as much (and a fit costs more)
+        line = fit_differences(points)
         skew = max(abs(line.at(line.first_ns) + apart), abs(line.at(line.last_ns) + apart),
                    line.stray_ns if line.uncalibrated else 0)
         if skew < min_correction_ns:
