@@ -3,6 +3,7 @@ per rank, and ranks the fit does not describe called uncalibrated."""
 
 from __future__ import annotations
 
+import html
 from statistics import mean, median
 
 from comm2perfetto.align import (
@@ -152,6 +153,9 @@ def test_an_uncalibrated_rank_is_said_everywhere_and_its_lateness_is_no_evidence
     report = run_cli("report", tmp_path).out
     assert "; uncalibrated: rank 1 (a tenth" in report and UNCALIBRATED_LEGEND in report
     assert any(line.split()[:1] == ["1*"] for line in report.splitlines())
+    assert run_cli("report", tmp_path, "--plot", tmp_path / "r.html").code == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<td>1*</td>" in page and ">1*</text>" in page and html.escape(UNCALIBRATED_LEGEND) in page  # table, map
     merged = run_cli("merge", tmp_path, "-o", tmp_path / "t.pftrace")
     assert merged.code == 0 and "; uncalibrated: rank 1 (a tenth" in merged.out
     described = {p.name: p.description for p in check_trace(tmp_path / "t.pftrace").tracks.values()

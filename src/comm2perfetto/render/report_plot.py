@@ -53,7 +53,7 @@ from comm2perfetto.render.report_text import (
     rank_sort_key,
     time_cells,
 )
-from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
+from comm2perfetto.report_doc import Clock, Figures, LatenessMap, ReportDoc
 from comm2perfetto.words import UNCALIBRATED_LEGEND, document_clock_text, rank_mark, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
@@ -365,8 +365,9 @@ def _heat_legend(top: float, x: float, y: float) -> list[str]:
     return parts
 
 
-def heatmap_svg(lateness_map: LatenessMap) -> str | None:
-    """The lateness heat map as one ``<svg>`` element; None when the map is empty."""
+def heatmap_svg(lateness_map: LatenessMap, clock: Clock | None = None) -> str | None:
+    """The lateness heat map as one ``<svg>`` element, a rank whose ``clock`` is uncalibrated labelled ``3*``;
+    None when the map is empty."""
     ranks: Sequence[Any] = lateness_map["ranks"]
     names: Sequence[str] = [str(n) for n in lateness_map["collectives"]]
     values: Sequence[Sequence[float | None]] = lateness_map["lateness_s"]
@@ -384,7 +385,7 @@ def heatmap_svg(lateness_map: LatenessMap) -> str | None:
             parts.append(_rect(GUTTER + first * cell_w, y, (end - first) * cell_w, pitch, level_colour(level),
                                "cell", _cell_title(rank, names, row, first, end)))
         if i % every == 0:
-            parts.append(_text(GUTTER - 6, y + pitch / 2 + 4, str(rank), "end"))
+            parts.append(_text(GUTTER - 6, y + pitch / 2 + 4, rank_mark(rank, clock), "end"))
     labels_y = y0 + pitch * len(ranks) + 6
     for col in range(0, len(names), label_every(len(names), cell_w)):
         x = GUTTER + (col + 0.5) * cell_w + 4
@@ -478,7 +479,7 @@ def _modules_table(doc: ReportDoc) -> str:
 
 def render_html(doc: ReportDoc) -> str:
     """The self-contained page :func:`write_plot` writes for ``.html``."""
-    heatmap = heatmap_svg(doc["lateness_map"])
+    heatmap = heatmap_svg(doc["lateness_map"], doc["clock"])
     body = [
         f"<h1>{_e(plot_title(doc))}</h1>", _header(doc),
         "<h2>Job (times: mean per rank)</h2>", _summary_table(doc),
@@ -492,6 +493,8 @@ def render_html(doc: ReportDoc) -> str:
         "<h2>Lateness at each collective</h2>",
         '<p class="note">a rank\'s arrival minus the earliest arrival (on a GPU: its first kernel\'s begin)</p>',
         heatmap or '<p class="note">no lateness data (it needs collectives timed on two or more ranks)</p>',
+        f'<p class="note">{_e(UNCALIBRATED_LEGEND)}</p>' if heatmap and doc["clock"] and doc["clock"]["uncalibrated"]
+        else "",
         "<h2>Collectives (by total time)</h2>",
         '<p class="note">on a GPU, times are the collective\'s kernels; queue: mean of (first kernel begin - '
         "CPU enqueue)</p>" if _queued(doc) else "",
