@@ -16,9 +16,10 @@ How records meet:
   source, are first joined into one track (``tracks.py``).
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
-- The clocks are aligned (``align.py``) on what ends together on every rank: the recorder's returns, the
-  profiler traces' kernel ends, Flight Recorder's completion times (a watchdog poll late, so only a large skew);
-  then every time the job holds is moved onto the job's clock, once, here.
+- The clocks are aligned (``align.py``: an offset and, over a long run, a drift per rank) on what ends together
+  on every rank: the recorder's returns, the profiler traces' kernel ends, Flight Recorder's completion times (a
+  watchdog poll late, so only a large skew); then every time the job holds is moved onto the job's clock, once,
+  here, each rank's through one map (``ClockAlignment.of(rank)``).
 """
 
 
