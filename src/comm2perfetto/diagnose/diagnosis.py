@@ -44,6 +44,7 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_in_transfer,
     died_inside,
     frozen_findings,
     frozen_ranks,
@@ -101,6 +102,13 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
     for r, c in inside.items():
         i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
                   and f.seq == c.seq), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
+    # Likewise a rank that died inside a send or recv whose pair differs in size or dtype.
+    for r in list(dead):
+        i = next((i for i, f in enumerate(findings) if f.kind == P2P_MISMATCH and r in f.suspect_ranks
+                  and died_in_transfer(job, r, f)), None)
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
