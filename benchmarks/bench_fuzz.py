@@ -1,6 +1,6 @@
-"""The long run of the hostile-input property test: many mutated recordings, and the README's reliability figures.
+"""The long run of the hostile-input property test: many mutated recordings, and docs/reliability.md's figures.
 
-Runs ``tests/unit/test_fuzz_inputs.py`` with ``COMM2PERFETTO_FUZZ_EXAMPLES`` examples (default 1000, each one
+Runs ``tests/unit/test_sources_fuzz_inputs.py`` with ``COMM2PERFETTO_FUZZ_EXAMPLES`` examples (default 1000, each one
 mutated recording run through diagnose, merge and report: 3000 runs, about ten minutes on 2 cores), then
 prints what was tried and how it ended::
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                    COMM2PERFETTO_FUZZ_STATS=str(stats_path))
         start = time.monotonic()
         rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "0",
-                              str(ROOT / "tests" / "unit" / "test_fuzz_inputs.py")], cwd=ROOT, env=env)
+                              str(ROOT / "tests" / "unit" / "test_sources_fuzz_inputs.py")], cwd=ROOT, env=env)
         secs = time.monotonic() - start
         if not stats_path.exists():
             print("no statistics written (the test did not reach its end)")

@@ -8,6 +8,10 @@
   back what it wrote.
 - ``fr_env``: os.environ without this process's comm2perfetto/FR settings, restored afterwards.
 - ``clean_env``: the environment for subprocesses, without this process's comm2perfetto/FR settings.
+
+And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
+file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
+every real job and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +24,20 @@ import pytest
 
 from support.jobs import JobRunner, job_env
 from support.leftovers import clean_up_recorder, recorder_leftovers
+
+JOB_FIXTURES = {"record_job", "module_jobs"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = []
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        real_jobs = item.path.parent.name == "integration" or bool(JOB_FIXTURES & fixtures)
+        if real_jobs != (item.get_closest_marker("integration") is not None):
+            wrong.append(item.nodeid)
+    if wrong:
+        raise pytest.UsageError("tests/integration/ and the `integration` marker must agree (a real job lives in "
+                                "tests/integration/, marked; nothing else is marked): " + ", ".join(wrong))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -24,12 +24,11 @@ straggler or module.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from support.cli import Ran, run_cli_process
 from support.jobs import JobRunner, RunningJob, kill_tree, torchrun
 
 pytestmark = pytest.mark.integration
@@ -117,15 +116,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: result.out for name, result in results.items()}
 
 
-def compare(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "compare", *map(str, args), *MARGIN],
-                          capture_output=True, text=True, timeout=180, check=False)
+def compare(*args: str | Path) -> Ran:
+    return run_cli_process("compare", *map(str, args), *MARGIN, timeout=180)
 
 
 def comparison(base: Path, new: Path, *args: str) -> dict:
     done = compare(base, new, "--steps", STEPS, "--format", "json", *args)
-    assert done.returncode in (0, 1), done.stderr
-    return json.loads(done.stdout)
+    assert done.code in (0, 1), done.err
+    return json.loads(done.out)
 
 
 def flagged(doc: dict, *sections: str) -> set[tuple]:
@@ -147,8 +145,8 @@ def _size(size):
 def test_noise_alone_is_unchanged_everywhere_and_passes_the_gate(runs):
     gate = "exposed_comm>5%,step_time>25%,duration>25%,skew>25%,wait_caused>25%,busbw<-25%,count>0,bytes>0"
     done = compare(runs["base"], runs["noise"], "--steps", STEPS, "--format", "json", "--fail-on", gate)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    assert done.code == 0, done.err
+    doc = json.loads(done.out)
     assert flagged(doc) == set(), [line for line in doc["lines"] if line["verdict"] != "unchanged"]
     sections = {line["section"] for line in doc["lines"]}
     assert sections == {"job", "rank", "collective", "straggler", "module"}
@@ -159,9 +157,9 @@ def test_noise_alone_is_unchanged_everywhere_and_passes_the_gate(runs):
 
 def test_a_late_rank_is_found_on_its_group_op_and_rank(runs):
     done = compare(runs["base"], runs["late"], "--steps", STEPS, "--format", "json", "--fail-on", "exposed_comm>5%")
-    assert done.returncode == 1, done.stderr
-    assert "--fail-on 'exposed_comm>5%' fired on" in done.stderr and "job exposed_comm" in done.stderr
-    doc = json.loads(done.stdout)
+    assert done.code == 1, done.err
+    assert "--fail-on 'exposed_comm>5%' fired on" in done.err and "job exposed_comm" in done.err
+    doc = json.loads(done.out)
     tiny = ("metrics", "all_reduce", (4, 8))
     # the others waited 100 ms a step for rank 1, at the metrics group's all_reduce: about 90 % of a step
     assert flagged(doc, "collective", "straggler", "module") == {
@@ -206,9 +204,8 @@ def test_an_extra_collective_per_step_is_new(runs):
 
 def test_a_saved_report_is_a_side_too(runs, tmp_path):
     saved = tmp_path / "base.json"
-    done = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", runs["base"], "--steps", STEPS,
-                           "--format", "json", "-o", saved], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
+    done = run_cli_process("report", runs["base"], "--steps", STEPS, "--format", "json", "-o", saved, timeout=120)
+    assert done.code == 0, done.err
     doc = comparison(saved, runs["base"], "--plot", str(tmp_path / "cmp.html"))
     assert flagged(doc) == set() and doc["layout"] == []
     assert all(line["change"] in (0, None) for line in doc["lines"])  # the same figures, read back
@@ -219,6 +216,6 @@ def test_a_saved_report_is_a_side_too(runs, tmp_path):
 @pytest.mark.parametrize("trace", sorted(p.name for p in KINETO.glob("*.json.gz")))
 def test_public_profiler_traces_compared_with_themselves_are_unchanged(trace):
     done = compare(KINETO / trace, KINETO / trace, "--format", "json", "--fail-on", "exposed_comm>0%,count>0")
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    assert done.code == 0, done.err
+    doc = json.loads(done.out)
     assert doc["lines"] and {line["verdict"] for line in doc["lines"]} == {"unchanged"}

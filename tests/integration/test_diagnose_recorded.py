@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from support.cli import run_cli_process
 from support.jobs import communicate, job_env, record_cmd, torchrun
 from support.torch_features import needs_gloo_flight_recorder
 
@@ -25,9 +25,8 @@ def _record(out: Path, example: str, args: list[str], record_args: list[str] = (
 
 
 def _diagnose(out: Path, *extra: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", str(out), *extra],
-                          capture_output=True, text=True, timeout=60)
-    return proc.returncode, proc.stdout + proc.stderr
+    proc = run_cli_process("diagnose", str(out), *extra, timeout=60)
+    return proc.code, proc.out + proc.err
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ path given twice, a two-node job recorded by one ``record`` per node. One record
 assertions where it honestly can (the running job is then interrupted; the hung job's rank 0 folder is the
 "one node" view). Then the shapes of real training jobs (issue 21: several groups and a device mesh, pipeline
 and batched p2p, a broadcast root, frozen ranks, an early exit, a late rank), each checked for diagnose's
-verdict and the live verdict file's. README's Reliability section reports these figures.
+verdict and the live verdict file's. docs/reliability.md reports these figures.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from comm2perfetto.sources.event_log import read_event_log
+from support.cli import run_cli_process
 from support.jobs import JobResult, RunningJob, job_env, record_cmd, torchrun
 from support.torch_features import gloo_flight_recorder, needs_gloo_flight_recorder
 from support.verdicts import diagnose, verdict
@@ -554,6 +555,5 @@ def test_a_late_rank_passes_unless_ci_asks_to_fail_on_it(shape_jobs):
     (f,) = doc["findings"]
     assert f["resolved"] and "Rank 2 issued all_reduce #3 4." in f["detail"] and "the job went on" in f["detail"]
     assert f["stacks"]["2"][0].startswith("job.py:") and f["stacks"]["2"][0].endswith(" step")
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", str(job.out), "--fail-on", "late"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and proc.stdout.startswith("OK:"), proc.stdout
+    proc = run_cli_process("diagnose", str(job.out), "--fail-on", "late", timeout=120)
+    assert proc.code == 1 and proc.out.startswith("OK:"), proc.out

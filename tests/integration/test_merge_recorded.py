@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from comm2perfetto.trace.check import check_trace
 from comm2perfetto.trace.preview import COLOURS
+from support.cli import Ran, run_cli_process
 from support.jobs import communicate, job_env, kill_tree, record_cmd, torchrun
 from support.png import preview_compute_s, preview_rows, read_png
 from support.torch_features import gloo_flight_recorder
@@ -59,9 +59,8 @@ dist.all_reduce(torch.ones(4))  # @orphan
 """
 
 
-def merge(out: Path, target: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "merge", str(out), "-o", str(target),
-                           *extra], capture_output=True, text=True, timeout=120, check=False)
+def merge(out: Path, target: Path, *extra: str) -> Ran:
+    return run_cli_process("merge", str(out), "-o", str(target), *extra, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +98,7 @@ def _stall_dumped(out: Path) -> bool:
 def hang_trace(hang, tmp_path_factory):
     target = tmp_path_factory.mktemp("hang") / "job.pftrace"
     proc = merge(hang.out, target, "--preview", str(target.with_suffix(".png")))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     return proc, check_trace(target), target
 
 
@@ -152,8 +151,8 @@ def test_findings_and_recorder_tracks(hang_trace):
     calls = [e for t in trace.tracks_of("rank 0") if t.name.startswith("python calls")
              for e in trace.events_on(t.name, process_name="rank 0")]
     assert [(e.name, e.args.get("state")) for e in calls] == [("all_reduce", None), ("all_reduce", "stalled")]
-    assert "missing_ranks all_reduce (default_pg seq 2)" in proc.stdout
-    assert f"open it: comm2perfetto open {out}" in proc.stdout
+    assert "missing_ranks all_reduce (default_pg seq 2)" in proc.out
+    assert f"open it: comm2perfetto open {out}" in proc.out
 
 
 def test_processes_are_ordered_job_then_ranks(hang_trace):
@@ -172,7 +171,7 @@ def test_chrome_json_holds_the_same_events(hang, hang_trace, tmp_path):
     _, proto, _ = hang_trace
     target = tmp_path / "job.json.gz"
     proc = merge(hang.out, target)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     trace = check_trace(target)
 
     def key(t):
@@ -187,7 +186,7 @@ def test_chrome_json_holds_the_same_events(hang, hang_trace, tmp_path):
 def test_ranks_and_window_select_what_is_drawn(hang, hang_trace, tmp_path):
     _, full, _ = hang_trace
     target = tmp_path / "rank1.pftrace"
-    assert merge(hang.out, target, "--ranks", "1").returncode == 0
+    assert merge(hang.out, target, "--ranks", "1").code == 0
     trace = check_trace(target)
     assert {t.name for t in trace.tracks.values() if t.kind == "process"} == {"job", "rank 1"}
     assert not trace.flows  # a flow needs two ranks drawn
@@ -198,7 +197,7 @@ def test_ranks_and_window_select_what_is_drawn(hang, hang_trace, tmp_path):
     end_us = (warm.ts + warm.dur - first) // 1000 + 1
     if stalled.ts - first > end_us * 1000:
         target = tmp_path / "window.pftrace"
-        assert merge(hang.out, target, "--window", f"0:{end_us}us").returncode == 0
+        assert merge(hang.out, target, "--window", f"0:{end_us}us").code == 0
         seqs = {e.args.get("seq") for e in check_trace(target).events_on("default_pg", process_name="rank 0")}
         assert seqs == {1}
 
@@ -222,7 +221,7 @@ def recorded_examples(tmp_path_factory):
 def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
     target = tmp_path / "ddp.pftrace"
     proc = merge(recorded_examples["ddp"], target)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     trace = check_trace(target)
     # Known from Flight Recorder, or on torch 2.4-2.7 from the dispatcher fallback's records (the event log's,
     # beside the script's own reduce and barrier).
@@ -255,7 +254,7 @@ def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
     assert cpu_tracks, "the profiler's CPU ops of steps 2-3 are drawn"
     ops = {e.name for t in cpu_tracks for e in trace.events_on(t, process_name="rank 0")}
     assert "c10d::allreduce_" in ops or "c10d::broadcast_" in ops  # DDP's C++ calls, seen by the profiler
-    assert "findings: none" in proc.stdout
+    assert "findings: none" in proc.out
 
 
 def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path):
@@ -264,11 +263,10 @@ def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path)
     the profiler did not run; and that time, whose compute nobody measured, is no data rather than idle."""
     target, png = tmp_path / "ddp.pftrace", tmp_path / "ddp.png"
     proc = merge(recorded_examples["ddp"], target, "--preview", str(png))
-    assert proc.returncode == 0, proc.stderr
-    done = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(recorded_examples["ddp"]),
-                           "--format", "json"], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    assert proc.code == 0, proc.err
+    done = run_cli_process("report", str(recorded_examples["ddp"]), "--format", "json", timeout=120)
+    assert done.code == 0, done.err
+    doc = json.loads(done.out)
     shown, column_s = preview_compute_s(png, check_trace(target), [0, 1])
     for rank in (0, 1):
         report = doc["ranks"][str(rank)]["compute_s"]
@@ -282,7 +280,7 @@ def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path)
 def test_shape_mismatch_is_marked_on_both_ranks(recorded_examples, tmp_path):
     target = tmp_path / "mismatch.pftrace"
     proc = merge(recorded_examples["mismatch"], target)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     trace = check_trace(target)
     marks = {}
     for rank in (0, 1):
@@ -305,7 +303,7 @@ def test_killed_rank(module_jobs, tmp_path):
     assert job.returncode != 0
     target = tmp_path / "killed.pftrace"
     proc = merge(job.out, target)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     trace = check_trace(target)
     assert "not closed cleanly" in trace.process_named("rank 1").description
     loops = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "slice"]
@@ -313,4 +311,4 @@ def test_killed_rank(module_jobs, tmp_path):
     (missing,) = [e for e in trace.events_on("default_pg", process_name="rank 1") if e.kind == "instant"]
     assert missing.name == "died before all_reduce (default_pg seq 4)"
     assert missing.ts >= max(e.ts + e.dur for e in loops)
-    assert "findings (crashed): rank_died all_reduce (default_pg seq 4)" in proc.stdout
+    assert "findings (crashed): rank_died all_reduce (default_pg seq 4)" in proc.out

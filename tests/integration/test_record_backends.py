@@ -8,10 +8,10 @@ backend's name: every collective gets a duration, in the merged job and in the r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from support.cli import run_cli_process
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +58,7 @@ def test_every_synchronous_call_is_timed(record_job, backend, reported):
             part = c.part(rank)
             assert part is not None and part.t_end_ns is not None and part.t_end_ns >= part.t_arrive_ns, c
 
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(job.out), "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)["collectives"]
+    proc = run_cli_process("report", str(job.out), "--format", "json", timeout=60)
+    assert proc.code == 0, proc.err
+    rows = json.loads(proc.out)["collectives"]
     assert rows and all(r["timed"] == r["count"] and r["total_s"] > 0 for r in rows), rows

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 
 import pytest
 
+from support.cli import Ran, run_cli_process
 from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
@@ -22,24 +22,23 @@ MARKER_JOB = [sys.executable, "-c", "open('job-ran', 'w').close()"]
 def record(tmp_path, clean_env):
     """``record(args, job)``: run ``comm2perfetto record ARGS -- JOB`` in tmp_path and wait for it."""
 
-    def run(args: list[str], job: list[str] = MARKER_JOB) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "record", *args, "--", *job],
-                              cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60, check=False)
+    def run(args: list[str], job: list[str] = MARKER_JOB) -> Ran:
+        return run_cli_process("record", *args, "--", *job, cwd=tmp_path, env=clean_env, timeout=60)
 
     return run
 
 
-def _one_error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def _one_error_line(proc: Ran) -> str:
+    lines = proc.err.strip().splitlines()
+    assert len(lines) == 1, proc.err
     assert lines[0].startswith("comm2perfetto record: error: "), lines[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.err
     return lines[0]
 
 
 def test_output_folder_that_cannot_be_created(tmp_path, record):
     proc = record(["-o", "/proc/nope"])
-    assert proc.returncode == 2
+    assert proc.code == 2
     line = _one_error_line(proc)
     assert "/proc/nope" in line and "-o" in line
     assert not (tmp_path / "job-ran").exists()
@@ -48,7 +47,7 @@ def test_output_folder_that_cannot_be_created(tmp_path, record):
 def test_output_folder_that_is_a_file(tmp_path, record):
     (tmp_path / "taken").write_text("not a folder")
     proc = record(["-o", "taken"])
-    assert proc.returncode == 2
+    assert proc.code == 2
     line = _one_error_line(proc)
     assert str(tmp_path / "taken") in line and "not a folder" in line
     assert not (tmp_path / "job-ran").exists()
@@ -57,10 +56,10 @@ def test_output_folder_that_is_a_file(tmp_path, record):
 
 def test_command_not_found(tmp_path, record):
     proc = record(["-o", "out"], job=["no-such-command-c2p", "--flag"])
-    assert proc.returncode == 2
+    assert proc.code == 2
     assert "command not found: no-such-command-c2p" in _one_error_line(proc)
     proc = record(["-o", "out"], job=[])
-    assert proc.returncode == 2
+    assert proc.code == 2
     assert "no command given" in _one_error_line(proc)
 
 
@@ -69,14 +68,14 @@ def test_existing_recording_needs_overwrite(tmp_path, record):
     out.mkdir()
     (out / "rank0.events.jsonl").write_text("an earlier recording\n")
     proc = record(["-o", "out"])
-    assert proc.returncode == 2
+    assert proc.code == 2
     line = _one_error_line(proc)
     assert "already holds a recording" in line and "--overwrite" in line
     assert not (tmp_path / "job-ran").exists()
     assert (out / "rank0.events.jsonl").read_text() == "an earlier recording\n"
 
     proc = record(["-o", "out", "--overwrite"])
-    assert proc.returncode == 0, proc.stderr
+    assert proc.code == 0, proc.err
     assert (tmp_path / "job-ran").exists()
     assert not (out / "rank0.events.jsonl").exists()  # the earlier recording is gone, nothing recorded since
 
@@ -92,22 +91,22 @@ def test_existing_recording_needs_overwrite(tmp_path, record):
 ])
 def test_bad_options_are_refused_before_the_job_starts(tmp_path, record, args, message):
     proc = record(["-o", "out", *args])
-    assert proc.returncode == 2
+    assert proc.code == 2
     assert message in _one_error_line(proc)
     assert not (tmp_path / "job-ran").exists()
 
 
 def test_exit_status_of_the_job_is_passed_through(tmp_path, record):
     proc = record(["-o", "out"], job=[sys.executable, "-c", "import sys; sys.exit(3)"])
-    assert proc.returncode == 3
+    assert proc.code == 3
     (path,) = (tmp_path / "out").glob("job.*.json")
     job = json.loads(path.read_text())
     assert job["exit_status"] == 3
     assert job["signal"] is None
     assert job["command"] == [sys.executable, "-c", "import sys; sys.exit(3)"]
     assert job["ended_ns"] >= job["started_ns"]
-    assert "job exited with status 3" in proc.stderr
-    assert "no rank recorded anything" in proc.stderr  # it never called init_process_group
+    assert "job exited with status 3" in proc.err
+    assert "no rank recorded anything" in proc.err  # it never called init_process_group
 
 
 # One rank, the job itself (no launcher in between), so the CLI's child is the rank.

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import pickle
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from support.cli import run_cli_process
 from support.jobs import communicate, job_env, record_cmd, torchrun
 from support.torch_features import needs_gloo_flight_recorder
 
@@ -95,10 +95,9 @@ def test_every_call_is_timed(recorded):
     for rank in (0, 1):
         for call in _log(recorded, rank).calls:
             assert group.completes_on_return(call) != call.functional, call
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(recorded), "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    rows = {r["op"]: r for r in json.loads(proc.stdout)["collectives"]}
+    proc = run_cli_process("report", str(recorded), "--format", "json", timeout=60)
+    assert proc.code == 0, proc.err
+    rows = {r["op"]: r for r in json.loads(proc.out)["collectives"]}
     # per rank: 2 functional all-reduces a step, 3 scatters and 1 broadcast from parallelize_module
     assert {op: (r["count"], r["timed"]) for op, r in rows.items()} == {
         "all_reduce": (2 * STEPS, 2 * STEPS), "scatter": (3, 3), "broadcast": (1, 1)}
@@ -123,10 +122,9 @@ def test_functional_calls_join_flight_recorder_by_sequence_number(recorded):
 
 
 def test_diagnose_finds_nothing_wrong(recorded):
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", str(recorded), "--format",
-                           "json"], capture_output=True, text=True, timeout=60)
-    doc = json.loads(proc.stdout)
-    assert (proc.returncode, doc["status"], doc["findings"], doc["ranks_with_data"]) == (0, "ok", [], [0, 1])
+    proc = run_cli_process("diagnose", str(recorded), "--format", "json", timeout=60)
+    doc = json.loads(proc.out)
+    assert (proc.code, doc["status"], doc["findings"], doc["ranks_with_data"]) == (0, "ok", [], [0, 1])
 
 
 def test_no_modules_records_the_calls_without_modules(tmp_path):
@@ -138,10 +136,9 @@ def test_no_modules_records_the_calls_without_modules(tmp_path):
 
 def test_report_modules_match_comm_debug_mode(recorded):
     """``comm2perfetto report``'s per-module table, across both ranks, counts what CommDebugMode counted."""
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", str(recorded), "--format", "json"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)["modules"]
+    proc = run_cli_process("report", str(recorded), "--format", "json", timeout=60)
+    assert proc.code == 0, proc.err
+    rows = json.loads(proc.out)["modules"]
     expected = leaf_counts(json.loads((recorded.parent / "counts.json").read_text()))
     functional = Counter({(r["path"], r["pass"], f"c10d_functional.{r['op']}"): r["count"] for r in rows
                           if r["path"].startswith("MLPModule")})

@@ -7,14 +7,13 @@ numbers them. Torch 2.4-2.7 install the fallback by default (no Flight Recorder 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
 from comm2perfetto.record import mechanisms
+from support.cli import run_cli_process
 
 pytestmark = pytest.mark.integration
 
@@ -104,10 +103,9 @@ def test_every_collective_is_recorded_once_in_sequence(job, rank):
 def test_the_ranks_agree_and_diagnose_finds_nothing_wrong(job):
     signature = [[(c.seq, c.op, c.shapes) for c in job.log(rank).calls] for rank in (0, 1)]
     assert signature[0] == signature[1]
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", str(job.out), "--format", "json"],
-                          capture_output=True, text=True, timeout=120)
-    doc = json.loads(proc.stdout)
-    assert (proc.returncode, doc["status"], doc["findings"]) == (0, "ok", [])
+    proc = run_cli_process("diagnose", str(job.out), "--format", "json", timeout=120)
+    doc = json.loads(proc.out)
+    assert (proc.code, doc["status"], doc["findings"]) == (0, "ok", [])
 
 
 @pytest.mark.parametrize("rank", [0, 1])

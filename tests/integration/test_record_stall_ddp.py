@@ -10,11 +10,10 @@ makes every rank dump; ``diagnose`` then names rank 1 and shows where it was.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from support.cli import run_cli_process
 from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
@@ -93,10 +92,9 @@ def test_both_ranks_leave_their_stacks(ddp_stall):
 
 
 def test_diagnose_names_the_sleeping_rank(ddp_stall):
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto", "diagnose", str(ddp_stall.out),
-                           "--format", "json"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr  # the stall resolved: reported, and no problem left
-    report = json.loads(proc.stdout)
+    proc = run_cli_process("diagnose", str(ddp_stall.out), "--format", "json", timeout=120)
+    assert proc.code == 0, proc.err  # the stall resolved: reported, and no problem left
+    report = json.loads(proc.out)
     (finding,) = report["findings"]
     assert (finding["kind"], finding["op"], finding["culprit_ranks"], finding["resolved"]) == \
         ("missing_ranks", "all_reduce", [1], True)

@@ -19,6 +19,7 @@ import pytest
 
 from comm2perfetto.render.report_plot import header_facts, plot_title, rank_tooltip
 from support.browser import Browser, find_chromium
+from support.cli import run_cli_process
 from support.jobs import communicate, job_env, record_cmd
 
 # the module's first test waits for its fixtures: a recorded DDP job, its report and a browser
@@ -78,10 +79,9 @@ def report(tmp_path_factory):
     _, err = communicate(proc, 180)
     assert proc.returncode == 0, err
     page, doc = tmp / "report.html", tmp / "report.json"
-    done = subprocess.run([sys.executable, "-m", "comm2perfetto", "report", str(rec), "--steps", "2-4",
-                           "--plot", str(page), "-o", str(doc)], env=job_env(), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_cli_process("report", str(rec), "--steps", "2-4", "--plot", str(page), "-o", str(doc), env=job_env(),
+                           timeout=120)
+    assert done.code == 0, done.err
     return page, json.loads(doc.read_text())
 
 

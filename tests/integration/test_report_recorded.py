@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from support.cli import Ran, run_cli_process
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +52,8 @@ dist.destroy_process_group()
 """
 
 
-def report(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "report", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, check=False)
+def report(*args: str | Path) -> Ran:
+    return run_cli_process("report", *map(str, args), timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +66,8 @@ def known_work(module_jobs):
 @pytest.fixture(scope="module")
 def doc(known_work):
     done = report(known_work.out, "--format", "json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    assert done.code == 0, done.err
+    return json.loads(done.out)
 
 
 def _ranges_s(known_work, rank: int, steps: tuple[int, int] | None = None) -> float:
@@ -127,10 +126,10 @@ def test_steps_and_modules(doc):
 
 def test_text_csv_and_plot_outputs(known_work, tmp_path):
     text = report(known_work.out)
-    assert text.returncode == 0, text.stderr
-    assert "all_reduce" in text.stdout and "straggler" in text.stdout.lower()
+    assert text.code == 0, text.err
+    assert "all_reduce" in text.out and "straggler" in text.out.lower()
     done = report(known_work.out, "--format", "csv", "-o", tmp_path / "job.csv", "--plot", tmp_path / "job.html")
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.err
     with open(tmp_path / "job.ranks.csv", newline="") as f:
         ranks = list(csv.DictReader(f))
     assert [r["rank"] for r in ranks] == ["0", "1"]
@@ -140,8 +139,8 @@ def test_text_csv_and_plot_outputs(known_work, tmp_path):
 
 def test_steps_option_narrows_the_figures(known_work, doc):
     done = report(known_work.out, "--format", "json", "--steps", "1-2")
-    assert done.returncode == 0, done.stderr
-    narrow = json.loads(done.stdout)
+    assert done.code == 0, done.err
+    narrow = json.loads(done.out)
     assert [s["step"] for s in narrow["steps"]] == [1, 2]
     assert narrow["ranks"]["0"]["compute_s"] >= 2 * (COMPUTE_S + OVERLAPPED_S)
     assert narrow["ranks"]["0"]["compute_s"] == pytest.approx(_ranges_s(known_work, 0, (1, 2)), rel=1e-6)
@@ -150,16 +149,16 @@ def test_steps_option_narrows_the_figures(known_work, doc):
 
 def test_bad_input(tmp_path, known_work):
     missing = report(tmp_path / "nowhere")
-    assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.code == 2 and "nowhere" in missing.err and "Traceback" not in missing.err
     bad_steps = report(known_work.out, "--steps", "5-2")
-    assert bad_steps.returncode == 2 and "--steps" in bad_steps.stderr
+    assert bad_steps.code == 2 and "--steps" in bad_steps.err
     bad_plot = report(known_work.out, "--plot", tmp_path / "job.pdf")
-    assert bad_plot.returncode == 2 and ".html" in bad_plot.stderr
+    assert bad_plot.code == 2 and ".html" in bad_plot.err
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "notes.txt").write_text("not a dump")
     nothing = report(empty)
-    assert nothing.returncode == 2 and "profiler trace" in nothing.stderr
+    assert nothing.code == 2 and "profiler trace" in nothing.err
 
 
 def test_profiler_traces_alone_are_enough(tmp_path):
@@ -171,8 +170,8 @@ def test_profiler_traces_alone_are_enough(tmp_path):
         doc.gpu(13, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 50.0, 100.0)
         doc.write(tmp_path / f"trace_rank{rank}.json")
     done = report(tmp_path, "--format", "json")
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    assert done.code == 0, done.err
+    out = json.loads(done.out)
     assert out["basis"] == "gpu" and sorted(out["ranks"]) == ["0", "1"]
     assert out["job"]["overlap_pct"] == pytest.approx(100 * 50 / 100)  # comm [50, 150] over compute [0, 100]
     assert out["collectives"] == [] and out["stragglers"] == []

@@ -1,6 +1,7 @@
-"""The outputs README.md and examples/README.md show, as checks a test can run.
+"""The outputs the Markdown docs show (README.md, examples/README.md, docs/*.md), as checks a test can run.
 
-Every fenced block without a language (an output) in those files is preceded by one of:
+Every fenced block without a language (an output; a diagram, a grammar or a file's contents is fenced as
+``text``) in those files is preceded by one of:
 
 - ``<!-- output of: COMMAND -->``: the block is what COMMAND prints (stdout and stderr together);
 - ``<!-- checked -->``: the block is a shell session: each ``$ COMMAND`` line is followed by its output (none
@@ -20,7 +21,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DOCS = ("README.md", "examples/README.md")
 # The folder the documented commands ran in, as the docs write it.
 DOC_CWD = "/home/me/comm2perfetto"
 ELLIPSIS = "..."
@@ -136,5 +136,10 @@ def mismatch(expected: list[str], actual: str, cwd: str) -> str | None:
     return None
 
 
+def docs(root: Path) -> list[str]:
+    """The documents whose outputs are checked, as paths relative to the repository's root."""
+    return ["README.md", "examples/README.md", *sorted(f"docs/{p.name}" for p in (root / "docs").glob("*.md"))]
+
+
 def doc_blocks(root: Path) -> list[Block]:
-    return [b for doc in DOCS for b in parse_blocks(doc, (root / doc).read_text())]
+    return [b for doc in docs(root) for b in parse_blocks(doc, (root / doc).read_text())]

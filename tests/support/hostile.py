@@ -1,7 +1,8 @@
 """Hostile inputs made from a real recording, and a way to run the CLI on them within bounds.
 
-``run_cli`` runs one ``comm2perfetto`` command in a child process under an address-space limit
-(``RLIMIT_AS``) and a wall-clock limit, and returns its exit status, output, time and peak memory. Two ways:
+``run_bounded`` runs one ``comm2perfetto`` command in a child process under an address-space limit
+(``RLIMIT_AS``) and a wall-clock limit, and returns its exit status, output, time and peak memory (what
+support/cli.py's runners, which have no limits, cannot tell). Two ways:
 
 - ``fresh=True``: a new interpreter (``python -m comm2perfetto``), what a user runs;
 - default: a fork of this process, which has imported comm2perfetto already (a few ms instead of 0.2 s a
@@ -32,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from support.cli import COMMAND, run_cli
+
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "recording" / "subgroups"
 SRC = Path(__file__).resolve().parents[2] / "src"
 MEMORY_LIMIT = 1 << 30  # address space a run may add to what it starts with
@@ -61,14 +64,14 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (vm + extra, vm + extra))
 
 
-def run_cli(argv: list[str], *, fresh: bool = False, memory: int = MEMORY_LIMIT,
-            timeout: float = TIME_LIMIT_S) -> CliRun:
+def run_bounded(argv: list[str], *, fresh: bool = False, memory: int = MEMORY_LIMIT,
+                timeout: float = TIME_LIMIT_S) -> CliRun:
     """Run ``comm2perfetto ARGV`` in a bounded child process (see the module docstring)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
         if fresh:
             env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or str(SRC))  # a given one wins
-            proc = subprocess.Popen([sys.executable, "-m", "comm2perfetto", *argv], stdout=out, stderr=err,
+            proc = subprocess.Popen([*COMMAND, *argv], stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=lambda: _limit_memory(memory))
             pid = proc.pid
         else:
@@ -90,14 +93,10 @@ def run_cli(argv: list[str], *, fresh: bool = False, memory: int = MEMORY_LIMIT,
 def warm_up(folder: Path, out: Path) -> None:
     """Run the three commands once in this process, so forked runs find their modules imported (a fork then
     costs tens of milliseconds, not the 0.3 s of importing the writers)."""
-    import contextlib
     import gc
 
-    from comm2perfetto.cli import main
-
-    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        for argv in (["diagnose", str(folder)], ["merge", str(folder), "-o", str(out)], ["report", str(folder)]):
-            main(argv)
+    for argv in (["diagnose", folder], ["merge", folder, "-o", out], ["report", folder]):
+        run_cli(*argv)
     gc.enable()  # the commands switch the cyclic GC off for their short lives
 
 

@@ -63,10 +63,17 @@ def imports(path: Path, name: str, modules: set[str]) -> list[tuple[str, bool]]:
 
 def graph(package: str = PACKAGE, with_typing: bool = True) -> dict[str, set[str]]:
     """Module -> the modules of ``package`` it imports (with or without the type checker's imports)."""
+    return graphs(package)[with_typing]
+
+
+def graphs(package: str = PACKAGE) -> dict[bool, dict[str, set[str]]]:
+    """Both graphs from one reading of the sources: ``[False]`` what runs, ``[True]`` with the imports made only
+    for the type checker."""
     modules = package_modules(package)
-    return {name: {target for target, typing_only in imports(path, name, set(modules))
-                   if with_typing or not typing_only}
-            for name, path in modules.items()}
+    found = {name: imports(path, name, set(modules)) for name, path in modules.items()}
+    return {with_typing: {name: {target for target, typing_only in targets if with_typing or not typing_only}
+                          for name, targets in found.items()}
+            for with_typing in (False, True)}
 
 
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from support.cli import COMMAND
+
 JOB_TIMEOUT_S = 90.0
 
 
@@ -79,7 +81,7 @@ def job_env(**extra: str) -> dict[str, str]:
 
 
 def record_cmd(out: Path, job: Sequence[str], record_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "comm2perfetto.cli", "record", "-o", str(out), *record_args, "--", *job]
+    return [*COMMAND, "record", "-o", str(out), *record_args, "--", *job]
 
 
 def torchrun(nproc: int, script: str = "job.py") -> list[str]:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from support.cli import run_cli_process
 
 
 def diagnose(*paths: Path | str, cwd: Path | None = None) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto.cli", "diagnose", *map(str, paths),
-                           "--format", "json"], capture_output=True, text=True, timeout=120, cwd=cwd)
-    assert proc.returncode != 2 or not proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout else {"error": proc.stderr}
+    proc = run_cli_process("diagnose", *map(str, paths), "--format", "json", timeout=120, cwd=cwd)
+    assert proc.code != 2 or not proc.out, proc.err
+    return proc.code, json.loads(proc.out) if proc.out else {"error": proc.err}
 
 
 def verdict(doc: dict) -> tuple:

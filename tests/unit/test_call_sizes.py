@@ -121,7 +121,7 @@ def test_bad_sizes_are_dropped_and_counted_and_the_call_kept(tmp_path, op, shape
 def test_the_documented_example_reads_as_documented(tmp_path):
     """docs/log-format.md's raw example of the sizes field, through the reader."""
     section = DOCS.read_text().split("### Sizes of all-to-all and object collectives")[1]
-    example = re.search(r"```\n(.*?)```", section, re.S)
+    example = re.search(r"```text\n(.*?)```", section, re.S)  # a file's contents are fenced as text
     assert example is not None
     header = {**HEADER, "rank": 0, "world_size": 2, "wall_ns": 1795900295000000000}
     lines = [orjson.dumps(header), b'["g",0,"0","default_pg",[0,1],"gloo"]', b'["s",4,"job.py:13 <module>"]',

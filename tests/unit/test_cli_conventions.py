@@ -12,34 +12,34 @@ from pathlib import Path
 import pytest
 
 import comm2perfetto
-from comm2perfetto.cli import COMMANDS, build_parser, main
+from comm2perfetto.cli import COMMANDS, build_parser
 from comm2perfetto.errors import Comm2PerfettoError
+from support.cli import COMMAND, run_cli
 
 
-def _help(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as stop:
-        main([*argv, "--help"])
-    assert stop.value.code == 0
-    return capsys.readouterr().out
+def _help(*argv: str) -> str:
+    code, out, err = run_cli(*argv, "--help")
+    assert code == 0, err
+    return out
 
 
-def test_top_level_help_has_examples(capsys):
-    text = _help(capsys)
+def test_top_level_help_has_examples():
+    text = _help()
     assert "examples:\n  comm2perfetto demo" in text
     for command in ("record -o run1 -- torchrun", "diagnose run1", "merge run1", "report run1"):
         assert f"comm2perfetto {command}" in text
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_help_lists_exit_statuses_and_output(capsys, command):
-    text = _help(capsys, command)
+def test_every_help_lists_exit_statuses_and_output(command):
+    text = _help(command)
     assert "\nexit status:\n" in text and "  2  usage or input error" in text
     if command not in ("open", "top"):  # open serves a trace, top shows a table; every other command writes one
         assert "-o " in text and "--output" in text
 
 
-def test_record_explains_its_command_and_keeps_out(capsys):
-    text = _help(capsys, "record")
+def test_record_explains_its_command_and_keeps_out():
+    text = _help("record")
     assert "usage: comm2perfetto record [options] -- COMMAND [ARGS...]" in text
     assert "the job's launch command, after '--'" in text
     for spelling in ("-o", "--output", "--out"):
@@ -62,19 +62,19 @@ def test_commands_that_run_torch_say_when_it_is_missing(tmp_path, argv):
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
-def test_demo_never_replaces_earlier_outputs_silently(tmp_path, capsys):
+def test_demo_never_replaces_earlier_outputs_silently(tmp_path):
     (tmp_path / "run.html").write_text("mine")
-    assert main(["demo", "-o", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
+    code, _, err = run_cli("demo", "-o", str(tmp_path / "run"))
+    assert code == 2
     assert err.count("\n") == 1 and "run.html exists" in err and "--overwrite" in err
     assert (tmp_path / "run.html").read_text() == "mine" and not (tmp_path / "run").exists()
 
 
-def test_demo_never_replaces_an_earlier_recording_silently(tmp_path, capsys):
+def test_demo_never_replaces_an_earlier_recording_silently(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "rank0.events.jsonl").write_text("")
-    assert main(["demo", "-o", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
+    code, _, err = run_cli("demo", "-o", str(tmp_path / "run"))
+    assert code == 2
     assert "already holds a recording" in err and "--overwrite" in err
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["rank0.events.jsonl"]
 
@@ -104,13 +104,13 @@ def test_every_error_the_package_defines_has_the_one_root_and_keeps_its_builtin_
     assert issubclass(classes["comm2perfetto.render.report_plot.PlotDependencyError"], ImportError)
 
 
-def test_an_error_of_the_root_from_any_layer_is_one_line_and_status_2(tmp_path, capsys):
+def test_an_error_of_the_root_from_any_layer_is_one_line_and_status_2(tmp_path):
     out = tmp_path / "job.pftrace"
     for argv, said in ((["merge", str(tmp_path), "-o", str(tmp_path / "job.txt")], "unknown output format"),
                        (["merge", str(tmp_path), "-o", str(out), "--trace-rank", "a.json"], "expected FILE=RANK"),
                        (["diagnose", str(tmp_path / "missing")], "no such file or folder")):
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err
+        code, _, err = run_cli(*argv)
+        assert code == 2, argv
         assert err.startswith(f"comm2perfetto {argv[0]}: error: ") and said in err and err.count("\n") == 1, err
 
 
@@ -118,35 +118,32 @@ RECORDING = Path(__file__).resolve().parents[1] / "data" / "recording" / "subgro
 
 
 @pytest.mark.parametrize("command", ["merge", "diagnose", "report"])
-def test_a_missing_folder_is_named_the_same_way_by_every_reader(tmp_path, capsys, command):
+def test_a_missing_folder_is_named_the_same_way_by_every_reader(tmp_path, command):
     """``merge nowhere`` said "name the trace with -o ..." (it could not pick DIR.pftrace); every reader now
     names the folder that is not there, in one line."""
     for argv in ([command, "nowhere"], [command, str(RECORDING), "nowhere"]):
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(tmp_path)
-            assert main(argv) == 2, argv
-        err = capsys.readouterr().err
+            code, _, err = run_cli(*argv)
+        assert code == 2, argv
         assert err == (f"comm2perfetto {command}: error: nowhere: no such file or folder; give the folder the job's "
                        "dumps were written to\n")
 
 
-def test_report_refuses_steps_the_job_never_ran_and_unknown_output_formats(tmp_path, capsys):
-    assert main(["report", str(RECORDING), "--steps", "100-200"]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err == ("comm2perfetto report: error: --steps 100-200: no rank recorded these steps (the job "
-                            "recorded steps 0-3)\n")
-    assert main(["report", str(RECORDING), "--steps", "2-200"]) == 0  # steps the job ran, and more: a report
-    capsys.readouterr()
+def test_report_refuses_steps_the_job_never_ran_and_unknown_output_formats(tmp_path):
+    assert run_cli("report", str(RECORDING), "--steps", "100-200") == (2, "", (
+        "comm2perfetto report: error: --steps 100-200: no rank recorded these steps (the job recorded steps 0-3)\n"))
+    assert run_cli("report", str(RECORDING), "--steps", "2-200").code == 0  # steps the job ran, and more: a report
     xlsx = tmp_path / "r.xlsx"
-    assert main(["report", str(RECORDING), "-o", str(xlsx)]) == 2
-    err = capsys.readouterr().err
+    code, _, err = run_cli("report", str(RECORDING), "-o", str(xlsx))
+    assert code == 2
     assert err.startswith(f"comm2perfetto report: error: -o {xlsx}: unknown format '.xlsx'") and err.count("\n") == 1
     assert not xlsx.exists()
     html = tmp_path / "r.html"  # what --plot draws: the message says so
-    assert main(["report", str(RECORDING), "-o", str(html)]) == 2
-    assert capsys.readouterr().err.endswith(f"or give --format (.html is what --plot draws: --plot {html})\n")
-    assert main(["report", str(RECORDING), "-o", str(xlsx), "--format", "json"]) == 0  # asked for: written
+    ran = run_cli("report", str(RECORDING), "-o", str(html))
+    assert ran.code == 2
+    assert ran.err.endswith(f"or give --format (.html is what --plot draws: --plot {html})\n")
+    assert run_cli("report", str(RECORDING), "-o", str(xlsx), "--format", "json").code == 0  # asked for: written
     assert xlsx.read_text().startswith("{")
 
 
@@ -157,7 +154,7 @@ def test_a_reader_that_leaves_early_is_no_internal_error(tmp_path, argv):
     """``comm2perfetto merge DIR | head -1``: stdout is a pipe nobody reads by the time the summary comes. The
     command's work is done and its exit status says how it went, as when its output is read."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    command = [sys.executable, "-m", "comm2perfetto.cli", *argv]
+    command = [*COMMAND, *argv]
     expected = subprocess.run(command, capture_output=True, timeout=120).returncode
     assert expected in (0, 1)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,22 +1,20 @@
-"""The comparison document from two report documents made by hand (tests/compare_docs.py), its renderers,
+"""The comparison document from two report documents made by hand (tests/support/compare_docs.py), its renderers,
 and the command on saved reports: verdicts follow from the numbers given, derived in each test."""
 
 from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 
-from comm2perfetto.cli import main
 from comm2perfetto.compare.document import build_comparison
 from comm2perfetto.compare.sides import Side
 from comm2perfetto.render.compare_csv import render_csv
 from comm2perfetto.render.compare_plot import render_html
 from comm2perfetto.render.compare_text import render_text
 from comm2perfetto.sources.report_json import check_report
+from support.cli import run_cli, run_cli_process
 from support.compare_docs import ReportDoc
 
 STEPS = range(2, 22)  # 20 steps
@@ -191,28 +189,31 @@ def saved(tmp_path):
     return paths
 
 
-def test_command_exit_status_follows_the_gate(saved, tmp_path, capsys):
-    assert main(["compare", str(saved["base"]), str(saved["noise"]), "--fail-on", "exposed_comm>5%"]) == 0
-    assert capsys.readouterr().out.startswith("UNCHANGED: ")
-    assert main(["compare", str(saved["base"]), str(saved["late"]), "--fail-on", "exposed_comm>5%,count>0"]) == 1
-    err = capsys.readouterr().err
+def test_command_exit_status_follows_the_gate(saved, tmp_path):
+    ran = run_cli("compare", str(saved["base"]), str(saved["noise"]), "--fail-on", "exposed_comm>5%")
+    assert ran.code == 0
+    assert ran.out.startswith("UNCHANGED: ")
+    ran = run_cli("compare", str(saved["base"]), str(saved["late"]), "--fail-on", "exposed_comm>5%,count>0")
+    assert ran.code == 1
+    err = ran.err
     assert "--fail-on 'exposed_comm>5%' fired on 3 lines: job exposed_comm +" in err
     assert "count>0" not in err
     out = tmp_path / "cmp.json"
-    assert main(["compare", str(saved["base"]), str(saved["late"]), "-o", str(out), "--plot",
-                 str(tmp_path / "cmp.html"), "--steps", "5-14"]) == 0
+    assert run_cli("compare", str(saved["base"]), str(saved["late"]), "-o", str(out), "--plot",
+                   str(tmp_path / "cmp.html"), "--steps", "5-14").code == 0
     doc = json.loads(out.read_text())
     assert doc["base"]["steps"] == list(range(5, 15)) and doc["steps"][0] == {**doc["steps"][0], "base_step": 5}
     assert (tmp_path / "cmp.html").read_text().startswith("<!DOCTYPE html>")
-    assert main(["compare", str(saved["base"]), str(saved["late"]), "--format", "csv", "-o",
-                 str(tmp_path / "cmp.csv")]) == 0
+    assert run_cli("compare", str(saved["base"]), str(saved["late"]), "--format", "csv", "-o",
+                   str(tmp_path / "cmp.csv")).code == 0
     assert (tmp_path / "cmp.lines.csv").exists() and (tmp_path / "cmp.steps.csv").exists()
 
 
-def test_steps_ranges_pair_by_position(saved, capsys):
-    assert main(["compare", str(saved["base"]), str(saved["noise"]), "--steps", "2-6:12-16", "--format",
-                 "json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+def test_steps_ranges_pair_by_position(saved):
+    ran = run_cli("compare", str(saved["base"]), str(saved["noise"]), "--steps", "2-6:12-16", "--format",
+                  "json")
+    assert ran.code == 0
+    doc = json.loads(ran.out)
     assert [(s["base_step"], s["new_step"]) for s in doc["steps"]] == [(2, 12), (3, 13), (4, 14), (5, 15),
                                                                        (6, 16)]
 
@@ -224,37 +225,41 @@ def test_steps_ranges_pair_by_position(saved, capsys):
     (["--plot", "cmp.png"], "--plot writes .html"),
     (["--min-change", "lots"], "--min-change 'lots'"),
 ])
-def test_usage_errors_are_one_line_and_exit_2(saved, capsys, argv, says):
-    assert main(["compare", str(saved["base"]), str(saved["noise"]), *argv]) == 2
-    err = capsys.readouterr().err
+def test_usage_errors_are_one_line_and_exit_2(saved, argv, says):
+    ran = run_cli("compare", str(saved["base"]), str(saved["noise"]), *argv)
+    assert ran.code == 2
+    err = ran.err
     assert err.count("\n") == 1 and says in err
 
 
-def test_bad_inputs_are_one_line_and_exit_2(saved, tmp_path, capsys):
+def test_bad_inputs_are_one_line_and_exit_2(saved, tmp_path):
     future = tmp_path / "future.json"
     future.write_text(json.dumps({**json.loads(saved["base"].read_text()), "version": 99}))
-    assert main(["compare", str(future), str(saved["base"])]) == 2
-    assert "report version 99 is newer" in capsys.readouterr().err
-    assert main(["compare", str(tmp_path / "nowhere"), str(saved["base"])]) == 2
-    assert "nowhere" in capsys.readouterr().err
+    ran = run_cli("compare", str(future), str(saved["base"]))
+    assert ran.code == 2
+    assert "report version 99 is newer" in ran.err
+    ran = run_cli("compare", str(tmp_path / "nowhere"), str(saved["base"]))
+    assert ran.code == 2
+    assert "nowhere" in ran.err
     mangled = tmp_path / "mangled.json"
     doc = json.loads(saved["base"].read_text())
     doc["steps"][0]["step"] = "two"
     doc["collectives"][0]["instances"]["duration_s"][0] = "slow"
     mangled.write_text(json.dumps(doc))
-    assert main(["compare", str(mangled), str(saved["base"]), "--format", "json"]) == 0
-    compared = json.loads(capsys.readouterr().out)
+    ran = run_cli("compare", str(mangled), str(saved["base"]), "--format", "json")
+    assert ran.code == 0
+    compared = json.loads(ran.out)
     assert compared["base"]["steps"] == list(range(3, 22))  # the bad step row was dropped
     other = tmp_path / "other.json"
     other.write_text("[1, 2, 3]")  # JSON, but neither a report nor a profiler trace
-    assert main(["compare", str(other), str(saved["base"])]) == 2
-    err = capsys.readouterr().err
+    ran = run_cli("compare", str(other), str(saved["base"]))
+    assert ran.code == 2
+    err = ran.err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_help_shows_an_example_and_the_exit_statuses():
-    proc = subprocess.run([sys.executable, "-m", "comm2perfetto", "compare", "--help"], capture_output=True,
-                          text=True, timeout=60, check=True)
-    assert "example:\n  comm2perfetto compare base/ new/" in proc.stdout
+    proc = run_cli_process("compare", "--help", timeout=60)
+    assert "example:\n  comm2perfetto compare base/ new/" in proc.out
     for status in ("0  compared", "1  a --fail-on expression fired", "2  usage or input error", "3  internal error"):
-        assert status in proc.stdout
+        assert status in proc.out

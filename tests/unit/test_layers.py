@@ -34,34 +34,40 @@ ALLOWED = {
 }
 
 
+@pytest.fixture(scope="module")
+def graphs() -> dict[bool, dict[str, set[str]]]:
+    """The import graph, read from the sources once for every test here (``[True]``: with the type checker's
+    imports)."""
+    return import_graph.graphs()
+
+
 def _part(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_the_reader_sees_relative_and_function_level_imports():
-    edges = import_graph.graph()
+def test_the_reader_sees_relative_and_function_level_imports(graphs):
+    edges = graphs[True]
     assert f"{P}.trace.sink" in edges[f"{P}.trace.perfetto"]  # from .sink import ...
     assert f"{P}.record.recorder" in edges[f"{P}.record.session"]  # inside a function
     assert f"{P}.layout" in edges[f"{P}.record.flight"]  # from comm2perfetto import layout
 
 
 @pytest.mark.parametrize("with_typing", [False, True], ids=["runtime", "with type-checking imports"])
-def test_no_import_circle_in_the_package(with_typing):
-    assert import_graph.cycle(import_graph.graph(with_typing=with_typing)) is None
+def test_no_import_circle_in_the_package(graphs, with_typing):
+    assert import_graph.cycle(graphs[with_typing]) is None
 
 
 @pytest.mark.parametrize("part", sorted(ALLOWED))
-def test_nothing_imports_upwards(part):
-    edges = import_graph.graph()
+def test_nothing_imports_upwards(graphs, part):
+    edges = graphs[True]
     wrong = {(module, target) for module, targets in edges.items() if _part(module) == part
              for target in targets - LEAVES if _part(target) not in ALLOWED[part] | {part}}
     assert not wrong, sorted(wrong)
 
 
-def test_the_model_imports_the_readers_only_for_the_type_checker():
-    runtime = import_graph.graph(with_typing=False)
-    assert not {t for t in runtime[f"{P}.model"] if t not in LEAVES}
+def test_the_model_imports_the_readers_only_for_the_type_checker(graphs):
+    assert not {t for t in graphs[False][f"{P}.model"] if t not in LEAVES}
 
 
 def test_only_the_recorder_imports_torch():

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.cli import main
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.match import load_job
 from comm2perfetto.record.flight import FlightRecorderDumps, nccl_unfinished
 from comm2perfetto.sources.event_log import read_event_log
 from comm2perfetto.sources.safe_pickle import safe_loads
+from support.cli import run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 COMM_KERNEL = re.compile(r"^nccl|ncclDevKernel|ncclKernel")  # docs/report.md's classification
+
 
 
 def _dump(scenario: str, n: int) -> dict:
@@ -241,7 +242,7 @@ def test_report_on_the_users_profiler_trace_is_on_the_gpu_basis(tmp_path):
     kernel, and its PreMulSum kernel ``oneRankReduce`` is not named as NCCL's)."""
     (trace,) = (DATA / "userprof").glob("rank0.kineto.*.json.gz")
     spans, steps = _kernel_spans(trace)
-    assert main(["report", str(DATA / "userprof"), "--format", "json", "-o", str(tmp_path / "r.json")]) == 0
+    assert run_cli("report", str(DATA / "userprof"), "--format", "json", "-o", str(tmp_path / "r.json")).code == 0
     doc = json.loads((tmp_path / "r.json").read_text())
     everything = spans["compute"] + spans["comm"] + spans["memory"]
     span_ns = max(e for _, e in everything) - min(b for b, _ in everything)
@@ -268,7 +269,7 @@ def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     from comm2perfetto.trace.check import check_trace
 
     out = tmp_path / "job.pftrace"
-    assert main(["merge", str(DATA / "userprof"), "-o", str(out)]) == 0
+    assert run_cli("merge", str(DATA / "userprof"), "-o", str(out)).code == 0
     trace = check_trace(out)
     entries = [e for n in (1,) for e in _dump("userprof", n)["entries"]]
     timed = {e["collective_seq_id"]: round(e["duration_ms"] * 1e6) for e in entries

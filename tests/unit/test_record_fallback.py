@@ -99,6 +99,7 @@ def test_cpp_records_join_flight_recorder_by_sequence_number(tmp_path, forced):
     for _t, name, _reason in log.fr_dumps:
         with open(tmp_path / "out" / name, "rb") as f:  # our own dump: a plain pickle.load is fine here
             entries.update({e["collective_seq_id"]: e for e in pickle.load(f)["entries"]})
+    assert sum(c.from_cpp for c in log.calls) == 4, log.calls  # DDP's, as above: none would compare nothing
     for call in log.calls:
         entry = entries[call.seq]
         assert entry["profiling_name"] == f"gloo:{call.op}"

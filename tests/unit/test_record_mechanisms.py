@@ -7,6 +7,7 @@ import pytest
 
 from comm2perfetto.record import mechanisms
 from comm2perfetto.record.mechanisms import gloo_fallback_wanted, startup_line, unsupported_torch
+from support.cli import run_cli
 
 
 @pytest.mark.parametrize("version", ["2.3.1+cu121", "2.0.0", "1.13.1"])
@@ -22,13 +23,13 @@ def test_torch_from_2_4_or_unreadable_is_recorded(version):
     assert unsupported_torch(version) is None
 
 
-def test_record_refuses_an_older_torch_before_starting_the_job(tmp_path, monkeypatch, capsys):
-    from comm2perfetto.cli import main
+def test_record_refuses_an_older_torch_before_starting_the_job(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mechanisms, "_installed_torch", lambda: "2.3.1+cu121")
     marker = tmp_path / "job-ran"
-    assert main(["record", "-o", str(tmp_path / "out"), "--", "touch", str(marker)]) == 2
-    err = capsys.readouterr().err
+    ran = run_cli("record", "-o", str(tmp_path / "out"), "--", "touch", str(marker))
+    assert ran.code == 2
+    err = ran.err
     assert err.count("\n") == 1 and "needs torch >= 2.4, found 2.3.1+cu121" in err
     assert not marker.exists()
 
@@ -59,13 +60,13 @@ def test_the_start_up_line_names_each_backends_mechanism():
     assert f"by the dispatcher fallback on gloo ({mechanisms.ENV_FALLBACK} forces it)" in forced
 
 
-def test_record_prints_the_start_up_line_before_the_job_runs(tmp_path, monkeypatch, capsys):
-    from comm2perfetto.cli import main
+def test_record_prints_the_start_up_line_before_the_job_runs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mechanisms, "_installed_torch", lambda: "2.4.1")
     monkeypatch.delenv(mechanisms.ENV_FALLBACK, raising=False)
-    assert main(["record", "-o", str(tmp_path / "out"), "--", "true"]) == 0
-    lines = capsys.readouterr().err.splitlines()
+    ran = run_cli("record", "-o", str(tmp_path / "out"), "--", "true")
+    assert ran.code == 0
+    lines = ran.err.splitlines()
     assert lines[0].startswith("comm2perfetto: recording into ")
     assert lines[1] == f"comm2perfetto: {startup_line('2.4.1', {})}"
 

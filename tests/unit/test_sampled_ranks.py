@@ -9,16 +9,10 @@ import json
 
 import pytest
 
-from comm2perfetto.cli import main
 from comm2perfetto.trace.check import check_trace
+from support.cli import run_cli
 from support.factories import steady_job
 from support.kineto_fixtures import write_trace_job
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 @pytest.fixture
@@ -28,20 +22,20 @@ def two_of_128(tmp_path):
     return folder
 
 
-def test_diagnose_covers_the_traced_ranks_and_blames_no_other(two_of_128, capsys):
-    code, out, _ = _run(capsys, "diagnose", str(two_of_128))
+def test_diagnose_covers_the_traced_ranks_and_blames_no_other(two_of_128):
+    code, out, _ = run_cli("diagnose", str(two_of_128))
     assert code == 0, out
     assert out.startswith("OK: every collective matched on the ranks sampled (world size 128, traces of 2 of 128 "
                           "ranks (0, 1))\n"), out
-    code, out, _ = _run(capsys, "diagnose", str(two_of_128), "--format", "json")
+    code, out, _ = run_cli("diagnose", str(two_of_128), "--format", "json")
     doc = json.loads(out)
     assert (code, doc["status"], doc["findings"], doc["sampled"], doc["world_size"], doc["ranks_with_data"]) == (
         0, "ok", [], "traces", 128, [0, 1])
 
 
-def test_merge_and_report_say_what_the_traces_cover_and_how_the_clocks_were_aligned(two_of_128, tmp_path, capsys):
+def test_merge_and_report_say_what_the_traces_cover_and_how_the_clocks_were_aligned(two_of_128, tmp_path):
     target = tmp_path / "job.pftrace"
-    code, out, _ = _run(capsys, "merge", str(two_of_128), "-o", str(target))
+    code, out, _ = run_cli("merge", str(two_of_128), "-o", str(target))
     assert code == 0
     lines = out.splitlines()
     assert lines[1].startswith("  ranks: 2 of 128 (a sample: traces of ranks 0, 1); collectives: 6;"), out
@@ -52,12 +46,12 @@ def test_merge_and_report_say_what_the_traces_cover_and_how_the_clocks_were_alig
     processes = sorted(t.name for t in trace.tracks.values() if t.kind == "process" and t.name.startswith("rank"))
     assert processes == ["rank 0", "rank 1"]  # not 126 empty processes for the ranks nobody profiled
 
-    code, out, _ = _run(capsys, "report", str(two_of_128))
+    code, out, _ = run_cli("report", str(two_of_128))
     assert code == 0
     head = out.splitlines()[:3]
     assert head[0].startswith("comm2perfetto report: 2 of 128 ranks (a sample: traces of ranks 0, 1), basis gpu")
     assert head[2] == "  clocks aligned to rank 0; residual skew 0 s (6 collective ends)", out
-    code, out, _ = _run(capsys, "report", str(two_of_128), "--format", "json")
+    code, out, _ = run_cli("report", str(two_of_128), "--format", "json")
     doc = json.loads(out)
     assert (doc["world_size"], doc["sampled"], doc["clock"]["samples"]) == (128, "traces", 6)
     assert doc["clock"]["method"] == {"0": "assumed", "1": "refined"}
@@ -75,20 +69,20 @@ def _dumps(tmp_path, stuck: bool = False, missing: int | None = None):
     return folder
 
 
-def test_without_sample_absent_ranks_are_suspects_and_with_it_they_are_not(tmp_path, capsys):
+def test_without_sample_absent_ranks_are_suspects_and_with_it_they_are_not(tmp_path):
     folder = _dumps(tmp_path)
-    code, out, _ = _run(capsys, "diagnose", str(folder), "--format", "json")
+    code, out, _ = run_cli("diagnose", str(folder), "--format", "json")
     doc = json.loads(out)
     assert (code, [(f["kind"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]], doc["sampled"]) == (
         1, [("no_dump", [], [2, 3])], None)
-    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample")
+    code, out, _ = run_cli("diagnose", str(folder), "--sample")
     assert code == 0, out
     assert "(world size 4, data of 2 of 4 ranks (0, 1))" in out.splitlines()[0], out
 
 
-def test_a_sample_stuck_in_a_collective_names_no_culprit_it_cannot_see(tmp_path, capsys):
+def test_a_sample_stuck_in_a_collective_names_no_culprit_it_cannot_see(tmp_path):
     folder = _dumps(tmp_path, stuck=True)
-    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample", "--format", "json")
+    code, out, _ = run_cli("diagnose", str(folder), "--sample", "--format", "json")
     doc = json.loads(out)
     assert code == 1 and doc["status"] == "incomplete"
     (finding,) = doc["findings"]
@@ -98,16 +92,16 @@ def test_a_sample_stuck_in_a_collective_names_no_culprit_it_cannot_see(tmp_path,
     assert (doc["culprit_ranks"], doc["suspect_ranks"]) == ([], [])
 
 
-def test_a_sample_still_names_a_present_rank_that_never_issued_a_collective(tmp_path, capsys):
+def test_a_sample_still_names_a_present_rank_that_never_issued_a_collective(tmp_path):
     folder = _dumps(tmp_path, stuck=True, missing=1)
-    code, out, _ = _run(capsys, "diagnose", str(folder), "--sample", "--format", "json")
+    code, out, _ = run_cli("diagnose", str(folder), "--sample", "--format", "json")
     doc = json.loads(out)
     assert code == 1
     assert [(f["kind"], f["seq"], f["culprit_ranks"], f["suspect_ranks"]) for f in doc["findings"]] == [
         ("missing_ranks", 4, [1], [])]
 
 
-def test_the_preview_names_a_finding_without_a_collective_by_its_kind(tmp_path, capsys, monkeypatch):
+def test_the_preview_names_a_finding_without_a_collective_by_its_kind(tmp_path, monkeypatch):
     """The preview's header printed ``no_dump: None ( seq None)`` for a finding about no collective."""
     drawn = {}
 
@@ -116,7 +110,7 @@ def test_the_preview_names_a_finding_without_a_collective_by_its_kind(tmp_path, 
 
     monkeypatch.setattr("comm2perfetto.trace.preview.render_preview", fake_render)
     folder = _dumps(tmp_path)
-    code, _, _ = _run(capsys, "merge", str(folder), "-o", str(tmp_path / "job.pftrace"), "--preview",
-                      str(tmp_path / "job.png"))
+    code, _, _ = run_cli("merge", str(folder), "-o", str(tmp_path / "job.pftrace"), "--preview",
+                         str(tmp_path / "job.png"))
     assert code == 0
     assert drawn["notes"] == ["diagnose: incomplete", "no_dump"]

@@ -9,7 +9,7 @@ CPU tensors only (gloo's; NCCL's CUDA tensors never enter Python), does its work
 autograd. What the kernel does is not decided here: the installer hands over the kernel factory
 (recorder.dispatcher_kernel, put together by session.py), as patch.py is handed its wrapper.
 
-Measured on torch 2.4.1 (benchmarks/bench_record.py ``--only fallback``; README, Speed): cheaper than the other
+Measured on torch 2.4.1 (benchmarks/bench_record.py ``--only fallback``; docs/performance.md): cheaper than the other
 hooks that see these calls. A TorchDispatchMode costs every tensor op, a DDP comm hook covers the gradient
 all-reduces alone (and takes the one slot a job may register itself), and wrapping ``ProcessGroup.allreduce``
 and friends at the Python binding sees nothing of DDP's (its C++ calls the C++ methods). Tensors created in

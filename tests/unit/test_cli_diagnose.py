@@ -7,14 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from comm2perfetto.cli import main
+from support.cli import run_cli
 from support.factories import FrJob, steady_job
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(["diagnose", *argv])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def _missing_rank_job(tmp_path):
@@ -24,15 +18,15 @@ def _missing_rank_job(tmp_path):
     job.write(tmp_path)
 
 
-def test_healthy_exits_0(tmp_path, capsys):
+def test_healthy_exits_0(tmp_path):
     steady_job(world=2, steps=3).write(tmp_path)
-    code, out, _ = _run(capsys, str(tmp_path))
+    code, out, _ = run_cli("diagnose", str(tmp_path))
     assert code == 0 and out.startswith("OK: every collective matched on all ranks (world size 2")
 
 
-def test_problem_exits_1_and_json_follows_the_contract(tmp_path, capsys):
+def test_problem_exits_1_and_json_follows_the_contract(tmp_path):
     _missing_rank_job(tmp_path)
-    code, out, _ = _run(capsys, str(tmp_path), "--format", "json")
+    code, out, _ = run_cli("diagnose", str(tmp_path), "--format", "json")
     doc = json.loads(out)
     assert code == 1
     assert {k: doc[k] for k in ("status", "world_size", "ranks_with_data")} == {
@@ -46,20 +40,20 @@ def test_problem_exits_1_and_json_follows_the_contract(tmp_path, capsys):
     assert isinstance(f["stacks"], dict)
 
 
-def test_output_file_gets_the_verdict_and_stderr_one_line(tmp_path, capsys):
+def test_output_file_gets_the_verdict_and_stderr_one_line(tmp_path):
     _missing_rank_job(tmp_path / "d")
-    code, out, err = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "verdict.json"))
+    code, out, err = run_cli("diagnose", str(tmp_path / "d"), "-o", str(tmp_path / "verdict.json"))
     assert code == 1 and out == "" and err == f"comm2perfetto diagnose: stuck; wrote {tmp_path / 'verdict.json'}\n"
     assert json.loads((tmp_path / "verdict.json").read_text())["status"] == "stuck"
-    code, _, _ = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "verdict.txt"))
+    code, _, _ = run_cli("diagnose", str(tmp_path / "d"), "-o", str(tmp_path / "verdict.txt"))
     assert (tmp_path / "verdict.txt").read_text().startswith("STUCK: 1 finding")
-    code, _, err = _run(capsys, str(tmp_path / "d"), "-o", str(tmp_path / "nope" / "v.json"))
+    code, _, err = run_cli("diagnose", str(tmp_path / "d"), "-o", str(tmp_path / "nope" / "v.json"))
     assert code == 2 and "does not exist" in err
 
 
-def test_text_puts_the_verdict_first(tmp_path, capsys):
+def test_text_puts_the_verdict_first(tmp_path):
     _missing_rank_job(tmp_path)
-    code, out, _ = _run(capsys, str(tmp_path))
+    code, out, _ = run_cli("diagnose", str(tmp_path))
     assert code == 1
     lines = out.splitlines()
     assert lines[0] == "STUCK: 1 finding (world size 4, data from ranks 0-3)"
@@ -68,41 +62,41 @@ def test_text_puts_the_verdict_first(tmp_path, capsys):
     assert any(line.strip().startswith("-> ") for line in lines)
 
 
-def test_pg_filter(tmp_path, capsys):
+def test_pg_filter(tmp_path):
     job = FrJob(world=2)
     job.group("1", [0, 1], desc="tp")
     for r in job.ranks:
         job.collective(r, "all_reduce", [[4]] if r == 0 else [[5]])
         job.collective(r, "broadcast", [[2]], pg="1")
     job.write(tmp_path)
-    assert _run(capsys, str(tmp_path), "--pg", "tp")[0] == 0
-    assert _run(capsys, str(tmp_path), "--pg", "0")[0] == 1
-    code, _, err = _run(capsys, str(tmp_path), "--pg", "pp")
+    assert run_cli("diagnose", str(tmp_path), "--pg", "tp")[0] == 0
+    assert run_cli("diagnose", str(tmp_path), "--pg", "0")[0] == 1
+    code, _, err = run_cli("diagnose", str(tmp_path), "--pg", "pp")
     assert code == 2 and "no process group named 'pp'" in err and "default_pg" in err
 
 
-def test_input_errors_exit_2_with_one_line(tmp_path, capsys):
-    code, out, err = _run(capsys, str(tmp_path / "nope"))
+def test_input_errors_exit_2_with_one_line(tmp_path):
+    code, out, err = run_cli("diagnose", str(tmp_path / "nope"))
     assert (code, out) == (2, "") and err.count("\n") == 1 and "no such file or folder" in err
     (tmp_path / "junk.txt").write_text("hello")
-    code, _, err = _run(capsys, str(tmp_path))
+    code, _, err = run_cli("diagnose", str(tmp_path))
     assert code == 2 and "junk.txt" in err and err.count("\n") == 1
 
 
-def test_mixed_jobs_are_refused_unless_forced(tmp_path, capsys):
+def test_mixed_jobs_are_refused_unless_forced(tmp_path):
     steady_job(world=2, steps=2).write(tmp_path / "a")
     steady_job(world=3, steps=2).write(tmp_path / "b", ranks=[2])
-    code, _, err = _run(capsys, str(tmp_path))
+    code, _, err = run_cli("diagnose", str(tmp_path))
     assert code == 2 and "--force" in err
-    code, out, _ = _run(capsys, str(tmp_path), "--force")
+    code, out, _ = run_cli("diagnose", str(tmp_path), "--force")
     assert code in (0, 1) and "--force" in out
 
 
-def test_skipped_files_are_listed(tmp_path, capsys):
+def test_skipped_files_are_listed(tmp_path):
     steady_job(world=2, steps=2).write(tmp_path)
     data = (tmp_path / "nccl_trace_rank_1").read_bytes()
     (tmp_path / "nccl_trace_rank_1").write_bytes(data[:100])
-    code, out, _ = _run(capsys, str(tmp_path))
+    code, out, _ = run_cli("diagnose", str(tmp_path))
     assert code == 1  # rank 1's data is gone: incomplete
     assert "Skipped 1 file(s):" in out and "nccl_trace_rank_1: corrupt or truncated pickle" in out
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from comm2perfetto.cli import main
 from comm2perfetto.sources.kineto.events import SHOWN_ARG_SET
 from comm2perfetto.trace.check import DecodedTrace, check_trace
+from support.cli import run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
 # (file, the rank to give a trace that does not say its own)
@@ -24,11 +24,13 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 INTERNAL = {"Ev Idx", "Record function id", "Python id", "Python parent id"}
 
 
+
 def _raw(name: str) -> list[dict]:
     return orjson.loads(gzip.decompress((DATA / name).read_bytes()))["traceEvents"]
 
 
-def _merged(tmp_path: Path, name: str, rank: int | None, *extra: str) -> DecodedTrace:
+def _merged(tmp_path: Path, name: str, rank: int | None, *extra: str) -> tuple[DecodedTrace, str]:
+    """The merged trace of one public trace, and the summary merge printed."""
     folder = tmp_path / "traces"
     folder.mkdir(exist_ok=True)
     shutil.copy(DATA / name, folder / name)
@@ -36,8 +38,9 @@ def _merged(tmp_path: Path, name: str, rank: int | None, *extra: str) -> Decoded
     argv = ["merge", str(folder), "-o", str(out), *extra]
     if rank is not None:
         argv += ["--trace-rank", f"{folder / name}={rank}"]
-    assert main(argv) == 0
-    return check_trace(out)
+    code, summary, err = run_cli(*argv)
+    assert code == 0, err
+    return check_trace(out), summary
 
 
 def _as_shown(value):
@@ -46,7 +49,7 @@ def _as_shown(value):
 
 
 @pytest.mark.parametrize(("name", "rank"), TRACES)
-def test_every_launch_to_kernel_flow_of_the_raw_trace_is_in_the_merged_one(tmp_path, capsys, name, rank):
+def test_every_launch_to_kernel_flow_of_the_raw_trace_is_in_the_merged_one(tmp_path, name, rank):
     raw = _raw(name)
     starts = {e["id"] for e in raw if e.get("ph") == "s" and e.get("cat") == "ac2g"}
     ends = {e["id"] for e in raw if e.get("ph") == "f" and e.get("cat") == "ac2g"}
@@ -59,8 +62,7 @@ def test_every_launch_to_kernel_flow_of_the_raw_trace_is_in_the_merged_one(tmp_p
     expected = {corr: (names["cpu"], names["gpu"]) for corr, names in by_corr.items()}
     assert len(expected) == len(starts & ends) > 900
 
-    trace = _merged(tmp_path, name, rank)
-    capsys.readouterr()
+    trace, _ = _merged(tmp_path, name, rank)
     found = {}
     for events in trace.flows.values():
         if len(events) != 2 or "correlation" not in events[0].args:
@@ -72,10 +74,9 @@ def test_every_launch_to_kernel_flow_of_the_raw_trace_is_in_the_merged_one(tmp_p
 
 
 @pytest.mark.parametrize(("name", "rank"), TRACES)
-def test_kernel_and_cpu_op_args_and_ids_are_those_of_the_raw_trace(tmp_path, capsys, name, rank):
+def test_kernel_and_cpu_op_args_and_ids_are_those_of_the_raw_trace(tmp_path, name, rank):
     raw = _raw(name)
-    trace = _merged(tmp_path, name, rank)
-    capsys.readouterr()
+    trace, _ = _merged(tmp_path, name, rank)
     # every GPU event and every CPU op carrying an External id, keyed as the raw trace keys them
     decoded = {}
     for e in trace.events:
@@ -98,10 +99,9 @@ def test_kernel_and_cpu_op_args_and_ids_are_those_of_the_raw_trace(tmp_path, cap
     assert {"grid", "block", "registers per thread", "External id", "correlation", "class"} <= set(kernel.args)
 
 
-def test_lean_leaves_the_detail_out(tmp_path, capsys):
+def test_lean_leaves_the_detail_out(tmp_path):
     name, rank = TRACES[1]
-    trace = _merged(tmp_path, name, rank, "--lean")
-    out = capsys.readouterr().out
+    trace, out = _merged(tmp_path, name, rank, "--lean")
     # No launch-to-kernel flow is left; what remains links each collective's CPU enqueue to its GPU slice
     # (merge's own, not Kineto's detail).
     assert f" {len(trace.flows):,} flows;" in out

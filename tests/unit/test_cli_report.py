@@ -9,17 +9,11 @@ import pickle
 
 import pytest
 
-from comm2perfetto.cli import main
+from support.cli import run_cli
 from support.factories import T0_NS, FrJob, steady_job
 from support.kineto_fixtures import KinetoDoc
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-
-
-def _report(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(["report", *argv])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def _traces(folder, world=2, comm_us=(50.0, 100.0)):
@@ -33,20 +27,20 @@ def _traces(folder, world=2, comm_us=(50.0, 100.0)):
     return folder
 
 
-def test_json_to_a_file_by_suffix(tmp_path, capsys):
+def test_json_to_a_file_by_suffix(tmp_path):
     _traces(tmp_path / "t")
-    code, out, err = _report(capsys, str(tmp_path / "t"), "-o", str(tmp_path / "r.json"))
+    code, out, err = run_cli("report", str(tmp_path / "t"), "-o", str(tmp_path / "r.json"))
     assert code == 0 and out == "" and "wrote" in err
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["version"] == 1 and doc["ranks"]["1"]["overlap_pct"] == pytest.approx(50.0)
 
 
-def test_hta_rounding_rounds_kernels_inward_to_whole_microseconds(tmp_path, capsys):
+def test_hta_rounding_rounds_kernels_inward_to_whole_microseconds(tmp_path):
     """GEMM [0, 100], NCCL [50.4, 150.4]: exactly 49.6 of 100 us overlap; rounded as HTA does, the NCCL
     kernel is [51, 150] and overlaps 49 of 99 us."""
     _traces(tmp_path / "t", world=1, comm_us=(50.4, 100.0))
-    exact = json.loads(_report(capsys, str(tmp_path / "t"), "--format", "json")[1])
-    code, out, _ = _report(capsys, str(tmp_path / "t"), "--format", "json", "--hta-rounding")
+    exact = json.loads(run_cli("report", str(tmp_path / "t"), "--format", "json")[1])
+    code, out, _ = run_cli("report", str(tmp_path / "t"), "--format", "json", "--hta-rounding")
     rounded = json.loads(out)
     assert code == 0
     assert exact["ranks"]["0"]["overlap_pct"] == pytest.approx(49.6)
@@ -55,63 +49,63 @@ def test_hta_rounding_rounds_kernels_inward_to_whole_microseconds(tmp_path, caps
     assert not any("--hta-rounding" in note for note in exact["notes"])
 
 
-def test_fr_dumps_alone_give_collectives_and_stragglers(tmp_path, capsys):
+def test_fr_dumps_alone_give_collectives_and_stragglers(tmp_path):
     fr = FrJob(world=4)
     for i in range(3):
         for r in fr.ranks:
             fr.collective(r, "all_reduce", [[256]], t_ns=T0_NS + i * 1_000_000 + (3 - r) * 20_000)
     fr.write(tmp_path)
-    code, out, _ = _report(capsys, str(tmp_path), "--format", "json")
+    code, out, _ = run_cli("report", str(tmp_path), "--format", "json")
     doc = json.loads(out)
     assert code == 0
     assert doc["stragglers"][0]["rank"] == 0 and doc["stragglers"][0]["last_arrivals"] == 3
     assert doc["collectives"][0]["count"] == 3 and doc["collectives"][0]["bytes"] == 3 * 256 * 4
 
 
-def test_csv_to_stdout_has_both_tables(tmp_path, capsys):
+def test_csv_to_stdout_has_both_tables(tmp_path):
     steady_job(world=2, steps=4).write(tmp_path)
-    code, out, _ = _report(capsys, str(tmp_path), "--format", "csv")
+    code, out, _ = run_cli("report", str(tmp_path), "--format", "csv")
     ranks, collectives = out.strip().split("\n\n")
     assert code == 0 and ranks.startswith("rank,") and collectives.startswith("op,")
     assert len(collectives.splitlines()) == 1 + 4  # header + the four op families of steady_job
 
 
-def test_depth_and_steps_validation(tmp_path, capsys):
+def test_depth_and_steps_validation(tmp_path):
     steady_job(world=2, steps=1).write(tmp_path)
-    code, _, err = _report(capsys, str(tmp_path), "--depth", "0")
+    code, _, err = run_cli("report", str(tmp_path), "--depth", "0")
     assert code == 2 and "--depth" in err
     for bad in ("x", "3-1", "-2"):
-        code, _, err = _report(capsys, str(tmp_path), "--steps", bad)
+        code, _, err = run_cli("report", str(tmp_path), "--steps", bad)
         assert code == 2 and "--steps" in err, bad
 
 
-def test_unwritable_outputs(tmp_path, capsys):
+def test_unwritable_outputs(tmp_path):
     steady_job(world=2, steps=1).write(tmp_path)
-    code, _, err = _report(capsys, str(tmp_path), "-o", "/proc/comm2perfetto-report.json")
+    code, _, err = run_cli("report", str(tmp_path), "-o", "/proc/comm2perfetto-report.json")
     assert code == 2 and "cannot write /proc/comm2perfetto-report.json" in err
-    code, _, err = _report(capsys, str(tmp_path), "--plot", str(tmp_path / "nope" / "r.html"))
+    code, _, err = run_cli("report", str(tmp_path), "--plot", str(tmp_path / "nope" / "r.html"))
     assert code == 2 and "does not exist" in err
-    code, _, err = _report(capsys, str(tmp_path), "--plot", str(tmp_path / "r.pdf"))
+    code, _, err = run_cli("report", str(tmp_path), "--plot", str(tmp_path / "r.pdf"))
     assert code == 2 and ".html" in err
 
 
-def test_missing_input(tmp_path, capsys):
-    code, _, err = _report(capsys, str(tmp_path / "nothing"))
+def test_missing_input(tmp_path):
+    code, _, err = run_cli("report", str(tmp_path / "nothing"))
     assert code == 2 and "nothing" in err
 
 
-def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
     import sys
 
     _traces(tmp_path / "t")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    code, _, err = _report(capsys, str(tmp_path / "t"), "--plot", str(tmp_path / "r.png"))
+    code, _, err = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.png"))
     assert code == 2 and "comm2perfetto[plot]" in err and "Traceback" not in err
-    code, _, _ = _report(capsys, str(tmp_path / "t"), "--plot", str(tmp_path / "r.html"))
+    code, _, _ = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.html"))
     assert code == 0 and (tmp_path / "r.html").read_text().count("<svg") == 1  # bars; no collectives to map
 
 
-def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path, capsys):
+def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path):
     folder = _traces(tmp_path / "t", world=3)
     good = (folder / "rank2.pt.trace.json.gz").read_bytes()
     (folder / "rank2.pt.trace.json.gz").write_bytes(good[: len(good) // 2])  # truncated gzip
@@ -122,7 +116,7 @@ def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path, c
             return (os.system, ("touch pwned",))
 
     (folder / "evil.pkl").write_bytes(pickle.dumps(Evil(), protocol=2))
-    code, out, _ = _report(capsys, str(folder), "--format", "json")
+    code, out, _ = run_cli("report", str(folder), "--format", "json")
     doc = json.loads(out)
     assert code == 0 and not (folder / "pwned").exists()
     assert doc["ranks"]["0"]["overlap_pct"] == pytest.approx(50.0)
@@ -130,10 +124,10 @@ def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path, c
     assert "rank2.pt.trace.json.gz" in text and "rank1.pt.trace.json.gz" in text and "evil.pkl" in text
 
 
-def test_traces_of_two_jobs_are_refused(tmp_path, capsys):
+def test_traces_of_two_jobs_are_refused(tmp_path):
     _traces(tmp_path / "a", world=2)
     _traces(tmp_path / "b", world=4)
-    code, _, err = _report(capsys, str(tmp_path / "a"), str(tmp_path / "b"))
+    code, _, err = run_cli("report", str(tmp_path / "a"), str(tmp_path / "b"))
     assert code == 2 and "--force" in err
-    code, out, _ = _report(capsys, str(tmp_path / "a"), str(tmp_path / "b"), "--force", "--format", "json")
+    code, out, _ = run_cli("report", str(tmp_path / "a"), str(tmp_path / "b"), "--force", "--format", "json")
     assert code == 0 and any("--force" in n for n in json.loads(out)["notes"])

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # the examples run as their users run them: real 2-rank jobs
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "comm2perfetto" / "examples"
 
 
@@ -46,7 +48,6 @@ def test_tp_example_says_it_needs_numpy_in_one_line(no_numpy):
     assert lines == ["tp_dtensor.py: torch's CommDebugMode needs numpy, which is not installed: pip install numpy"]
 
 
-@pytest.mark.integration
 def test_the_ddp_example_needs_no_numpy(no_numpy):
     proc = _run(no_numpy, str(EXAMPLES / "ddp_train.py"), "--nproc", "2", "--epochs", "1", "--steps", "3")
     assert proc.returncode == 0, proc.stderr

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from test_export_perfetto import ARGS, T0, expected_args, write_scenario
 
 from comm2perfetto.trace import chrome_json
 from comm2perfetto.trace.check import check_trace, read_trace
 from comm2perfetto.trace.chrome_json import ChromeJsonWriter
+from support.trace_scenario import ARGS, T0, expected_args, write_scenario
 
 
 def events_of(path: Path) -> tuple[dict, list[dict]]:

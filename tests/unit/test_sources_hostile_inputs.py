@@ -1,7 +1,7 @@
 """Hostile and malformed input, one case per kind, through the CLI (issue 13's table).
 
 Every case starts from the real recording in tests/data/recording and runs diagnose, merge and report in a
-child process under an address-space limit and a time limit (``hostile.run_cli``): each ends with 0, 1 or 2,
+child process under an address-space limit and a time limit (``hostile.run_bounded``): each ends with 0, 1 or 2,
 prints no traceback, names what it skipped in one line, and never mistakes a file's claim for data.
 """
 
@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from comm2perfetto.sources.limits import MAX_FILE_BYTES, MAX_WORLD_SIZE, TooLargeError, gunzip_bounded, read_bounded
+from support.cli import run_cli
 from support.hostile import (
     CliRun,
     copy_recording,
@@ -27,10 +28,11 @@ from support.hostile import (
     garbage_after_header,
     gzip_bomb,
     huge_pg_config,
-    run_cli,
+    run_bounded,
     set_header,
     warm_up,
 )
+from support.verdicts import verdict
 
 COMMANDS = ("diagnose", "merge", "report")
 
@@ -50,9 +52,9 @@ def rec(tmp_path: Path) -> Path:
 def _run_all(folder: Path, **kwargs) -> dict[str, CliRun]:
     out = folder.parent / "job.pftrace"
     runs = {
-        "diagnose": run_cli(["diagnose", str(folder)], **kwargs),
-        "merge": run_cli(["merge", str(folder), "-o", str(out)], **kwargs),
-        "report": run_cli(["report", str(folder)], **kwargs),
+        "diagnose": run_bounded(["diagnose", str(folder)], **kwargs),
+        "merge": run_bounded(["merge", str(folder), "-o", str(out)], **kwargs),
+        "report": run_bounded(["report", str(folder)], **kwargs),
     }
     for name, run in runs.items():
         assert run.rc in (0, 1, 2) and not run.traceback, run.explain()
@@ -96,7 +98,7 @@ def test_a_group_listing_more_ranks_than_accepted_is_not_taken_from_the_dumps(re
 
 def test_a_gzip_bomb_is_refused_with_one_line(rec):
     gzip_bomb(rec / "rank0.fr.9.pkl.gz", MAX_FILE_BYTES + 1)
-    run = run_cli(["diagnose", str(rec)])
+    run = run_bounded(["diagnose", str(rec)])
     assert run.rc == 1 and not run.traceback, run.explain()
     assert "rank0.fr.9.pkl.gz: inflates to more than 536,870,912 bytes, larger than any real one; not read" in run.out
 
@@ -116,8 +118,14 @@ def test_fields_with_a_wrong_type_or_an_absurd_value_are_skipped_and_named(rec, 
 
 
 def test_dtypes_that_are_not_names_make_an_unknown_signature_not_a_crash(rec):
+    """Entries whose dtypes are not names and output sizes not numbers are kept, those fields unknown and named:
+    no entry is skipped, and an unknown signature is compared with no rank's, so the verdict is the recording's."""
+    before = verdict(run_cli("diagnose", rec, "--format", "json").json())
     edit_entries(rec, 1, input_dtypes=[5], output_sizes=[["a"]])
-    _run_all(rec)
+    out = _run_all(rec)["diagnose"].out
+    assert "input_dtypes of record 0 (barrier #1 on default_pg) is [5], not a list of dtypes" in out
+    assert "entry skipped" not in out and "entries skipped" not in out, out
+    assert verdict(run_cli("diagnose", rec, "--format", "json").json()) == before
 
 
 def test_a_header_rank_that_is_not_a_number_skips_that_log(rec):
@@ -150,7 +158,7 @@ def test_an_interrupted_merge_leaves_no_partial_file(rec, monkeypatch):
         time.sleep(30)
 
     monkeypatch.setattr(merge, "write_timeline", killed_halfway)
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 130 and not run.traceback, run.explain()
     assert not list(rec.parent.glob(".*.partial")) and not (rec.parent / "job.pftrace").exists()
 
@@ -162,7 +170,7 @@ def test_a_crashed_merge_leaves_no_partial_file_and_says_internal_error(rec, mon
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(merge, "write_timeline", crash)
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 3 and not run.traceback, run.explain()
     assert run.err.splitlines()[-1].startswith("comm2perfetto merge: internal error (RuntimeError: a bug at ")
     assert "this is a bug: please report it" in run.err
@@ -178,7 +186,7 @@ def test_a_partial_file_of_a_killed_merge_is_removed_by_the_next_one(rec):
     stale.write_bytes(b"half a trace")
     mine = rec.parent / f".job.pftrace.{os.getpid()}.partial"  # a merge still running: left alone
     mine.write_bytes(b"in progress")
-    run = run_cli(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
+    run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 0, run.explain()
     assert not stale.exists() and mine.exists()
 
@@ -189,7 +197,7 @@ def test_a_rank_outside_the_world_the_profiler_traces_state_is_skipped(rec):
     for path in [*rec.glob("*.events.jsonl"), *rec.glob("*.stacks.*.json")]:
         path.unlink()
     shutil.copy(rec / "rank0.fr.2.pkl", rec / f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl")
-    run = run_cli(["diagnose", str(rec)])
+    run = run_bounded(["diagnose", str(rec)])
     assert "data from ranks 0-3)" in run.out, run.explain()
     assert f"rank{MAX_WORLD_SIZE - 1}.fr.1.pkl: Flight Recorder dump of (by its name) rank {MAX_WORLD_SIZE - 1}, " \
         "outside the job's 4 ranks" in run.out
@@ -201,7 +209,7 @@ def test_an_input_error_is_one_line_and_status_2_in_a_fresh_interpreter(rec):
         path.unlink()
     for path in rec.glob("rank[123].events.jsonl"):
         path.unlink()
-    run = run_cli(["diagnose", str(rec)], fresh=True)
+    run = run_bounded(["diagnose", str(rec)], fresh=True)
     assert run.rc == 2 and run.err.count("\n") == 1 and not run.traceback, run.explain()
 
 

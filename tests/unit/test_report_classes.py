@@ -5,8 +5,6 @@ no data covers, are said as such."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from comm2perfetto.report.intervals import intersection, length, union
 from comm2perfetto.sources.kineto.classify import cpu_class
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.trace.check import check_trace
+from support.cli import Ran, run_cli_process
 from support.png import preview_compute_s
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
@@ -25,10 +24,9 @@ HTA = DATA / "hta_nccl_data.json.gz"
 GLOO = DATA / "gloo_ddp_rank0.json.gz"
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "comm2perfetto", *args], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+def _cli(*args: str) -> Ran:
+    done = run_cli_process(*args, timeout=300)
+    assert done.code == 0, done.err
     return done
 
 
@@ -39,10 +37,10 @@ def test_the_previews_compute_is_the_reports_to_a_pixel(path, tmp_path):
     rank of a larger job is a sample: the picture draws the ranks traced and says what they cover."""
     trace, png = tmp_path / "job.pftrace", tmp_path / "job.png"
     merged = _cli("merge", str(path), "-o", str(trace), "--preview", str(png))
-    doc = json.loads(_cli("report", str(path), "--format", "json").stdout)
+    doc = json.loads(_cli("report", str(path), "--format", "json").out)
     traced = sorted(map(int, doc["ranks"]))
     assert traced == [0] and doc["world_size"] > 1 and doc["sampled"] == "traces"
-    assert f"ranks: 1 of {doc['world_size']} (a sample: traces of rank 0)" in merged.stdout
+    assert f"ranks: 1 of {doc['world_size']} (a sample: traces of rank 0)" in merged.out
     shown, column_s = preview_compute_s(png, check_trace(trace), traced)
     report = doc["ranks"]["0"]["compute_s"]
     assert 0 < report < doc["ranks"]["0"]["span_s"] / 2

@@ -8,8 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from comm2perfetto.model import DTYPE_BYTES
 from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.kineto.profile import read_profiles
 from comm2perfetto.trace.check import check_trace
+from support.cli import run_cli_process
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
 MI300 = DATA / "tracelens_mi300_resnet_act_checkpoint_rank0.json.gz"
@@ -116,9 +115,8 @@ def test_the_merged_trace_draws_each_collective_as_its_gpu_work(tmp_path):
     """The 12 collectives of one group on one stream are one lane of slices, each its kernels' begin to end (not
     9 lanes of CPU-enqueue-to-kernel-end slices), and a flow joins each to its CPU enqueue."""
     out = tmp_path / "mi300.pftrace"
-    done = subprocess.run([sys.executable, "-m", "comm2perfetto", "merge", str(MI300), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = run_cli_process("merge", str(MI300), "-o", str(out), timeout=300)
+    assert done.code == 0, done.err
     trace = check_trace(out)
     raw = _raw_collectives(MI300)
     base = json.loads(gzip.open(MI300).read())["baseTimeNanoseconds"]

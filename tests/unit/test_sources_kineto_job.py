@@ -8,7 +8,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from comm2perfetto.cli import main
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import MixedJobsError, SourceError, load_sources
 from comm2perfetto.sources.kineto.classify import classify_gpu
@@ -18,15 +17,9 @@ from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps
 from comm2perfetto.trace.check import check_trace
+from support.cli import run_cli
 from support.factories import T0_NS, steady_job
 from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
 
 # --- ranks -------------------------------------------------------------------------------------------------
 
@@ -58,7 +51,7 @@ def test_distributed_info_is_found_anywhere_in_the_file(tmp_path, suffix):
     assert set(load_sources([path]).kineto) == {5}
 
 
-def test_a_trace_of_unknown_rank_is_named_and_its_rank_can_be_given(tmp_path, capsys):
+def test_a_trace_of_unknown_rank_is_named_and_its_rank_can_be_given(tmp_path):
     doc = KinetoDoc()
     doc.thread(doc.pid, "python")
     doc.cpu(doc.pid, "aten::mm", 0.0, 5.0)
@@ -66,15 +59,15 @@ def test_a_trace_of_unknown_rank_is_named_and_its_rank_can_be_given(tmp_path, ca
     del document["distributedInfo"]
     path = tmp_path / "worker.json"
     path.write_bytes(orjson.dumps(document))
-    code, _out, err = _run(capsys, "diagnose", str(tmp_path))
+    code, _out, err = run_cli("diagnose", str(tmp_path))
     assert code == 2
     assert f"--trace-rank {path}=RANK" in err and len(err.strip().splitlines()) == 1
     src = load_sources([tmp_path], trace_ranks={"worker.json": 3})
     assert set(src.kineto) == {3} and src.traces[3][0].path == path
-    code, out, _err = _run(capsys, "merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"),
-                           "--trace-rank", f"{path}=3")
+    code, out, _err = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"),
+                              "--trace-rank", f"{path}=3")
     assert code == 0 and "ranks: 1 of" in out
-    assert _run(capsys, "merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--trace-rank", "x.json")[0] == 2
+    assert run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--trace-rank", "x.json")[0] == 2
 
 
 # --- collectives, alignment, stragglers --------------------------------------------------------------------
@@ -99,10 +92,10 @@ def test_traces_alone_make_a_job_aligned_on_kernel_ends(tmp_path, seq):
         assert max(c.ranks, key=lambda r: c.arrive_ns[c.ranks.index(r)]) == tj.late_rank
 
 
-def test_traces_alone_merge_and_diagnose(tmp_path, capsys):
+def test_traces_alone_merge_and_diagnose(tmp_path):
     write_trace_job(tmp_path / "t", world=3, collectives=6)
     out_path = tmp_path / "job.pftrace"
-    code, out, _err = _run(capsys, "merge", str(tmp_path / "t"), "-o", str(out_path))
+    code, out, _err = run_cli("merge", str(tmp_path / "t"), "-o", str(out_path))
     assert code == 0, out
     assert "ranks: 3 of 3; collectives: 6" in out and "residual skew 0 s (12 collective ends)" in out
     trace = check_trace(out_path)
@@ -112,9 +105,9 @@ def test_traces_alone_merge_and_diagnose(tmp_path, capsys):
     assert len(flows) == 6 and all(len(evs) == 3 for evs in flows)
     steps = [e for e in trace.events if trace.tracks[e.track].name == "steps"]
     assert {e.name for e in steps} == {f"step {n}" for n in range(5, 11)}
-    code, out, _err = _run(capsys, "diagnose", str(tmp_path / "t"))
+    code, out, _err = run_cli("diagnose", str(tmp_path / "t"))
     assert code == 0 and out.startswith("OK")
-    code, out, _err = _run(capsys, "report", str(tmp_path / "t"), "--format", "json")
+    code, out, _err = run_cli("report", str(tmp_path / "t"), "--format", "json")
     (row,) = orjson.loads(out)["collectives"]
     assert (row["op"], row["count"], row["timed"]) == ("all_reduce", 6, 6)
     (straggler, *_) = orjson.loads(out)["stragglers"]
@@ -170,14 +163,14 @@ def test_collectives_of_a_2023_trace_and_p2p_and_wait_records():
 # --- mixed jobs, merge output ------------------------------------------------------------------------------
 
 
-def test_a_trace_from_another_year_is_not_this_jobs(tmp_path, capsys):
+def test_a_trace_from_another_year_is_not_this_jobs(tmp_path):
     steady_job(world=2, steps=3).write(tmp_path / "fr")
     write_trace_job(tmp_path / "old", world=2, collectives=2, start_ns=T0_NS - 400 * 86_400 * 10**9)
     with pytest.raises(MixedJobsError, match="days away from the Flight Recorder dumps"):
         load_sources([tmp_path])
-    code, _out, err = _run(capsys, "merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"))
+    code, _out, err = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"))
     assert code == 2 and "more than one job" in err
-    code, _out, err = _run(capsys, "report", str(tmp_path))  # report reads the traces its own way: same check
+    code, _out, err = run_cli("report", str(tmp_path))  # report reads the traces its own way: same check
     assert code == 2 and "days away from the Flight Recorder dumps" in err
     assert len(load_sources([tmp_path], force=True).traces) == 2
 
@@ -190,30 +183,30 @@ def test_a_trace_of_another_world_size_is_not_this_jobs(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz", ".pftrace"])
-def test_merge_writes_profiled_steps_long_before_the_first_fr_entry(tmp_path, capsys, suffix):
+def test_merge_writes_profiled_steps_long_before_the_first_fr_entry(tmp_path, suffix):
     """A long job's FR ring keeps only the last collectives; the profiler ran 10 minutes earlier."""
     steady_job(world=2, steps=3).write(tmp_path / "fr")
     write_trace_job(tmp_path / "traces", world=2, collectives=2, start_ns=T0_NS - 600 * 10**9)
     out_path = tmp_path / f"job{suffix}"
-    code, out, _err = _run(capsys, "merge", str(tmp_path), "-o", str(out_path))
+    code, out, _err = run_cli("merge", str(tmp_path), "-o", str(out_path))
     assert code == 0, out
     trace = check_trace(out_path)
     assert any(e.name == "ncclDevKernel_AllReduce_Sum_f32_RING_LL" for e in trace.events)
 
 
 @pytest.mark.parametrize("command", ["merge", "report"])
-def test_no_profiler_on_traces_alone_is_a_one_line_error(tmp_path, capsys, command):
+def test_no_profiler_on_traces_alone_is_a_one_line_error(tmp_path, command):
     write_trace_job(tmp_path / "t", world=2, collectives=2)
     extra = ["-o", str(tmp_path / "j.pftrace")] if command == "merge" else []
-    code, _out, err = _run(capsys, command, str(tmp_path / "t"), *extra, "--no-profiler")
+    code, _out, err = run_cli(command, str(tmp_path / "t"), *extra, "--no-profiler")
     assert code == 2 and "only profiler traces found" in err and len(err.strip().splitlines()) == 1
 
 
-def test_no_profiler_leaves_traces_out_of_the_job(tmp_path, capsys):
+def test_no_profiler_leaves_traces_out_of_the_job(tmp_path):
     steady_job(world=2, steps=3).write(tmp_path / "fr")
     write_trace_job(tmp_path / "traces", world=2, collectives=2, start_ns=T0_NS)
     assert load_job([tmp_path], read_traces=False).traces == {}
-    code, _out, _err = _run(capsys, "merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--no-profiler")
+    code, _out, _err = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--no-profiler")
     assert code == 0
     assert not any(t.name and t.name.startswith("GPU") for t in check_trace(tmp_path / "j.pftrace").tracks.values())
 
@@ -246,7 +239,7 @@ def test_a_kernel_belongs_to_the_step_that_launched_it():
     assert spans == ((5, 150, 190), (6, 190, 250), (7, 250, 320))
 
 
-def test_report_steps_follow_the_gpu(tmp_path, capsys):
+def test_report_steps_follow_the_gpu(tmp_path):
     """Every kernel of a step runs after its CPU span ended: CPU windows would keep none of the comm."""
     doc = KinetoDoc()
     main_tid = doc.thread(doc.pid, "python")
@@ -261,7 +254,7 @@ def test_report_steps_follow_the_gpu(tmp_path, capsys):
         doc.gpu(COMPUTE_STREAM, "sm90_gemm", t0 + 300.0, 200.0, extra={"correlation": compute["args"]["correlation"]})
         comm_us += 200.0
     doc.write(tmp_path / "rank0.json")
-    code, out, _err = _run(capsys, "report", str(tmp_path), "--steps", "1-3", "--format", "json")
+    code, out, _err = run_cli("report", str(tmp_path), "--steps", "1-3", "--format", "json")
     assert code == 0
     report = orjson.loads(out)
     assert report["ranks"]["0"]["comm_s"] == pytest.approx(comm_us * 1e-6)
@@ -270,7 +263,7 @@ def test_report_steps_follow_the_gpu(tmp_path, capsys):
     assert report["steps"][0]["job"]["comm_s"] == pytest.approx(200e-6)
 
 
-def test_hta_scope_drops_the_last_step_and_kernels_outside_steps(tmp_path, capsys):
+def test_hta_scope_drops_the_last_step_and_kernels_outside_steps(tmp_path):
     doc = KinetoDoc()
     main_tid = doc.thread(doc.pid, "python")
     for k in range(3):
@@ -284,11 +277,11 @@ def test_hta_scope_drops_the_last_step_and_kernels_outside_steps(tmp_path, capsy
                 extra={"correlation": launch["args"]["correlation"]})
     doc.gpu(NCCL_STREAM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5000.0, 100.0)  # launched outside steps
     doc.write(tmp_path / "rank0.json")
-    code, out, _err = _run(capsys, "report", str(tmp_path), "--format", "json")
+    code, out, _err = run_cli("report", str(tmp_path), "--format", "json")
     assert code == 0
     whole = orjson.loads(out)["ranks"]["0"]
     assert whole["comm_s"] == pytest.approx((3 * 150 + 100) * 1e-6) and whole["overlap_pct"] == 0
-    code, out, _err = _run(capsys, "report", str(tmp_path), "--format", "json", "--hta-scope")
+    code, out, _err = run_cli("report", str(tmp_path), "--format", "json", "--hta-scope")
     assert code == 0
     hta = orjson.loads(out)
     assert hta["ranks"]["0"]["comm_s"] == pytest.approx(2 * 100 * 1e-6)
@@ -302,20 +295,20 @@ def test_a_folder_of_nothing_but_an_unreadable_trace(tmp_path):
         load_sources([tmp_path])
 
 
-def test_hta_scope_matches_hta_on_its_own_public_trace(tmp_path, capsys):
+def test_hta_scope_matches_hta_on_its_own_public_trace(tmp_path):
     """HTA 0.5.0, ``TraceAnalysis(trace_dir).get_comm_comp_overlap()`` on this file: 14.31 (its two decimals).
     The exact overlap of every kernel, to the nanosecond, is higher: HTA leaves the last step's kernels out and
     rounds every kernel inward to whole microseconds."""
     data = Path(__file__).parents[1] / "data" / "kineto" / "hta_nccl_data.json.gz"
-    code, out, _err = _run(capsys, "report", str(data), "--format", "json", "--hta-scope")
+    code, out, _err = run_cli("report", str(data), "--format", "json", "--hta-scope")
     assert code == 0
     assert round(orjson.loads(out)["ranks"]["0"]["overlap_pct"], 2) == 14.31
-    code, out, _err = _run(capsys, "report", str(data), "--format", "json")
+    code, out, _err = run_cli("report", str(data), "--format", "json")
     exact = orjson.loads(out)["ranks"]["0"]["overlap_pct"]
-    assert exact - 14.31 > 0.8  # the difference the README warns about
+    assert exact - 14.31 > 0.8  # the difference docs/report.md warns about
 
 
-def test_a_public_real_trace_alone_is_a_job(tmp_path, capsys):
+def test_a_public_real_trace_alone_is_a_job(tmp_path):
     """The trace's 21 NCCL kernels (15 all-reduces, 6 broadcasts) each launched by a record_param_comms naming
     default_pg with ranks [0, 1]; only rank 0's file is there."""
     data = Path(__file__).parents[1] / "data" / "kineto" / "hta_nccl_data.json.gz"
@@ -323,12 +316,12 @@ def test_a_public_real_trace_alone_is_a_job(tmp_path, capsys):
     (uid, cols), = job.collectives.items()
     assert job.groups[uid].ranks == (0, 1) and job.world_size == 2
     assert sorted(c.op for c in cols) == ["all_reduce"] * 15 + ["broadcast"] * 6
-    code, out, _err = _run(capsys, "merge", str(data), "-o", str(tmp_path / "job.json.gz"))
+    code, out, _err = run_cli("merge", str(data), "-o", str(tmp_path / "job.json.gz"))
     assert code == 0 and "collectives: 21;" in out
     check_trace(tmp_path / "job.json.gz")
 
 
-def test_symmetric_memory_kernels_are_communication_on_a_public_b200_trace(capsys):
+def test_symmetric_memory_kernels_are_communication_on_a_public_b200_trace():
     data = Path(__file__).parents[1] / "data" / "kineto" / "tracelens_b200_eager_trace.json.gz"
     events = orjson.loads(gzip.decompress(data.read_bytes()))["traceEvents"]
     multimem = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
@@ -339,11 +332,11 @@ def test_symmetric_memory_kernels_are_communication_on_a_public_b200_trace(capsy
     for b, e in multimem:
         covered += max(0.0, e - max(b, end))
         end = max(end, e)
-    code, out, _err = _run(capsys, "report", str(data), "--format", "json")
+    code, out, _err = run_cli("report", str(data), "--format", "json")
     comm_s = orjson.loads(out)["ranks"]["0"]["comm_s"]
     assert code == 0 and comm_s >= covered * 1e-6 * 0.999
     # HTA's classes (no steps in this trace: HTA's scope keeps every kernel): only the one NCCL all-gather
-    code, out, _err = _run(capsys, "report", str(data), "--format", "json", "--hta-scope")
+    code, out, _err = run_cli("report", str(data), "--format", "json", "--hta-scope")
     assert orjson.loads(out)["ranks"]["0"]["comm_s"] < covered * 1e-6 / 10
 
 

@@ -10,9 +10,10 @@ import urllib.request
 
 import pytest
 
-from comm2perfetto.cli import UserError, main
+from comm2perfetto.cli import UserError
 from comm2perfetto.cli.open import UI, deep_link, make_server, run, serve_until_fetched
 from comm2perfetto.trace.formats import sniff_trace
+from support.cli import run_cli
 
 
 def test_the_trace_is_served_once_with_the_ui_origin(tmp_path):
@@ -39,9 +40,10 @@ def test_deep_link_names_the_file_on_the_uis_port():
     assert deep_link("job.pftrace") == "https://ui.perfetto.dev/#!/?url=http://127.0.0.1:9001/job.pftrace"
 
 
-def test_a_missing_trace_and_a_busy_port_are_one_line_errors(tmp_path, capsys):
-    assert main(["open", str(tmp_path / "nope.pftrace"), "--no-browser"]) == 2
-    assert "no such trace file" in capsys.readouterr().err
+def test_a_missing_trace_and_a_busy_port_are_one_line_errors(tmp_path):
+    ran = run_cli("open", str(tmp_path / "nope.pftrace"), "--no-browser")
+    assert ran.code == 2
+    assert "no such trace file" in ran.err
     trace = tmp_path / "job.pftrace"
     trace.write_bytes(b"\x0a\x02hi")
     busy = make_server(trace, 0)
@@ -53,11 +55,12 @@ def test_a_missing_trace_and_a_busy_port_are_one_line_errors(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content", [b"meeting notes: merge the traces", b"", b"\x1f\x8b\x08\x00garbage"])
-def test_a_file_that_is_no_trace_is_refused_before_serving(tmp_path, capsys, content):
+def test_a_file_that_is_no_trace_is_refused_before_serving(tmp_path, content):
     notes = tmp_path / "notes.txt"
     notes.write_bytes(content)
-    assert main(["open", str(notes), "--no-browser", "--port", "0"]) == 2
-    err = capsys.readouterr().err
+    ran = run_cli("open", str(notes), "--no-browser", "--port", "0")
+    assert ran.code == 2
+    err = ran.err
     assert err.startswith(f"comm2perfetto open: error: {notes}: not a trace") and err.count("\n") == 1, err
 
 

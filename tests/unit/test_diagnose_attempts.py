@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli import main
 from comm2perfetto.cli.live import StallWatcher
 from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError, load_sources
+from support.cli import run_cli
 from support.factories import T0_NS, EventLog
 
 S = 10**9
@@ -113,29 +112,19 @@ def test_files_skipped_belong_to_their_attempt(tmp_path):
     assert load_sources([out], attempt=0).skipped == []
 
 
-def _run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse's usage errors
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_diagnose_says_which_attempt_and_how_the_others_ended(tmp_path):
     out = _restarted(tmp_path)
-    code, text, _ = _run_cli("diagnose", str(out))
+    code, text, _ = run_cli("diagnose", str(out))
     assert code == 0 and text.startswith("OK:")
     assert ("torchrun restarted the job: this verdict is about attempt 1, the last of attempts 0, 1. Attempt 0: "
             "crashed, rank 1 raised RuntimeError: attempt fails on rank 1 (`--attempt 0` for its verdict).") \
         in " ".join(text.split())
-    code, text, _ = _run_cli("diagnose", str(out), "--format", "json")
+    code, text, _ = run_cli("diagnose", str(out), "--format", "json")
     doc = orjson.loads(text)
     assert doc["attempt"] == 1
     assert doc["other_attempts"] == [{"attempt": 0, "status": "crashed", "culprit_ranks": [1],
                                       "summary": "rank 1 raised RuntimeError: attempt fails on rank 1"}]
-    code, text, _ = _run_cli("diagnose", str(out), "--attempt", "0", "--format", "json")
+    code, text, _ = run_cli("diagnose", str(out), "--attempt", "0", "--format", "json")
     doc = orjson.loads(text)
     assert (code, doc["status"], doc["attempt"]) == (1, "crashed", 0)
     assert [f["culprit_ranks"] for f in doc["findings"]] == [[1]]
@@ -145,7 +134,7 @@ def test_diagnose_says_which_attempt_and_how_the_others_ended(tmp_path):
 
 def test_a_last_attempt_that_fails_early_is_the_verdict_the_earlier_crash_an_earlier_attempt(tmp_path):
     out = _restarted(tmp_path, last_fails=True)
-    code, text, _ = _run_cli("diagnose", str(out), "--format", "json")
+    code, text, _ = run_cli("diagnose", str(out), "--format", "json")
     doc = orjson.loads(text)
     assert (code, doc["status"], doc["attempt"]) == (1, "crashed", 1)
     assert [(f["kind"], f["seq"], f["culprit_ranks"]) for f in doc["findings"]] == [("rank_died", 2, [0])]
@@ -154,26 +143,26 @@ def test_a_last_attempt_that_fails_early_is_the_verdict_the_earlier_crash_an_ear
 
 def test_a_job_never_restarted_says_nothing_of_attempts(tmp_path):
     _attempt(tmp_path / "out", T0_NS)
-    code, text, _ = _run_cli("diagnose", str(tmp_path / "out"), "--format", "json")
+    code, text, _ = run_cli("diagnose", str(tmp_path / "out"), "--format", "json")
     doc = orjson.loads(text)
     assert (code, doc["attempt"], doc["other_attempts"]) == (0, None, [])
-    code, text, _ = _run_cli("diagnose", str(tmp_path / "out"))
+    code, text, _ = run_cli("diagnose", str(tmp_path / "out"))
     assert "attempt" not in text
 
 
 @pytest.mark.parametrize("bad", ["-1", "one"])
 def test_a_bad_attempt_number_is_a_usage_error(tmp_path, bad):
-    code, _, err = _run_cli("diagnose", str(_restarted(tmp_path)), "--attempt", bad)
+    code, _, err = run_cli("diagnose", str(_restarted(tmp_path)), "--attempt", bad)
     assert code == 2 and "is not an attempt number" in err
 
 
 def test_merge_and_report_say_it_too(tmp_path):
     out = _restarted(tmp_path)
-    code, text, _ = _run_cli("merge", str(out), "-o", str(tmp_path / "job.pftrace"))
+    code, text, _ = run_cli("merge", str(out), "-o", str(tmp_path / "job.pftrace"))
     assert code == 0
     assert "  attempts: torchrun restarted the job: this trace is about attempt 1, the last of attempts 0, 1. " \
            "Attempt 0: crashed, rank 1 raised" in text
-    code, text, _ = _run_cli("report", str(out), "--attempt", "0", "--format", "json")
+    code, text, _ = run_cli("report", str(out), "--attempt", "0", "--format", "json")
     notes = orjson.loads(text)["notes"]
     assert code == 0 and notes[0].startswith("torchrun restarted the job: this report is about attempt 0, "
                                              "not the last of attempts 0, 1. Attempt 1: ok, ")

@@ -3,13 +3,13 @@
 Each example copies ``tests/data/recording/subgroups`` (4 gloo ranks, groups ``pair_a`` = ranks 0, 1 and
 ``pair_b`` = ranks 2, 3, a resolved stall on ``pair_a``), damages one rank's files (a field set to a wrong type
 or an absurd value, a truncation, random bytes, a duplicate, a rename, gzip), and runs the three commands,
-each in a forked child under an address-space limit and a time limit (``hostile.run_cli``). Every run must
+each in a forked child under an address-space limit and a time limit (``hostile.run_bounded``). Every run must
 end with status 0, 1 or 2 (never 3, an internal error), print no traceback, and finish in time; and a
 mutation of one rank's files must not change diagnose's findings about a group that rank is not in.
 
 ``COMM2PERFETTO_FUZZ_EXAMPLES`` sets the number of examples (default 100: 300 runs, well under a minute);
 ``COMM2PERFETTO_FUZZ_STATS=FILE`` writes what was tried (kinds, statuses, peak memory) as JSON, which is
-how the README's reliability figures are made (``benchmarks/bench_fuzz.py``). Peak memory is the
+how docs/reliability.md's figures are made (``benchmarks/bench_fuzz.py``). Peak memory is the
 largest resident set of a run's process (a fork shares this process's pages, so it is an upper bound).
 """
 
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.hostile import RECORDING, event_lines, load_dump, run_cli, save_dump, warm_up
+from support.hostile import RECORDING, event_lines, load_dump, run_bounded, save_dump, warm_up
 
 EXAMPLES = int(os.environ.get("COMM2PERFETTO_FUZZ_EXAMPLES", "100"))
 GROUP_RANKS = {"pair_a": {0, 1}, "pair_b": {2, 3}}
@@ -230,7 +230,7 @@ def _check_isolation(rank: int, found: dict[str, set[tuple]], baseline: dict[str
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple]]:
     warm_up(RECORDING, tmp_path_factory.mktemp("warm") / "job.pftrace")
-    run = run_cli(["diagnose", str(RECORDING), "--format", "json"])
+    run = run_bounded(["diagnose", str(RECORDING), "--format", "json"])
     assert run.rc == 0, run.explain()  # its stall resolved: reported, no problem left
     found = _findings(run.out)
     assert found["pair_a"] and not found["pair_b"], found  # what the recording is for (see its README)
@@ -251,9 +251,9 @@ def test_a_mutated_recording_gives_a_verdict_or_one_clear_error(baseline, rank, 
         kind = mutation(folder, rank, data)
         STATS["examples"] += 1
         STATS["kinds"][kind] += 1
-        runs = [run_cli(["diagnose", str(folder), "--format", "json"]),
-                run_cli(["merge", str(folder), "-o", str(Path(tmp) / "job.pftrace")]),
-                run_cli(["report", str(folder), "--format", "json"])]
+        runs = [run_bounded(["diagnose", str(folder), "--format", "json"]),
+                run_bounded(["merge", str(folder), "-o", str(Path(tmp) / "job.pftrace")]),
+                run_bounded(["report", str(folder), "--format", "json"])]
         for run in runs:
             STATS["status"][str(run.rc)] += 1
             STATS["tracebacks"] += run.traceback
