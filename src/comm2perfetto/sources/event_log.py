@@ -541,7 +541,7 @@ def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
 
 # Where each kind keeps its time (checked against the header's wall_ns when the header has one).
 _TIME_AT = {"b": 2, "e": 2, "d": 2, "x": 2, "r": 2, "q": 2, "p": 2, "m": 1, "k": 1, "f": 1, "t": 1, "w": 1,
-            "z": 1, "u": 1, "h": 1, "l": 3}
+            "z": 1, "u": 1, "h": 1, "l": 2}
 
 
 def _check(r: Any) -> None:
