@@ -41,7 +41,7 @@ def test_a_shifted_log_is_the_log_its_rank_would_have_written_on_the_other_clock
     # What this recording lacks: a range, a mark, warnings (one untimed), how the process was ended, an async
     # completion, a heartbeat, a failed call, a live window (its arrivals relative to its begin).
     window = {"steps": 1, "step_ns": None, "exposed_ns": None,
-              "groups": {"0": {"issued": 1, "ops": {}, "arrivals": [[1, 20]]}}}
+              "groups": {"0": {"issued": 1, "ops": {}, "seqs": [1], "arrivals_us": [20]}}}
     records += [["r", 900, t, "forward", 1, "nvtx"], ["q", 900, t + 10], ["m", t, "epoch", 1, "api"],
                 ["w", t, "slow disk"], ["w", None, "untimed"], ["u", t, "signal", "SIGTERM"], ["d", first_call[1], t],
                 ["h", t], [*first_call[:1], 9999, t, *first_call[3:]], ["x", 9999, t + 5, "RuntimeError: boom"],

@@ -22,11 +22,13 @@ MS = 1_000_000
 
 def _arrivals(n: int, ranks: int, late: dict[int, float] | None = None, jitter_ms: float = 0.2,
               seed: int = 0) -> dict[int, dict[int, int]]:
-    """``n`` collectives 100 ms apart; each rank arrives with a uniform jitter, plus ``late[rank]`` ms."""
+    """``n`` collectives 100 ms apart; each rank arrives with a uniform jitter, plus ``late[rank]`` ms: rank ->
+    {seq: arrival}."""
     rng = random.Random(seed)
     late = late or {}
-    return {seq: {r: seq * 100 * MS + int((rng.uniform(0, jitter_ms) + late.get(r, 0.0)) * MS) for r in range(ranks)}
-            for seq in range(1, n + 1)}
+    by_seq = {seq: {r: seq * 100 * MS + int((rng.uniform(0, jitter_ms) + late.get(r, 0.0)) * MS)
+                    for r in range(ranks)} for seq in range(1, n + 1)}
+    return {r: {seq: at[r] for seq, at in by_seq.items()} for r in range(ranks)}
 
 
 def _clocks(ranks: int, uncertainty_ns: int = 0) -> dict[int, int]:
@@ -85,7 +87,7 @@ def test_too_few_collectives_give_no_verdict():
 def test_only_collectives_every_compared_member_arrived_at_count():
     arrivals = _arrivals(10, 3, {1: 30})
     for seq in (3, 4, 5):
-        del arrivals[seq][2]  # rank 2 had not issued them yet
+        del arrivals[2][seq]  # rank 2 had not issued them yet
     result = group_lateness(arrivals, _clocks(3))
     assert result is not None and result.matched == 7
     # A member left out of the comparison (its clock not trusted) does not hold the others' back.

@@ -30,12 +30,13 @@ MS = 1_000_000
 def _summary(rank: int, window: int, late_ms: float = 0.0, host: str = "node0", timed: bool = True,
              rtt_ns: int | None = 1000) -> dict:
     t0 = window * 5 * S
-    arrivals = [[seq, (seq * 200 * MS + int(late_ms * MS) + rank * 7_000) // 1000] for seq in range(1, 21)]
+    seqs = list(range(1, 21))
+    arrivals = [(seq * 200 * MS + int(late_ms * MS) + rank * 7_000) // 1000 for seq in seqs]
     return {"steps": 10, "step_ns": 500 * MS, "exposed_ns": 400 * MS if timed else None, "rank": rank, "host": host,
             "folder": "/runs/r1", "window": window, "t0_ns": t0, "t1_ns": t0 + 5 * S, "clock_rtt_ns": rtt_ns,
             "pid": 100 + rank,
             "groups": {"0": {"issued": 20, "desc": "default_pg", "ranks_span": [0, 4], "stride": 1,
-                             "arrivals": arrivals,
+                             "seqs": seqs, "arrivals_us": arrivals,
                              "ops": {"all_reduce": {"n": 20, "bytes": 4000, "time_ns": 400 * MS,
                                                     "timed": 20 if timed else 3},
                                      "all_gather_into_tensor": {"n": 2, "bytes": 1000, "time_ns": 10 * MS,
@@ -207,18 +208,18 @@ def test_the_event_log_reads_window_records_and_skips_a_damaged_one(tmp_path):
               "wall_ns": 1795908611000000000}
     good = ["l", 359181722, 1795908611820665957, 1795908614999925456,
             {"steps": 6, "step_ns": 512000000, "exposed_ns": None,
-             "groups": {"0": {"issued": 71, "stride": 1, "arrivals": [[1, 53518], [2, 128019]],
+             "groups": {"0": {"issued": 71, "stride": 1, "seqs": [1, 2], "arrivals_us": [53518, 128019],
                               "ops": {"all_reduce": {"n": 56, "bytes": 224000, "time_ns": 314809424, "timed": 56}}}}}]
     bad = [*good[:4], {**good[4], "groups": {"0": {"issued": 1, "ops": {"all_reduce": {"n": 1, "bytes": 4,
                                                                                         "time_ns": 5, "timed": 2}}}}}]
-    late = [*good[:4], {**good[4], "groups": {"0": {"issued": 1, "ops": {}, "arrivals": [[3, 10**9]]}}}]
+    late = [*good[:4], {**good[4], "groups": {"0": {"issued": 1, "ops": {}, "seqs": [3], "arrivals_us": [10**9]}}}]
     lines = [header, good, bad, late, ["z", 1795908615000000000, 0, "exit"]]
     path = tmp_path / "rank0.events.jsonl"
     path.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
     log = read_event_log(path)
     (window,) = log.windows
     assert (window.window, window.steps, window.exposed_ns) == (359181722, 6, None)
-    assert window.groups["0"].arrivals_us == ((1, 53518), (2, 128019))
+    assert (window.groups["0"].seqs, window.groups["0"].arrivals_us) == ((1, 2), (53518, 128019))
     assert window.groups["0"].ops["all_reduce"].timed == 56
     (problem,) = log.problems  # the damaged record and the one with an arrival after its window's end
     assert problem.startswith("rank0.events.jsonl: 2 bad lines skipped (first at line 3: 'l' record's 'all_reduce' "

@@ -113,7 +113,7 @@ def test_a_window_adds_up_its_calls_steps_and_arrivals(tmp_path):
     assert group.issued == 3
     (ops,) = group.ops.values()
     assert (ops.n, ops.nbytes, ops.time_ns, ops.timed) == (2, 16 + 4096, 250 * MS, 2)
-    assert group.arrivals_us == ((1, 900_000), (2, 1_900_000), (3, 4_800_000))  # after t0, in µs
+    assert (group.seqs, group.arrivals_us) == ((1, 2, 3), (900_000, 1_900_000, 4_800_000))  # after t0, in µs
 
 
 def test_exposed_time_is_known_where_every_call_was_synchronous_on_the_cpu(tmp_path):
@@ -159,7 +159,7 @@ def test_many_collectives_keep_the_seqs_of_a_power_of_two_stride(tmp_path):
     clock.t = T0 + 5 * S
     windows.tick()
     (window,) = _windows(rec)
-    seqs = [seq for seq, _ in window.groups["0"].arrivals_us]
+    seqs = list(window.groups["0"].seqs)
     assert seqs == list(range(4, 201, 4)) and len(seqs) <= MAX_ARRIVALS  # 200 collectives: every 4th
 
 
@@ -207,12 +207,13 @@ def _summary(rank: int, window: int, late_ms: float = 0.0, rtt_ns: int | None = 
              folder: str = "/runs/r1", host: str = "node0") -> dict:
     """A rank's summary as window.py publishes it: a collective every 200 ms, rank ``late_ms`` late."""
     t0 = window * 5 * S
-    arrivals = [[seq, (seq * 200 * MS + int(late_ms * MS) + rank * 10_000) // 1000] for seq in seqs]
+    arrivals = [(seq * 200 * MS + int(late_ms * MS) + rank * 10_000) // 1000 for seq in seqs]
     return {"steps": 10, "step_ns": 500 * MS, "exposed_ns": 400 * MS, "rank": rank, "host": host, "folder": folder,
             "window": window, "t0_ns": t0, "t1_ns": t0 + 5 * S, "clock_rtt_ns": rtt_ns, "pid": 100 + rank,
             "groups": {"0": {"issued": 20, "ops": {"all_reduce": {"n": 20, "bytes": 320, "time_ns": 400 * MS,
                                                                   "timed": 20}},
-                             "stride": 1, "arrivals": arrivals, "desc": "default_pg", "ranks_span": [0, 4]}}}
+                             "stride": 1, "seqs": list(seqs), "arrivals_us": arrivals, "desc": "default_pg",
+                             "ranks_span": [0, 4]}}}
 
 
 class TickClock:
@@ -332,7 +333,8 @@ def test_a_collective_a_late_rank_issues_after_the_window_closed_is_matched_in_t
     tracker = gather_module.StragglerTracker()
     first = [_summary(r, 7, seqs=range(1, 11) if r == 2 else range(1, 12)) for r in range(4)]
     doc, carry = window_doc(7, EVERY, 4, first, tracker, {})
-    assert doc["groups"][0]["matched"] == 10 and list(carry["0"]) == [11]
+    assert doc["groups"][0]["matched"] == 10
+    assert {rank: list(seqs) for rank, seqs in carry["0"].items()} == {0: [11], 1: [11], 3: [11]}
     second = [_summary(r, 8, seqs=range(11, 21) if r == 2 else range(12, 21)) for r in range(4)]
     doc, carry = window_doc(8, EVERY, 4, second, tracker, carry)
     assert doc["groups"][0]["matched"] == 10 and carry == {}

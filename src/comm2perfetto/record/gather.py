@@ -209,9 +209,9 @@ def _seconds(ns: Any) -> float | None:
 def window_doc(window: int, every_s: float, world_size: int, summaries: list[dict[str, Any]],
                tracker: StragglerTracker, carry: dict[str, dict[int, dict[int, int]]], gathered_by: int = 0,
                attempt: int = 0) -> tuple[dict[str, Any], dict[str, dict[int, dict[int, int]]]]:
-    """The gathered window (docs/live.md) from the ranks' summaries, and what to carry to the next: per group,
-    the collectives of this window some compared rank's arrival at was missing (it arrives in the next window:
-    a late rank issues a collective after the others' window closed)."""
+    """The gathered window (docs/live.md) from the ranks' summaries, and what to carry to the next: per group and
+    rank, its arrivals at the collectives of this window that some compared rank had not arrived at (it arrives
+    in the next window: a late rank issues a collective after the others' window closed)."""
     ranks = []
     uncertainty: dict[int, int] = {}
     hosts: dict[int, str] = {}
@@ -222,17 +222,19 @@ def window_doc(window: int, every_s: float, world_size: int, summaries: list[dic
             uncertainty[rank] = rtt // 2
         hosts[rank] = str(s.get("host", ""))
         comm_ns, untimed = 0, False
+        t0 = s.get("t0_ns")
         for name, g in (s.get("groups") or {}).items():
             for op in (g.get("ops") or {}).values():
                 comm_ns += op.get("time_ns") or 0
                 untimed = untimed or op.get("timed") != op.get("n")
-            entry = groups.setdefault(name, {"desc": str(g.get("desc", "")), "members": _members(g),
-                                             "arrivals": {}})
-            t0 = s.get("t0_ns")
-            for seq, rel_us in (g.get("arrivals") or ()) if isinstance(t0, int) else ():
-                entry["arrivals"].setdefault(seq, {})[rank] = t0 + rel_us * 1000
+            entry = groups.get(name)
+            if entry is None:
+                entry = groups[name] = {"desc": str(g.get("desc", "")), "members": _members(g), "arrivals": {}}
+            if isinstance(t0, int) and g.get("seqs"):  # on the job's clock, in C
+                at = map(t0.__add__, map((1000).__mul__, g.get("arrivals_us") or ()))
+                entry["arrivals"][rank] = dict(zip(g["seqs"], at))
         ranks.append({"rank": rank, "host": hosts[rank], "folder": s.get("folder"), "pid": s.get("pid"),
-                      "window_s": _seconds(s["t1_ns"] - s["t0_ns"]) if isinstance(s.get("t0_ns"), int) else None,
+                      "window_s": _seconds(s["t1_ns"] - t0) if isinstance(t0, int) else None,
                       "steps": s.get("steps"), "step_s": _seconds(s.get("step_ns")),
                       "comm_s": None if untimed else _seconds(comm_ns), "exposed_s": _seconds(s.get("exposed_ns")),
                       "clock": "measured" if rank in uncertainty else "untrusted" if rtt is not None else "none"})
@@ -242,15 +244,18 @@ def window_doc(window: int, every_s: float, world_size: int, summaries: list[dic
     next_carry: dict[str, dict[int, dict[int, int]]] = {}
     for name, entry in sorted(groups.items()):
         compared = {r: uncertainty[r] for r in entry["members"] if r in uncertainty}
-        arrivals = entry["arrivals"]
-        new = set(arrivals)
-        for seq, earlier in carry.get(name, {}).items():
-            arrivals[seq] = {**earlier, **arrivals.get(seq, {})}
-        complete = {seq: a for seq, a in arrivals.items() if all(r in a for r in compared)}
-        waiting = {seq: arrivals[seq] for seq in sorted(new - set(complete))[:MAX_CARRIED]}
+        arrivals: dict[int, dict[int, int]] = entry["arrivals"]
+        result = group_lateness({**arrivals, **{rank: {**earlier, **arrivals.get(rank, {})}
+                                                for rank, earlier in carry.get(name, {}).items()}}, compared)
+        complete = result.seqs if result is not None else frozenset()
+        waiting: set[int] = set()
+        for seqs in arrivals.values():  # this window's arrivals at collectives not every compared rank reached
+            if len(seqs) != len(complete) or result is None:
+                waiting.update(seqs.keys() - complete)
+        waiting = set(sorted(waiting)[:MAX_CARRIED])
         if waiting:
-            next_carry[name] = waiting
-        result = group_lateness(complete, compared)
+            kept = {rank: {seq: t for seq, t in seqs.items() if seq in waiting} for rank, seqs in arrivals.items()}
+            next_carry[name] = {rank: seqs for rank, seqs in kept.items() if seqs}
         row: dict[str, Any] = {"group": name, "desc": entry["desc"], "size": len(entry["members"]),
                                "compared": len(compared), "matched": result.matched if result else 0,
                                "spread_s": _seconds(result.spread_ns) if result else None, "ranks": []}

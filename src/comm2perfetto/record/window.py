@@ -18,7 +18,7 @@ The summary (the ``l`` record's last field; times of the rank's own clock, as ev
     {"steps": 12, "step_ns": 412000000, "exposed_ns": 910000000,
      "groups": {"0": {"issued": 240, "stride": 4,
                       "ops": {"all_reduce": {"n": 240, "bytes": 983040, "time_ns": 910000000, "timed": 240}},
-                      "arrivals": [[4, 10211], [8, 52007], ...]}}}
+                      "seqs": [4, 8, ...], "arrivals_us": [10211, 52007, ...]}}}
 
 - ``steps``: step boundaries (``p`` records) in the window; ``step_ns``: the median length of the steps that
   ended in it (null without one);
@@ -30,9 +30,11 @@ The summary (the ``l`` record's last field; times of the rank's own clock, as ev
 - ``exposed_ns``: the time the training thread waited in communication, known only where every call completed
   in the window was a synchronous call of the main thread on a CPU backend (nothing on that thread overlaps
   it); null otherwise (an async call, a GPU backend: its overlap with compute is not known live);
-- ``arrivals``: ``[seq, µs after t0]`` of the collectives issued in the window, those whose seq is a multiple
-  of ``stride``, the smallest power of two that keeps at most ``MAX_ARRIVALS`` (every rank keeps the same
-  seqs, so the gatherer matches them across ranks).
+- ``seqs`` and ``arrivals_us``: the collectives issued in the window (their sequence numbers) and when (µs after
+  ``t0``), those whose seq is a multiple of ``stride``, the smallest power of two that keeps at most
+  ``MAX_ARRIVALS`` (every rank keeps the same seqs, so the gatherer matches them across ranks). Two flat lists,
+  not a pair per collective: the gatherer of a large job parses a thousand summaries, and each small list
+  costs it an object for the garbage collector to walk.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
     from comm2perfetto.record.gather import WindowExchange
     from comm2perfetto.record.view import RecorderView
 
-MAX_ARRIVALS = 64  # per group and window: enough to tell a straggler, a few KB for the store
+MAX_ARRIVALS = 32  # per group and window: enough to tell a straggler; the gatherer matches world x this
 MAX_GROUPS = 64
 MAX_OPS = 32  # per group
 MAX_TEXT = 200
@@ -222,7 +224,9 @@ class WindowSummaries:
                 stride *= 2
             group = groups.setdefault(name(gid), {"issued": issued.get(gid), "ops": {}})
             group["stride"] = stride
-            group["arrivals"] = [[seq, (t - self._t0) // 1000] for seq, t in arrivals if seq % stride == 0]
+            kept = [(seq, t) for seq, t in arrivals if seq % stride == 0]
+            group["seqs"] = [seq for seq, _ in kept]
+            group["arrivals_us"] = [(t - self._t0) // 1000 for _, t in kept]
         steps = window.step_times
         lengths = [b - a for a, b in zip([self._last_step, *steps], steps) if a is not None]
         if steps:

@@ -203,7 +203,8 @@ class WindowOp(NamedTuple):
 class WindowGroup(NamedTuple):
     issued: int | None  # collectives the group's counter advanced by (C++-issued ones too); None: no counter
     ops: dict[str, WindowOp]
-    arrivals_us: tuple[tuple[int, int], ...]  # (seq, µs after the window's t0): the sampled collectives' arrivals
+    seqs: tuple[int, ...]  # the sampled collectives of the window
+    arrivals_us: tuple[int, ...]  # and this rank's arrival at each, in µs after the window's t0
 
 
 @dataclass
@@ -719,7 +720,7 @@ def _window_summary(r: list) -> WindowSummary:
         ["l", 359181722, 1795908611820665957, 1795908614999925456, {"steps": 6, "step_ns": 512000000,
          "exposed_ns": 314809424, "groups": {"0": {"issued": 71, "stride": 1,
             "ops": {"all_reduce": {"n": 56, "bytes": 224000, "time_ns": 314809424, "timed": 56}},
-            "arrivals": [[1, 53518], [2, 128019]]}}}]
+            "seqs": [1, 2], "arrivals_us": [53518, 128019]}}}]
     """
     window, t0, t1, raw = r[1], r[2], r[3], r[4]
     if t1 < t0:
@@ -742,12 +743,12 @@ def _window_summary(r: list) -> WindowSummary:
                     and count_ok(sums.get("time_ns")) and count_ok(sums.get("timed")) and sums["timed"] <= sums["n"]):
                 raise ValueError(f"'l' record's {shown(op)} on group {shown(name)}: {shown(sums)}")
             ops[op] = WindowOp(sums["n"], sums.get("bytes"), sums["time_ns"], sums["timed"])
-        arrivals = g.get("arrivals") or []
-        if not isinstance(arrivals, list) or len(arrivals) > MAX_WINDOW_ARRIVALS or not all(
-                isinstance(a, list) and len(a) == 2 and count_ok(a[0]) and is_int(a[1]) and 0 <= a[1] <= span_us
-                for a in arrivals):
-            raise ValueError(f"'l' record's arrivals on group {shown(name)} are not [seq, µs in the window] pairs")
-        groups[name] = WindowGroup(g["issued"] if "issued" in g else None, ops, tuple(map(tuple, arrivals)))
+        seqs, arrivals = g.get("seqs") or [], g.get("arrivals_us") or []
+        if not (isinstance(seqs, list) and isinstance(arrivals, list) and len(seqs) == len(arrivals)
+                <= MAX_WINDOW_ARRIVALS and all(map(count_ok, seqs))
+                and all(is_int(a) and 0 <= a <= span_us for a in arrivals)):
+            raise ValueError(f"'l' record's arrivals on group {shown(name)} are not one time in the window per seq")
+        groups[name] = WindowGroup(g["issued"] if "issued" in g else None, ops, tuple(seqs), tuple(arrivals))
     return WindowSummary(window=window, t0_ns=t0, t1_ns=t1, steps=steps, step_ns=step_ns, exposed_ns=exposed,
                          groups=groups)
 
