@@ -21,7 +21,7 @@ from statistics import median
 from types import MappingProxyType
 
 from comm2perfetto.lateness import MAX_RTT_NS
-from comm2perfetto.model import ClockAlignment
+from comm2perfetto.model import ClockAlignment, ClockMethod
 
 MIN_SAMPLES = 5  # fewer matched ends than this: keep the measurement, do not refine
 
@@ -30,18 +30,18 @@ def measured_offsets(logs: Mapping[int, object], ranks: Iterable[int]) -> ClockA
     """Offsets from the ``o`` records; ranks without one, or whose round trip exceeded ``MAX_RTT_NS``, get 0
     (``assumed``)."""
     offsets: dict[int, int] = {}
-    method: dict[int, str] = {}
+    method: dict[int, ClockMethod] = {}
     uncertainty: dict[int, int] = {}
     for rank in sorted(set(ranks)):
         log = logs.get(rank)
         off = getattr(log, "clock_offset_ns", None)
         if off is not None and int(getattr(log, "clock_rtt_ns", 0) or 0) <= MAX_RTT_NS:
             offsets[rank] = int(off)
-            method[rank] = "measured"
+            method[rank] = ClockMethod.MEASURED
             uncertainty[rank] = int(getattr(log, "clock_rtt_ns", 0) or 0) // 2
         else:
             offsets[rank] = 0
-            method[rank] = "assumed"
+            method[rank] = ClockMethod.ASSUMED
     return ClockAlignment(
         offset_ns=MappingProxyType(offsets), method=MappingProxyType(method),
         uncertainty_ns=MappingProxyType(uncertainty),
@@ -87,7 +87,7 @@ def refine_by_differences(
     residuals: list[int] = []
     total = 0
     for rank in ranks:
-        if rank == reference or (only_assumed and method.get(rank, "assumed") != "assumed"):
+        if rank == reference or (only_assumed and method.get(rank, ClockMethod.ASSUMED) != ClockMethod.ASSUMED):
             continue
         raw = differences(rank)
         if len(raw) < MIN_SAMPLES:
@@ -98,7 +98,7 @@ def refine_by_differences(
         if abs(correction) < min_correction_ns:
             continue
         offsets[rank] = offsets.get(rank, 0) - correction
-        method[rank] = "refined"
+        method[rank] = ClockMethod.REFINED
         total += len(diffs)
         residuals.append(int(median(abs(d - correction) for d in diffs)))
     if not residuals:

@@ -8,8 +8,10 @@ catch, so a reader that skips a bad file on ``ValueError`` keeps doing so::
     Comm2PerfettoError
     ├── cli.UserError                        a bad option, an output that cannot be written
     ├── OptionError (ValueError)             a value given to the CLI or the API that cannot be used
+    ├── OutputError                          an output that cannot be written (``writing``)
     ├── sources.discover.SourceError         no usable input (nothing recognised, an unreadable path)
-    │   └── MixedJobsError                   the dumps of several jobs in one folder
+    │   └── sources.checks.MixedJobsError    the files of several jobs in the folders given
+    ├── compare.sides.SideError              one side of a comparison that cannot be read (named BASE or NEW)
     ├── sources.fr.dump.FrFormatError (ValueError)              a Flight Recorder dump that cannot be read
     ├── sources.event_log.EventLogError (ValueError)            a recorder log that cannot be read
     ├── sources.kineto.reader.KinetoFormatError (ValueError)    a profiler trace that cannot be read
@@ -24,7 +26,11 @@ Standard library only and no import of comm2perfetto: the recorder and every rea
 
 from __future__ import annotations
 
-__all__ = ["Comm2PerfettoError", "OptionError"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["Comm2PerfettoError", "OptionError", "OutputError", "writing"]
 
 
 class Comm2PerfettoError(Exception):
@@ -34,3 +40,16 @@ class Comm2PerfettoError(Exception):
 class OptionError(Comm2PerfettoError, ValueError):
     """A value given on the command line or to the API that cannot be used: ``--trace-rank a.json`` without
     ``=RANK``, an output folder that cannot be written, an output suffix no writer knows."""
+
+
+class OutputError(Comm2PerfettoError):
+    """An output that cannot be written: ``cannot write run1.pftrace: No space left on device``."""
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn an ``OSError`` raised while writing ``path`` into the one line every command says it with."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, overload
 
-from comm2perfetto.model import UNKNOWN, Collective, ProcessGroup, Signature, Stack, gpu_backend
+from comm2perfetto.model import CallState, Collective, ProcessGroup, Signature, Stack, gpu_backend
 from comm2perfetto.sources.fr.columns import STATE_LOOKUP, STATES, GroupTrack, ms_to_ns_col
 from comm2perfetto.sources.fr.tables import contiguous
 
@@ -44,7 +44,7 @@ class Rows:
 
     seqs: list[int]
     sigs: list[Signature]
-    states: list[str]
+    states: list[CallState]
     arrive: list[int | None]
     start: list[int | None]
     end: list[int | None]
@@ -84,7 +84,7 @@ def completed_upto(track: Track) -> int:
         seqs: Sequence[int] = track.seq_col
     else:
         states = track.states
-        bad = min((states.index(st) for st in set(states) if st != "completed"), default=len(states))
+        bad = min((states.index(st) for st in set(states) if st != CallState.COMPLETED), default=len(states))
         seqs = track.seqs
     if bad == len(seqs):
         return seqs[-1] if len(seqs) else -1
@@ -392,7 +392,7 @@ class GroupCollectives(Sequence[Collective]):
 
 
 # State codes (see sources.fr.columns.STATES) of a finished collective, or one whose end cannot be known: 0.
-_SETTLED = bytes.maketrans(bytes([STATES.index(UNKNOWN)]), b"\0")
+_SETTLED = bytes.maketrans(bytes([STATES.index(CallState.UNKNOWN)]), b"\0")
 
 
 def _first_unfinished(states: Sequence[int]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 __all__ = ["GroupConflict", "conflicts", "deviating"]
 

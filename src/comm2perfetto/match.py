@@ -1,8 +1,10 @@
-"""Match every rank's records into one ``Collective`` per (process group, sequence number). No torch.
+"""The one door into a job: ``load_job(paths, options)`` reads everything under ``paths`` as ``options`` say
+(``load_options``: a preset per product) and matches every rank's records into one ``Collective`` per (process
+group, sequence number). No torch.
 
-Input: ``Sources`` (Flight Recorder columns and recorder event logs per rank, see ``sources.discover``).
-Output: a ``Job`` (see ``model.py``) with, per process group, its collectives in seq order and its
-point-to-point transfers, each rank's coverage, and the clock alignment.
+Input: ``Sources`` (Flight Recorder columns, recorder event logs and profiler traces per rank, see
+``sources.read``). Output: a ``Job`` (``job.py``) with, per process group, its collectives in seq order and
+its point-to-point transfers, each rank's coverage, and the clock alignment.
 
 How records meet:
 
@@ -10,32 +12,26 @@ How records meet:
   ``g`` record) plus its global ranks: from FR ``pg_config`` when it names them, else from the recorder's
   ``g`` record, else every rank for the default group ``"0"``, else the ranks whose dumps mention it.
 - Collectives meet by ``collective_seq_id``; the recorder's ``seq`` is the same number (it discounts the
-  sequence numbers gloo's p2p ops consume, see docs/log-format.md).
-- On one rank, a recorder call and the FR entry with the same key become one record: the recorder's op and
-  sizes, as the user called it, with what FR knows beyond them (output sizes, where FR's entry is the same
-  operation; FR's name kept as ``fr_op``: ``joined_signature``), the recorder's arrival (the Python call) and
-  end (the return), FR's start.
+  sequence numbers gloo's p2p ops consume, see docs/log-format.md). Each rank's records of a group, from every
+  source, are first joined into one track (``tracks.py``).
 - Point-to-point ops pair per (group, sender, receiver) in issue order: the i-th send from A to B with B's
   i-th recv from A (NCCL and gloo deliver in that order). FR's batched ops are paired the same way.
-- Profiler traces (``sources.kineto.collectives``) add their collectives: by the trace's ``Seq`` where it has
-  one, joined to the FR entry or recorder call of the same (group, seq), which gets the kernel's GPU begin and
-  end; by order in the trace otherwise, only on ranks with no other record of that group. The kernels' ends
-  also refine the clock alignment (a collective's kernels end together on every rank).
+- The clocks are aligned (``align.py``) on what ends together on every rank: the recorder's returns, the
+  profiler traces' kernel ends, Flight Recorder's completion times (a watchdog poll late, so only a large skew);
+  then every time the job holds is moved onto the job's clock, once, here.
 """
 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import gc
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, cast
 
 from comm2perfetto.align import measured_offsets, refine, refine_by_differences
 from comm2perfetto.group_columns import (
@@ -44,138 +40,55 @@ from comm2perfetto.group_columns import (
     Track,
     completed_upto,
     first_last,
-    rows_of,
     shift_track,
 )
 from comm2perfetto.group_names import GroupConflict
 from comm2perfetto.group_names import conflicts as group_conflicts
+from comm2perfetto.job import Coverage, Job, RankInfo
+from comm2perfetto.load_options import MERGE, LoadOptions
 from comm2perfetto.model import (
-    COMPLETED,
-    FAILED,
-    PENDING,
-    ROOTED_FAMILIES,
-    UNKNOWN,
+    CallState,
     ClockAlignment,
-    Collective,
-    Coverage,
-    Frame,
-    Job,
+    ClockMethod,
     P2POp,
     P2PTransfer,
     ProcessGroup,
-    RankInfo,
-    RankProfile,
-    Signature,
     Stack,
-    op_family,
 )
-from comm2perfetto.sources.discover import (
-    PARALLEL_MIN_RANKS,
-    Sources,
-    adopt_traces,
-    cores,
-    drop_traces,
-    dumps_world,
-    load_sources,
-)
-from comm2perfetto.sources.event_log import Group, StallStacks
+from comm2perfetto.sources.checks import dumps_world
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
 from comm2perfetto.sources.fr.ingest import FrRankTrace
 from comm2perfetto.sources.fr.tables import contiguous
-from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, collectives_of, numbered, order_numbers
+from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
 from comm2perfetto.sources.limits import Ranks
-
-LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
-# Recorder calls that are point-to-point transfers rather than collectives.
-LOG_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv", "send_object_list",
-                           "recv_object_list"})
+from comm2perfetto.sources.read import Sources, load_sources
+from comm2perfetto.sources.stacks import StallStacks
+from comm2perfetto.tracks import SiteInterner, fr_p2p, merge_log, merge_traces, number_by_order
 
 
-# What of the profiler traces a command needs (``load_job(traces=...)``).
-TRACES_NONE = "none"  # left out (--no-profiler)
-TRACES_COLLECTIVES = "collectives"  # their communication events only, for the matching (diagnose)
-TRACES_SPANS = "spans"  # also unions of compute and communication per rank (``Job.profiles``: report)
-TRACES_EVENTS = "events"  # every event (``Job.traces``: merge draws them)
-TRACE_MODES = (TRACES_NONE, TRACES_COLLECTIVES, TRACES_SPANS, TRACES_EVENTS)
-
-
-def load_job(
-    paths: Sequence[str | Path], force: bool = False, with_stacks: bool = True,
-    workers: int | None = None, progress: Callable[[int, int], None] | None = None, align: bool = True,
-    read_traces: bool = True, trace_ranks: Mapping[str, int] | None = None, attempt: int | None = None, *,
-    sample: bool = False, traces: str | None = None, whole_us: bool = False, hta_scope: bool = False,
-    trace_progress: Callable[[int, int], None] | None = None,
-) -> Job:
-    """Discover, load, align and match everything under ``paths``: the one way every command loads a job.
-    Raises ``SourceError`` on bad input.
-
-    What each command needs: stacks eager (``with_stacks=True``: merge draws them all) or lazy (read on demand
-    by ``Job.stack_of``: diagnose needs a handful); ``traces`` one of ``TRACE_MODES`` (default: ``events``, or
-    ``none`` with ``read_traces=False``), read in worker processes except ``events``; ``whole_us`` and
-    ``hta_scope``: read the spans as HTA does. ``workers``: processes reading the ranks' files (default: every
-    core from 32 ranks on). ``progress(done, total)`` follows the reading of ranks' dumps, ``trace_progress``
-    that of their traces. ``align=False`` keeps every rank's own clock (no offsets applied). ``trace_ranks``:
-    the ranks of traces that do not say theirs (``--trace-rank``). ``attempt``: which attempt of a job torchrun
-    restarted (default the last; see ``sources.discover``). ``sample``: the ranks with data are a sample of
-    the job (``--sample``; see ``Job.sampled``).
-    """
-    mode = traces or (TRACES_EVENTS if read_traces else TRACES_NONE)
-    if mode not in TRACE_MODES:
-        raise ValueError(f"traces={mode!r}: one of {', '.join(TRACE_MODES)}")
+def load_job(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> Job:
+    """Discover, load, align and match everything under ``paths`` as ``options`` say (``load_options``: a preset
+    per product): the one way every command loads a job. Raises ``SourceError`` on bad input."""
     # Loading builds millions of containers that all stay alive: the cyclic GC would rescan them over and
     # over (it tripled load time at 256 ranks) and can find nothing to free. Paused, then restored.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        src = load_sources(paths, force=force, with_stacks=with_stacks,
-                           workers=workers, progress=progress, read_traces=mode == TRACES_EVENTS,
-                           trace_ranks=trace_ranks, attempt=attempt)
-        profiles: dict[int, RankProfile] = {}
-        if mode == TRACES_NONE:
-            drop_traces(src)
-        elif mode != TRACES_EVENTS and src.kineto:
-            from comm2perfetto.sources.kineto.profile import read_profiles  # only where there are traces
-
-            n = workers if workers is not None else _trace_workers(src.kineto)
-            profiles = read_profiles(src.kineto, workers=n, progress=trace_progress, whole_us=whole_us,
-                                     hta_scope=hta_scope, collectives=True)
-            adopt_traces(src, {r: list(p.traces) for r, p in profiles.items()}, force=force)
-        job = build_job(src, lazy_stacks=not with_stacks, align=align, sample=sample)
-        if mode != TRACES_SPANS:
-            return job
-        return dataclasses.replace(job, profiles=MappingProxyType(profiles_on_clock(job, profiles)))
+        return build_job(load_sources(paths, options), options, paths)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def profiles_on_clock(job: Job, profiles: Mapping[int, RankProfile]) -> dict[int, RankProfile]:
-    """Profiles read on each rank's own clock (``sources.kineto.profile.read_profiles``), moved onto the job's."""
-    return {rank: p.shifted(job.clock.offset_ns.get(rank, 0)) for rank, p in profiles.items()}
-
-
-PARALLEL_TRACE_BYTES = 64 << 20  # below this much of profiler traces, starting workers costs more than it saves
-
-
-def _trace_workers(kineto: Mapping[int, list[Path]]) -> int:
-    """Processes to read the profiler traces in: every core for big traces (or many ranks), else this one."""
-    paths = [p for ps in kineto.values() for p in ps]
-    if len(kineto) < 2:
-        return 1
-    if len(kineto) >= PARALLEL_MIN_RANKS or sum(p.stat().st_size for p in paths if p.exists()) >= PARALLEL_TRACE_BYTES:
-        return min(len(kineto), cores())
-    return 1
-
-
-def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sample: bool = False) -> Job:
-    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock).
-    ``sample``: the ranks with data are a sample of the job (``Job.sampled``).
+def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | Path] = ()) -> Job:
+    """Align and match loaded sources into a ``Job`` (groups, collectives, p2p transfers, coverage, clock), as
+    ``options`` say (lazy stacks, alignment, a sample); ``paths``: where they were read from.
 
     Every time the Job holds is on its clock (rank 0's, or each rank's own with ``align=False``): the readers
     give each rank's own, and this moves them once, after aligning: the Flight Recorder tracks, the logs and the
-    profiler traces in place (a ``Sources`` builds one Job), the stall stacks as moved copies."""
+    profiler traces in place (a ``Sources`` builds one Job), the stall stacks and the profiles as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
@@ -191,15 +104,15 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
                 continue
             if len(gt):
                 tracks[(rank, uid)] = gt
-            p2p_ops[uid].extend(_fr_p2p(rank, gt, groups[uid]))
-    sites = _SiteInterner(src.stack_table)
+            p2p_ops[uid].extend(fr_p2p(rank, gt, groups[uid]))
+    sites = SiteInterner(src.stack_table)
     unnumbered: dict[str, dict[int, list[tuple]]] = defaultdict(dict)
     for rank, log in src.logs.items():
-        _merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
-    _number_by_order(unnumbered, groups, tracks, log_seen, notes)
-    gpu_ends = _merge_traces(trace_cols, local, tracks, notes)
+        merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
+    number_by_order(unnumbered, groups, tracks, log_seen, notes)
+    gpu_ends = merge_traces(trace_cols, local, tracks, notes)
 
-    if align:
+    if options.align:
         ends = _precise_ends(tracks)
         for rank, by_key in gpu_ends.items():  # a kernel's end beats a CPU return
             ends.setdefault(rank, {}).update(by_key)
@@ -210,7 +123,7 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         clock = refine_by_differences(clock, fr_ends.ranks(), fr_ends, reference, min_correction_ns=FR_SKEW_NS,
                                       only_assumed=True)
     else:
-        clock = ClockAlignment(method=MappingProxyType({r: "none" for r in src.ranks}))
+        clock = ClockAlignment(method=MappingProxyType({r: ClockMethod.NONE for r in src.ranks}))
     coverage = _coverage(src, groups, tracks)
     stacks = tuple(src.stack_table.stacks)
     collectives = {uid: _collectives(groups[uid], tracks, clock, stacks) for uid in groups}
@@ -238,11 +151,14 @@ def build_job(src: Sources, lazy_stacks: bool = False, align: bool = True, sampl
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
-        resolver=LazyStacks(src) if lazy_stacks else None,
+        resolver=None if options.stacks else LazyStacks(src),
+        profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,
         attempts=src.attempts,
-        sampled=_sampled(src, world, sample),
+        sampled=_sampled(src, world, options.sample),
         group_conflicts=tuple(conflicts),
+        paths=tuple(map(str, paths)),
+        options=dataclasses.replace(options, progress=None, trace_progress=None),
     )
 
 
@@ -275,7 +191,7 @@ def _stacks_at_stalls(src: Sources, clock: ClockAlignment) -> dict[int, StallSta
 
 
 def _world_size(src: Sources) -> int | None:
-    world = dumps_world(src)
+    world = dumps_world(src.logs, src.fr)
     if world is not None:
         return world
     for traces in src.traces.values():
@@ -380,373 +296,6 @@ def _uid(name: str, ranks: Ranks) -> str:
     return f"{name}[{','.join(map(str, ranks))}]"
 
 
-# --- per-rank tracks -------------------------------------------------------------------------------------
-
-
-def _fr_p2p(rank: int, gt: GroupTrack, group: ProcessGroup) -> list[P2POp]:
-    out = []
-    counters: dict[tuple[str, int], int] = defaultdict(int)
-    for kind, peer_local, p2p_seq, sig, state, created, completed, sid, _rid in gt.p2p:
-        if kind not in ("send", "recv") or peer_local is None:
-            continue
-        peer = group.global_rank(peer_local)
-        if peer is None:
-            continue
-        # FR's send sizes are inputs, a recv's are outputs: compare what travels.
-        sizes = sig.input_sizes if kind == "send" else sig.output_sizes
-        dtypes = sig.input_dtypes if kind == "send" else sig.output_dtypes
-        psig = Signature(kind, sizes, dtypes, None, None, "fr")
-        i = counters[(kind, peer)]
-        counters[(kind, peer)] += 1
-        out.append(P2POp(rank, group.uid, kind, peer, i, psig, state, created, completed, sid, "fr", p2p_seq))
-    return out
-
-
-def _merge_log(
-    rank: int, log, groups: dict[str, ProcessGroup], local: dict[tuple[int, str], str],
-    tracks: dict[tuple[int, str], Track], p2p_ops: dict[str, list[P2POp]], log_seen: dict[str, set[int]],
-    sites: _SiteInterner, unnumbered: dict[str, dict[int, list[tuple]]],
-) -> None:
-    """Add one rank's recorder calls to its tracks (merging with FR rows of the same key) and p2p ops; the
-    collectives without a sequence number go, in order, to ``unnumbered[uid][rank]`` (``_number_by_order``)."""
-    rows: dict[str, dict[int, tuple]] = defaultdict(dict)  # uid -> key -> row
-    p2p_counters: dict[tuple[str, str, int], int] = defaultdict(int)
-    log_groups: dict[int, Group] = {}  # groups whose `g` record names no backend, with the job's
-    # Where FR recorded this rank's p2p ops on a group, they are the source; the recorder's are not added.
-    have_fr_p2p = {uid for uid, ops in p2p_ops.items() if ops and any(op.rank == rank for op in ops)} \
-        if p2p_ops else set()
-    for call in log.calls:
-        g = log.groups.get(call.gid)
-        if g is None or call.captured:  # a CUDA graph capture issues nothing then; its replays are unseen
-            continue
-        uid = local.get((rank, str(g.name)))
-        if uid is None:
-            continue
-        if not g.backend and not g.devices:  # the log does not say which backend: the group's (FR's)
-            if call.gid not in log_groups:
-                log_groups[call.gid] = dataclasses.replace(g, backend=groups[uid].backend or "")
-            g = log_groups[call.gid]
-        cpu = g.completes_on_return(call)  # return is completion (a synchronous call on the CPU)
-        state, end = _log_state(call, cpu)
-        site = sites(call.site)
-        if call.op in LOG_P2P_CALLS:
-            if uid in have_fr_p2p:
-                continue
-            for kind, peer, sizes, dtypes in _log_p2p_ops(call):
-                i = p2p_counters[(uid, kind, peer)]
-                p2p_counters[(uid, kind, peer)] += 1
-                sig = Signature(kind, sizes, dtypes, None, None, "log")
-                p2p_ops[uid].append(P2POp(rank, uid, kind, peer, i, sig, state, call.t_call_ns, end, site, "log"))
-            continue
-        if call.seq is None:
-            sig = _log_signature(call)
-            unnumbered[uid].setdefault(rank, []).append(
-                (sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED))
-            continue
-        first = call.seq
-        last = call.seq_last if call.seq_last is not None else first
-        sig = _log_signature(call)
-        for key in range(first, max(first, last) + 1):
-            row_sig = sig if key == first else Signature(call.op, None, None, None, None, "log")
-            rows[uid][key] = (row_sig, state, call.t_call_ns, end, site, cpu and state == COMPLETED)
-            log_seen[uid].add(key)
-    for uid, by_key in rows.items():
-        tracks[(rank, uid)] = _merge_rows(tracks.get((rank, uid)), by_key)
-
-
-def _log_signature(call) -> Signature:
-    """What a recorder call asked of a collective: its op, input shapes and dtypes, root, and the sizes gloo
-    checks only by aborting a rank (an all-to-all's per-peer counts, an object collective's list length)."""
-    root = call.peer if isinstance(call.peer, int) and op_family(call.op) in ROOTED_FAMILIES else None
-    return Signature(call.op, _tuple_sizes(call.shapes), _tuple_names(call.dtypes), None, None, "log", root=root,
-                     exchange=call.exchange, objects=call.objects)
-
-
-def joined_signature(fr: Signature, log: Signature) -> Signature:
-    """One rank's signature of a collective both Flight Recorder (``fr``) and the recorder (``log``) saw: the
-    recorder's op and sizes, as the user called it, and FR's name as ``fr_op`` (the same name mostly; gloo's
-    Flight Recorder names ``reduce_scatter_tensor`` ``all_reduce``, ``all_gather_into_tensor`` ``all_gather``,
-    ``all_to_all_single`` ``all_to_all``, and an object collective after the collectives it is made of).
-    FR's output sizes and dtypes stay where its entry is the same operation (same op family); where the
-    backend implements the call by another collective they describe that one, and are left out. An object
-    collective (no tensors of the user's) keeps FR's sizes: those of the tensors torch made of the objects.
-    ``source`` stays ``fr``: the FR fields kept are exact, and Flight Recorder's own name is in ``fr_op``.
-
-    >>> fr = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))
-    >>> s = joined_signature(fr, Signature("reduce_scatter_tensor", ((4,),), ("Float",), None, None, "log"))
-    >>> s.op, s.fr_op, s.input_sizes, s.output_sizes, s.source
-    ('reduce_scatter_tensor', 'all_reduce', ((4,),), None, 'fr')
-    """
-    if fr.parts:  # a coalesced group: FR knows its members, the recorder one call
-        return dataclasses.replace(fr, fr_op=fr.op)
-    tensors = bool(log.input_sizes)  # an object collective's call has none, a later row of a multi-call no sizes
-    if not tensors or op_family(fr.op) == op_family(log.op):
-        inputs, dtypes = (log.input_sizes, log.input_dtypes) if tensors else (fr.input_sizes, fr.input_dtypes)
-        outputs, out_dtypes = fr.output_sizes, fr.output_dtypes
-    else:
-        inputs, dtypes, outputs, out_dtypes = log.input_sizes, log.input_dtypes, None, None
-    return Signature(log.op, inputs, dtypes, outputs, out_dtypes, "fr", root=log.root if log.root is not None
-                     else fr.root, exchange=log.exchange, objects=log.objects, fr_op=fr.op)
-
-
-def _number_by_order(unnumbered: dict[str, dict[int, list[tuple]]], groups: dict[str, ProcessGroup],
-                     tracks: dict[tuple[int, str], Track], log_seen: dict[str, set[int]], notes: list[str]) -> None:
-    """Number the recorder's collectives that carry no sequence number (a group whose backend keeps no counter)
-    by their order on each rank: the i-th collective a rank issued on a group meets every other rank's i-th.
-    Only on a group where no rank has a sequence number for any collective (Flight Recorder's or the
-    recorder's): order numbers cannot be placed among those."""
-    ranks_of: dict[str, set[int]] = defaultdict(set)
-    for rank, uid in tracks:
-        ranks_of[uid].add(rank)
-    for uid, by_rank in sorted(unnumbered.items()):
-        label = groups[uid].label
-        if ranks_of.get(uid):
-            notes.append(f"{sum(map(len, by_rank.values()))} collective(s) on {label} carry no sequence number "
-                         f"while others do: left out of matching")
-            continue
-        for rank, rows in by_rank.items():
-            tracks[(rank, uid)] = _merge_rows(None, {i: row for i, row in enumerate(rows, 1)})
-            log_seen[uid].update(range(1, len(rows) + 1))
-        notes.append(f"collectives on {label} carry no sequence number (its backend keeps none): matched across "
-                     f"ranks by their order on each rank")
-
-
-def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
-    """Fold recorder rows (by key) into the FR track of the same rank and group (or make a new one)."""
-    fr = rows_of(track) if track is not None else None
-    index = {s: i for i, s in enumerate(fr.seqs)} if fr is not None else {}
-    out = Rows([], [], [], [], [], [], [], [], [], {})
-    # every column of the new rows (sources and log_sigs are lists here, not None)
-    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                      _listed(out.sources), _listed(out.log_sigs))
-    durations = fr.durations if fr is not None else None
-    if durations is not None:
-        out.durations = [durations[index[key]] if key in index else None for key in sorted(set(index) | set(rows))]
-    values: tuple[Any, ...]
-    joins: dict[tuple[Signature, Signature], Signature] = {}  # equal pairs share one joined signature
-    for key in sorted(set(index) | set(rows)):
-        i = index.get(key)
-        row = rows.get(key)
-        if i is None:  # the recorder only
-            assert row is not None
-            sig, state, t_call, t_end, site, precise = row
-            values = (sig, state, t_call, None, t_end, site, "log", sig)
-        elif row is None:  # Flight Recorder only
-            assert fr is not None
-            values = (fr.sigs[i], fr.states[i], fr.arrive[i], fr.start[i], fr.end[i], fr.stack_ids[i], "fr", None)
-            precise = False
-        else:  # both: the joined signature, FR's start, the recorder's arrival and end
-            assert fr is not None and row is not None
-            sig, state, t_call, t_end, site, precise = row
-            joined = (fr.sigs[i], sig)
-            both = joins.get(joined)
-            if both is None:
-                both = joins[joined] = joined_signature(*joined)
-            values = (
-                both, _best_state(fr.states[i], state), t_call if t_call is not None else fr.arrive[i],
-                fr.start[i], t_end if t_end is not None else fr.end[i],
-                fr.stack_ids[i] if fr.stack_ids[i] is not None else site, "fr+log", sig,
-            )
-        for column, value in zip(columns, values):
-            column.append(value)
-        out.seqs.append(key)
-        if precise and values[4] is not None:
-            out.log_ends[key] = values[4]
-    return out
-
-
-def _merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple[int, str], str],
-                  tracks: dict[tuple[int, str], Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
-    """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
-    kernels' end times by (group uid, seq) per rank, for the clock alignment."""
-    gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
-    no_group = untied = 0  # collectives of no named group; of those, kernels no record_param_comms is tied to
-    not_joined: set[str] = set()
-    # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
-    recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
-    numbered_cols: list[tuple[int, str, str, list, list[TraceCollective]]] = []
-    places: dict[str, list[tuple[int, int]]] = defaultdict(list)  # uid -> every rank's order places
-    for rank, cols in sorted(trace_cols.items()):
-        by_uid: dict[str, list[TraceCollective]] = defaultdict(list)
-        for c in cols:
-            uid = local.get((rank, c.pg_name)) if c.pg_name is not None else None
-            if uid is None:
-                no_group += 1
-                untied += c.on_gpu and c.t_call_ns is None
-                continue
-            by_uid[uid].append(c)
-        for uid, group_cols in by_uid.items():
-            numbering, keys = numbered(group_cols)
-            if numbering != SEQ:
-                if uid in recorded:
-                    not_joined.add(uid)  # numbered by order: cannot be placed among FR's or the recorder's seqs
-                    continue
-                places[uid].extend(cast(list[tuple[int, int]], keys))
-            numbered_cols.append((rank, uid, numbering, keys, group_cols))
-    numbers = {uid: order_numbers(p) for uid, p in places.items()}
-    for rank, uid, numbering, keys, group_cols in numbered_cols:
-        seqs = cast(list[int], keys) if numbering == SEQ else [numbers[uid][k]
-                                                                for k in cast(list[tuple[int, int]], keys)]
-        rows: dict[int, TraceCollective] = {}
-        for seq, c in zip(seqs, group_cols):
-            rows[seq] = c
-            if c.on_gpu:
-                gpu_ends[rank][(uid, seq)] = c.t_end_ns
-        tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
-    if no_group:
-        why = [f"{untied} tied to no record_param_comms of the trace by External id (launched before the profiler "
-               "started, or a trace that does not tie them)"] if untied else []
-        if no_group > untied:
-            why.append(f"{no_group - untied} whose record_param_comms names none either")
-        notes.append(f"{no_group} collective(s) of profiler traces name no process group, so they are drawn on their "
-                     f"GPU streams but not matched across ranks: {'; '.join(why)}")
-    if not_joined:
-        notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
-                     f"recorder records of group(s) {', '.join(sorted(not_joined))}")
-    return gpu_ends
-
-
-def _listed(column: list | None) -> list:
-    """A column that ``Rows`` types as optional, which this caller made a list."""
-    assert column is not None
-    return column
-
-
-def _trace_signature(c: TraceCollective) -> Signature:
-    sizes = ((c.in_nelems,),) if c.in_nelems is not None else None
-    out = ((c.out_nelems,),) if c.out_nelems is not None else None
-    dtypes = (c.dtype,) if c.dtype else None
-    return Signature(c.op, sizes, dtypes, out, dtypes if out is not None else None, "kineto")
-
-
-def _join_trace_rows(fr: Track | None, rows: dict[int, TraceCollective]) -> Rows:
-    """Fold trace collectives (by seq) into a rank's track: a row of the same seq keeps its signature, state
-    and call site and takes the kernel's begin and end (the recorder's return stays the arrival's partner).
-    The kernels are the row's GPU time: their begin and first-begin-to-last-end (over Flight Recorder's
-    duration_ms, which times the same work with CUDA events but says nothing of when it began)."""
-    track = rows_of(fr) if fr is not None else None
-    if track is None:
-        track = Rows([], [], [], [], [], [], [], [], [], {})
-    index = {s: i for i, s in enumerate(track.seqs)}
-    out = Rows([], [], [], [], [], [], [], [], [], dict(track.log_ends))
-    # every column of the new rows (sources and log_sigs are lists here, not None)
-    columns: tuple[list[Any], ...] = (out.sigs, out.states, out.arrive, out.start, out.end, out.stack_ids,
-                                      _listed(out.sources), _listed(out.log_sigs))
-    keys = sorted(set(index) | set(rows))
-    if track.durations is not None or any(c.on_gpu for c in rows.values()):
-        kernels = {key: c for key, c in rows.items() if c.on_gpu}
-        fr_gpu = track.durations or []
-        out.durations = [kernels[key].t_end_ns - kernels[key].t_begin_ns if key in kernels
-                         else fr_gpu[index[key]] if fr_gpu and key in index else None for key in keys]
-        out.gpu_begins = [kernels[key].t_begin_ns if key in kernels else None for key in keys]
-    sources = track.sources if track.sources is not None else ["fr"] * len(track.seqs)
-    log_sigs = track.log_sigs if track.log_sigs is not None else [None] * len(track.seqs)
-    values: tuple[Any, ...]
-    for key in keys:
-        i, c = index.get(key), rows.get(key)
-        if c is None:
-            assert i is not None
-            values = (track.sigs[i], track.states[i], track.arrive[i], track.start[i], track.end[i],
-                      track.stack_ids[i], sources[i], log_sigs[i])
-        elif i is None:
-            arrive: int | None = c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns
-            values = (_trace_signature(c), COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, None, "kineto", None)
-        else:
-            arrive = track.arrive[i] if track.arrive[i] is not None else c.t_call_ns
-            values = (track.sigs[i], COMPLETED, arrive, c.t_begin_ns, c.t_end_ns, track.stack_ids[i],
-                      f"{sources[i]}+kineto", log_sigs[i])
-        for column, value in zip(columns, values):
-            column.append(value)
-        out.seqs.append(key)
-    return out
-
-
-def _log_p2p_ops(call) -> list[tuple[str, int, tuple | None, tuple | None]]:
-    """(kind, peer, sizes, dtypes) of each transfer a recorder p2p call made.
-
-    ``batch_isend_irecv`` lists ``[op, peer]`` pairs in ``peer`` and one shape per op; object sends are
-    not paired (their sizes are pickled objects).
-    """
-    if call.op == "batch_isend_irecv":
-        pairs = call.peer if isinstance(call.peer, list) else []
-        shapes = call.shapes if isinstance(call.shapes, list) and len(call.shapes) == len(pairs) else None
-        dtypes = call.dtypes if isinstance(call.dtypes, list) and len(call.dtypes) == len(pairs) else None
-        out = []
-        for i, pair in enumerate(pairs):
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[1], int):
-                continue
-            kind = LOG_P2P.get(str(pair[0]))
-            if kind is None:
-                continue
-            out.append((kind, pair[1], _tuple_sizes([shapes[i]]) if shapes else None,
-                        (dtypes[i],) if dtypes else None))
-        return out
-    kind = LOG_P2P.get(call.op)
-    if kind is None or not isinstance(call.peer, int):
-        return []
-    return [(kind, call.peer, _tuple_sizes(call.shapes), _tuple_names(call.dtypes))]
-
-
-def _best_state(fr_state: str, log_state: str) -> str:
-    if log_state == FAILED:  # the call raised; gloo's Flight Recorder counts a failed work as completed too
-        return FAILED
-    if COMPLETED in (fr_state, log_state):
-        return COMPLETED
-    if log_state in (PENDING, FAILED):
-        return log_state
-    return fr_state if fr_state != UNKNOWN else log_state
-
-
-def _log_state(call, cpu: bool) -> tuple[str, int | None]:
-    """State and end time of a recorder call; ``cpu``: it had completed when it returned."""
-    if call.error is not None:
-        return FAILED, call.t_return_ns
-    if call.t_done_ns is not None:
-        return COMPLETED, call.t_done_ns
-    if call.t_return_ns is None:
-        return PENDING, None
-    if cpu:
-        return COMPLETED, call.t_return_ns
-    return UNKNOWN, None
-
-
-class _SiteInterner:
-    """The recorder's call sites (``train.py:57 main``) as one-frame stacks in the job's stack table."""
-
-    def __init__(self, table) -> None:
-        self.table = table
-        self.cache: dict[str, int] = {}
-
-    def __call__(self, site: str | None) -> int | None:
-        if not site:
-            return None
-        sid = self.cache.get(site)
-        if sid is None:
-            f = parse_site(site)
-            sid = self.cache[site] = self.table.intern((self.table.frame(f.file, f.line, f.func),))
-        return sid
-
-
-def _tuple_sizes(raw) -> tuple[tuple[int, ...], ...] | None:
-    try:
-        return tuple(tuple(s) for s in raw) if raw is not None else None
-    except TypeError:
-        return None
-
-
-def _tuple_names(raw) -> tuple[str, ...] | None:
-    return tuple(raw) if isinstance(raw, (list, tuple)) else None
-
-
-def parse_site(site: str) -> Frame:
-    """``train.py:57 main`` -> Frame("train.py", 57, "main")."""
-    loc, _, func = site.partition(" ")
-    file, _, line = loc.rpartition(":")
-    if not file or not line.isdigit():
-        return Frame(loc, 0, func)
-    return Frame(file, int(line), func)
-
-
 # --- clock, coverage -------------------------------------------------------------------------------------
 
 
@@ -804,7 +353,7 @@ def _end_differences(tr: Track, ref: Track) -> list[int]:
     return [end - ref_ends[seq] for seq, end in pairs[::-(-len(pairs) // FR_END_SAMPLES) or 1]]
 
 
-_DONE = STATE_CODE[COMPLETED]
+_DONE = STATE_CODE[CallState.COMPLETED]
 
 
 def _completed_ends(tr: Track) -> dict[int, int]:
@@ -812,7 +361,8 @@ def _completed_ends(tr: Track) -> dict[int, int]:
     if isinstance(tr, GroupTrack):
         return {seq: end for seq, code, end in zip(tr.seq_col, tr.state_col, tr.completed_col)
                 if code == _DONE and end != NO_VALUE}
-    return {seq: t for seq, state, t in zip(tr.seqs, tr.states, tr.end) if state == COMPLETED and t is not None}
+    return {seq: t for seq, state, t in zip(tr.seqs, tr.states, tr.end)
+            if state == CallState.COMPLETED and t is not None}
 
 
 def _precise_ends(tracks: dict[tuple[int, str], Track]) -> dict[int, dict[tuple[str, int], int]]:
@@ -929,7 +479,7 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
 
 
 class LazyStacks:
-    """Call stacks read on demand from a rank's Flight Recorder files (see ``load_job(with_stacks=False)``).
+    """Call stacks read on demand from a rank's Flight Recorder files (see ``LoadOptions.stacks``).
 
     A report asks for a handful (the culprits' and a few others'): the first question about a rank reads its
     dumps once and keeps what finds its stacks (``CollectiveStacks``: four columns of its entries); the latest
@@ -956,11 +506,3 @@ class LazyStacks:
                 del self._by_rank[next(iter(self._by_rank))]
             known = self._by_rank[(rank, p2p)] = CollectiveStacks(dumps, self._table, p2p)
         return known.get((pg_name, seq), ())
-
-
-def find_collective(cols: Sequence[Collective], seq: int) -> Collective | None:
-    """The collective with this seq in a group's seq-ordered collectives."""
-    if isinstance(cols, GroupCollectives):
-        return cols.find(seq)
-    i = bisect.bisect_left(cols, seq, key=lambda c: c.seq)
-    return cols[i] if i < len(cols) and cols[i].seq == seq else None

@@ -1,12 +1,10 @@
-"""The loaded job: plain frozen data that ``sources/`` and ``match.py`` build and every product reads
-(``diagnose/``, ``report/``, ``trace/``, ``render/``, the ``cli/`` commands). Never imports torch.
-
-``Job`` is one job matched across its ranks: its ``ProcessGroup``s (in one order, ``Job.groups_in_order``),
-one ``Collective`` per (group, sequence number) and one ``P2PTransfer`` per send/recv pair, each rank's
-``RankInfo`` and ``Coverage`` (which collectives its data can speak about), the ``ClockAlignment``, what was
-skipped. Around it: the per-rank call states (``COMPLETED`` ...), ``Signature`` (what a rank asked a collective
-to do; ``Exchange``, an all-to-all's elements to and from each peer) with ``DTYPE_BYTES``/``tensor_bytes`` and
-``op_family``, ``Frame``/``Stack`` with ``call_site``.
+"""What a job is made of, as plain frozen data that ``sources/`` and ``match.py`` build and every product reads:
+one ``Collective`` per (process group, sequence number), read as a view over the ranks' columns (a group's are
+a ``GroupView``), one ``P2PTransfer`` per send/recv pair, the ``ProcessGroup``s, the ``ClockAlignment``, the
+files ``Skipped``; and the vocabulary of a call: its state (``CallState``), ``Signature`` (what a rank asked a
+collective to do; ``Exchange``, an all-to-all's elements to and from each peer) with
+``DTYPE_BYTES``/``tensor_bytes`` and ``op_family``, ``Frame``/``Stack`` with ``call_site``. ``job.Job`` holds
+them. Never imports torch.
 
 Times are ``int`` nanoseconds of ``CLOCK_REALTIME`` (the clock Flight Recorder and the recorder use); once a
 ``Job`` is built they are aligned to rank 0's clock (see ``align.py``). ``None`` means "not known".
@@ -22,27 +20,31 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import compress
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from comm2perfetto.exchange import Exchange
+from comm2perfetto.strenum import StrEnum
 
-if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
-    from comm2perfetto.group_names import GroupConflict
-    from comm2perfetto.sources.event_log import RankLog, StallStacks
-    from comm2perfetto.sources.kineto.events import KinetoTrace
 
-# Per-rank state of a call. "unknown": the source cannot tell (gloo never updates Flight Recorder states).
-COMPLETED = "completed"
-STARTED = "started"
-SCHEDULED = "scheduled"
-PENDING = "pending"  # the recorder saw the call begin and never return
-FAILED = "failed"  # the call raised
-UNKNOWN = "unknown"
-NOT_DONE_STATES = frozenset({STARTED, SCHEDULED, PENDING, FAILED})
+class CallState(StrEnum):
+    """Per-rank state of a call: Flight Recorder's three, and what the recorder adds."""
+
+    COMPLETED = "completed"
+    STARTED = "started"
+    SCHEDULED = "scheduled"
+    PENDING = "pending"  # the recorder saw the call begin and never return
+    FAILED = "failed"  # the call raised
+    UNKNOWN = "unknown"  # the source cannot tell (gloo never updates Flight Recorder states)
+
+
+NOT_DONE_STATES = frozenset({CallState.STARTED, CallState.SCHEDULED, CallState.PENDING, CallState.FAILED})
+# The members by their short names, as sources.fr.ingest and diagnose/ import them.
+COMPLETED, STARTED, SCHEDULED = CallState.COMPLETED, CallState.STARTED, CallState.SCHEDULED
+PENDING, FAILED, UNKNOWN = CallState.PENDING, CallState.FAILED, CallState.UNKNOWN
 
 # Bytes per element of the dtypes Flight Recorder and the recorder name ("Float", "BFloat16" ...).
 DTYPE_BYTES = {
@@ -205,7 +207,7 @@ class Signature:
     (``broadcast_object_list``'s, ``all_gather_object``'s output list, ``gather_object``'s gather list and
     ``scatter_object_list``'s input list, None on the ranks that pass none; ``send_object_list``'s and
     ``recv_object_list``'s). ``fr_op``: set where the recorder's call was joined to the Flight Recorder entry of
-    the same group and seq (``match.joined_signature``): Flight Recorder's name for it, which differs from ``op``
+    the same group and seq (``tracks.joined_signature``): Flight Recorder's name for it, which differs from ``op``
     (the user's) where the backend implements the call by another collective (gloo's ``all_reduce`` for
     ``reduce_scatter_tensor``, its ``broadcast`` of sizes for ``broadcast_object_list``). None: no such join.
     """
@@ -252,7 +254,7 @@ class CollectivePart:
 
     rank: int
     signature: Signature
-    state: str
+    state: CallState
     t_arrive_ns: int | None
     t_start_ns: int | None
     t_end_ns: int | None
@@ -262,7 +264,7 @@ class CollectivePart:
 
 
 class CollectiveColumns(Protocol):
-    """Where a ``Collective`` reads its per-rank values: one group's columns (``match.GroupCollectives``)."""
+    """Where a ``Collective`` reads its per-rank values: one group's columns (``group_columns.GroupCollectives``)."""
 
     def values(self, name: str, index: int) -> tuple:
         """The per-rank tuple of field ``name`` (``signatures``, ``states``, ``arrive_ns``, ``start_ns``,
@@ -338,7 +340,7 @@ class Collective:
     TORCH_NCCL_ENABLE_TIMING). ``gpu_begin_ns``: each rank's GPU begin of it, where a profiler trace shows its
     kernels (its GPU work is then [gpu_begin, gpu_begin + duration]); () when no rank has one.
 
-    A view: the values live in the group's columns (one per rank and field, see ``match.GroupCollectives``)
+    A view: the values live in the group's columns (one per rank and field, see ``group_columns.GroupCollectives``)
     and each per-rank tuple is built when first read, then kept as long as the view is. A job of 16,384
     ranks and 2,000 collectives holds 33 million values, not 33 million objects.
     """
@@ -354,7 +356,7 @@ class Collective:
         self._index = index
 
     signatures = _PerRank[tuple["Signature | None", ...]]("signatures")
-    states = _PerRank[tuple["str | None", ...]]("states")
+    states = _PerRank[tuple["CallState | None", ...]]("states")
     arrive_ns = _PerRank[tuple["int | None", ...]]("arrive_ns")
     start_ns = _PerRank[tuple["int | None", ...]]("start_ns")
     end_ns = _PerRank[tuple["int | None", ...]]("end_ns")
@@ -476,7 +478,7 @@ class Collective:
 
     @property
     def completed_everywhere(self) -> bool:
-        return self.states.count(COMPLETED) == len(self.states)
+        return self.states.count(CallState.COMPLETED) == len(self.states)
 
     def part(self, rank: int) -> CollectivePart | None:
         i = self._columns.position(rank)
@@ -486,10 +488,63 @@ class Collective:
         sid = self.stack_ids[i]
         stack = self.stacks[sid] if sid is not None and sid < len(self.stacks) else ()
         return CollectivePart(
-            rank=rank, signature=sig, state=self.states[i] or UNKNOWN, t_arrive_ns=self.arrive_ns[i],
+            rank=rank, signature=sig, state=self.states[i] or CallState.UNKNOWN, t_arrive_ns=self.arrive_ns[i],
             t_start_ns=self.start_ns[i], t_end_ns=self.end_ns[i], call_site=call_site(stack), stack=stack,
             source=self.sources[i] or "",
         )
+
+
+class GroupView(Protocol):
+    """One process group's collectives in seq order, as ``Job.collectives`` holds them: views over the members'
+    columns (``group_columns.GroupCollectives``, what the loader builds), indexed and iterated as a sequence of
+    ``Collective``, that also read one member's values across every collective, or in one, at C speed without
+    gathering the other members'."""
+
+    @property
+    def group(self) -> ProcessGroup: ...
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The group's global ranks: every view's per-rank tuples are aligned with them."""
+        ...
+
+    @property
+    def seqs(self) -> Sequence[int]:
+        """The seq of each collective, ascending."""
+        ...
+
+    @property
+    def on_gpu(self) -> bool:
+        """The group's collectives run on a GPU (``Collective.on_gpu``)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    @overload
+    def __getitem__(self, index: int) -> Collective: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Collective]: ...
+
+    def __iter__(self) -> Iterator[Collective]: ...
+
+    def find(self, seq: int) -> Collective | None:
+        """The collective with this seq, or None."""
+        ...
+
+    def member_column(self, name: str, rank: int) -> list:
+        """``rank``'s value of field ``name`` (``Collective``'s per-rank fields: ``signatures``, ``arrive_ns`` ...)
+        in every collective, in order; None where it has no record."""
+        ...
+
+    def value(self, name: str, rank: int, index: int) -> Any:
+        """``rank``'s value of field ``name`` in the ``index``-th collective (None: no record)."""
+        ...
+
+    def settled_prefix(self) -> int:
+        """How many leading collectives every member finished with one signature (0 where that cannot be told
+        from the columns alone): a search for the first problem may skip them."""
+        ...
 
 
 def span_timing(arrive: Iterable[int | None], end: Iterable[int | None]) -> tuple[int, int] | None:
@@ -515,7 +570,7 @@ class P2POp:
     peer: int
     index: int  # position among this rank's ops of this kind to this peer in this group
     signature: Signature
-    state: str
+    state: CallState
     t_arrive_ns: int | None
     t_end_ns: int | None
     stack_id: int | None
@@ -539,32 +594,13 @@ class P2PTransfer:
         return self.send is not None and self.recv is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Coverage:
-    """Which collectives of one group one rank's data can speak about.
+class ClockMethod(StrEnum):
+    """How a rank's clock was put on rank 0's (``ClockAlignment.method``)."""
 
-    ``first_seq``/``last_seq`` bound the sequence numbers this rank recorded. Flight Recorder is a ring
-    buffer: a seq below ``first_seq`` may have happened and been overwritten. ``complete_fr`` is true when
-    a Flight Recorder dump of this rank was read (so a seq above ``last_seq`` was not issued before the
-    dump); a rank known only from the recorder's log can have gaps (collectives issued from C++).
-    ``unread``: seqs (closed intervals) where this rank's dump held an entry whose identity could not be
-    read: its record of them is unknown, whatever ``has_fr`` says; ``unread_p2p``: a send or recv of it on
-    this group was (which of its sends and recvs pairs with which of its peers' is unknown).
-    """
-
-    rank: int
-    group_uid: str
-    first_seq: int
-    last_seq: int
-    has_fr: bool
-    has_log: bool
-    completed_upto: int  # every seq <= this is known completed on this rank (-1: none known)
-    unread: tuple[tuple[int, int], ...] = ()
-    unread_p2p: bool = False
-
-    def unread_at(self, seq: int) -> bool:
-        """Whether this rank's record of ``seq`` was unreadable (see ``unread``)."""
-        return any(lo <= seq <= hi for lo, hi in self.unread)
+    MEASURED = "measured"  # the recorder's start-up measurement
+    REFINED = "refined"  # corrected from collectives that completed on every rank
+    ASSUMED = "assumed"  # no information: offset 0
+    NONE = "none"  # not aligned (merge --no-align): each rank on its own clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,7 +614,7 @@ class ClockAlignment:
     """
 
     offset_ns: Mapping[int, int] = field(default_factory=_empty)
-    method: Mapping[int, str] = field(default_factory=_empty)
+    method: Mapping[int, ClockMethod] = field(default_factory=_empty)
     uncertainty_ns: Mapping[int, int] = field(default_factory=_empty)
     residual_skew_ns: int | None = None
     samples: int = 0
@@ -590,166 +626,6 @@ class Skipped:
 
     path: str
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RankInfo:
-    rank: int
-    host: str | None
-    pid: int | None
-    fr_files: tuple[str, ...]
-    log_file: str | None
-    stacks_files: tuple[str, ...]
-    kineto_files: tuple[str, ...]
-    closed_cleanly: bool | None  # None: no recorder log
-    backend: str | None
-    # The rest come from the recorder's log (None or empty without one); times aligned to rank 0's clock.
-    first_ns: int | None = None  # the rank's horizon: its first and last record (heartbeats included)
-    last_ns: int | None = None
-    closed_reason: str | None = None  # the log's `z` record: exit, signal, destroy...
-    endings: tuple[tuple[int, str, str], ...] = ()  # (t_ns, "signal" | "exception", detail), the `u` records
-    heartbeats: bool = False  # the log has `h` records: a stale last record means the process is gone
-    alive: bool | None = None  # an unclosed log's process, probed on this host; None: not known
-    stopped: bool = False  # its process, on the reader's host, is stopped (SIGSTOP, a debugger) now
-    stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
-
-
-@dataclass(frozen=True)
-class RankProfile:
-    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans (``sources.kineto.profile.
-    kineto_intervals`` reads them, on the rank's own clock; ``Job.profiles`` holds them moved onto the job's:
-    see ``shifted``). Picklable, small."""
-
-    gpu_compute: list[tuple[int, int]] = field(default_factory=list)
-    gpu_comm: list[tuple[int, int]] = field(default_factory=list)
-    gpu_memory: list[tuple[int, int]] = field(default_factory=list)
-    cpu_compute: list[tuple[int, int]] = field(default_factory=list)
-    cpu_comm: list[tuple[int, int]] = field(default_factory=list)
-    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
-    # leaves their shape, so the workers that read the traces compute them, in parallel.
-    gpu_overlapped: list[tuple[int, int]] | None = None
-    gpu_busy: list[tuple[int, int]] | None = None
-    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
-    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
-    windows: tuple[tuple[int, int], ...] = ()  # each trace's first to last event: where the profiler was running
-    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
-    events: int = 0
-    notes: tuple[str, ...] = ()
-
-    def shifted(self, offset_ns: int) -> RankProfile:
-        """The same profile with every span moved by ``offset_ns`` (onto the job's clock: ``match.load_job``),
-        its communication events left out: the job holds them (``Job.traces``), on its clock."""
-        def spans(u: list[tuple[int, int]]) -> list[tuple[int, int]]:
-            return [(b + offset_ns, e + offset_ns) for b, e in u] if offset_ns else u
-
-        def steps(s: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
-            return tuple((n, b + offset_ns, e + offset_ns) for n, b, e in s) if offset_ns else s
-
-        return replace(
-            self, gpu_compute=spans(self.gpu_compute), gpu_comm=spans(self.gpu_comm),
-            gpu_memory=spans(self.gpu_memory), cpu_compute=spans(self.cpu_compute), cpu_comm=spans(self.cpu_comm),
-            gpu_overlapped=spans(self.gpu_overlapped) if self.gpu_overlapped is not None else None,
-            gpu_busy=spans(self.gpu_busy) if self.gpu_busy is not None else None,
-            steps=steps(self.steps), gpu_steps=steps(self.gpu_steps),
-            windows=tuple(spans(list(self.windows))), traces=())
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """Everything one job left behind, loaded, aligned and matched."""
-
-    world_size: int | None
-    ranks: Mapping[int, RankInfo]
-    groups: Mapping[str, ProcessGroup]
-    collectives: Mapping[str, Sequence[Collective]]  # by group uid, in seq order (views over columns)
-    p2p: Mapping[str, tuple[P2PTransfer, ...]]  # by group uid
-    coverage: Mapping[tuple[int, str], Coverage]  # by (rank, group uid)
-    stacks: tuple[Stack, ...]
-    clock: ClockAlignment
-    skipped: tuple[Skipped, ...] = ()
-    notes: tuple[str, ...] = ()
-    # The per-rank views below are on the job's clock (``match.build_job`` moved them there, once).
-    logs: Mapping[int, RankLog] = field(default_factory=_empty, repr=False, compare=False)  # the recorder's logs
-    # rank -> what it wrote at its latest stall
-    stall_stacks: Mapping[int, StallStacks] = field(default_factory=_empty, repr=False, compare=False)
-    job_info: Mapping | None = None  # the job file written last (see ``jobs``)
-    jobs: tuple[Mapping, ...] = ()  # every job file: one per `record` process (one per node)
-    unusable_ranks: frozenset[int] = frozenset()  # ranks whose every dump was skipped (truncated, corrupt)
-    # Per group uid: the seqs some rank's recorder saw issued from Python. A seq the recorder did not see on
-    # any rank was issued from C++ (DDP...), so a rank known only from its log may have issued it unseen.
-    log_seqs: Mapping[str, frozenset[int]] = field(default_factory=_empty, repr=False, compare=False)
-    # rank -> that rank's profiler traces (every event for merge, the communication events for the others)
-    traces: Mapping[int, tuple[KinetoTrace, ...]] = field(default_factory=_empty, repr=False, compare=False)
-    # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
-    resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
-    # rank -> its profiler traces reduced to unions (loaded with traces="spans": what ``report`` measures)
-    profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
-    # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.
-    attempt: int = 0
-    attempts: tuple[int, ...] = (0,)
-    # The ranks with data are a sample of a larger job (``world_size``): "traces" when only profiler traces
-    # came (people profile a few ranks), "data" when the user said so (--sample); None when not: a rank
-    # without data is then one that should have left some. A sample's other ranks are not suspects.
-    sampled: str | None = None
-    # Groups the ranks know by different c10d names (they created their groups in different orders).
-    group_conflicts: tuple[GroupConflict, ...] = ()
-
-    @property
-    def ranks_with_data(self) -> tuple[int, ...]:
-        return tuple(sorted(self.ranks))
-
-    def groups_in_order(self) -> list[ProcessGroup]:
-        """The process groups in the order c10d created them, the one order diagnose and the trace use: c10d
-        numbers the groups it names itself as it creates them (``"0"`` is the default group), so those come
-        first, by number; groups named otherwise follow, by uid."""
-        def key(g: ProcessGroup) -> tuple[int, int, str]:
-            return (0, int(g.name), g.uid) if g.name.isdigit() else (1, 0, g.uid)
-
-        return sorted(self.groups.values(), key=key)
-
-    def iter_collectives(self) -> Iterator[Collective]:
-        for cols in self.collectives.values():
-            yield from cols
-
-    def collectives_span(self) -> tuple[int | None, int | None]:
-        """The first arrival at any collective and the last arrival or end (None where there is none), read a
-        collective at a time: a list of every rank's times would hold 33 million ints at 16,384 ranks.
-
-        The merge's time origin and the trace's last instant, the same two times for both."""
-        first: int | None = None
-        last: int | None = None
-        for c in self.iter_collectives():
-            arrivals, ends = known_values(c.arrive_ns), known_values(c.end_ns)
-            if arrivals:
-                lo, hi = min(arrivals), max(arrivals)
-                first = lo if first is None or lo < first else first
-                last = hi if last is None or hi > last else last
-            if ends:
-                hi = max(ends)
-                last = hi if last is None or hi > last else last
-        return first, last
-
-    def stack_of(self, c: Collective, rank: int) -> Stack:
-        """The call stack of ``rank``'s part in ``c`` (read from its dump now if it was loaded lazily)."""
-        i = c.index_of(rank)
-        sid = c.stack_ids[i]
-        if sid is not None:
-            return self.stack(sid)
-        if self.resolver is not None and c.signatures[i] is not None and c.sources[i] != "log":
-            return self.resolver(rank, c.group.name, c.seq)
-        return ()
-
-    def p2p_stack(self, op: P2POp) -> Stack:
-        """The call stack of a send or recv (read from its rank's dump now if it was loaded lazily)."""
-        if op.stack_id is not None:
-            return self.stack(op.stack_id)
-        group = self.groups.get(op.group_uid)
-        if self.resolver is not None and op.source == "fr" and op.seq is not None and group is not None:
-            return self.resolver(op.rank, group.name, op.seq, True)
-        return ()
-
-    def stack(self, stack_id: int | None) -> Stack:
-        return self.stacks[stack_id] if stack_id is not None and 0 <= stack_id < len(self.stacks) else ()
 
 
 # torch itself, and our own recorder's wrappers around torch.distributed.

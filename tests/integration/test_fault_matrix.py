@@ -191,7 +191,14 @@ def test_signal_to_record_of_a_healthy_job_is_interrupted(record_job, mode, npro
     assert no_process_left(job), "a rank outlived record"  # the whole process group got it
     assert job.job_file()["signal"] == signal.Signals(signum).name
     code, doc = diagnose(job.out)
-    assert (code, *verdict(doc)) == (0, "interrupted", []), doc
+    if mode == "ddp" and signum == signal.SIGTERM:
+        # SIGTERM ends a rank at once (the recorder leaves its default action alone: a handler would keep a rank
+        # blocked in gloo alive until SIGKILL), so DDP's C++-issued collectives, only in Flight Recorder, were
+        # never dumped: nothing shows them done, and the verdict does not pretend otherwise.
+        assert (code, *verdict(doc)) == (1, "incomplete", [("no_collectives", None, [])]), doc
+        assert "forwarded SIGTERM to the job before any Flight Recorder dump" in doc["findings"][0]["detail"]
+    else:
+        assert (code, *verdict(doc)) == (0, "interrupted", []), doc
     # Nothing was written after record returned: the ranks were gone.
     sizes = {p: p.stat().st_size for p in job.out.iterdir()}
     time.sleep(1.0)

@@ -153,16 +153,14 @@ def test_sigterm_reaches_the_jobs_own_handler(record_job):
         assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]
 
 
-def test_job_killed_by_sigterm_dumps_flight_recorder(record_job):
+def test_job_killed_by_sigterm_dies_at_once_as_it_would_without_the_recorder(record_job):
+    """SIGTERM's default action kills at once, also a rank blocked in a collective's C++, where no Python
+    handler could run: the recorder installs none in front of it (a handler would keep such a rank alive until
+    a SIGKILL), so the rank dies of SIGTERM with its log unclosed, and everything it wrote before stays."""
     job = _record_then_sigterm(record_job, handler=False)
     assert job.returncode == 128 + signal.SIGTERM, job.explain()
     assert job.job_file()["exit_status"] == 128 + signal.SIGTERM
     assert not (job.cwd / "not-interrupted").exists()
     log = job.log(0)
-    assert [(e.cause, e.detail) for e in log.endings] == [("signal", "SIGTERM")]
-    assert log.closed_reason == "signal"
-    if gloo_flight_recorder():  # torch 2.4-2.7 have no gloo dump to write
-        assert [reason for _t, _name, reason in log.fr_dumps] == ["signal"]
-        (_t, name, _reason), = log.fr_dumps
-        assert (job.out / name).exists()
-        assert [e["profiling_name"] for e in job.fr_entries(0)] == ["gloo:all_reduce"]
+    assert (log.endings, log.closed_reason) == ([], None)
+    assert [c.op for c in log.calls] == ["all_reduce"]

@@ -56,7 +56,7 @@ def test_job_completes_and_reports_the_stall(stall_job):
 
 
 def test_rank_waiting_in_the_collective(stall_job):
-    from comm2perfetto.sources.event_log import read_stacks
+    from comm2perfetto.sources.stacks import read_stacks
 
     log = stall_job.log(0)
     stalled = log.calls[1]
@@ -77,7 +77,7 @@ def test_rank_waiting_in_the_collective(stall_job):
 
 
 def test_rank_outside_any_collective_leaves_its_stack(stall_job):
-    from comm2perfetto.sources.event_log import read_stacks
+    from comm2perfetto.sources.stacks import read_stacks
 
     log = stall_job.log(1)
     warmup, after = log.calls

@@ -79,7 +79,7 @@ def test_stall_found_where_ddps_collectives_are_seen(ddp_stall):
 
 
 def test_both_ranks_leave_their_stacks(ddp_stall):
-    from comm2perfetto.sources.event_log import read_stacks
+    from comm2perfetto.sources.stacks import read_stacks
 
     def main_frames(rank: int) -> list[tuple[str, int]]:
         stacks = read_stacks(ddp_stall.out / _the_stall(ddp_stall, rank).stacks_file)

@@ -92,7 +92,7 @@ class FrJob:
             "p2p_seq_id": self._p2p_seq.get(key, 0), "op_id": self._op_id[key],
             "profiling_name": f"{self.backend}:{op}", "time_created_ns": created,
             "input_sizes": in_sizes, "input_dtypes": [dtype] * len(in_sizes),
-            "output_sizes": out_sizes, "output_dtypes": [dtype] * len(out_sizes), "state": state,
+            "output_sizes": out_sizes, "output_dtypes": [dtype] * len(out_sizes), "state": str(state),
             "time_discovered_started_ns": created + 1000 if state in ("started", "completed") else None,
             "time_discovered_completed_ns": created + 50_000 if done else None,
             "retired": done, "timeout_ms": 600000, "is_p2p": is_p2p,
@@ -153,7 +153,7 @@ class FrJob:
     def set_state(self, rank: int, seq: int, state: str, pg: str = "0") -> None:
         for e in self.entries[rank]:
             if e["process_group"][0] == pg and e["collective_seq_id"] == seq:
-                e["state"] = state
+                e["state"] = str(state)  # the plain string a dump holds, whether given a model.CallState or not
                 e["retired"] = state == "completed"
                 if state != "completed":
                     e["time_discovered_completed_ns"] = None

@@ -1,7 +1,7 @@
 """The sizes of calls gloo checks only by aborting a rank (an all-to-all's splits, an object collective's list
 length): read from the `b` record's ``sizes`` field and checked (sources/event_log.py), carried into the
 signatures of the matched collectives, where the recorder's op and sizes win over Flight Recorder's names
-(match.joined_signature)."""
+(tracks.joined_signature)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
-from comm2perfetto.match import joined_signature, load_job
+from comm2perfetto.match import load_job
 from comm2perfetto.model import Exchange, Signature
 from comm2perfetto.sources.event_log import read_event_log
+from comm2perfetto.tracks import joined_signature
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "log-format.md"

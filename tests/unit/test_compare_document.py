@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from comm2perfetto.compare.document import build_comparison
+from comm2perfetto.compare.document import CompareOptions, build
 from comm2perfetto.compare.sides import Side
 from comm2perfetto.render.compare_csv import render_csv
 from comm2perfetto.render.compare_plot import render_html
@@ -40,8 +40,8 @@ def _steady(seed: int, span: float = 0.050, exposed: float = 0.005, late: float 
 
 
 def _compare(base: ReportDoc, new: ReportDoc, **kwargs) -> dict:
-    return build_comparison(Side("BASE", "base", check_report(base.build())),
-                            Side("NEW", "new", check_report(new.build())), **kwargs)
+    return build(Side("BASE", "base", check_report(base.build())), Side("NEW", "new", check_report(new.build())),
+                 CompareOptions(**kwargs))
 
 
 def _flagged(doc: dict) -> set[tuple]:
@@ -152,8 +152,8 @@ def test_a_report_saved_before_samples_existed_compares_by_count():
     for row in old["collectives"]:
         del row["instances"], row["group_uid"]
     del old["groups"]
-    doc = build_comparison(Side("BASE", "old.json", check_report(old), saved=True),
-                           Side("NEW", "new", check_report(_steady(1).build())))
+    doc = build(Side("BASE", "old.json", check_report(old), saved=True),
+                Side("NEW", "new", check_report(_steady(1).build())), CompareOptions())
     assert any("saved without per-collective samples" in note for note in doc["layout"])
     [count] = [line for line in doc["lines"] if line["metric"] == "count" and line["section"] == "collective"]
     assert count["verdict"] == "unchanged" and count["base"] == count["new"] == 2.0

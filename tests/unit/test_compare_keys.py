@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from comm2perfetto.compare.keys import match_groups, size_bucket, step_pairs
+from comm2perfetto.sources.report_json import check_report
 
 
 def _doc(groups: dict[str, tuple[str, str, list[int]]], ops: dict[str, str] | None = None) -> dict:
@@ -45,7 +46,8 @@ def test_an_ambiguous_description_is_not_guessed():
 
 
 def test_reports_saved_without_groups_match_by_label():
-    old = {"collectives": [{"op": "all_reduce", "process_group": "default_pg"}]}
+    old = check_report({"version": 1, "job": {}, "ranks": {},
+                        "collectives": [{"op": "all_reduce", "process_group": "default_pg"}]})
     [group] = match_groups(old, old)
     assert (group.label, group.base_uid, group.new_uid, group.base_ranks) == ("default_pg", "default_pg",
                                                                               "default_pg", None)

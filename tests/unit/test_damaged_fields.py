@@ -12,6 +12,7 @@ import pytest
 
 from comm2perfetto.cli import main
 from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.fr.dump import read_fr_dump
 from comm2perfetto.sources.fr.ingest import build_rank_trace
@@ -46,7 +47,7 @@ def _write(job: FrJob, folder: Path, edit: dict[int, dict[str, object]], *, rank
 
 
 def _verdict(folder: Path):
-    job = load_job([folder], with_stacks=False)
+    job = load_job([folder], LoadOptions(stacks=False))
     d = diagnose(job)
     return d.status, [(f.kind, f.culprit_ranks, f.suspect_ranks) for f in d.findings], job.notes
 

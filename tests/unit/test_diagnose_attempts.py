@@ -12,12 +12,14 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli.live import StallWatcher
 from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import SourceError, load_sources
+from comm2perfetto.sources.discover import SourceError
+from comm2perfetto.sources.read import load_sources
+from comm2perfetto.stall_watch import StallWatcher
 from support.cli import run_cli
 from support.factories import T0_NS, EventLog
 
@@ -68,7 +70,7 @@ def test_the_last_attempt_is_read_by_default_and_any_other_on_request(tmp_path):
     assert (last.attempt, last.attempts) == (1, (0, 1))
     assert all("attempt1" in str(log.path) for log in last.logs.values())
     assert _verdict(last) == ("ok", [])
-    first = load_job([out], attempt=0)
+    first = load_job([out], LoadOptions(attempt=0))
     assert (first.attempt, first.attempts) == (0, (0, 1))
     assert all(Path(str(log.path)).parent == out for log in first.logs.values())
     assert _verdict(first) == ("crashed", [("rank_died", 4, (1,))])
@@ -78,9 +80,9 @@ def test_the_run_end_of_the_job_file_is_the_last_attempts_only(tmp_path):
     out = _restarted(tmp_path, last_fails=True)
     (last_job,) = load_job([out]).jobs
     assert last_job["exit_status"] == 1
-    (first_job,) = load_job([out], attempt=0).jobs
+    (first_job,) = load_job([out], LoadOptions(attempt=0)).jobs
     assert "exit_status" not in first_job and "signal" not in first_job and first_job["ended_ns"]
-    assert not any("exited with status" in n for n in diagnose(load_job([out], attempt=0)).notes)
+    assert not any("exited with status" in n for n in diagnose(load_job([out], LoadOptions(attempt=0))).notes)
 
 
 def test_a_folder_from_before_attempts_is_one_attempt(tmp_path):
@@ -101,7 +103,7 @@ def test_attempt_folders_count_below_the_path_given_only(tmp_path):
 def test_an_attempt_that_is_not_there_is_one_clear_message(tmp_path):
     out = _restarted(tmp_path)
     with pytest.raises(SourceError, match=r"--attempt 2: .* holds no files of attempt 2 \(attempts found: 0, 1;"):
-        load_sources([out], attempt=2)
+        load_sources([out], LoadOptions(attempt=2))
 
 
 def test_files_skipped_belong_to_their_attempt(tmp_path):
@@ -109,7 +111,7 @@ def test_files_skipped_belong_to_their_attempt(tmp_path):
     (out / "attempt1" / "rank1.fr.1.pkl").write_bytes(b"\x80\x04garbage")  # a dump, unreadable
     (out / "attempt1" / "notes.txt").write_text("not a recording's file")  # not even that
     assert sorted(Path(s.path).name for s in load_sources([out]).skipped) == ["notes.txt", "rank1.fr.1.pkl"]
-    assert load_sources([out], attempt=0).skipped == []
+    assert load_sources([out], LoadOptions(attempt=0)).skipped == []
 
 
 def test_diagnose_says_which_attempt_and_how_the_others_ended(tmp_path):

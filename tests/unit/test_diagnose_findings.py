@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
@@ -12,7 +13,7 @@ from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, stea
 def _diagnose(tmp_path, job: FrJob | None = None, **kw):
     if job is not None:
         job.write(tmp_path)
-    return diagnose(load_job([tmp_path], with_stacks=kw.pop("with_stacks", True)), **kw)
+    return diagnose(load_job([tmp_path], LoadOptions(stacks=kw.pop("with_stacks", True))), **kw)
 
 
 def test_healthy_job_is_ok(tmp_path):
@@ -45,7 +46,7 @@ def test_lazily_loaded_stacks_give_the_same_call_sites(tmp_path):
     job.collective(1, "all_reduce", [[5]], site="b.py:2")
     job.write(tmp_path)
     eager = diagnose(load_job([tmp_path])).findings[0]
-    lazy = diagnose(load_job([tmp_path], with_stacks=False)).findings[0]
+    lazy = diagnose(load_job([tmp_path], LoadOptions(stacks=False))).findings[0]
     assert eager.call_sites == lazy.call_sites == {0: "a.py:1", 1: "b.py:2"}
 
 
@@ -398,3 +399,16 @@ def test_a_send_whose_receiver_issued_nothing_since_is_a_wait_not_a_desync(tmp_p
     job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS + 100 * STEP_NS)  # it went on instead
     d = _diagnose(tmp_path, job)
     assert d.status == "desync"
+
+
+def test_a_receiver_blocked_in_a_collective_the_sender_never_joined_went_on_whatever_the_clocks_say(tmp_path):
+    """Rank 1 skipped the recv and went on to an all_reduce rank 0 never joins; its clock puts that call before
+    rank 0's send (two hosts' clocks a few ms apart). The two wait on each other: out of step, not away."""
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]])
+    job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS)  # earlier than any of rank 0's calls
+    job.p2p(0, "send", 1, [[16]], state="started")
+    d = _diagnose(tmp_path, job)
+    f = next(f for f in d.findings if f.kind == "p2p_mismatch")
+    assert (d.status, f.culprit_ranks, f.evidence["waiting"]) == ("desync", (1,), False)

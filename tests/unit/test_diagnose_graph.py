@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from comm2perfetto.diagnose.diagnosis import diagnose
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from support.factories import T0_NS, EventLog, FrJob, steady_job
@@ -90,7 +91,7 @@ def test_every_unmatched_send_and_recv_is_told_and_the_waits_lead_to_the_rank_th
     job.p2p(0, "send", 1, [[4]], state="started")  # rank 1 receives from 2 instead
     job.p2p(1, "recv", 2, [[4]], state="started")  # rank 2 never sends
     job.write(tmp_path)
-    d = diagnose(load_job([tmp_path], with_stacks=False))  # as the command loads: stacks read on demand
+    d = diagnose(load_job([tmp_path], LoadOptions(stacks=False)))  # as the command loads: stacks read on demand
     assert _found(d) == [("p2p_mismatch", 1, (2,), (), None), ("p2p_mismatch", 1, (), (), 1)]
     assert "its 1st recv from it, p2p seq 1" in d.findings[0].detail
     assert (d.findings[0].call_sites, d.findings[1].call_sites) == ({1: "pipe.py:20"}, {0: "pipe.py:20"})

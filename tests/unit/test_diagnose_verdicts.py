@@ -10,7 +10,7 @@ import pytest
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.endings import DIED, EXCEPTION, PEER_LOST, RUNNING, SIGNALLED, rank_ends
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import MixedJobsError
+from comm2perfetto.sources.checks import MixedJobsError
 from support.factories import T0_NS, EventLog, FrJob, steady_job
 
 S = 10**9

@@ -10,9 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from comm2perfetto.match import TRACES_EVENTS, TRACES_SPANS, load_job
-from comm2perfetto.model import RankProfile
+from comm2perfetto.load_options import REPORT, LoadOptions
+from comm2perfetto.match import load_job
 from comm2perfetto.sources.event_log import _TIME_AT, read_event_log
+from comm2perfetto.sources.kineto.profile import RankProfile
 
 RECORDING = Path(__file__).parents[1] / "data" / "recording" / "subgroups"
 
@@ -20,8 +21,8 @@ RECORDING = Path(__file__).parents[1] / "data" / "recording" / "subgroups"
 @pytest.fixture(scope="module")
 def jobs():
     """The recording loaded aligned and on each rank's own clock, with every profiler event."""
-    return (load_job([RECORDING], traces=TRACES_EVENTS, workers=1),
-            load_job([RECORDING], traces=TRACES_EVENTS, workers=1, align=False))
+    return (load_job([RECORDING], LoadOptions(workers=1)),
+            load_job([RECORDING], LoadOptions(workers=1, align=False)))
 
 
 def test_the_recording_has_a_rank_off_rank_0s_clock(jobs):
@@ -95,8 +96,8 @@ def test_the_job_holds_logs_traces_and_stall_stacks_on_its_clock(jobs):
 
 
 def test_the_profiles_report_measures_are_on_the_jobs_clock():
-    aligned = load_job([RECORDING], traces=TRACES_SPANS, workers=1)
-    own = load_job([RECORDING], traces=TRACES_SPANS, workers=1, align=False)
+    aligned = load_job([RECORDING], dataclasses.replace(REPORT, workers=1))
+    own = load_job([RECORDING], dataclasses.replace(REPORT, workers=1, align=False))
     offset = aligned.clock.offset_ns[1]
     profile, raw = aligned.profiles[1], own.profiles[1]
     assert profile.cpu_compute and profile.cpu_comm and profile.windows
@@ -126,13 +127,13 @@ def test_a_shifted_profile_moves_every_span_and_step():
 
 def test_loading_twice_gives_the_same_times(jobs):
     """The readers' objects are moved in place once per load: a second load starts again from the files."""
-    again = load_job([RECORDING], traces=TRACES_EVENTS, workers=1)
+    again = load_job([RECORDING], LoadOptions(workers=1))
     assert [c.t_call_ns for c in again.logs[1].calls] == [c.t_call_ns for c in jobs[0].logs[1].calls]
 
 
 def test_a_shifted_profiler_trace_moves_every_event_and_step():
     def read():
-        (trace,) = load_job([RECORDING], traces=TRACES_EVENTS, workers=1, align=False).traces[1]
+        (trace,) = load_job([RECORDING], LoadOptions(workers=1, align=False)).traces[1]
         trace.steps, trace.gpu_steps = ((1, 10, 20),), ((1, 15, 25),)
         return trace
 

@@ -1,10 +1,12 @@
 """The package's layers, read from its sources: no import circle anywhere, and nothing imports upwards.
 
     record/  (in the job; the only part that imports torch)      cli/  parses, prints, picks exit codes
-    sources/ -> model, match (+ group_columns), align -> diagnose/, report/ -> trace/, render/, compare/ -> cli/
+    sources/ -> model, job, match (+ tracks, group_columns), align -> diagnose/ -> report/ -> trace/, render/,
+    compare/ -> cli/
+    launch (starts the job under record)
 
-``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``lateness`` and
-``render.words`` are leaves every layer may use. Imports inside
+``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``strenum``,
+``load_options``, ``report_doc``, ``words`` and ``lateness`` are leaves every layer may use. Imports inside
 functions count: a circle there is one all the same, only deferred."""
 
 from __future__ import annotations
@@ -17,20 +19,24 @@ from support import import_graph
 
 P = import_graph.PACKAGE
 LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}.group_names", f"{P}.processes",
-          f"{P}.exchange", f"{P}.lateness", f"{P}.render.words"}
+          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.words", f"{P}.lateness"}
 # What each part may import besides itself and the leaves.
 ALLOWED = {
     "record": set(),
     "sources": {"model"},
-    "model": {"sources"},  # for the type checker only (checked below)
+    "model": set(),
+    "job": {"model", "sources"},  # the readers for the type checker only (checked below)
     "align": {"model"},
     "group_columns": {"model", "sources"},  # the views over each rank's columns that match builds
-    "match": {"model", "group_columns", "align", "sources"},
-    "diagnose": {"model", "match", "group_columns", "align", "sources"},
-    "report": {"model", "match", "group_columns", "align", "sources"},
-    "trace": {"model", "match", "group_columns", "align", "sources", "diagnose", "report"},
-    "render": {"model", "diagnose", "report", "compare", "sources"},  # sources: the live window it shows
-    "compare": {"model", "report", "sources"},
+    "tracks": {"model", "group_columns", "sources"},  # each rank's records of a group, joined
+    "match": {"model", "job", "group_columns", "tracks", "align", "sources"},
+    "diagnose": {"model", "job", "match", "group_columns", "align", "sources"},
+    # report's notes say how a restarted job's other attempts ended: diagnose's verdict on each
+    "report": {"model", "job", "match", "group_columns", "align", "sources", "diagnose"},
+    "trace": {"model", "job", "match", "group_columns", "align", "sources", "diagnose", "report"},
+    "render": {"model", "job", "diagnose", "report", "compare", "sources"},  # sources: the live window top shows
+    "compare": {"model", "job", "match", "report", "sources"},  # a side is a saved report or what report builds
+    "launch": {"record"},  # record's own process starting the job: the recorder's configuration and boot code
 }
 
 
@@ -66,8 +72,9 @@ def test_nothing_imports_upwards(graphs, part):
     assert not wrong, sorted(wrong)
 
 
-def test_the_model_imports_the_readers_only_for_the_type_checker(graphs):
+def test_the_model_and_the_job_import_the_readers_only_for_the_type_checker(graphs):
     assert not {t for t in graphs[False][f"{P}.model"] if t not in LEAVES}
+    assert not {t for t in graphs[False][f"{P}.job"] if t not in LEAVES | {f"{P}.model"}}
 
 
 def test_only_the_recorder_imports_torch():

@@ -15,13 +15,13 @@ import pytest
 
 from comm2perfetto import layout
 from comm2perfetto.cli import main
-from comm2perfetto.cli.windows import WindowWatcher
 from comm2perfetto.lateness import StragglerTracker
 from comm2perfetto.record.gather import window_doc
 from comm2perfetto.render.prometheus import metrics_text
 from comm2perfetto.render.window_text import table
 from comm2perfetto.sources.event_log import read_event_log
 from comm2perfetto.sources.live_window import LiveWindowError, read_window
+from comm2perfetto.window_watch import WindowWatcher
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -160,7 +160,7 @@ def test_many_collectives_keep_the_seqs_of_a_power_of_two_stride(tmp_path):
     windows.tick()
     (window,) = _windows(rec)
     seqs = list(window.groups["0"].seqs)
-    assert seqs == list(range(4, 201, 4)) and len(seqs) <= MAX_ARRIVALS  # 200 collectives: every 4th
+    assert seqs == list(range(8, 201, 8)) and len(seqs) <= MAX_ARRIVALS  # 200 collectives: every 8th
 
 
 def test_windows_follow_the_job_clock_and_the_last_goes_to_the_log_at_close(tmp_path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from comm2perfetto.match import find_collective, load_job
+from comm2perfetto.load_options import LoadOptions
+from comm2perfetto.match import load_job
 from comm2perfetto.model import COMPLETED, PENDING, UNKNOWN
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob
 
@@ -24,7 +25,7 @@ def test_one_collective_per_group_and_seq_with_per_rank_arrival(tmp_path):
     assert c1.last_arrival_rank == max(arrivals, key=arrivals.get)
     assert c1.arrival_skew_ns == max(arrivals.values()) - min(arrivals.values())
     assert c2.states == (COMPLETED, "started", COMPLETED) and not c2.completed_everywhere
-    assert find_collective(loaded.collectives["0[0,1,2]"], 2) is c2
+    assert loaded.collectives["0[0,1,2]"].find(2) is c2 and loaded.collectives["0[0,1,2]"].find(3) is None
 
 
 def test_groups_with_one_name_and_different_ranks_are_different_groups(tmp_path):
@@ -182,8 +183,8 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
     job.p2p(0, "send", 5, [[2]])
     job.p2p(5, "recv", 0, [[2]])
     job.write(tmp_path)
-    serial = load_job([tmp_path], workers=1)
-    parallel = load_job([tmp_path], workers=2)
+    serial = load_job([tmp_path], LoadOptions(workers=1))
+    parallel = load_job([tmp_path], LoadOptions(workers=2))
 
     def view(j):
         return [(c.seq, c.signatures, c.states, c.arrive_ns, [c.part(r).call_site for r in c.ranks])
@@ -199,13 +200,13 @@ def test_loading_in_worker_processes_gives_the_same_job(tmp_path):
 def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monkeypatch):
     """Two ranks come back from the workers, then the pool breaks: the other ranks are read here, each once,
     and the notes say so."""
-    from comm2perfetto.sources import discover
+    from comm2perfetto.sources import read
 
     job = FrJob(world=4)
     for r in job.ranks:
         job.collective(r, "all_reduce", [[8]])
     job.write(tmp_path)
-    real = discover._load_parallel
+    real = read._load_parallel
 
     def breaks(per_rank, workers, with_stacks):
         for n, result in enumerate(real(per_rank, workers, with_stacks)):
@@ -213,9 +214,9 @@ def test_workers_that_fail_midway_leave_the_rest_to_this_process(tmp_path, monke
                 raise OSError("a worker died")
             yield result
 
-    monkeypatch.setattr(discover, "_load_parallel", breaks)
+    monkeypatch.setattr(read, "_load_parallel", breaks)
     seen = []
-    loaded = load_job([tmp_path], workers=2, progress=lambda done, total: seen.append((done, total)))
+    loaded = load_job([tmp_path], LoadOptions(workers=2, progress=lambda done, total: seen.append((done, total))))
     assert [c.joined_ranks for c in loaded.collectives["0[0,1,2,3]"]] == [(0, 1, 2, 3)]
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert any("worker processes failed (OSError); the ranks left were read in this process" in n
@@ -227,7 +228,7 @@ def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_compl
     most FR_END_SAMPLES), read as column slices, and the dict path on plain rows gives the same differences."""
     from comm2perfetto.group_columns import rows_of
     from comm2perfetto.match import FR_END_SAMPLES, _end_differences
-    from comm2perfetto.sources.discover import load_sources
+    from comm2perfetto.sources.read import load_sources
 
     job = FrJob(world=2)
     for r in job.ranks:
@@ -247,7 +248,7 @@ def test_plain_dumps_of_a_long_ring_are_aligned_on_an_even_sample_of_their_compl
 def test_group_members_read_as_ranges_where_consecutive(tmp_path):
     """A group's members from a dump's pg_config or a recorder log are a range where consecutive (nothing per
     rank to hash or compare at 16,384 ranks) and a tuple otherwise; the group ids read the same either way."""
-    from comm2perfetto.sources.discover import load_sources
+    from comm2perfetto.sources.read import load_sources
 
     job = FrJob(world=4)
     job.group("5", [0, 2], desc="even")
@@ -278,10 +279,10 @@ def test_the_collectives_span_is_the_first_arrival_and_the_last_arrival_or_end(t
     job.collective(2, "broadcast", [[2]], pg="4", t_ns=T0_NS + 20_000, state="started")
     job.collective(0, "all_reduce", [[8]], t_ns=T0_NS + 30_000, state="started")  # ranks 1, 2 never join
     job.write(tmp_path)
-    loaded = load_job([tmp_path], align=False)
+    loaded = load_job([tmp_path], LoadOptions(align=False))
     every = [t for c in loaded.iter_collectives() for t in c.arrive_ns + c.end_ns if t is not None]
     assert loaded.collectives_span() == (T0_NS + 500, max(every))
     assert max(every) == T0_NS + 10_000 + 50_000  # the broadcast's end on rank 1, after every arrival
     empty = FrJob(world=2)
     empty.write(tmp_path / "none")
-    assert load_job([tmp_path / "none"], align=False, force=True).collectives_span() == (None, None)
+    assert load_job([tmp_path / "none"], LoadOptions(align=False, force=True)).collectives_span() == (None, None)

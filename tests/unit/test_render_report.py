@@ -32,9 +32,12 @@ from comm2perfetto.render.report_plot import (
     write_plot,
 )
 from comm2perfetto.render.report_text import fmt_bytes, fmt_number, fmt_time, render_text
-from comm2perfetto.render.words import document_clock_text
+from comm2perfetto.report_doc import FIGURES, INSTANCE_COLUMNS
+from comm2perfetto.words import document_clock_text
 
 # --- documents ----------------------------------------------------------------------------------------------
+
+UNKNOWN = {key: None for key in FIGURES}  # a breakdown with no figure known
 
 
 def times(span: float, compute: float, comm: float, overlapped: float, idle: float) -> dict[str, Any]:
@@ -49,6 +52,12 @@ def rank_entry(compute: float, comm: float, overlapped: float, span: float = 1.2
             "sources": ["kineto gpu kernels", "flight recorder"]}
 
 
+def collective(**fields: Any) -> dict[str, Any]:
+    """A collectives row whose per-collective samples and queue delay are not known."""
+    return {"queue_mean_s": None, "group_uid": "0[0,1,2,3]", **fields,
+            "instances": {key: [] for key in INSTANCE_COLUMNS}}
+
+
 def make_doc(n_ranks: int = 4) -> dict[str, Any]:
     """Four ranks (rank 3 the straggler with 350 ms exposed comm), three steps, three collectives, modules."""
     shapes = [(0.9, 0.3, 0.2), (0.88, 0.32, 0.2), (0.91, 0.29, 0.22), (0.7, 0.45, 0.1)]
@@ -57,20 +66,22 @@ def make_doc(n_ranks: int = 4) -> dict[str, Any]:
     return {
         "version": 1,
         "basis": "gpu",
+        "world_size": None,
         "job": {**times(1.2, 0.8475, 0.34, 0.18, 0.1925), "ranks": n_ranks},
         "ranks": ranks,
-        "steps": [{"step": s, "job": dict(step), "ranks": {r: dict(step) for r in ranks}} for s in (3, 4, 5)],
+        "steps": [{"step": s, "job": {**step, "ranks": n_ranks}, "ranks": {r: dict(step) for r in ranks}}
+                  for s in (3, 4, 5)],
         "collectives": [
-            {"op": "all_reduce", "process_group": "0 (default_pg)", "group_size": 4, "count": 300, "timed": 300,
-             "bytes": 300 * 25 * 2**20, "total_s": 0.31, "mean_s": 0.00103, "p50_s": 0.00098, "p99_s": 0.0042,
-             "transfer_s": 0.25, "algbw_gbps": 31.4, "busbw_gbps": 47.1, "arrival_skew_mean_s": 0.00021},
-            {"op": "all_gather_into_tensor", "process_group": "1 (tp)", "group_size": 2, "count": 48,
-             "timed": 40, "bytes": 48 * 4096, "total_s": 0.0021, "mean_s": 4.4e-5, "p50_s": 4.0e-5,
-             "p99_s": 9.1e-5, "transfer_s": 0.0015, "algbw_gbps": 0.131, "busbw_gbps": 0.0655,
-             "arrival_skew_mean_s": 1.2e-5},
-            {"op": "barrier", "process_group": "0 (default_pg)", "group_size": 4, "count": 2, "timed": 2,
-             "bytes": 0, "total_s": 0.0004, "mean_s": 0.0002, "p50_s": 0.0002, "p99_s": 0.0002,
-             "transfer_s": 0.0001, "algbw_gbps": None, "busbw_gbps": None, "arrival_skew_mean_s": None},
+            collective(op="all_reduce", process_group="0 (default_pg)", group_size=4, count=300, timed=300,
+                       bytes=300 * 25 * 2**20, total_s=0.31, mean_s=0.00103, p50_s=0.00098, p99_s=0.0042,
+                       transfer_s=0.25, algbw_gbps=31.4, busbw_gbps=47.1, arrival_skew_mean_s=0.00021),
+            collective(op="all_gather_into_tensor", process_group="1 (tp)", group_size=2, count=48, timed=40,
+                       bytes=48 * 4096, total_s=0.0021, mean_s=4.4e-5, p50_s=4.0e-5, p99_s=9.1e-5,
+                       transfer_s=0.0015, algbw_gbps=0.131, busbw_gbps=0.0655, arrival_skew_mean_s=1.2e-5,
+                       group_uid="1[0,1]"),
+            collective(op="barrier", process_group="0 (default_pg)", group_size=4, count=2, timed=2, bytes=0,
+                       total_s=0.0004, mean_s=0.0002, p50_s=0.0002, p99_s=0.0002, transfer_s=0.0001,
+                       algbw_gbps=None, busbw_gbps=None, arrival_skew_mean_s=None),
         ],
         "stragglers": [
             {"rank": 3, "matched": 350, "last_arrivals": 301, "mean_lateness_s": 0.0031, "p99_lateness_s": 0.012},
@@ -90,8 +101,11 @@ def make_doc(n_ranks: int = 4) -> dict[str, Any]:
             "collectives": ["all_reduce 0:1", "all_reduce 0:2", "barrier 0:3"],
             "lateness_s": [[0.0, 0.0, None], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.001, 0.004, 0.002]],
         },
+        "groups": {},
         "notes": ["rank 3 has no GPU kernels in steps 1-2: its compute there comes from CPU ops, which include "
                   "kernel launch time, so its overlap is overstated a little (see https://example.com/x)"],
+        "sampled": None,
+        "clock": None,
     }
 
 
@@ -261,7 +275,7 @@ def test_text_mixed_basis_and_32_ranks_all_shown() -> None:
 
 def test_text_steps_elide_the_middle() -> None:
     doc = make_doc()
-    doc["steps"] = [{"step": s, "job": times(0.4, 0.28, 0.11, 0.06 + s / 1000, 0.07), "ranks": {}}
+    doc["steps"] = [{"step": s, "job": {**times(0.4, 0.28, 0.11, 0.06 + s / 1000, 0.07), "ranks": 4}, "ranks": {}}
                     for s in range(30)]
     lines = section(render_text(doc), "steps")
     rows = table_rows(lines)
@@ -355,10 +369,11 @@ def test_text_notes_wrap_to_the_width() -> None:
 
 
 def test_text_missing_values_and_empty_sections() -> None:
-    doc = {"version": 1, "basis": "cpu", "job": {"ranks": 1},
-           "ranks": {"0": {"span_s": 0.5, "basis": "cpu", "sources": []}},
+    doc = {"version": 1, "basis": "cpu", "world_size": None, "job": {**UNKNOWN, "ranks": 1},
+           "ranks": {"0": {**UNKNOWN, "span_s": 0.5, "basis": "cpu", "sources": []}},
            "steps": [], "collectives": [], "stragglers": [], "modules": [],
-           "lateness_map": {"ranks": [], "collectives": [], "lateness_s": []}, "notes": []}
+           "lateness_map": {"ranks": [], "collectives": [], "lateness_s": []}, "groups": {}, "notes": [],
+           "sampled": None, "clock": None}
     text = render_text(doc)
     assert "job: span -, comm/compute -, overlap -, exposed comm -" in text
     assert table_rows(section(text, "ranks"))["0"]["compute"] == "-"
@@ -378,9 +393,13 @@ def test_text_deterministic_and_no_trailing_whitespace() -> None:
 
 
 def test_text_empty_document() -> None:
-    assert render_text({}).splitlines()[:2] == ["comm2perfetto report: 0 ranks, basis -",
-                                                "job: span -, comm/compute -, overlap -, exposed comm - "
-                                                "(times: mean per rank)"]
+    empty = {"version": 1, "basis": None, "world_size": None, "job": {**UNKNOWN, "ranks": 0}, "ranks": {},
+             "steps": [], "collectives": [], "stragglers": [], "modules": [],
+             "lateness_map": {"ranks": [], "collectives": [], "lateness_s": []}, "groups": {}, "notes": [],
+             "sampled": None, "clock": None}
+    assert render_text(empty).splitlines()[:2] == ["comm2perfetto report: 0 ranks, basis -",
+                                                   "job: span -, comm/compute -, overlap -, exposed comm - "
+                                                   "(times: mean per rank)"]
 
 
 # --- CSV ----------------------------------------------------------------------------------------------------
@@ -572,13 +591,14 @@ def test_html_header_says_what_the_report_covers() -> None:
     assert facts == {"folder": "runs/job7", "ranks": "4 with data (ranks 0-3) of world size 4",
                      "steps": "3-5 (3 steps)", "basis": "gpu (flight recorder, kineto gpu kernels)",
                      "clocks": "clocks aligned to rank 0; residual skew 41.0 us (5 collective ends)"}
-    # The page words the clocks as the text report does: one sentence, from render.words.
+    # The page words the clocks as the text report does: one sentence, from words.
     assert facts["clocks"] in render_text(doc)
     doc["clock"] = {"method": {"0": "assumed", "1": "assumed"}, "residual_skew_s": None, "samples": 0}
     assert document_clock_text(doc["clock"]) == (
         "clocks: not aligned (each rank on its own clock): no recorder measurement, and too few collective ends to "
         "align on")
-    assert document_clock_text({"method": {"0": "measured"}, "samples": 0}) == "clocks: one rank, nothing to align"
+    assert document_clock_text({"method": {"0": "measured"}, "residual_skew_s": None, "samples": 0}) == \
+        "clocks: one rank, nothing to align"
     assert document_clock_text(None) is None
 
 
@@ -611,7 +631,7 @@ def test_html_escapes_text() -> None:
 def test_html_one_rank_and_missing_values() -> None:
     doc = make_doc(1)
     doc["ranks"]["0"].update(compute_s=None, overlapped_comm_s=None, idle_s=None)
-    doc["job"] = {"ranks": 1}
+    doc["job"] = {**UNKNOWN, "ranks": 1}
     _, svgs = charts(render_html(doc))
     group = svgs[0].all("g", "rank")[0]
     assert [r.attrs["class"] for r in group.all("rect", "seg")] == ["seg exposed"]

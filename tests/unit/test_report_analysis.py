@@ -14,15 +14,17 @@ import pytest
 
 from comm2perfetto import group_columns
 from comm2perfetto.group_columns import GroupCollectives
+from comm2perfetto.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
-from comm2perfetto.report.activity import CPU, GPU, RankActivity, kineto_intervals, rank_activity
+from comm2perfetto.report.activity import RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import bus_factor, collective_table, message_bytes, percentile
 from comm2perfetto.report.document import _profiled_note, _RankFacts, build_report, steps_text
-from comm2perfetto.report.intervals import Measured, difference, envelope, intersection, length, union
 from comm2perfetto.report.modules import NOT_SEEN, OUTSIDE, module_table
 from comm2perfetto.report.overlap import breakdown, job_breakdown
 from comm2perfetto.report.stragglers import lateness_map, straggler_table
+from comm2perfetto.report_doc import Basis
+from comm2perfetto.sources.kineto.profile import kineto_intervals
 from support.factories import T0_NS, EventLog, FrJob, steady_job
 from support.kineto_fixtures import KinetoDoc
 
@@ -93,7 +95,7 @@ def _gpu_rank(tmp_path, rank: int, comm_shift: float = 0.0):
 def test_gpu_breakdown_is_htas_overlap(tmp_path):
     profile = kineto_intervals([_gpu_rank(tmp_path, 0)])
     a = rank_activity(None, 0, profile)
-    assert a.basis == GPU
+    assert a.basis == Basis.GPU
     b = breakdown(a)
     us = 1000
     assert b.compute_ns == 250 * us                       # union [0, 250]
@@ -438,7 +440,7 @@ def test_span_reader_reads_the_cpu_side_when_a_guess_of_kernels_was_wrong(tmp_pa
 
 
 def _profiled_only(steps, windows):
-    return _RankFacts.of(RankActivity(0, CPU, ("profiler CPU ops",), [(0, 1)], [], [], tuple(steps),
+    return _RankFacts.of(RankActivity(0, Basis.CPU, ("profiler CPU ops",), [(0, 1)], [], [], tuple(steps),
                                       compute_windows=tuple(windows)))
 
 
@@ -452,7 +454,7 @@ def test_report_says_which_steps_its_figures_cover_when_compute_is_profiled_only
     assert _profiled_note(activities, (3, 4)) == [
         "compute is known only in the profiled steps 3-4: these figures cover steps 3-4, all profiled"]
     # Compute from ranges too (compute_windows None): known everywhere, nothing to say.
-    assert _profiled_note({0: _RankFacts.of(RankActivity(0, CPU, (), [], [], [], tuple(steps)))}, None) == []
+    assert _profiled_note({0: _RankFacts.of(RankActivity(0, Basis.CPU, (), [], [], [], tuple(steps)))}, None) == []
     assert steps_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.report.activity import RankActivity, kineto_intervals
+from comm2perfetto.intervals import intersection, length, union
+from comm2perfetto.report.activity import RankActivity
 from comm2perfetto.report.classes import rank_classes
-from comm2perfetto.report.intervals import intersection, length, union
 from comm2perfetto.sources.kineto.classify import cpu_class
+from comm2perfetto.sources.kineto.profile import kineto_intervals
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.trace.check import check_trace
 from support.cli import Ran, run_cli_process

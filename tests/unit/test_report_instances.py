@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from comm2perfetto.match import load_job
-from comm2perfetto.report.bandwidth import INSTANCE_COLUMNS
-from comm2perfetto.report.document import VERSION, build_report
+from comm2perfetto.report.document import build_report
 from comm2perfetto.report.overlap import Breakdown
+from comm2perfetto.report_doc import FIGURES, INSTANCE_COLUMNS, VERSION
 from comm2perfetto.sources import report_json
 from support.factories import T0_NS, EventLog
 
@@ -69,11 +69,12 @@ def test_steps_option_keeps_the_samples_of_those_steps(job):
     assert row["instances"]["step"] == [2, 3]
 
 
-def test_the_saved_report_reader_knows_the_contracts_names():
-    """sources/ imports nothing above it, so it spells the contract's names itself: kept equal here."""
-    assert report_json.VERSION == VERSION
-    assert report_json.FIGURES == tuple(Breakdown(0, 0, 0, 0, 0).as_dict())
-    assert report_json.INSTANCE_COLUMNS == INSTANCE_COLUMNS
+def test_the_report_writes_and_the_saved_report_reader_reads_the_contracts_names(job):
+    """report_doc declares the names once: report/ writes them, sources.report_json reads them back, in order."""
+    assert tuple(Breakdown(0, 0, 0, 0, 0).as_dict()) == FIGURES
+    saved = report_json.check_report(build_report(job, {}))
+    assert saved["version"] == VERSION and tuple(saved["job"]) == FIGURES
+    assert tuple(saved["collectives"][0]["instances"] or ()) == INSTANCE_COLUMNS
 
 
 def test_every_table_puts_a_collective_in_the_same_step(tmp_path):

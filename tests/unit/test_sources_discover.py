@@ -8,18 +8,11 @@ import pickle
 
 import pytest
 
+from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import (
-    EVENT_LOG,
-    FR,
-    JOB,
-    KINETO,
-    STACKS,
-    MixedJobsError,
-    SourceError,
-    discover,
-    load_sources,
-)
+from comm2perfetto.sources.checks import MixedJobsError
+from comm2perfetto.sources.discover import EVENT_LOG, FR, JOB, KINETO, STACKS, SourceError, discover
+from comm2perfetto.sources.read import load_sources
 from support.factories import T0_NS, EventLog, FrJob, stacks_file, steady_job
 
 
@@ -104,7 +97,7 @@ def test_dumps_of_different_world_sizes_are_refused_unless_forced(tmp_path):
     steady_job(world=4, steps=2).write(tmp_path / "other", ranks=[2, 3])
     with pytest.raises(MixedJobsError, match=r"disagree on the default group \(2 vs 4 ranks.*--force"):
         load_job([tmp_path])
-    forced = load_job([tmp_path], force=True)
+    forced = load_job([tmp_path], LoadOptions(force=True))
     assert any("--force" in n for n in forced.notes)
 
 

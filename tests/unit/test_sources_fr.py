@@ -204,7 +204,7 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
 
     from comm2perfetto.sources.fr.dump import read_fr_dump
     from comm2perfetto.sources.fr.fields import Damage
-    from comm2perfetto.sources.fr.ingest import _merge_snapshots
+    from comm2perfetto.sources.fr.snapshots import merge_snapshots
 
     frames = [{"name": "train_step", "filename": "train.py", "line": 57}]
     entry = {"record_id": 3, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 4,
@@ -217,7 +217,7 @@ def test_stacks_of_an_earlier_dump_survive_a_later_dump_without_them(tmp_path):
                                        "entries": [e, dict(entry, record_id=n + 10)]}))
         paths.append(path)
     dumps = [read_fr_dump(p) for p in paths]
-    merged, conflict = _merge_snapshots(dumps, Damage(dumps))
+    merged, conflict = merge_snapshots(dumps, Damage(dumps))
     assert conflict is None
     assert [e.get("frames") for e in merged if e["record_id"] == 3] == [frames]
 

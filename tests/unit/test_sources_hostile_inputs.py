@@ -148,28 +148,28 @@ def test_an_event_log_of_garbage_lines_gives_one_note(rec):
 
 
 def test_an_interrupted_merge_leaves_no_partial_file(rec, monkeypatch):
-    import comm2perfetto.cli.merge as merge
+    import comm2perfetto.trace.write as write
 
-    real = merge.write_timeline
+    real = write.write_timeline
 
     def killed_halfway(*args, **kwargs):
         real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's kill while the trace is being written
         time.sleep(30)
 
-    monkeypatch.setattr(merge, "write_timeline", killed_halfway)
+    monkeypatch.setattr(write, "write_timeline", killed_halfway)
     run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 130 and not run.traceback, run.explain()
     assert not list(rec.parent.glob(".*.partial")) and not (rec.parent / "job.pftrace").exists()
 
 
 def test_a_crashed_merge_leaves_no_partial_file_and_says_internal_error(rec, monkeypatch):
-    import comm2perfetto.cli.merge as merge
+    import comm2perfetto.trace.write as write
 
     def crash(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(merge, "write_timeline", crash)
+    monkeypatch.setattr(write, "write_timeline", crash)
     run = run_bounded(["merge", str(rec), "-o", str(rec.parent / "job.pftrace")])
     assert run.rc == 3 and not run.traceback, run.explain()
     assert run.err.splitlines()[-1].startswith("comm2perfetto merge: internal error (RuntimeError: a bug at ")

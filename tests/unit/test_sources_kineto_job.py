@@ -8,14 +8,17 @@ from pathlib import Path
 import orjson
 import pytest
 
+from comm2perfetto.load_options import LoadOptions, Traces
 from comm2perfetto.match import load_job
-from comm2perfetto.sources.discover import MixedJobsError, SourceError, load_sources
+from comm2perfetto.sources.checks import MixedJobsError
+from comm2perfetto.sources.discover import SourceError
 from comm2perfetto.sources.kineto.classify import classify_gpu
 from comm2perfetto.sources.kineto.collectives import collectives_of, op_name
 from comm2perfetto.sources.kineto.comm_kernels import comm_family
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps
+from comm2perfetto.sources.read import load_sources
 from comm2perfetto.trace.check import check_trace
 from support.cli import run_cli
 from support.factories import T0_NS, steady_job
@@ -62,7 +65,7 @@ def test_a_trace_of_unknown_rank_is_named_and_its_rank_can_be_given(tmp_path):
     code, _out, err = run_cli("diagnose", str(tmp_path))
     assert code == 2
     assert f"--trace-rank {path}=RANK" in err and len(err.strip().splitlines()) == 1
-    src = load_sources([tmp_path], trace_ranks={"worker.json": 3})
+    src = load_sources([tmp_path], LoadOptions(trace_ranks={"worker.json": 3}))
     assert set(src.kineto) == {3} and src.traces[3][0].path == path
     code, out, _err = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"),
                               "--trace-rank", f"{path}=3")
@@ -172,7 +175,7 @@ def test_a_trace_from_another_year_is_not_this_jobs(tmp_path):
     assert code == 2 and "more than one job" in err
     code, _out, err = run_cli("report", str(tmp_path))  # report reads the traces its own way: same check
     assert code == 2 and "days away from the Flight Recorder dumps" in err
-    assert len(load_sources([tmp_path], force=True).traces) == 2
+    assert len(load_sources([tmp_path], LoadOptions(force=True)).traces) == 2
 
 
 def test_a_trace_of_another_world_size_is_not_this_jobs(tmp_path):
@@ -205,7 +208,7 @@ def test_no_profiler_on_traces_alone_is_a_one_line_error(tmp_path, command):
 def test_no_profiler_leaves_traces_out_of_the_job(tmp_path):
     steady_job(world=2, steps=3).write(tmp_path / "fr")
     write_trace_job(tmp_path / "traces", world=2, collectives=2, start_ns=T0_NS)
-    assert load_job([tmp_path], read_traces=False).traces == {}
+    assert load_job([tmp_path], LoadOptions(traces=Traces.NONE)).traces == {}
     code, _out, _err = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "j.pftrace"), "--no-profiler")
     assert code == 0
     assert not any(t.name and t.name.startswith("GPU") for t in check_trace(tmp_path / "j.pftrace").tracks.values())

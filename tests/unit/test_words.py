@@ -1,10 +1,10 @@
-"""render/words.py: the one wording of rank lists, durations and sizes every view uses."""
+"""words.py: the one wording of rank lists, durations and sizes every view uses."""
 
 from __future__ import annotations
 
 import pytest
 
-from comm2perfetto.render.words import MAX_RANK_PARTS, duration, rank_list, ranks_text, size
+from comm2perfetto.words import MAX_RANK_PARTS, duration, rank_list, ranks_text, size
 
 
 @pytest.mark.parametrize(("ranks", "text"), [

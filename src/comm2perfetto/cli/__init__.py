@@ -1,9 +1,12 @@
 """The ``comm2perfetto`` command: the only place that parses arguments, prints and picks exit codes.
 
-Each subcommand (``record``, ``merge``, ``diagnose``, ``report``, ``compact``, ``open``, ``top``, ``demo``) lives in
-its own module here and exposes ``add_parser(subparsers)``, which registers the subcommand and sets ``func`` to a
-``run(args) -> int`` function; ``main`` imports only the module of the command run. ``live.py`` is record's
-live verdict, ``progress.py``, ``ranges.py`` and ``trace_rank.py`` what several commands share.
+Each subcommand (``record``, ``merge``, ``diagnose``, ``report``, ``compare``, ``compact``, ``open``, ``top``,
+``demo``) lives in its own module here and exposes ``add_parser(subparsers)``, which registers the subcommand and sets
+``func`` to a ``run(args) -> int`` function; ``main`` imports only the module of the command run. A command
+that reads a job loads it with its product's preset (``load_options``, through ``reading.py``), calls the
+product's entry point (``diagnose.diagnosis.diagnose``, ``trace.write.write_trace``, ``report.document.build``,
+``compare.document.build``), prints what it returns and picks the exit status. ``live.py`` is record's live
+verdict; ``reading.py``, ``output.py``, ``progress.py`` and ``ranges.py`` are what several commands share.
 
 Exit codes: 0 success, 1 a problem was found in the job (diagnose), record's the job's own, 2 usage or input
 error: any ``comm2perfetto.errors.Comm2PerfettoError`` (``UserError`` here, the readers' errors), printed by

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
-from comm2perfetto.cli.progress import Progress
-from comm2perfetto.render.words import size
-from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover, load_sources
+from comm2perfetto.cli.reading import add_reading_options, reading
+from comm2perfetto.load_options import LoadOptions, Traces
+from comm2perfetto.sources.discover import EVENT_LOG, JOB, KINETO, STACKS, discover
 from comm2perfetto.sources.fr.compact import file_name, write_fr_columns
+from comm2perfetto.sources.read import load_sources
+from comm2perfetto.words import size
 
 __all__ = ["add_parser", "run"]
 
@@ -49,12 +50,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"-o {out}: give a new or empty folder")
-    progress = Progress("reading dumps (ranks)")
-    try:
-        src = load_sources(args.paths, force=args.force, with_stacks=True, workers=jobs_option(args),
-                           progress=progress, read_traces=False, attempt=args.attempt)
-    finally:
-        progress.finish()
+    with reading(args, LoadOptions(traces=Traces.LISTED), matching=False) as load:
+        src = load_sources(args.paths, load)
     try:
         out.mkdir(parents=True, exist_ok=True)
         written = sum(write_fr_columns(out / file_name(rank), trace, src.stack_table)

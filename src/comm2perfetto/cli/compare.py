@@ -10,23 +10,19 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import zlib
-from pathlib import Path
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.attempts import add_attempt_option
 from comm2perfetto.cli.output import Renderers, emit, output_options
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.report import build_document
-from comm2perfetto.cli.trace_rank import add_trace_rank_option, trace_ranks_option
-from comm2perfetto.compare.document import MIN_CHANGE, build_comparison
-from comm2perfetto.compare.gate import GateError, gate_failures, parse_gate
-from comm2perfetto.compare.sides import Side
-from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.cli.reading import add_attempt_option, add_trace_rank_option, reading
+from comm2perfetto.compare.document import MIN_CHANGE, CompareOptions, build
+from comm2perfetto.compare.gate import GateError, parse_gate
+from comm2perfetto.compare.sides import load_side
+from comm2perfetto.errors import writing
+from comm2perfetto.load_options import COMPARE
 from comm2perfetto.render.compare_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.compare_plot import write_html
 from comm2perfetto.render.compare_text import render_text
-from comm2perfetto.sources.report_json import ReportFormatError, TooLargeError, check_report, read_report_json
 
 EXAMPLE = ("comm2perfetto compare base/ new/ --steps 5-24 --fail-on 'exposed_comm>5%,busbw<-10%' "
            "--plot compare.html")
@@ -76,51 +72,28 @@ def run(args: argparse.Namespace) -> int:
     base_steps, new_steps, by_position = parse_step_ranges(args.steps)
     min_change = parse_min_change(args.min_change)
     try:
-        gate = parse_gate(args.fail_on) if args.fail_on is not None else []
+        gate = tuple(parse_gate(args.fail_on)) if args.fail_on is not None else ()
     except GateError as exc:
         raise UserError(str(exc)) from None
 
-    base = load_side("BASE", args.base, base_steps, args)
-    new = load_side("NEW", args.new, new_steps, args)
-    doc = build_comparison(base, new, min_change=min_change, steps_by_position=by_position)
-    failed = gate_failures(gate, doc["lines"])
-    if gate:
-        doc["gate"] = {"fail_on": [str(e) for e in gate], "failed": failed}
-
+    with reading(args, COMPARE) as load:
+        base = load_side("BASE", args.base, base_steps, load)
+    with reading(args, COMPARE) as load:
+        new = load_side("NEW", args.new, new_steps, load)
+    doc = build(base, new, CompareOptions(min_change=min_change, steps_by_position=by_position, gate=gate))
     if plot is not None:
-        try:
+        with writing(plot):
             write_html(doc, plot)
-        except OSError as exc:
-            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
     emit(doc, fmt, out, "compare", Renderers(render_text, render_csv_stdout, write_csv))
     if plot is not None:
         print(f"comm2perfetto compare: wrote {plot}", file=sys.stderr)
+    failed = doc["gate"]["failed"] if gate else []
     for failure in failed:
         lines = [doc["lines"][i] for i in failure["lines"]]
         print(f"comm2perfetto compare: --fail-on {failure['expression']!r} fired on {len(lines)} line"
               f"{'s' if len(lines) != 1 else ''}: " + "; ".join(_line_name(line) for line in lines[:5])
               + (" ..." if len(lines) > 5 else ""), file=sys.stderr)
     return 1 if failed else 0
-
-
-def load_side(role: str, path: str, steps: tuple[int, int] | None, args: argparse.Namespace) -> Side:
-    """A saved report document, checked, or the report of what ``path`` holds."""
-    file = Path(path)
-    if file.is_file() and file.name.lower().endswith((".json", ".json.gz")):
-        try:
-            doc = read_report_json(file)
-        except (OSError, TooLargeError, zlib.error, EOFError) as exc:
-            raise UserError(f"cannot read {role} {file}: {getattr(exc, 'strerror', None) or exc}") from None
-        except ReportFormatError as exc:
-            raise UserError(f"{role} {file}: {exc}") from None
-        if doc is not None:
-            return Side(role, path, doc, steps, saved=True)
-    try:
-        doc = build_document([path], steps=steps, profiler=not args.no_profiler,
-                             trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt)
-    except Comm2PerfettoError as exc:  # name the side the error is about
-        raise UserError(f"{role}: {exc}") from None
-    return Side(role, path, check_report(doc), steps)
 
 
 def parse_step_ranges(text: str | None) -> tuple[tuple[int, int] | None, tuple[int, int] | None, bool]:

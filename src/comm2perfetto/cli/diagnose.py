@@ -25,13 +25,14 @@ from pathlib import Path
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
-from comm2perfetto.cli.attempts import with_attempts
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
-from comm2perfetto.cli.progress import Phase, Progress
-from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.progress import Phase
+from comm2perfetto.cli.reading import add_reading_options, add_sample_option, add_trace_rank_option, reading
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import STATUS_EXIT, Diagnosis
-from comm2perfetto.match import TRACES_COLLECTIVES, load_job
+from comm2perfetto.diagnose.other_attempts import with_attempts
+from comm2perfetto.errors import writing
+from comm2perfetto.load_options import DIAGNOSE
+from comm2perfetto.match import load_job
 from comm2perfetto.render.diagnosis_text import render_text
 
 __all__ = ["add_parser", "run"]
@@ -71,20 +72,13 @@ def run(args: argparse.Namespace) -> int:
     fmt = args.format or ("json" if args.output and args.output.lower().endswith(".json") else "text")
     if args.output:
         check_writable(Path(args.output))
-    progress = Progress("reading Flight Recorder dumps (ranks)", then="matching collectives across ranks")
-    try:
-        # Stacks are read on demand: a report shows a handful.
-        job = load_job(args.paths, force=args.force, with_stacks=False, progress=progress, traces=TRACES_COLLECTIVES,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
-                       sample=args.sample)
-    finally:
-        progress.finish()
+    with reading(args, DIAGNOSE, "reading Flight Recorder dumps (ranks)") as load:
+        job = load_job(args.paths, load)
     if args.pg is not None and not any(args.pg in (g.name, g.desc, g.uid) for g in job.groups.values()):
         names = ", ".join(sorted({g.label for g in job.groups.values()})) or "none"
         raise UserError(f"no process group named {args.pg!r} in these dumps (groups: {names})")
     with Phase("diagnosing"):
-        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job, args.paths, args.force,
-                               trace_ranks_option(args))
+        result = with_attempts(diagnose(job, pg=args.pg, now_ns=time.time_ns()), job)
     if fmt == "json":
         text = orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n"
     else:
@@ -92,10 +86,8 @@ def run(args: argparse.Namespace) -> int:
         render_text(result, buf)
         text = buf.getvalue()
     if args.output:
-        try:
+        with writing(args.output):
             Path(args.output).write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {args.output}: {exc.strerror or exc}") from None
         print(f"comm2perfetto diagnose: {result.status}; wrote {args.output}", file=sys.stderr)
         return _exit_status(result, args.fail_on)
     write_stdout(text)  # `diagnose DIR | head`: the verdict is still the exit status

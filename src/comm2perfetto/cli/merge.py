@@ -10,42 +10,28 @@ from __future__ import annotations
 
 import argparse
 import gc
-import glob
-import os
-import re
-import signal
 import sys
 import time
-from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from comm2perfetto.cli import UserError, check_writable, exit_status, write_stdout
-from comm2perfetto.cli.attempts import with_attempts
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.progress import Phase, Progress
-from comm2perfetto.cli.ranges import parse_ranks
-from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
+from comm2perfetto.cli.ranges import parse_ranks, parse_window
+from comm2perfetto.cli.reading import add_reading_options, add_sample_option, add_trace_rank_option, reading
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
-from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.match import load_job, profiles_on_clock
-from comm2perfetto.model import Job
-from comm2perfetto.render.words import clock_text, duration, rank_list, ranks_text, sample_text, size
+from comm2perfetto.diagnose.findings import Diagnosis
+from comm2perfetto.diagnose.other_attempts import with_attempts
+from comm2perfetto.job import Job
+from comm2perfetto.load_options import MERGE
+from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import require_paths
-from comm2perfetto.sources.kineto.load import trace_span
-from comm2perfetto.trace.formats import format_for, open_writer
-from comm2perfetto.trace.markers import plan_markers
-from comm2perfetto.trace.sink import WriteStats
-from comm2perfetto.trace.timeline import TimelineSummary, select_ranks, write_timeline
-
-if TYPE_CHECKING:
-    from comm2perfetto.report.classes import RankClasses
+from comm2perfetto.trace.formats import format_for
+from comm2perfetto.trace.write import RankChoice, TraceOptions, TraceResult, Window, brief, write_trace
+from comm2perfetto.words import clock_text, duration, ranks_text, size
 
 __all__ = ["add_parser", "run"]
-
-_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "": 1_000_000_000}
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -83,6 +69,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     gc.disable()  # see diagnose: millions of long-lived objects, no cycles to find
+    options = _trace_options(args)
+    with reading(args, replace(MERGE, align=not args.no_align, profiles=options.preview is not None)) as load:
+        job = load_job(args.paths, load)
+    with Phase("diagnosing"):
+        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job)
+    progress = Progress("writing the trace (ranks)")
+    try:
+        result = write_trace(job, diagnosis, options._replace(progress=progress))
+    finally:
+        progress.finish()
+    if result.preview_skipped is not None:
+        print(f"comm2perfetto merge: {result.preview_skipped}", file=sys.stderr)
+    write_stdout(summary_text(options, job, diagnosis, result))
+    return 0
+
+
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
+    """The trace asked for, checked before the (long) loading."""
     out = Path(args.output) if args.output else default_output(args.paths)
     if out.is_dir():
         raise UserError(f"-o {out}: that is a folder; name the trace file, e.g. -o {out / 'job.pftrace'}")
@@ -94,80 +98,14 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--preview writes a PNG: name it FILE.png, not {preview.name!r}")
         check_writable(preview)
     try:
-        requested = parse_ranks(args.ranks) if args.ranks else None
+        ranks = RankChoice(args.ranks, frozenset(parse_ranks(args.ranks))) if args.ranks else None
     except ValueError as exc:
         raise UserError(f"--ranks: {exc}") from None
-    window_rel = _parse_window(args.window) if args.window else None
-
-    progress = Progress("reading dumps (ranks)", then="matching collectives across ranks")
     try:
-        job = load_job(args.paths, force=args.force, with_stacks=True, progress=progress,
-                       align=not args.no_align, read_traces=not args.no_profiler,
-                       trace_ranks=trace_ranks_option(args), attempt=args.attempt, workers=jobs_option(args),
-                       sample=args.sample)
-    finally:
-        progress.finish()
-    with Phase("diagnosing"):
-        diagnosis = with_attempts(diagnose(job, now_ns=time.time_ns()), job, args.paths, args.force,
-                                  trace_ranks_option(args))
-        markers = plan_markers(job, diagnosis)
-        selection = select_ranks(job, markers, requested=requested, all_ranks=args.all_ranks)
-    if not selection.ranks:
-        raise UserError(f"--ranks {args.ranks}: none of these ranks is in the job "
-                        f"(ranks with data: {rank_list(job.ranks)})")
-    start, end = _job_span(job)
-    window = None
-    if window_rel is not None:
-        if start is None or end is None:
-            raise UserError("--window: the job has no timed events to measure the window from")
-        if window_rel[0] > end - start:
-            raise UserError(f"--window {args.window}: the job's events end {duration(end - start)} after its first "
-                            "one; nothing falls in this window")
-        window = (start + window_rel[0], start + window_rel[1])
-
-    _remove_stale_partials(out)
-    temp = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    try:
-        sink = open_writer(out, write_to=temp, realtime_anchor_ns=start)
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    progress = Progress("writing the trace (ranks)")
-    # SIGTERM/SIGHUP (a job scheduler's kill, a closed terminal) end the write like Ctrl-C, so the finally
-    # below removes the partial file; one left by a SIGKILL is removed by the next merge to the same name.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    classes = _classes(job, selection.ranks, args.no_profiler) if preview is not None else None
-    try:
-        summary = write_timeline(job, diagnosis, sink, selection, window=window, kineto=not args.no_profiler,
-                                 preview=preview is not None, progress=progress, classes=classes,
-                                 kineto_detail=not args.lean)
-        stats = sink.close()
-        os.replace(temp, out)
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        progress.finish()
-        if temp.exists():
-            temp.unlink()
-    if preview is not None:
-        _draw_preview(preview, summary, diagnosis, selection.note)
-    _print_summary(out, job, diagnosis, summary, stats, preview, window)
-    return 0
-
-
-def _classes(job: Job, ranks: Sequence[int], no_profiler: bool) -> dict[int, RankClasses]:
-    """What the preview draws of each rank: the classes ``report`` measures, from the same code and the same
-    reading of the profiler traces (``sources.kineto.profile.read_profiles``, in worker processes), so that the
-    picture and the report's figures agree to a pixel."""
-    from comm2perfetto.report.classes import job_classes
-    from comm2perfetto.sources.kineto.profile import read_profiles  # only with --preview
-
-    files = {} if no_profiler else {r: [Path(p) for p in job.ranks[r].kineto_files]
-                                    for r in ranks if r in job.ranks and job.ranks[r].kineto_files}
-    with Phase("classifying each rank's time for the preview"):
-        profiles = read_profiles(files, workers=min(len(files), os.cpu_count() or 1, 8))
-        return job_classes(job, profiles_on_clock(job, profiles), ranks)
+        window = Window(args.window, *parse_window(args.window)) if args.window else None
+    except ValueError as exc:
+        raise UserError(f"--window {exc}") from None
+    return TraceOptions(out, ranks, window, args.all_ranks, preview, args.lean)
 
 
 def default_output(paths: list[str]) -> Path:
@@ -182,93 +120,6 @@ def default_output(paths: list[str]) -> Path:
     return folder.with_name(folder.name + ".pftrace")
 
 
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-_PARTIAL = re.compile(r"\.(\d+)\.partial$")
-
-
-def _remove_stale_partials(out: Path) -> None:
-    """Remove ``.NAME.PID.partial`` files next to ``out`` whose merge process is gone (killed with SIGKILL,
-    or by the OOM killer: nothing runs in the process then)."""
-    for path in out.parent.glob(f".{glob.escape(out.name)}.*.partial"):
-        m = _PARTIAL.search(path.name)
-        if m is None or _alive(int(m.group(1))):
-            continue
-        try:
-            path.unlink()
-        except OSError:
-            pass  # another merge removed it, or the folder is not ours to clean
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # someone else's process, or not a pid: leave the file alone
-    return True
-
-
-def _parse_window(text: str) -> tuple[int, int]:
-    """``10:20`` -> (10 s, 20 s) in ns; either side may be empty; units ns, us, ms, s (default s)."""
-    if ":" not in text:
-        raise UserError(f"--window {text!r}: expected START:END, e.g. 10:20 or 1500ms:2s")
-    lo_text, hi_text = text.split(":", 1)
-    lo = _parse_time(lo_text, text) if lo_text.strip() else 0
-    hi = _parse_time(hi_text, text) if hi_text.strip() else 2**62
-    if hi <= lo:
-        raise UserError(f"--window {text!r}: the end must come after the start")
-    return lo, hi
-
-
-def _parse_time(part: str, whole: str) -> int:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)?\s*", part)
-    if m is None:
-        raise UserError(f"--window {whole!r}: cannot read {part!r} as a time (e.g. 12.5, 300ms, 2s)")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
-
-
-def _job_span(job: Job) -> tuple[int | None, int | None]:
-    """The earliest timed event (the origin of --window and the trace's wall-clock anchor) and the latest."""
-    first, last = job.collectives_span()
-    firsts = [first] if first is not None else []
-    lasts = [last] if last is not None else []
-    for traces in job.traces.values():  # profiled steps may lie long before the first collective kept
-        for span in filter(None, map(trace_span, traces)):
-            firsts.append(span[0])
-            lasts.append(span[1])
-    for log in job.logs.values():
-        firsts += [call.t_call_ns for call in log.calls[:1]]
-        firsts += [r.t_begin_ns for r in log.ranges[:1]]
-        firsts += [t for _, t, _ in log.steps[:1]]
-        lasts += [call.t_return_ns or call.t_call_ns for call in log.calls[-1:]]
-        lasts += [r.t_end_ns for r in log.ranges if r.t_end_ns is not None]
-        lasts += [t for _, t, _ in log.steps[-1:]]
-    return (min(firsts) if firsts else None), (max(firsts + lasts) if firsts else None)
-
-
-def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> None:
-    from comm2perfetto.trace.preview import render_preview
-
-    if summary.t_begin_ns is None or summary.t_end_ns is None or summary.t_end_ns <= summary.t_begin_ns:
-        print(f"comm2perfetto merge: no timed events to draw; {path} not written", file=sys.stderr)
-        return
-    notes = [f"diagnose: {diagnosis.status}"] + [_brief(f) for f in diagnosis.findings[:3]]
-    if diagnosis.sampled:
-        notes.append(sample_text(diagnosis.sampled, diagnosis.ranks_with_data, diagnosis.world_size))
-    if note:
-        notes.append(note)
-    try:
-        render_preview(path, summary.preview, summary.t_begin_ns, summary.t_end_ns,
-                       title=f"comm2perfetto: {ranks_text(summary.ranks)}", notes=notes)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
 _NO_FINDINGS = {
     "ok": "every collective matched on all ranks",
     "interrupted": "the job was interrupted; no communication problem before that",
@@ -276,20 +127,22 @@ _NO_FINDINGS = {
 }
 
 
-def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineSummary, stats: WriteStats,
-                   preview: Path | None, window: tuple[int, int] | None) -> None:
+def summary_text(options: TraceOptions, job: Job, diagnosis: Diagnosis, result: TraceResult) -> str:
+    """The closing lines: what was written, of which ranks and collectives, the clock, the findings."""
+    summary, stats, out = result.summary, result.stats, options.output
     span = (summary.t_end_ns - summary.t_begin_ns) if summary.t_begin_ns is not None and \
         summary.t_end_ns is not None else 0
     sampled = f" (a sample: {job.sampled} of {ranks_text(job.ranks_with_data)})" if job.sampled else ""
+    in_window = f" ({result.in_window:,} in the window)" if result.in_window is not None else ""
     lines = [
         (f"wrote {out} ({size(stats.bytes)}; {stats.slices:,} slices, {stats.instants:,} instants, "
          f"{stats.flows:,} flows; {stats.bytes / max(stats.slices, 1):.1f} bytes per slice)"),
         (f"  ranks: {len(summary.ranks)} of {summary.total_ranks}{sampled}; collectives: {summary.collectives:,}"
-         f"{_in_window(job, window)}; p2p transfers: {summary.p2p:,}; time span: {duration(span)}"),
+         f"{in_window}; p2p transfers: {summary.p2p:,}; time span: {duration(span)}"),
         "  " + clock_text(job.clock.method, job.clock.residual_skew_ns, job.clock.samples),
     ]
     if diagnosis.findings:
-        lines.append(f"  findings ({diagnosis.status}): " + "; ".join(map(_brief, diagnosis.findings[:4]))
+        lines.append(f"  findings ({diagnosis.status}): " + "; ".join(map(brief, diagnosis.findings[:4]))
                      + (" ..." if len(diagnosis.findings) > 4 else "") + "  (comm2perfetto diagnose for details)")
     else:
         ok = _NO_FINDINGS[diagnosis.status]
@@ -301,24 +154,7 @@ def _print_summary(out: Path, job: Job, diagnosis: Diagnosis, summary: TimelineS
         lines.append(f"  note: {note}")
     if job.skipped:
         lines.append(f"  skipped {len(job.skipped)} file(s) (comm2perfetto diagnose lists them)")
-    if preview is not None and preview.exists():
-        lines.append(f"  preview: {preview}")
+    if options.preview is not None and options.preview.exists():
+        lines.append(f"  preview: {options.preview}")
     lines.append(f"open it: comm2perfetto open {out}   (or https://ui.perfetto.dev -> Open trace file)")
-    write_stdout("\n".join(lines) + "\n")
-
-
-def _brief(f: Finding) -> str:
-    """A finding in a few words: ``missing_ranks all_reduce (default_pg seq 4)``, or its kind alone."""
-    return f"{f.kind} {f.op or ''} ({f.process_group} seq {f.seq})" if f.seq is not None else f.kind
-
-
-def _in_window(job: Job, window: tuple[int, int] | None) -> str:
-    """`` (12 in the window)``: how many of the job's collectives overlap --window."""
-    if window is None:
-        return ""
-    lo, hi = window
-    inside = 0
-    for c in job.iter_collectives():
-        times = [t for t in c.arrive_ns + c.end_ns if t is not None]
-        inside += bool(times) and min(times) <= hi and max(times) >= lo
-    return f" ({inside:,} in the window)"
+    return "\n".join(lines) + "\n"

@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import orjson
 
 from comm2perfetto.cli import UserError, check_writable, write_stdout
+from comm2perfetto.errors import writing
 
 FORMAT_OF_SUFFIX = {".json": "json", ".csv": "csv", ".txt": "text"}
 
 
+Doc = TypeVar("Doc", bound=Mapping[str, Any])  # a command's document: report_doc.ReportDoc, compare's
+
+
 @dataclass(frozen=True)
-class Renderers:
+class Renderers(Generic[Doc]):
     """A command's renderers: the text, CSV on stdout, and CSV files next to ``-o FILE`` (returns their paths)."""
 
-    text: Callable[[dict], str]
-    csv_stdout: Callable[[dict], str]
-    write_csv: Callable[[dict, Path], list[Path]]
+    text: Callable[[Doc], str]
+    csv_stdout: Callable[[Doc], str]
+    write_csv: Callable[[Doc, Path], list[Path]]
 
 
 def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> tuple[Path | None, str, Path | None]:
@@ -48,13 +53,11 @@ def output_options(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> 
     return out, fmt, plot
 
 
-def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Renderers) -> None:
+def emit(doc: Doc, fmt: str, out: Path | None, command: str, renderers: Renderers[Doc]) -> None:
     """Write ``doc`` as ``fmt`` to ``out`` (saying so on stderr) or stdout; UserError when it cannot."""
     if fmt == "csv" and out is not None:
-        try:
+        with writing(out):
             written = renderers.write_csv(doc, out)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto {command}: wrote " + ", ".join(map(str, written)), file=sys.stderr)
         return
     if fmt == "json":
@@ -64,10 +67,8 @@ def emit(doc: dict, fmt: str, out: Path | None, command: str, renderers: Rendere
     else:
         text = renderers.text(doc)
     if out is not None:
-        try:
+        with writing(out):
             out.write_text(text)
-        except OSError as exc:
-            raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"comm2perfetto {command}: wrote {out}", file=sys.stderr)
         return
     write_stdout(text)  # `comm2perfetto report DIR | head`

@@ -6,21 +6,13 @@ import argparse
 import glob
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import orjson
 
 from comm2perfetto import layout
 from comm2perfetto.cli import UserError, exit_status, require_torch
-from comm2perfetto.record import flight, mechanisms
+from comm2perfetto.launch import child_environment, run_forwarding_signals, write_job_file
+from comm2perfetto.record import mechanisms
 from comm2perfetto.record.config import (
     DEFAULT_FR_BUFFER,
     DEFAULT_LIVE_EVERY_S,
@@ -32,9 +24,6 @@ from comm2perfetto.record.config import (
 )
 
 __all__ = ["add_output_dir", "add_parser", "run"]
-
-BOOT_DIR = str(Path(__file__).resolve().parent.parent / "record" / "_boot")
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -146,15 +135,6 @@ def _existing_recording(out_dir: str) -> list[str]:
     return sorted(p for pattern in layout.RECORDING_GLOBS for p in glob.glob(os.path.join(out_dir, pattern)))
 
 
-def child_environment(config: RecordConfig, base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """The environment every process of the job starts with, and warnings for the user."""
-    env = dict(os.environ if base is None else base)
-    env.update(config.to_env())
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOT_DIR, env.get("PYTHONPATH", "")) if p)
-    warnings = flight.prepare_environment(env, config.fr_buffer, config.out_dir, config.gpu_timing)
-    return env, warnings
-
-
 def run(args: argparse.Namespace) -> int:
     require_torch("record")
     command = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
@@ -185,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr)
     print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
-    from comm2perfetto.cli.live import StallWatcher, stopped_ranks
-    from comm2perfetto.cli.windows import WindowWatcher
+    from comm2perfetto.stall_watch import StallWatcher, stopped_ranks
+    from comm2perfetto.window_watch import WindowWatcher
 
     started = time.time_ns()
     watcher = None
@@ -199,109 +179,21 @@ def run(args: argparse.Namespace) -> int:
         windows.start()
     probes: list[dict] = []  # ranks' processes seen at a stall or a signal (frozen ones), for diagnose
     try:
-        ending = _run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
+        ending = run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
     finally:
         if watcher is not None:
             watcher.stop()
             probes.extend(watcher.probes)
         if windows is not None:
             windows.stop()
-    _write_job_file(config, command, started, ending, probes)
+    write_job_file(config, command, started, ending, probes)
     _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status
 
 
-# After forwarding a signal, how long the job's processes get to end before the next, harder one.
-GRACE_S = 5.0
-
-
-@dataclass
-class JobEnding:
-    """How the job ended: its exit status and the signal record forwarded to it, if any (with when)."""
-
-    status: int
-    signal: str | None = None
-    signal_ns: int | None = None
-    killed_leftovers: bool = False
-
-
-def _run_forwarding_signals(command: list[str], env: dict[str, str],
-                            on_first_signal: Callable[[], None] | None = None) -> JobEnding:
-    """Run the job in its own session and process group; a signal to us goes to the whole group.
-
-    Signalling the group, not only the launcher, reaches every rank also when the launcher is a shell script
-    (``bash -c 'python a & python b & wait'``: a shell dies of SIGTERM and leaves its children running, and
-    its background children ignore SIGINT). Once a signal came, the group gets SIGTERM after ``GRACE_S``
-    and SIGKILL after twice that, and we wait until none of its processes is left. ``on_first_signal`` runs
-    before the first signal is forwarded (to see which ranks are stopped before anything kills them).
-    """
-    try:
-        child = subprocess.Popen(command, env=env, start_new_session=True)
-    except OSError as exc:
-        raise UserError(f"cannot start {command[0]}: {exc.strerror}") from None
-    ending = JobEnding(status=0)
-
-    def forward(signum: int, _frame: object) -> None:
-        if ending.signal is None:
-            ending.signal, ending.signal_ns = signal.Signals(signum).name, time.time_ns()
-            if on_first_signal is not None:
-                try:
-                    on_first_signal()
-                except Exception:  # looking is an extra: the signal goes on to the job regardless
-                    pass
-        _signal_group(child.pid, signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        returncode = child.wait()
-        if ending.signal is not None:
-            ending.killed_leftovers = _end_group(child.pid)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    ending.status = returncode if returncode >= 0 else 128 - returncode
-    return ending
-
-
-def _signal_group(pgid: int, signum: int) -> bool:
-    """Send ``signum`` to the job's process group; False when none of its processes is left."""
-    try:
-        os.killpg(pgid, signum)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _end_group(pgid: int) -> bool:
-    """Wait for the rest of the group to end (SIGTERM, then SIGKILL to what is left); True if any was killed."""
-    for signum in (signal.SIGTERM, signal.SIGKILL, None):
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline:
-            if not _signal_group(pgid, 0):
-                return signum is not signal.SIGTERM
-            time.sleep(0.05)
-        if signum is not None:
-            _signal_group(pgid, signum)
-    return True
-
-
-def _write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding,
-                    probes: list[dict] | None = None) -> None:
-    host, pid = socket.gethostname(), os.getpid()
-    job: dict[str, Any] = {
-        "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
-        "host": host, "pid": pid,
-        "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
-        "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
-        "probes": probes or [],
-    }
-    with open(os.path.join(config.out_dir, layout.job_file(host, pid)), "wb") as f:
-        f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))
-
-
 def _print_summary(out_dir: str, status: int, elapsed_ns: int) -> None:
-    from comm2perfetto.render.words import duration
     from comm2perfetto.sources.summary import counts_text, stacks_text, summarize
+    from comm2perfetto.words import duration
 
     attempts = layout.attempt_folders(out_dir)
     last = max(attempts)

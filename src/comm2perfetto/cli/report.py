@@ -11,22 +11,23 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from dataclasses import replace
 
 from comm2perfetto.cli import UserError, exit_status
-from comm2perfetto.cli.attempts import attempts_note
-from comm2perfetto.cli.jobs import add_reading_options, jobs_option
 from comm2perfetto.cli.output import Renderers, emit, output_options
-from comm2perfetto.cli.progress import Phase, Progress
+from comm2perfetto.cli.progress import Phase
 from comm2perfetto.cli.ranges import int_range
-from comm2perfetto.cli.trace_rank import add_sample_option, add_trace_rank_option, trace_ranks_option
-from comm2perfetto.match import TRACES_NONE, TRACES_SPANS, load_job
+from comm2perfetto.cli.reading import add_reading_options, add_sample_option, add_trace_rank_option, reading
+from comm2perfetto.errors import writing
+from comm2perfetto.load_options import REPORT
+from comm2perfetto.match import load_job
 from comm2perfetto.render.report_csv import render_csv_stdout, write_csv
 from comm2perfetto.render.report_plot import SUFFIXES as PLOT_SUFFIXES
 from comm2perfetto.render.report_plot import write_plot
 from comm2perfetto.render.report_text import render_text
-from comm2perfetto.report.document import build_report
+from comm2perfetto.report.document import ReportOptions, build
 
-__all__ = ["add_parser", "build_document", "run"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -71,57 +72,17 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 1:
         raise UserError(f"--depth {args.depth}: give 1 or more")
 
-    doc = build_document(args.paths, steps=steps, depth=args.depth, profiler=not args.no_profiler,
-                         hta_rounding=args.hta_rounding, hta_scope=args.hta_scope,
-                         trace_ranks=trace_ranks_option(args), force=args.force, attempt=args.attempt,
-                         workers=jobs_option(args), sample=args.sample)
+    with reading(args, replace(REPORT, hta_rounding=args.hta_rounding, hta_scope=args.hta_scope)) as load:
+        job = load_job(args.paths, load)
+    with Phase("analysing overlap, bandwidth and stragglers"):
+        doc = build(job, ReportOptions(steps=steps, depth=args.depth))
     if plot is not None:
-        try:
+        with writing(plot):
             write_plot(doc, plot)
-        except OSError as exc:
-            raise UserError(f"cannot write {plot}: {exc.strerror or exc}") from None
     emit(doc, fmt, out, "report", Renderers(render_text, render_csv_stdout, write_csv))
     if plot is not None:
         print(f"comm2perfetto report: wrote {plot}", file=sys.stderr)
     return 0
-
-
-def build_document(paths: list[str], *, steps: tuple[int, int] | None = None, depth: int | None = None,
-                   profiler: bool = True, hta_rounding: bool = False, hta_scope: bool = False,
-                   trace_ranks: dict[str, int] | None = None, force: bool = False,
-                   attempt: int | None = None, workers: int | None = None, sample: bool = False) -> dict:
-    """Read what ``paths`` hold and build the report document (``compare`` reads each side this way): of a
-    restarted job, ``attempt`` (default: the last), with a note on how the others ended; ``sample``: the ranks
-    with data are a sample of the job (``Job.sampled``). Input the user must fix raises a
-    ``Comm2PerfettoError``. ``workers``: processes reading the ranks' files (``--jobs``)."""
-    progress = Progress("reading dumps (ranks)")
-    trace_progress = Progress("reading profiler traces (ranks)", then="matching collectives across ranks")
-    try:
-        # profiler traces as spans and communication events, read in worker processes
-        job = load_job(paths, force=force, with_stacks=False, progress=progress,
-                       traces=TRACES_SPANS if profiler else TRACES_NONE, whole_us=hta_rounding or hta_scope,
-                       hta_scope=hta_scope, trace_progress=trace_progress, trace_ranks=trace_ranks, attempt=attempt,
-                       workers=workers, sample=sample)
-    finally:
-        progress.finish()
-        trace_progress.finish()
-    profiles = dict(job.profiles)
-    # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
-    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
-    with Phase("analysing overlap, bandwidth and stragglers"):
-        doc = build_report(job if matched else None, profiles, steps=steps, depth=depth)
-    doc["paths"] = [str(p) for p in paths]  # what the report is about, for its page's header
-    if hta_scope and profiles:
-        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
-                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
-    elif hta_rounding and profiles:
-        doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
-    attempts = attempts_note(job.attempt, job.attempts, paths, force, trace_ranks or {}, "this report")
-    if attempts is not None:
-        doc["notes"].insert(0, attempts)
-    doc["notes"].extend(job.notes)
-    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
-    return doc
 
 
 def parse_steps(text: str) -> tuple[int, int]:

@@ -1,10 +1,13 @@
 """The comparison of two runs as one plain dict (the JSON contract of docs/compare.md).
 
-``build_comparison`` takes the two sides (``sides.Side``: a report document each, and the steps compared)
-and returns::
+``build`` is compare's entry point: it takes the two sides (``sides.Side``: a report document each, and the
+steps compared; ``sides.load_side`` reads one) and returns::
 
     {"version": 1, "base": {...}, "new": {...}, "min_change_pct": 10.0, "confidence": 0.95,
-     "layout": [...], "groups": [...], "lines": [...], "steps": [...], "summary": {...}, "notes": [...]}
+     "layout": [...], "groups": [...], "lines": [...], "steps": [...], "summary": {...}, "notes": [...],
+     "gate": {"fail_on": ["busbw<-10%"], "failed": [{"expression": "busbw<-10%", "lines": [3]}]}}
+
+(``gate`` only with ``--fail-on``.)
 
 Every figure it shows comes from a report document; compare adds only the statistics of the change.
 """
@@ -12,8 +15,10 @@ Every figure it shows comes from a report document; compare adds only the statis
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from comm2perfetto.compare.gate import Expression, gate_failures
 from comm2perfetto.compare.keys import Bucket, GroupMatch, match_groups, step_pairs
 from comm2perfetto.compare.samples import (
     ALL_SIZES,
@@ -40,19 +45,38 @@ from comm2perfetto.compare.verdicts import (
 )
 from comm2perfetto.report.bandwidth import percentile
 from comm2perfetto.report.document import steps_text
+from comm2perfetto.report_doc import FigureKey
 
 VERSION = 1
 MIN_CHANGE = 0.10
 # Bus bandwidth is compared from this message size up: below it a collective's time is mostly its latency,
 # which its duration already shows (nccl-tests' bandwidth curves flatten from about 1 MiB on GPUs).
 MIN_BANDWIDTH_BYTES = 1 << 20
-STEP_FIGURES = ("span_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_pct")
+STEP_FIGURES: tuple[FigureKey, ...] = ("span_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s", "overlap_pct")
 
 
-def build_comparison(base: Side, new: Side, *, min_change: float = MIN_CHANGE, confidence: float = CONFIDENCE,
-                     steps_by_position: bool = False) -> dict[str, Any]:
-    """Compare NEW with BASE. ``min_change``: the smallest change that counts (0.10: 10 %, or 10 points for a
-    percentage); ``steps_by_position``: pair the steps of the two ranges by position, not by number."""
+@dataclass(frozen=True, slots=True)
+class CompareOptions:
+    """How two runs are compared: ``min_change``, the smallest change that counts (0.10: 10 %, or 10 points for
+    a percentage; ``--min-change``); ``steps_by_position``: pair the steps of the two ranges by position, not by
+    number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``)."""
+
+    min_change: float = MIN_CHANGE
+    confidence: float = CONFIDENCE
+    steps_by_position: bool = False
+    gate: tuple[Expression, ...] = ()
+
+
+def build(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
+    """Compare NEW with BASE, and say which ``--fail-on`` expressions fire on which lines (``gate``)."""
+    doc = _comparison(base, new, options)
+    if options.gate:
+        doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": gate_failures(options.gate, doc["lines"])}
+    return doc
+
+
+def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
+    min_change, confidence = options.min_change, options.confidence
     per_step = bool(base.steps) and bool(new.steps)
     groups = match_groups(base.doc, new.doc)
     base_job = breakdown_samples(base, per_step=per_step)
@@ -74,9 +98,9 @@ def build_comparison(base: Side, new: Side, *, min_change: float = MIN_CHANGE, c
         "groups": [{"label": g.label, "base_ranks": _list(g.base_ranks), "new_ranks": _list(g.new_ranks),
                     "matched_by": g.how} for g in groups],
         "lines": [line.as_dict() for line in lines],
-        "steps": _step_table(base, new, steps_by_position),
+        "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
-        "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc.get("notes") or []],
+        "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 
 
@@ -234,14 +258,15 @@ def _module_lines(base: Side, new: Side) -> list[Line]:
 def _step_table(base: Side, new: Side, by_position: bool) -> list[dict[str, Any]]:
     rows = []
     for b, n in step_pairs(base.steps, new.steps, by_position):
-        bf, nf = step_figures(base, b) or {}, step_figures(new, n) or {}
-        rows.append({"base_step": b, "new_step": n, "base": {k: bf.get(k) for k in STEP_FIGURES},
-                     "new": {k: nf.get(k) for k in STEP_FIGURES}})
+        bf, nf = step_figures(base, b), step_figures(new, n)
+        rows.append({"base_step": b, "new_step": n,
+                     "base": {k: bf[k] if bf is not None else None for k in STEP_FIGURES},
+                     "new": {k: nf[k] if nf is not None else None for k in STEP_FIGURES}})
     return rows
 
 
 def _summary(side: Side) -> dict[str, Any]:
-    return {"path": side.path, "basis": side.doc.get("basis"), "world_size": side.world_size,
+    return {"path": side.path, "basis": side.doc["basis"], "world_size": side.world_size,
             "ranks": list(side.ranks), "steps": list(side.steps)}
 
 
@@ -267,8 +292,8 @@ def _ranks(ranks: tuple[int, ...] | None) -> str:
 def _sample_notes(base: Side, new: Side) -> list[str]:
     notes = []
     for side in (base, new):
-        rows = side.doc.get("collectives") or []
-        if rows and all(r.get("instances") is None for r in rows):
+        rows = side.doc["collectives"]
+        if rows and all(r["instances"] is None for r in rows):
             notes.append(f"{side.role} is a report saved without per-collective samples (before they were added): "
                          "its collectives are compared by count and bytes only; report it again to compare "
                          "durations, bandwidth and skew")

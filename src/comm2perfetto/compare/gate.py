@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from comm2perfetto.compare.verdicts import ABSOLUTE, GONE, METRICS, NEW
+from comm2perfetto.compare.verdicts import METRICS, Scale, Verdict
 from comm2perfetto.errors import Comm2PerfettoError
 
 SECTIONS = ("job", "rank", "collective", "straggler", "module")
@@ -69,7 +69,7 @@ class Expression:
         """Whether this line trips the expression (see the module docstring)."""
         if line["metric"] != self.metric or (self.section is not None and line["section"] != self.section):
             return False
-        if line["verdict"] in (NEW, GONE):
+        if line["verdict"] in (Verdict.NEW, Verdict.GONE):
             return self.metric in ("count", "bytes") and self._presence(line)
         low, high = (line["relative_low"], line["relative_high"]) if self.relative else (line["low"], line["high"])
         if low is None or high is None:
@@ -77,9 +77,9 @@ class Expression:
         return low > self.threshold if self.above else high < self.threshold
 
     def _presence(self, line: Mapping[str, Any]) -> bool:
-        value = line["new"] if line["verdict"] == NEW else -(line["base"] or 0.0)
+        value = line["new"] if line["verdict"] == Verdict.NEW else -(line["base"] or 0.0)
         if self.relative:
-            return (line["verdict"] == NEW) == self.above  # from nothing: +infinity; to nothing: -100 %
+            return (line["verdict"] == Verdict.NEW) == self.above  # from nothing: +infinity; to nothing: -100 %
         return value > self.threshold if self.above else value < self.threshold
 
 
@@ -119,7 +119,7 @@ def _parse(text: str) -> Expression:
 def _threshold(where: str, name: str, value: float, unit: str) -> tuple[float, bool]:
     """(threshold, relative) in the unit lines carry: a fraction for %, else the metric's own unit."""
     metric = METRICS[name]
-    if metric.scale == ABSOLUTE:
+    if metric.scale == Scale.ABSOLUTE:
         wanted = "pp" if metric.unit == "%" else ""
         if unit != wanted:
             example = f"{name}{'<-' if metric.worse < 0 else '>'}{'5pp' if wanted else '0.1'}"

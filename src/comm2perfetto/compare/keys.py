@@ -16,11 +16,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from comm2perfetto.report.document import steps_text
+from comm2perfetto.report_doc import GroupRow, SavedReport
 
 Bucket = tuple[int, int]  # [low, high) bytes
 
@@ -56,27 +56,27 @@ def step_pairs(base: Iterable[int], new: Iterable[int], by_position: bool) -> li
     return [(n, n) for n in base if n in common]
 
 
-def _description(group: Mapping[str, Any]) -> str:
+def _description(group: GroupRow) -> str:
     """What a user named the group (``group_desc``), else c10d's name."""
-    desc = group.get("desc") or ""
-    return desc if desc and desc != "undefined" else str(group.get("name") or "")
+    desc = group["desc"]
+    return desc if desc and desc != "undefined" else group["name"]
 
 
-def _groups_of(doc: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...] | None]]:
+def _groups_of(doc: SavedReport) -> dict[str, tuple[str, tuple[int, ...] | None]]:
     """uid -> (description, ranks) for every group the document's collectives name. A report saved before
     it listed its groups names them by label only: the label is the uid and the ranks are unknown."""
-    groups = doc.get("groups") or {}
+    groups = doc["groups"]
     out: dict[str, tuple[str, tuple[int, ...] | None]] = {}
-    for row in doc.get("collectives") or []:
-        uid = row.get("group_uid") or row.get("process_group")
+    for row in doc["collectives"]:
+        uid = row["group_uid"] or row["process_group"]
         if uid in groups:
             out[uid] = (_description(groups[uid]), tuple(groups[uid]["ranks"]))
-        elif uid is not None:
-            out[uid] = (str(row.get("process_group")), None)
+        else:
+            out[uid] = (row["process_group"], None)
     return out
 
 
-def match_groups(base_doc: Mapping[str, Any], new_doc: Mapping[str, Any]) -> list[GroupMatch]:
+def match_groups(base_doc: SavedReport, new_doc: SavedReport) -> list[GroupMatch]:
     """Every group of either run, matched (see the module docstring), in label order."""
     base, new = _groups_of(base_doc), _groups_of(new_doc)
     by_key_new: dict[tuple[str, tuple[int, ...] | None], list[str]] = {}

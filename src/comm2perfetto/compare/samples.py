@@ -15,16 +15,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from comm2perfetto.compare.keys import Bucket, size_bucket
 from comm2perfetto.compare.sides import Side
+from comm2perfetto.report_doc import FigureKey, Instances, SavedFigures
 
 # The report's breakdown keys, by the name compare gives them (the --fail-on metric names).
-BREAKDOWN_KEYS = {"step_time": "span_s", "compute": "compute_s", "comm": "comm_s", "exposed_comm": "exposed_comm_s",
-                  "idle": "idle_s", "overlap": "overlap_pct", "comm_to_compute": "comm_to_compute"}
+BREAKDOWN_KEYS: dict[str, FigureKey] = {
+    "step_time": "span_s", "compute": "compute_s", "comm": "comm_s", "exposed_comm": "exposed_comm_s", "idle": "idle_s",
+    "overlap": "overlap_pct", "comm_to_compute": "comm_to_compute"}
 ALL_SIZES = "all"  # the bucket key of a (group, op)'s totals over every size
 
 
@@ -56,12 +56,12 @@ class CollectiveSamples:
 def breakdown_samples(side: Side, rank: str | None = None, per_step: bool = True) -> dict[str, list[float]]:
     """Metric name -> its value at each compared step (``rank``: that rank's, else the job's); with
     ``per_step`` False, or no step compared, the whole run's value."""
-    rows = [(s.get("ranks") or {}).get(rank) if rank is not None else s.get("job") for s in side.step_rows]
+    rows = [s["ranks"].get(rank) if rank is not None else s["job"] for s in side.step_rows]
     if not per_step or not side.steps:
-        rows = [(side.doc.get("ranks") or {}).get(rank) if rank is not None else side.doc.get("job")]
+        rows = [side.doc["ranks"].get(rank) if rank is not None else side.doc["job"]]
     out: dict[str, list[float]] = {}
     for name, key in BREAKDOWN_KEYS.items():
-        out[name] = [row[key] for row in rows if row is not None and row.get(key) is not None]
+        out[name] = [value for row in rows if row is not None and (value := row[key]) is not None]
     return out
 
 
@@ -69,21 +69,21 @@ def collective_samples(side: Side) -> dict[tuple[str, str], dict[Bucket | str | 
     """(group uid, op) -> size bucket -> samples; the bucket :data:`ALL_SIZES` holds the (group, op)'s totals.
     A group's uid is its ``group_uid``, or its label in a report saved before groups were listed."""
     out: dict[tuple[str, str], dict[Bucket | str | None, CollectiveSamples]] = {}
-    for row in side.doc.get("collectives") or []:
-        uid = row.get("group_uid") or row.get("process_group")
+    for row in side.doc["collectives"]:
+        uid = row["group_uid"] or row["process_group"]
         buckets = out.setdefault((uid, row["op"]), {})
         total = buckets.setdefault(ALL_SIZES, CollectiveSamples())
-        instances = row.get("instances")
+        instances = row["instances"]
         if instances is None:
-            total.count += row.get("count") or 0
-            total.bytes += row.get("bytes") or 0
+            total.count += row["count"] or 0
+            total.bytes += row["bytes"] or 0
             total.sampled = False
             continue
         _add_instances(side, instances, buckets, total)
     return out
 
 
-def _add_instances(side: Side, columns: Mapping[str, list], buckets: dict, total: CollectiveSamples) -> None:
+def _add_instances(side: Side, columns: Instances, buckets: dict, total: CollectiveSamples) -> None:
     for step, nbytes, duration, busbw, skew, last in zip(
             columns["step"], columns["bytes"], columns["duration_s"], columns["busbw_gbps"],
             columns["arrival_skew_s"], columns["last_rank"]):
@@ -110,10 +110,10 @@ def wait_caused_samples(side: Side, per_step: bool = True) -> dict[int, list[flo
     arrived last at, summed); with ``per_step`` False, or no step compared, one whole-run sum. Every rank of
     the side has a sample for every step (0 where it was never last)."""
     steps = side.steps if per_step else ()
-    index = {step: i for i, step in enumerate(steps)}
+    index: dict[int | None, int] = {step: i for i, step in enumerate(steps)}
     out = {rank: [0.0] * max(len(steps), 1) for rank in side.ranks}
-    for row in side.doc.get("collectives") or []:
-        columns = row.get("instances")
+    for row in side.doc["collectives"]:
+        columns = row["instances"]
         if columns is None:
             continue
         for step, skew, last in zip(columns["step"], columns["arrival_skew_s"], columns["last_rank"]):
@@ -127,13 +127,12 @@ def wait_caused_samples(side: Side, per_step: bool = True) -> dict[int, list[flo
 
 def straggler_counts(side: Side) -> dict[int, tuple[int, int, float | None]]:
     """rank -> (last arrivals, collectives joined, mean lateness in s)."""
-    return {s["rank"]: (s["last_arrivals"], s["matched"], s.get("mean_lateness_s"))
-            for s in side.doc.get("stragglers") or []}
+    return {s["rank"]: (s["last_arrivals"], s["matched"], s["mean_lateness_s"]) for s in side.doc["stragglers"]}
 
 
 def module_counts(side: Side) -> dict[tuple[str, str | None, str], tuple[int, int | None]]:
     """(module path, pass, op) -> (count, bytes), over what the report covered."""
-    return {(m["path"], m.get("pass"), m["op"]): (m["count"], m.get("bytes")) for m in side.doc.get("modules") or []}
+    return {(m["path"], m["pass"], m["op"]): (m["count"], m["bytes"]) for m in side.doc["modules"]}
 
 
 def steps_covered(side: Side) -> int:
@@ -144,9 +143,9 @@ def steps_covered(side: Side) -> int:
 def module_steps(side: Side) -> int:
     """The steps the report's module table covers: all of the document's (a report built for the compared
     steps holds only those)."""
-    return len(side.doc.get("steps") or []) or 1
+    return len(side.doc["steps"]) or 1
 
 
-def step_figures(side: Side, step: int) -> Mapping[str, Any] | None:
+def step_figures(side: Side, step: int) -> SavedFigures | None:
     """The job's figures at one step, for the side-by-side steps table."""
-    return next((s.get("job") for s in side.doc.get("steps") or [] if s.get("step") == step), None)
+    return next((s["job"] for s in side.doc["steps"] if s["step"] == step), None)

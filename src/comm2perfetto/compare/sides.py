@@ -2,7 +2,8 @@
 
 A side is built from whatever ``report`` reads, or from a saved ``report --format json`` (checked by
 ``sources.report_json``): either way compare reads only the document, so a figure is computed once, in
-``report/``. This module says what a side holds (ranks, world size, steps, groups) and how the two differ.
+``report/`` (``load_side``). This module says what a side holds (ranks, world size, steps, groups) and how the
+two differ.
 
 >>> doc = {"ranks": {"0": {}, "1": {}}, "world_size": 2, "basis": "cpu", "groups": {},
 ...        "steps": [{"step": n} for n in range(5)]}
@@ -13,12 +14,21 @@ A side is built from whatever ``report`` reads, or from a saved ``report --forma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import zlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from pathlib import Path
 
-from comm2perfetto.report.document import steps_text
+from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.load_options import LoadOptions
+from comm2perfetto.match import load_job
+from comm2perfetto.report.document import ReportOptions, build, steps_text
+from comm2perfetto.report_doc import SavedReport, SavedStep
+from comm2perfetto.sources.report_json import ReportFormatError, TooLargeError, check_report, read_report_json
+
+
+class SideError(Comm2PerfettoError):
+    """One side of a comparison cannot be read: said with the side's role (``BASE: ...``)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,7 @@ class Side:
 
     role: str
     path: str
-    doc: Mapping[str, Any]
+    doc: SavedReport
     wanted: tuple[int, int] | None = None
     saved: bool = False
 
@@ -45,27 +55,46 @@ class Side:
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        return tuple(sorted(int(r) for r in self.doc.get("ranks") or {}))
+        return tuple(sorted(int(r) for r in self.doc["ranks"]))
 
     @property
     def world_size(self) -> int | None:
         """The job's world size as the report knows it, else one more than the highest rank seen."""
-        known = self.doc.get("world_size")
-        if isinstance(known, int):
+        known = self.doc["world_size"]
+        if known is not None:
             return known
-        ranks = set(self.ranks) | {r for g in (self.doc.get("groups") or {}).values() for r in g.get("ranks", ())}
+        ranks = set(self.ranks) | {r for g in self.doc["groups"].values() for r in g["ranks"]}
         return max(ranks) + 1 if ranks else None
 
     @property
-    def step_rows(self) -> list[Mapping[str, Any]]:
+    def step_rows(self) -> list[SavedStep]:
         """The report's rows of the compared steps, in step order."""
         wanted = set(self.steps)
-        return [s for s in self.doc.get("steps") or [] if s.get("step") in wanted]
+        return [s for s in self.doc["steps"] if s["step"] in wanted]
 
 
-def select_steps(doc: Mapping[str, Any], wanted: tuple[int, int] | None) -> tuple[int, ...]:
+def load_side(role: str, path: str, steps: tuple[int, int] | None, load: LoadOptions) -> Side:
+    """A saved report document, checked, or the report of what ``path`` holds, read as ``load`` says."""
+    file = Path(path)
+    if file.is_file() and file.name.lower().endswith((".json", ".json.gz")):
+        try:
+            doc = read_report_json(file)
+        except (OSError, TooLargeError, zlib.error, EOFError) as exc:
+            raise SideError(f"cannot read {role} {file}: {getattr(exc, 'strerror', None) or exc}") from None
+        except ReportFormatError as exc:
+            raise SideError(f"{role} {file}: {exc}") from None
+        if doc is not None:
+            return Side(role, path, doc, steps, saved=True)
+    try:
+        built = build(load_job([path], load), ReportOptions(steps=steps))
+    except Comm2PerfettoError as exc:  # name the side the error is about
+        raise SideError(f"{role}: {exc}") from None
+    return Side(role, path, check_report(built), steps)
+
+
+def select_steps(doc: SavedReport, wanted: tuple[int, int] | None) -> tuple[int, ...]:
     """The document's step numbers, those in ``wanted`` (A, B inclusive) when given."""
-    steps = sorted({s["step"] for s in doc.get("steps") or []})
+    steps = sorted({s["step"] for s in doc["steps"]})
     return tuple(n for n in steps if wanted is None or wanted[0] <= n <= wanted[1])
 
 
@@ -81,11 +110,11 @@ def layout_notes(base: Side, new: Side) -> list[str]:
         parts = ([f"ranks {steps_text(only_base)} only in BASE"] if only_base else []) + (
             [f"ranks {steps_text(only_new)} only in NEW"] if only_new else [])
         notes.append("; ".join(parts) + ": per-rank figures compared for the ranks in both")
-    if base.doc.get("basis") != new.doc.get("basis"):
-        notes.append(f"the figures come from different bases: {base.doc.get('basis')} in BASE, "
-                     f"{new.doc.get('basis')} in NEW (docs/report.md): their times do not compare closely")
+    if base.doc["basis"] != new.doc["basis"]:
+        notes.append(f"the figures come from different bases: {base.doc['basis']} in BASE, "
+                     f"{new.doc['basis']} in NEW (docs/report.md): their times do not compare closely")
     for side in (base, new):
-        if side.saved and side.wanted is not None and len(side.steps) < len(side.doc.get("steps") or []):
+        if side.saved and side.wanted is not None and len(side.steps) < len(side.doc["steps"]):
             notes.append(f"{side.role} is a saved report: its module and straggler tables cover the steps it was "
                          f"saved with, not only steps {side.wanted[0]}-{side.wanted[1]}")
     if bool(base.steps) != bool(new.steps):

@@ -31,12 +31,37 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from comm2perfetto.compare.statistics import CONFIDENCE, median, shift
+from comm2perfetto.strenum import StrEnum
 
-REGRESSED, IMPROVED, UNCHANGED, INCONCLUSIVE, NEW, GONE = (
-    "regressed", "improved", "unchanged", "inconclusive", "new", "gone")
-VERDICTS = (REGRESSED, IMPROVED, NEW, GONE, INCONCLUSIVE, UNCHANGED)  # the order the summary counts them in
-SAMPLED, EXACT = "sampled", "exact"
-STEP, BASE, ABSOLUTE = "step", "base", "absolute"
+
+class Verdict(StrEnum):
+    """A line's verdict (see the module docstring)."""
+
+    REGRESSED = "regressed"
+    IMPROVED = "improved"
+    UNCHANGED = "unchanged"
+    INCONCLUSIVE = "inconclusive"
+    NEW = "new"
+    GONE = "gone"
+
+
+class Kind(StrEnum):
+    """How a metric's noise is told apart."""
+
+    SAMPLED = "sampled"
+    EXACT = "exact"
+
+
+class Scale(StrEnum):
+    """What a metric's change is measured against."""
+
+    STEP = "step"
+    BASE = "base"
+    ABSOLUTE = "absolute"
+
+
+# The order the summary counts the verdicts in.
+VERDICTS = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.NEW, Verdict.GONE, Verdict.INCONCLUSIVE, Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -46,26 +71,28 @@ class Metric:
     name: str
     unit: str  # "s", "B", "GB/s", "%" (a percentage), "" (a count or ratio)
     worse: int
-    kind: str
-    scale: str
+    kind: Kind
+    scale: Scale
     meaning: str
 
 
 METRICS = {m.name: m for m in (
-    Metric("step_time", "s", 1, SAMPLED, STEP, "step time (a step's window; mean over ranks)"),
-    Metric("compute", "s", 1, SAMPLED, STEP, "compute time in a step"),
-    Metric("comm", "s", 1, SAMPLED, STEP, "communication time in a step"),
-    Metric("exposed_comm", "s", 1, SAMPLED, STEP, "communication no compute hides, in a step"),
-    Metric("idle", "s", 1, SAMPLED, STEP, "time neither computing nor communicating, in a step"),
-    Metric("overlap", "%", -1, SAMPLED, ABSOLUTE, "share of communication overlapped with compute"),
-    Metric("comm_to_compute", "", 1, SAMPLED, ABSOLUTE, "communication time / compute time"),
-    Metric("count", "", 1, EXACT, BASE, "collectives per step"),
-    Metric("bytes", "B", 1, EXACT, BASE, "bytes per step"),
-    Metric("duration", "s", 1, SAMPLED, STEP,
+    Metric("step_time", "s", 1, Kind.SAMPLED, Scale.STEP, "step time (a step's window; mean over ranks)"),
+    Metric("compute", "s", 1, Kind.SAMPLED, Scale.STEP, "compute time in a step"),
+    Metric("comm", "s", 1, Kind.SAMPLED, Scale.STEP, "communication time in a step"),
+    Metric("exposed_comm", "s", 1, Kind.SAMPLED, Scale.STEP, "communication no compute hides, in a step"),
+    Metric("idle", "s", 1, Kind.SAMPLED, Scale.STEP, "time neither computing nor communicating, in a step"),
+    Metric("overlap", "%", -1, Kind.SAMPLED, Scale.ABSOLUTE, "share of communication overlapped with compute"),
+    Metric("comm_to_compute", "", 1, Kind.SAMPLED, Scale.ABSOLUTE, "communication time / compute time"),
+    Metric("count", "", 1, Kind.EXACT, Scale.BASE, "collectives per step"),
+    Metric("bytes", "B", 1, Kind.EXACT, Scale.BASE, "bytes per step"),
+    Metric("duration", "s", 1, Kind.SAMPLED, Scale.STEP,
            "the time a step spends in these collectives: their durations (first arrival to last completion)"),
-    Metric("busbw", "GB/s", -1, SAMPLED, BASE, "a collective's bus bandwidth (nccl-tests), from 1 MiB messages"),
-    Metric("skew", "s", 1, SAMPLED, STEP, "these collectives' arrival skews (last arrival - first) in a step"),
-    Metric("wait_caused", "s", 1, SAMPLED, STEP,
+    Metric("busbw", "GB/s", -1, Kind.SAMPLED, Scale.BASE,
+           "a collective's bus bandwidth (nccl-tests), from 1 MiB messages"),
+    Metric("skew", "s", 1, Kind.SAMPLED, Scale.STEP,
+           "these collectives' arrival skews (last arrival - first) in a step"),
+    Metric("wait_caused", "s", 1, Kind.SAMPLED, Scale.STEP,
            "how long the others waited for this rank in a step: the skew of each collective it arrived last at"),
 )}
 
@@ -90,8 +117,8 @@ class Line:
     relative: float | None
     relative_low: float | None
     relative_high: float | None
-    verdict: str
-    scale: str
+    verdict: Verdict
+    scale: Scale
     context: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,33 +140,33 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
     shown_new = median(new) if new else None
     if not base or not new:
         return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), None, None, None, None,
-                    None, None, INCONCLUSIVE, metric.scale)
+                    None, None, Verdict.INCONCLUSIVE, metric.scale)
     est = shift(base, new, confidence)
     change, low, high = est.estimate, est.low, est.high
-    scale_value = None if metric.scale == ABSOLUTE else (step_time if metric.scale == STEP and step_time
-                                                         else shown_base)
+    scale_value = None if metric.scale == Scale.ABSOLUTE else (
+        step_time if metric.scale == Scale.STEP and step_time else shown_base)
     rel, rel_low, rel_high = _relative((change, low, high), scale_value)
-    if metric.scale == ABSOLUTE:
+    if metric.scale == Scale.ABSOLUTE:
         verdict = _verdict(metric, (change, low, high), absolute_margin(metric, margin))
     else:  # a scale of 0 (nothing in BASE): any change the interval shows
         verdict = _verdict(metric, (rel, rel_low, rel_high) if scale_value else (change, low, high),
                            margin if scale_value else 0.0)
     return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), change, low, high, rel,
                 rel_low, rel_high, verdict,
-                metric.scale if metric.scale != STEP or step_time else BASE)
+                metric.scale if metric.scale != Scale.STEP or step_time else Scale.BASE)
 
 
 def judge_exact(section: str, key: dict[str, Any], metric: Metric, base: float | None, new: float | None,
                 base_n: int = 1, new_n: int = 1) -> Line:
     """An exact metric's line: ``new``/``gone`` when one side has none of the thing."""
     if base is None or new is None:
-        verdict = NEW if base is None else GONE
+        verdict = Verdict.NEW if base is None else Verdict.GONE
         return Line(section, key, metric.name, base, new, base_n if base is not None else 0,
                     new_n if new is not None else 0, None, None, None, None, None, None, verdict, metric.scale)
     d = new - base
     rel = d / base if base else None
     same = math.isclose(new, base, rel_tol=1e-9, abs_tol=1e-12)
-    verdict = UNCHANGED if same else (REGRESSED if d * metric.worse > 0 else IMPROVED)
+    verdict = Verdict.UNCHANGED if same else (Verdict.REGRESSED if d * metric.worse > 0 else Verdict.IMPROVED)
     return Line(section, key, metric.name, base, new, base_n, new_n, d, d, d, rel, rel, rel, verdict, metric.scale)
 
 
@@ -154,21 +181,21 @@ def _relative(values: tuple[float | None, ...], scale: float | None) -> tuple[fl
     return tuple(v / scale if v is not None else None for v in values)
 
 
-def _verdict(metric: Metric, change: tuple[float | None, ...], margin: float) -> str:
+def _verdict(metric: Metric, change: tuple[float | None, ...], margin: float) -> Verdict:
     """regressed / improved when the interval lies wholly beyond ``margin``; see the module docstring."""
     estimate, low, high = change
     if estimate is None:
-        return INCONCLUSIVE
+        return Verdict.INCONCLUSIVE
     if low is None or high is None:
-        return UNCHANGED if abs(estimate) <= margin else INCONCLUSIVE
+        return Verdict.UNCHANGED if abs(estimate) <= margin else Verdict.INCONCLUSIVE
     if low > margin:
-        return REGRESSED if metric.worse > 0 else IMPROVED
+        return Verdict.REGRESSED if metric.worse > 0 else Verdict.IMPROVED
     if high < -margin:
-        return IMPROVED if metric.worse > 0 else REGRESSED
-    return UNCHANGED
+        return Verdict.IMPROVED if metric.worse > 0 else Verdict.REGRESSED
+    return Verdict.UNCHANGED
 
 
 def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:
     """A thing present in one run only, with no figure to compare (a rank with data in one run)."""
     return Line(section, key, "present", None, None, int(base), int(not base), None, None, None, None, None, None,
-                GONE if base else NEW, BASE)
+                Verdict.GONE if base else Verdict.NEW, Scale.BASE)

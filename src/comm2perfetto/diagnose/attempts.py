@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from comm2perfetto.diagnose.findings import RANK_DIED, AttemptEnd, Diagnosis, Finding
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 SUMMARY_CHARS = 160  # an exception's message is cut here: the attempt's own verdict has it whole
 

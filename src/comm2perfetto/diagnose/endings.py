@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from comm2perfetto.model import Job
+from comm2perfetto.job import Job
 
 RUNNING = "running"  # the process still runs (or wrote a heartbeat moments ago)
 EXITED = "exited"  # closed its log normally

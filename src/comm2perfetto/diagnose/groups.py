@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from comm2perfetto.diagnose.findings import GROUP_MISMATCH, Finding
 from comm2perfetto.group_names import GroupConflict, deviating
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 __all__ = ["conflict_uids", "group_mismatch"]
 

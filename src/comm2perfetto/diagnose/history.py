@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from comm2perfetto.diagnose.signatures import compare
-from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import Collective, Job, Signature, call_site
+from comm2perfetto.job import Job
+from comm2perfetto.model import GroupView, Signature, call_site
 
 __all__ = ["Judgement", "divergence", "judge"]
 
@@ -44,9 +44,9 @@ class Judgement:
 Token = tuple[str | None, Signature]
 
 
-def judge(job: Job, cols: Sequence[Collective], index: int, rank: int) -> Judgement:
+def judge(job: Job, cols: GroupView, index: int, rank: int) -> Judgement:
     """Judge ``rank``'s part in the ``index``-th collective of ``cols`` (a group's collectives) by its history."""
-    group_size = len(cols[index].group.ranks) if isinstance(cols, GroupCollectives) else len(cols[index].ranks)
+    group_size = len(cols.ranks)
     read = _reader(job, cols, rank)
     current = read(index)
     if current is None:
@@ -69,7 +69,7 @@ def judge(job: Job, cols: Sequence[Collective], index: int, rank: int) -> Judgem
     return Judgement(DEVIATES, _why(current, expected, history, group_size))
 
 
-def divergence(job: Job, cols: Sequence[Collective], index: int, ranks: Sequence[int]) -> int | None:
+def divergence(job: Job, cols: GroupView, index: int, ranks: Sequence[int]) -> int | None:
     """Where the ranks' call sites parted before the ``index``-th collective: the latest of the last ``WINDOW``
     collectives whose call sites differ between the ranks while their signatures matched. A rank that issued an
     extra collective (or skipped one) from its own line shifts every later collective against its peers'; the
@@ -116,28 +116,17 @@ def _same(group_size: int) -> Callable[[Token, Token], bool]:
     return same
 
 
-def _reader(job: Job, cols: Sequence[Collective], rank: int) -> Callable[[int], Token | None]:
-    """Reads ``rank``'s (call site, signature) in the j-th collective, from its own column where the view
-    allows it (a 16,384-rank group is not decoded for one rank's history)."""
-    if isinstance(cols, GroupCollectives):
-        def read(j: int) -> Token | None:
-            sig = cols.value("signatures", rank, j)
-            if sig is None:
-                return None
-            sid = cols.value("stack_ids", rank, j)
-            stack = job.stack(sid) if sid is not None else ()
-            if not stack and job.resolver is not None and cols.value("sources", rank, j) != "log":
-                stack = job.resolver(rank, cols.group.name, cols.seqs[j])
-            frame = call_site(stack)
-            return (frame.site if frame is not None else None), sig
-        return read
-
-    def read_view(j: int) -> Token | None:
-        c = cols[j]
-        i = c.index_of(rank)
-        sig = c.signatures[i]
+def _reader(job: Job, cols: GroupView, rank: int) -> Callable[[int], Token | None]:
+    """Reads ``rank``'s (call site, signature) in the j-th collective, from its own column (a 16,384-rank group
+    is not decoded for one rank's history)."""
+    def read(j: int) -> Token | None:
+        sig = cols.value("signatures", rank, j)
         if sig is None:
             return None
-        frame = call_site(job.stack_of(c, rank))
+        sid = cols.value("stack_ids", rank, j)
+        stack = job.stack(sid) if sid is not None else ()
+        if not stack and job.resolver is not None and cols.value("sources", rank, j) != "log":
+            stack = job.resolver(rank, cols.group.name, cols.seqs[j])
+        frame = call_site(stack)
         return (frame.site if frame is not None else None), sig
-    return read_view
+    return read

@@ -60,7 +60,7 @@ from comm2perfetto.diagnose.waits import (
 )
 from comm2perfetto.group_names import conflicts as group_conflicts
 from comm2perfetto.model import ClockAlignment
-from comm2perfetto.render.words import duration, ranks_text
+from comm2perfetto.words import duration, ranks_text
 
 __all__ = ["live_diagnosis"]
 
@@ -168,15 +168,17 @@ def _groups(ranks: Mapping[int, dict], world: int | None) -> list[tuple[str, str
         if not members and name == "0" and world:
             members = list(range(world))
         out.append((name, desc, sorted(set(members))))
-    shared = Counter(desc for _, desc, _ in out if desc)
+    # Groups of one description and other members go by it (DeviceMesh's mesh_tp of ranks 0, 1 and of 2, 3);
+    # of one description and the same members, only their name tells them apart.
+    shared = Counter((desc, tuple(m)) for _, desc, m in out if desc)
 
-    def label(name: str, desc: str) -> str:
+    def label(name: str, desc: str, members: list[int]) -> str:
         told = descs.get(name, Counter())
         if len(told) > 1:  # the ranks describe this group differently: they created their groups in other orders
             return f"group {name} ({'/'.join(d for d, _ in told.most_common())})"
-        return f"{desc} (group {name})" if shared[desc] > 1 else (desc or name)
+        return f"{desc} (group {name})" if shared[(desc, tuple(members))] > 1 else (desc or name)
 
-    out = [(name, label(name, desc), m) for name, desc, m in out]
+    out = [(name, label(name, desc, m), m) for name, desc, m in out]
     return sorted(out, key=lambda g: (0, int(g[0])) if g[0].isdigit() else (1, g[0]))
 
 

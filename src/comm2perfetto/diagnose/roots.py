@@ -51,7 +51,7 @@ from comm2perfetto.diagnose.waits import (
     Wait,
     explain,
 )
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 RANK_LEVEL = (RANK_DIED, RANK_FROZEN)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from comm2perfetto.model import Job
+from comm2perfetto.job import Job
 
 if TYPE_CHECKING:
     from comm2perfetto.sources.event_log import Call, Stall

@@ -31,7 +31,7 @@ from comm2perfetto.diagnose.findings import (
     Kind,
     Status,
 )
-from comm2perfetto.render.words import ranks_text
+from comm2perfetto.words import ranks_text
 
 __all__ = ["conclude", "unexplained_stall"]
 

@@ -23,9 +23,9 @@ from comm2perfetto.diagnose.findings import (
     Finding,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
-from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, ProcessGroup
-from comm2perfetto.render.words import duration, ranks_text
+from comm2perfetto.job import Job
+from comm2perfetto.model import NOT_DONE_STATES, Collective, ProcessGroup
+from comm2perfetto.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
 # torchrun): a rank waiting since less than this before the first signal waits because of it.
@@ -166,7 +166,7 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
     if interrupted_at is not None:
         dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
     everyone = len(dead) == len(ends)
-    killed = teardown(job, dead)
+    killed = teardown(job, ends, dead)
     if dead and everyone and not killed and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
@@ -183,19 +183,22 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
 HEARTBEAT_SLACK_NS = 10**9
 
 
-def teardown(job: Job, dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
+def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) -> dict[int, RankEnd]:
     """The ranks of ``dead`` the launcher killed after the first failure, taken out of ``dead`` and returned.
     When one worker fails, torchrun stops the others (SIGTERM, which kills a rank blocked in a collective at
     once, then SIGKILL after its grace period): a rank that died inside a call (waiting, for the failed rank
-    or for one its failure held up) no earlier than a rank that died outside any call, or raised, was ended by
-    that failure, not by a fault of its own. Only where `record`'s job file says the launcher itself failed
-    (a non-zero exit status, no signal forwarded to it); without such a failure (every dead rank died inside a
-    call, as when the whole job is killed), nothing is taken."""
+    or for one its failure held up) no earlier than a rank that died outside any call, or raised (also on a
+    lost connection or a timeout), was ended by that failure, not by a fault of its own. Only where `record`'s
+    job file says the launcher itself failed (a non-zero exit status, no signal forwarded to it); without such a
+    failure (every dead rank died inside a call, as when the whole job is killed), nothing is taken."""
     if not any(isinstance(j.get("exit_status"), int) and j["exit_status"] != 0 and not j.get("signal")
                for j in job.jobs):
         return {}  # the launcher did not report a failure it saw itself (no job file, or a signal ended the job)
-    inside = {r for r, e in dead.items() if e.how == DIED and _inside_a_call(job, r)}
+    # Inside a call, but not one every rank had joined: that one may have aborted the rank itself (died_inside).
+    inside = {r for r, e in dead.items() if e.how == DIED and _inside_a_call(job, r) and died_inside(job, r) is None}
     failed = [e.t_ns for r, e in dead.items() if r not in inside and e.t_ns is not None]
+    # A rank that raised on a lost connection or a timeout failed too: the launcher stops the rest after it.
+    failed += [e.t_ns for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None]
     if not failed:
         return {}
     first = min(failed)
@@ -242,8 +245,7 @@ def died_inside(job: Job, rank: int) -> Collective | None:
         pg = job.groups.get(uid)
         if pg is None or pg.name != str(group.name) or rank not in pg.ranks:
             continue
-        c = cols.find(call.seq) if isinstance(cols, GroupCollectives) else next(
-            (x for x in cols if x.seq == call.seq), None)
+        c = cols.find(call.seq)
         return c if c is not None and all(c.signatures) else None
     return None
 
@@ -490,6 +492,11 @@ def no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
                  "collectives in Flight Recorder (record the job with `comm2perfetto record`, whose log sees "
                  "them)" + ("." if gloo else "; or the groups never got sequence numbers, or the dumps were "
                                              "taken before the first collective."))
+    if not cause and any(j.get("signal") == "SIGTERM" for j in job.jobs) and not any(
+            i.fr_files for i in job.ranks.values()):
+        cause = (" `record` forwarded SIGTERM to the job before any Flight Recorder dump was written: what DDP and "
+                 "FSDP issue from C++ is only in Flight Recorder, and SIGTERM ends a rank at once, as it would "
+                 "without the recorder, with no dump (Ctrl-C, SIGINT, lets the recorder dump first).")
     detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
     return Finding(
         kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),

@@ -2,7 +2,7 @@
 the job's window, matches collectives by (group, seq) across ranks and names the stragglers (lateness.py), and
 the lowest rank of every host and folder copies the result into ``<folder>/live/window.json``, which
 ``comm2perfetto record`` turns into ``live/metrics.prom``, ``live/stragglers.jsonl`` and ``--on-straggler``
-(cli/windows.py), and ``comm2perfetto top`` shows.
+(window_watch.py), and ``comm2perfetto top`` shows.
 
 No collective: a hung rank, a subgroup or a rank that died cannot block it. Every store call is one that
 returns at once (``set``, ``add``, ``check``, ``delete_key``, and ``get``/``multi_get`` of keys known to exist):

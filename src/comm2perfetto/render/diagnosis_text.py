@@ -17,7 +17,7 @@ from typing import TextIO
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis, Finding
-from comm2perfetto.render.words import duration, rank_list, ranks_text, sample_text
+from comm2perfetto.words import duration, rank_list, ranks_text, sample_text
 
 __all__ = ["render_text"]
 

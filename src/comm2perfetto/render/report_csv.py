@@ -23,21 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from comm2perfetto.render.report_text import rank_sort_key
+from comm2perfetto.report_doc import FIGURES, ReportDoc
 
 __all__ = ["COLLECTIVE_COLUMNS", "MODULE_COLUMNS", "RANK_COLUMNS", "STEP_COLUMNS", "render_csv", "render_csv_stdout",
            "write_csv"]
 
-TIME_KEYS = ("span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s", "idle_s",
-             "comm_to_compute", "overlap_pct")
-RANK_COLUMNS = ("rank", "basis", *TIME_KEYS, "sources")
-STEP_COLUMNS = ("step", "rank", *TIME_KEYS)
+RANK_COLUMNS = ("rank", "basis", *FIGURES, "sources")
+STEP_COLUMNS = ("step", "rank", *FIGURES)
 COLLECTIVE_COLUMNS = ("op", "process_group", "group_size", "count", "timed", "bytes", "total_s", "mean_s",
                       "p50_s", "p99_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_mean_s",
                       "queue_mean_s")
 MODULE_COLUMNS = ("path", "pass", "op", "count", "bytes", "ranks")
 SOURCES_SEPARATOR = "; "  # a rank's sources are a list: one cell, joined
 
-Doc = Mapping[str, Any]
 
 
 def _cell(value: Any) -> str:
@@ -56,36 +54,35 @@ def csv_text(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def _rank_rows(doc: Doc) -> list[dict[str, Any]]:
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
-    return [{**ranks[r], "rank": r, "sources": SOURCES_SEPARATOR.join(ranks[r].get("sources") or ())}
+def _rank_rows(doc: ReportDoc) -> list[dict[str, Any]]:
+    ranks = doc["ranks"]
+    return [{**ranks[r], "rank": r, "sources": SOURCES_SEPARATOR.join(ranks[r]["sources"])}
             for r in sorted(ranks, key=rank_sort_key)]
 
 
-def _step_rows(doc: Doc) -> list[dict[str, Any]]:
+def _step_rows(doc: ReportDoc) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for step in doc.get("steps") or []:
-        rows.append({**(step.get("job") or {}), "step": step.get("step"), "rank": "job"})
-        per_rank: Mapping[str, Mapping[str, Any]] = step.get("ranks") or {}
-        rows.extend({**per_rank[r], "step": step.get("step"), "rank": r}
-                    for r in sorted(per_rank, key=rank_sort_key))
+    for step in doc["steps"]:
+        rows.append({**step["job"], "step": step["step"], "rank": "job"})
+        per_rank = step["ranks"]
+        rows.extend({**per_rank[r], "step": step["step"], "rank": r} for r in sorted(per_rank, key=rank_sort_key))
     return rows
 
 
-def render_csv(doc: Doc) -> dict[str, str]:
+def render_csv(doc: ReportDoc) -> dict[str, str]:
     """Table name -> CSV text (header row first, ``\\n`` line ends): ranks, collectives[, steps][, modules]."""
     tables = {
         "ranks": csv_text(RANK_COLUMNS, _rank_rows(doc)),
-        "collectives": csv_text(COLLECTIVE_COLUMNS, doc.get("collectives") or []),
+        "collectives": csv_text(COLLECTIVE_COLUMNS, doc["collectives"]),
     }
-    if doc.get("steps"):
+    if doc["steps"]:
         tables["steps"] = csv_text(STEP_COLUMNS, _step_rows(doc))
-    if doc.get("modules"):
+    if doc["modules"]:
         tables["modules"] = csv_text(MODULE_COLUMNS, doc["modules"])
     return tables
 
 
-def render_csv_stdout(doc: Doc) -> str:
+def render_csv_stdout(doc: ReportDoc) -> str:
     """What ``--format csv`` without ``-o`` prints: the ranks table, a blank line, the collectives table."""
     tables = render_csv(doc)
     return tables["ranks"] + "\n" + tables["collectives"]
@@ -98,7 +95,7 @@ def table_paths(path: str | Path, names: Iterable[str]) -> dict[str, Path]:
     return {name: path.with_name(f"{stem}.{name}.csv") for name in names}
 
 
-def write_csv(doc: Doc, path: str | Path) -> list[Path]:
+def write_csv(doc: ReportDoc, path: str | Path) -> list[Path]:
     """Write every table of :func:`render_csv` to its own file next to ``path``; the paths written, in order."""
     return write_tables(render_csv(doc), path)
 

@@ -51,8 +51,10 @@ from comm2perfetto.render.report_text import (
     fmt_ratio,
     fmt_time,
     rank_sort_key,
+    time_cells,
 )
-from comm2perfetto.render.words import document_clock_text, ranks_text
+from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
+from comm2perfetto.words import document_clock_text, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
            "write_plot"]
@@ -86,14 +88,13 @@ PLOT_H = 720.0  # rows shrink to fit this height, down to one px each
 LABEL_MIN_GAP = 11.0
 COLLECTIVE_LABEL_CHARS = 24
 
-Doc = Mapping[str, Any]
 
 
 class PlotDependencyError(Comm2PerfettoError, ImportError):
     """A ``.png`` or ``.svg`` was asked for and matplotlib is not installed."""
 
 
-def write_plot(doc: Doc, path: str | Path) -> Path:
+def write_plot(doc: ReportDoc, path: str | Path) -> Path:
     """Write the charts to ``path`` in the format its suffix names (:data:`SUFFIXES`); returns ``path``.
 
     ValueError for another suffix, :class:`PlotDependencyError` for ``.png``/``.svg`` without matplotlib.
@@ -112,52 +113,53 @@ def write_plot(doc: Doc, path: str | Path) -> Path:
 # --- what both renderers draw -------------------------------------------------------------------------------
 
 
-def _steps_covered(doc: Doc) -> str:
-    steps = [s.get("step") for s in doc.get("steps") or []]
+def _steps_covered(doc: ReportDoc) -> str:
+    steps = [s["step"] for s in doc["steps"]]
     numbered = sorted(s for s in steps if isinstance(s, int))
     if not numbered:
         return "no steps recorded"
     return f"{numbered[0]}-{numbered[-1]}" if len(numbered) > 1 else f"{numbered[0]}"
 
 
-def plot_title(doc: Doc) -> str:
+def plot_title(doc: ReportDoc) -> str:
     """``comm2perfetto report: run1 (2 ranks, steps 5-8, basis cpu)``: what a page or a picture covers."""
     paths = [str(p) for p in doc.get("paths") or []]
-    count = len(doc.get("ranks") or {})
+    count = len(doc["ranks"])
     steps = _steps_covered(doc)
     what = [f"{count} rank{'s' if count != 1 else ''}", steps if steps.startswith("no") else f"steps {steps}",
-            f"basis {doc.get('basis') or MISSING}"]
+            f"basis {doc['basis'] or MISSING}"]
     return f"comm2perfetto report: {', '.join(paths) or 'a job'} ({', '.join(what)})"
 
 
-def header_facts(doc: Doc) -> list[tuple[str, str]]:
+def header_facts(doc: ReportDoc) -> list[tuple[str, str]]:
     """(label, text) lines saying what the report covers: folder, ranks, steps, basis, clocks."""
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
-    world = doc.get("world_size")
+    ranks = doc["ranks"]
+    world = doc["world_size"]
     with_data = ranks_text(sorted(ranks, key=rank_sort_key)) if ranks else "none"
     of = f" of world size {world}" if isinstance(world, int) and world > 0 else ""
-    sources = sorted({s for r in ranks.values() for s in r.get("sources") or ()})
-    steps = doc.get("steps") or []
+    sources = sorted({s for r in ranks.values() for s in r["sources"] or ()})
+    steps = doc["steps"]
     return [
         ("folder", ", ".join(str(p) for p in doc.get("paths") or []) or MISSING),
         ("ranks", f"{len(ranks)} with data ({with_data}){of}"),
         ("steps", _steps_covered(doc) + (f" ({len(steps)} steps)" if len(steps) > 1 else "")),
-        ("basis", f"{doc.get('basis') or MISSING}" + (f" ({', '.join(sources)})" if sources else "")),
-        ("clocks", document_clock_text(doc.get("clock")) or MISSING),
+        ("basis", f"{doc['basis'] or MISSING}" + (f" ({', '.join(sources)})" if sources else "")),
+        ("clocks", document_clock_text(doc["clock"]) or MISSING),
     ]
 
 
-def missing_ranks(doc: Doc) -> list[str]:
+def missing_ranks(doc: ReportDoc) -> list[str]:
     """The ranks of the job (its world size) that are not in the document: they left no data."""
-    world = doc.get("world_size")
-    ranks = doc.get("ranks") or {}
+    world = doc["world_size"]
+    ranks = doc["ranks"]
     if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS:
         return []
     return [str(r) for r in range(world) if str(r) not in ranks]
 
 
 def bar_segments(values: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """(kind, seconds) for each of :data:`SEGMENTS`; missing values are 0, rounding noise below 0 too."""
+    """(kind, seconds) for each of :data:`SEGMENTS` of a report's ``Figures``, or of compare's step figures (which
+    have no overlapped comm); missing values are 0, rounding noise below 0 too."""
     overlapped = values.get("overlapped_comm_s") or 0.0
     seconds = {
         "compute": (values.get("compute_s") or 0.0) - overlapped,
@@ -168,18 +170,18 @@ def bar_segments(values: Mapping[str, Any]) -> list[tuple[str, float]]:
     return [(kind, max(seconds[kind], 0.0)) for kind in SEGMENTS]
 
 
-def sorted_ranks(doc: Doc) -> list[str]:
-    return sorted(doc.get("ranks") or {}, key=rank_sort_key)
+def sorted_ranks(doc: ReportDoc) -> list[str]:
+    return sorted(doc["ranks"], key=rank_sort_key)
 
 
-def rank_tooltip(rank: str, values: Mapping[str, Any]) -> str:
-    compute_only = dict(bar_segments(values))["compute"] if values.get("compute_s") is not None else None
-    return (f"rank {rank}: span {fmt_time(values.get('span_s'))}; "
-            f"compute {fmt_time(values.get('compute_s'))} ({fmt_time(compute_only)} without comm); "
-            f"comm {fmt_time(values.get('comm_s'))} = {fmt_time(values.get('overlapped_comm_s'))} overlapped"
-            f" + {fmt_time(values.get('exposed_comm_s'))} exposed; idle {fmt_time(values.get('idle_s'))}; "
-            f"comm/compute {fmt_ratio(values.get('comm_to_compute'))}; "
-            f"overlap {fmt_pct(values.get('overlap_pct'))}")
+def rank_tooltip(rank: str, values: Figures) -> str:
+    compute_only = dict(bar_segments(values))["compute"] if values["compute_s"] is not None else None
+    return (f"rank {rank}: span {fmt_time(values['span_s'])}; "
+            f"compute {fmt_time(values['compute_s'])} ({fmt_time(compute_only)} without comm); "
+            f"comm {fmt_time(values['comm_s'])} = {fmt_time(values['overlapped_comm_s'])} overlapped"
+            f" + {fmt_time(values['exposed_comm_s'])} exposed; idle {fmt_time(values['idle_s'])}; "
+            f"comm/compute {fmt_ratio(values['comm_to_compute'])}; "
+            f"overlap {fmt_pct(values['overlap_pct'])}")
 
 
 def label_every(count: int, pitch: float) -> int:
@@ -274,9 +276,9 @@ def _bar_legend(no_data: bool = False) -> list[str]:
     return parts
 
 
-def bars_svg(doc: Doc) -> str:
+def bars_svg(doc: ReportDoc) -> str:
     """The per-rank stacked bars as one ``<svg>`` element; ranks without data get a grey "no data" bar."""
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    ranks = doc["ranks"]
     absent = missing_ranks(doc)
     order = sorted([*sorted_ranks(doc), *absent], key=rank_sort_key)
     pitch = row_pitch(len(order))
@@ -363,11 +365,11 @@ def _heat_legend(top: float, x: float, y: float) -> list[str]:
     return parts
 
 
-def heatmap_svg(lateness_map: Mapping[str, Any]) -> str | None:
+def heatmap_svg(lateness_map: LatenessMap) -> str | None:
     """The lateness heat map as one ``<svg>`` element; None when the map is empty."""
-    ranks: Sequence[Any] = lateness_map.get("ranks") or []
-    names: Sequence[str] = [str(n) for n in lateness_map.get("collectives") or []]
-    values: Sequence[Sequence[float | None]] = lateness_map.get("lateness_s") or []
+    ranks: Sequence[Any] = lateness_map["ranks"]
+    names: Sequence[str] = [str(n) for n in lateness_map["collectives"]]
+    values: Sequence[Sequence[float | None]] = lateness_map["lateness_s"]
     if not ranks or not names or not values:
         return None
     top = lateness_range(values)
@@ -406,103 +408,99 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], text_colum
     return f"<table><thead><tr>{cells('th', header)}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _summary_table(doc: Doc) -> str:
-    job = doc.get("job") or {}
+def _summary_table(doc: ReportDoc) -> str:
+    job = doc["job"]
     header = ["ranks", "basis", "span", "compute", "comm", "overlapped comm", "exposed comm", "idle",
               "comm/compute", "overlap"]
-    row = [fmt_int(job.get("ranks")), str(doc.get("basis") or MISSING), fmt_time(job.get("span_s")),
-           fmt_time(job.get("compute_s")), fmt_time(job.get("comm_s")), fmt_time(job.get("overlapped_comm_s")),
-           fmt_time(job.get("exposed_comm_s")), fmt_time(job.get("idle_s")),
-           fmt_ratio(job.get("comm_to_compute")), fmt_pct(job.get("overlap_pct"))]
+    row = [fmt_int(job["ranks"]), str(doc["basis"] or MISSING), fmt_time(job["span_s"]),
+           fmt_time(job["compute_s"]), fmt_time(job["comm_s"]), fmt_time(job["overlapped_comm_s"]),
+           fmt_time(job["exposed_comm_s"]), fmt_time(job["idle_s"]),
+           fmt_ratio(job["comm_to_compute"]), fmt_pct(job["overlap_pct"])]
     return _html_table(header, [row])
 
 
-def _header(doc: Doc) -> str:
+def _header(doc: ReportDoc) -> str:
     rows = "".join(f'<tr><th class="text">{_e(label)}</th><td class="text">{_e(text)}</td></tr>'
                    for label, text in header_facts(doc))
     return f'<table class="header">{rows}</table>'
 
 
-def _time_cells(values: Mapping[str, Any]) -> list[str]:
-    return [fmt(values.get(key)) for _, key, fmt in TIME_COLUMNS]
-
-
-def _ranks_table(doc: Doc) -> str:
+def _ranks_table(doc: ReportDoc) -> str:
     """Every rank's numbers (the text's ranks table, none left out), then the job's row."""
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    ranks = doc["ranks"]
     header = ["rank", "basis", *(h for h, _, _ in TIME_COLUMNS)]
-    rows = [[r, str(ranks[r].get("basis") or MISSING), *_time_cells(ranks[r])] for r in sorted_ranks(doc)]
-    rows.append(["job", str(doc.get("basis") or MISSING), *_time_cells(doc.get("job") or {})])
+    rows = [[r, str(ranks[r]["basis"] or MISSING), *time_cells(ranks[r])] for r in sorted_ranks(doc)]
+    rows.append(["job", str(doc["basis"] or MISSING), *time_cells(doc["job"])])
     return _html_table(header, rows, text_columns=2)
 
 
-def _steps_table(doc: Doc) -> str:
+def _steps_table(doc: ReportDoc) -> str:
     """The job's values per step (the text's steps table), every step."""
     header = ["step", *(h for h, _, _ in TIME_COLUMNS)]
-    rows = [[fmt_int(s.get("step")), *_time_cells(s.get("job") or {})] for s in doc.get("steps") or []]
+    rows = [[fmt_int(s["step"]), *time_cells(s["job"])] for s in doc["steps"]]
     return _html_table(header, rows)
 
 
-def _queued(doc: Doc) -> bool:
+def _queued(doc: ReportDoc) -> bool:
     """Whether a trace showed the queue delay of some collective (GPU kernels): only then its column."""
-    return any(c.get("queue_mean_s") is not None for c in doc.get("collectives") or [])
+    return any(c["queue_mean_s"] is not None for c in doc["collectives"])
 
 
-def _collectives_table(doc: Doc) -> str:
+def _collectives_table(doc: ReportDoc) -> str:
     queued = _queued(doc)
     header = ["op", "group", "n", "count", "timed", "bytes", "total", "mean", "p50", "p99", "algbw GB/s",
               "busbw GB/s", "arrival skew", *(["queue"] if queued else [])]
-    rows = [[str(c.get("op") or MISSING), str(c.get("process_group") or MISSING), fmt_int(c.get("group_size")),
-             fmt_int(c.get("count")), fmt_int(c.get("timed")), fmt_bytes(c.get("bytes")),
-             fmt_time(c.get("total_s")), fmt_time(c.get("mean_s")), fmt_time(c.get("p50_s")),
-             fmt_time(c.get("p99_s")), fmt_number(c.get("algbw_gbps")), fmt_number(c.get("busbw_gbps")),
-             fmt_time(c.get("arrival_skew_mean_s")), *([fmt_time(c.get("queue_mean_s"))] if queued else [])]
-            for c in doc.get("collectives") or []]
+    rows = [[str(c["op"] or MISSING), str(c["process_group"] or MISSING), fmt_int(c["group_size"]),
+             fmt_int(c["count"]), fmt_int(c["timed"]), fmt_bytes(c["bytes"]),
+             fmt_time(c["total_s"]), fmt_time(c["mean_s"]), fmt_time(c["p50_s"]),
+             fmt_time(c["p99_s"]), fmt_number(c["algbw_gbps"]), fmt_number(c["busbw_gbps"]),
+             fmt_time(c["arrival_skew_mean_s"]), *([fmt_time(c["queue_mean_s"])] if queued else [])]
+            for c in doc["collectives"]]
     return _html_table(header, rows, text_columns=2)
 
 
-def _stragglers_table(doc: Doc) -> str:
+def _stragglers_table(doc: ReportDoc) -> str:
     header = ["rank", "matched", "last arrivals", "mean lateness", "p99 lateness"]
-    rows = [[fmt_int(s.get("rank")), fmt_int(s.get("matched")), fmt_int(s.get("last_arrivals")),
-             fmt_time(s.get("mean_lateness_s")), fmt_time(s.get("p99_lateness_s"))]
-            for s in doc.get("stragglers") or []]
+    rows = [[fmt_int(s["rank"]), fmt_int(s["matched"]), fmt_int(s["last_arrivals"]),
+             fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])]
+            for s in doc["stragglers"]]
     return _html_table(header, rows)
 
 
-def _modules_table(doc: Doc) -> str:
+def _modules_table(doc: ReportDoc) -> str:
     header = ["module", "pass", "op", "count", "bytes", "ranks"]
-    rows = [[str(m.get("path") or MISSING), str(m.get("pass") or MISSING), str(m.get("op") or MISSING),
-             fmt_int(m.get("count")), fmt_bytes(m.get("bytes")), fmt_int(m.get("ranks"))]
-            for m in doc.get("modules") or []]
+    rows = [[str(m["path"] or MISSING), str(m["pass"] or MISSING), str(m["op"] or MISSING),
+             fmt_int(m["count"]), fmt_bytes(m["bytes"]), fmt_int(m["ranks"])]
+            for m in doc["modules"]]
     return _html_table(header, rows, text_columns=3)
 
 
-def render_html(doc: Doc) -> str:
+def render_html(doc: ReportDoc) -> str:
     """The self-contained page :func:`write_plot` writes for ``.html``."""
-    heatmap = heatmap_svg(doc.get("lateness_map") or {})
+    heatmap = heatmap_svg(doc["lateness_map"])
     body = [
         f"<h1>{_e(plot_title(doc))}</h1>", _header(doc),
         "<h2>Job (times: mean per rank)</h2>", _summary_table(doc),
         "<h2>Time per rank</h2>",
         '<p class="note">compute only + overlapped comm + exposed comm + idle = span; the numbers are in the table '
         "below, and on each bar when hovered</p>",
-        bars_svg(doc) if doc.get("ranks") else '<p class="note">no ranks</p>',
-        _ranks_table(doc) if doc.get("ranks") else "",
+        bars_svg(doc) if doc["ranks"] else '<p class="note">no ranks</p>',
+        _ranks_table(doc) if doc["ranks"] else "",
         "<h2>Steps (job values: times are means over ranks)</h2>",
-        _steps_table(doc) if doc.get("steps") else '<p class="note">no steps recorded</p>',
+        _steps_table(doc) if doc["steps"] else '<p class="note">no steps recorded</p>',
         "<h2>Lateness at each collective</h2>",
         '<p class="note">a rank\'s arrival minus the earliest arrival (on a GPU: its first kernel\'s begin)</p>',
         heatmap or '<p class="note">no lateness data (it needs collectives timed on two or more ranks)</p>',
         "<h2>Collectives (by total time)</h2>",
         '<p class="note">on a GPU, times are the collective\'s kernels; queue: mean of (first kernel begin - '
         "CPU enqueue)</p>" if _queued(doc) else "",
-        _collectives_table(doc) if doc.get("collectives") else '<p class="note">none</p>',
+        _collectives_table(doc) if doc["collectives"] else '<p class="note">none</p>',
     ]
-    if doc.get("stragglers"):
+    if doc["stragglers"]:
         body += ["<h2>Stragglers</h2>", _stragglers_table(doc)]
-    if doc.get("modules"):
+    if doc["modules"]:
         body += ["<h2>Collectives per module</h2>", _modules_table(doc)]
-    if doc.get("notes"):
+    if doc["notes"]:
         body += ["<h2>Notes</h2>", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in doc["notes"]) + "</ul>"]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{_e(plot_title(doc))}</title><style>{STYLE}</style></head>\n<body>\n"
@@ -530,10 +528,10 @@ def _time_formatter() -> Any:
     return FuncFormatter(lambda value, _pos: fmt_time(value))
 
 
-def _draw_bars(ax: Any, doc: Doc) -> None:
+def _draw_bars(ax: Any, doc: ReportDoc) -> None:
     from matplotlib.collections import PolyCollection
 
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    ranks = doc["ranks"]
     order = sorted_ranks(doc)
     if not order:
         ax.axis("off")
@@ -559,13 +557,13 @@ def _draw_bars(ax: Any, doc: Doc) -> None:
     ax.legend(loc="lower right", bbox_to_anchor=(1, 1), ncol=len(SEGMENTS), frameon=False, fontsize="small")
 
 
-def _draw_heatmap(ax: Any, fig: Any, lateness_map: Mapping[str, Any]) -> None:
+def _draw_heatmap(ax: Any, fig: Any, lateness_map: LatenessMap) -> None:
     import numpy as np
     from matplotlib.colors import LinearSegmentedColormap
 
-    ranks = list(lateness_map.get("ranks") or [])
-    names = [str(n) for n in lateness_map.get("collectives") or []]
-    values = lateness_map.get("lateness_s") or []
+    ranks = list(lateness_map["ranks"])
+    names = [str(n) for n in lateness_map["collectives"]]
+    values = lateness_map["lateness_s"]
     ax.set_title("lateness at each collective (arrival - earliest arrival)", loc="left")
     if not ranks or not names or not values:
         ax.axis("off")
@@ -587,14 +585,14 @@ def _draw_heatmap(ax: Any, fig: Any, lateness_map: Mapping[str, Any]) -> None:
     ax.set_ylabel("rank")
 
 
-def _write_matplotlib(doc: Doc, path: Path, suffix: str) -> None:
+def _write_matplotlib(doc: ReportDoc, path: Path, suffix: str) -> None:
     figure_cls, canvas_cls = _load_matplotlib(suffix)
     from matplotlib import rc_context
 
-    n_ranks = len(doc.get("ranks") or {})
-    n_rows = len((doc.get("lateness_map") or {}).get("ranks") or [])
+    n_ranks = len(doc["ranks"])
+    n_rows = len((doc["lateness_map"])["ranks"])
     bars_h = min(14.0, max(2.5, 0.22 * n_ranks + 1.5))
-    longest = max((len(str(n)) for n in (doc.get("lateness_map") or {}).get("collectives") or []), default=0)
+    longest = max((len(str(n)) for n in (doc["lateness_map"])["collectives"]), default=0)
     heat_h = min(14.0, max(2.5, 0.22 * n_rows + 1.5)) + 0.08 * longest  # room for the rotated labels
     # A fixed hash salt makes the SVG's element ids the same on every run.
     with rc_context({"svg.hashsalt": "comm2perfetto", "svg.fonttype": "none"}):
@@ -603,6 +601,6 @@ def _write_matplotlib(doc: Doc, path: Path, suffix: str) -> None:
         fig.suptitle(plot_title(doc), x=0.01, ha="left", fontsize="large")
         bars_ax, heat_ax = fig.subplots(2, 1, height_ratios=[bars_h, heat_h])
         _draw_bars(bars_ax, doc)
-        _draw_heatmap(heat_ax, fig, doc.get("lateness_map") or {})
+        _draw_heatmap(heat_ax, fig, doc["lateness_map"])
         metadata = {"Date": None} if suffix == ".svg" else None
         fig.savefig(path, format=suffix[1:], dpi=100, metadata=metadata, bbox_inches="tight")

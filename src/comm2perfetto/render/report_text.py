@@ -4,7 +4,7 @@ Takes the plain dict and nothing else. Sections, in order: a header (rank count,
 came from) and the job summary line; the per-rank table (with a job row of means; over
 :data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
 per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
-tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.render.words`:
+tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.words`:
 ``12.3 ms``, ``2.00 KiB``, ``ranks 0-3, 5``), bandwidth in GB/s with 3 significant digits, and a missing value
 prints as ``-``. Same dict, same text; no trailing whitespace.
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from comm2perfetto.render.words import document_clock_text, duration, ranks_text, size, three_digits
+from comm2perfetto.report_doc import CollectiveRow, FigureKey, Figures, ModuleRow, RankFigures, ReportDoc
+from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
-__all__ = ["MISSING", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key",
-           "render_text", "table"]
+__all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
+           "rank_sort_key", "render_text", "table", "time_cells"]
 
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
@@ -45,7 +45,7 @@ MIN_ELASTIC_WIDTH = 8  # a shrunk text column keeps at least this many character
 PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
                                       None: "OUTSIDE FORWARD AND BACKWARD"}
 
-Doc = Mapping[str, Any]
+Doc = ReportDoc
 Row = Sequence[str] | str  # a str is a line of its own inside a table (an elision mark)
 
 
@@ -128,7 +128,7 @@ def table(header: Sequence[str], rows: Sequence[Row], aligns: str, *, width: int
 
 # --- sections -----------------------------------------------------------------------------------------------
 
-TIME_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+TIME_COLUMNS: tuple[tuple[str, FigureKey, Callable[[float | None], str]], ...] = (
     ("span", "span_s", fmt_time),
     ("compute", "compute_s", fmt_time),
     ("comm", "comm_s", fmt_time),
@@ -140,45 +140,46 @@ TIME_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 )
 
 
-def _time_cells(values: Mapping[str, Any]) -> list[str]:
+def time_cells(values: Figures) -> list[str]:
+    """A breakdown's figures as :data:`TIME_COLUMNS`' cells."""
     return [fmt(values.get(key)) for _, key, fmt in TIME_COLUMNS]
 
 
 def _header(doc: Doc) -> list[str]:
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
-    job = doc.get("job") or {}
+    ranks = doc["ranks"]
+    job = doc["job"]
     count = job.get("ranks", len(ranks))
-    world = doc.get("world_size")
+    world = doc["world_size"]
     of = f" of {world}" if isinstance(world, int) and world > count else ""
-    sampled = f" (a sample: {doc['sampled']} of {ranks_text(ranks)})" if doc.get("sampled") else ""
+    sampled = f" (a sample: {doc['sampled']} of {ranks_text(ranks)})" if doc["sampled"] else ""
     head = (f"comm2perfetto report: {count}{of} rank{'s' if count != 1 or of else ''}{sampled}, "
-            f"basis {doc.get('basis') or MISSING}")
-    steps = [s.get("step") for s in doc.get("steps") or []]
+            f"basis {doc['basis'] or MISSING}")
+    steps = [s["step"] for s in doc["steps"]]
     numbered = [s for s in steps if isinstance(s, int)]
     if numbered:
         head += f", {len(steps)} step{'s' if len(steps) != 1 else ''} ({min(numbered)}-{max(numbered)})"
     lines = [head]
     by_sources: dict[tuple[str, ...], list[str]] = {}
     for rank in sorted(ranks, key=rank_sort_key):
-        by_sources.setdefault(tuple(ranks[rank].get("sources") or ()), []).append(rank)
+        by_sources.setdefault(tuple(ranks[rank]["sources"]), []).append(rank)
     for sources, members in sorted(by_sources.items(), key=lambda kv: rank_sort_key(kv[1][0])):
         lines.append(f"  data: {', '.join(sources) or 'none'} ({ranks_text(members)})")
-    clock = document_clock_text(doc.get("clock"))
+    clock = document_clock_text(doc["clock"])
     if clock:
         lines.append("  " + clock)
     lines.append(
-        f"job: span {fmt_time(job.get('span_s'))}, comm/compute {fmt_ratio(job.get('comm_to_compute'))}, "
-        f"overlap {fmt_pct(job.get('overlap_pct'))}, exposed comm {fmt_time(job.get('exposed_comm_s'))}"
+        f"job: span {fmt_time(job['span_s'])}, comm/compute {fmt_ratio(job['comm_to_compute'])}, "
+        f"overlap {fmt_pct(job['overlap_pct'])}, exposed comm {fmt_time(job['exposed_comm_s'])}"
         " (times: mean per rank)")
     return lines
 
 
-def _select_ranks(ranks: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str], list[str]]:
     """(ranks to show in order, those left out, those without an exposed-comm value)."""
     ordered = sorted(ranks, key=rank_sort_key)
     if len(ordered) <= MAX_RANKS_SHOWN:
         return ordered, [], []
-    unknown = [r for r in ordered if ranks[r].get("exposed_comm_s") is None]
+    unknown = [r for r in ordered if ranks[r]["exposed_comm_s"] is None]
     known = sorted((r for r in ordered if r not in set(unknown)),
                    key=lambda r: (-ranks[r]["exposed_comm_s"], rank_sort_key(r)))
     if len(known) <= 2 * RANKS_EACH_END:
@@ -187,11 +188,11 @@ def _select_ranks(ranks: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], li
 
 
 def _ranks_section(doc: Doc, width: int) -> list[str]:
-    ranks: Mapping[str, Mapping[str, Any]] = doc.get("ranks") or {}
+    ranks = doc["ranks"]
     if not ranks:
         return ["ranks: none"]
     shown, hidden, unknown = _select_ranks(ranks)
-    mixed = len({ranks[r].get("basis") for r in ranks}) > 1
+    mixed = len({ranks[r]["basis"] for r in ranks}) > 1
     title = "ranks (union of each kind's intervals; overlapped = comm during compute, exposed = comm alone)"
     if hidden:
         title = (f"ranks: the {RANKS_EACH_END} with the most exposed comm and the {RANKS_EACH_END} with the least,"
@@ -199,10 +200,10 @@ def _ranks_section(doc: Doc, width: int) -> list[str]:
     header = ["rank", *(["basis"] if mixed else []), *(h for h, _, _ in TIME_COLUMNS)]
     rows: list[Row] = []
     for r in shown:
-        rows.append([r, *([ranks[r].get("basis") or MISSING] if mixed else []), *_time_cells(ranks[r])])
+        rows.append([r, *([ranks[r]["basis"] or MISSING] if mixed else []), *time_cells(ranks[r])])
         if hidden and r == shown[RANKS_EACH_END - 1]:
             rows.append(f"  ... {len(hidden)} ranks in between")
-    rows.append(["job", *([doc.get("basis") or MISSING] if mixed else []), *_time_cells(doc.get("job") or {})])
+    rows.append(["job", *([doc["basis"] or MISSING] if mixed else []), *time_cells(doc["job"])])
     aligns = ">" + ("<" if mixed else "") + ">" * len(TIME_COLUMNS)
     lines = [title, *table(header, rows, aligns, width=width)]
     if unknown:
@@ -211,10 +212,10 @@ def _ranks_section(doc: Doc, width: int) -> list[str]:
 
 
 def _steps_section(doc: Doc, width: int) -> list[str]:
-    steps: Sequence[Mapping[str, Any]] = doc.get("steps") or []
+    steps = doc["steps"]
     if not steps:
         return []
-    rows: list[Row] = [[fmt_int(s.get("step")), *_time_cells(s.get("job") or {})] for s in steps]
+    rows: list[Row] = [[fmt_int(s["step"]), *time_cells(s["job"])] for s in steps]
     if len(rows) > MAX_STEPS_SHOWN:
         hidden = len(rows) - 2 * STEPS_EACH_END
         rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
@@ -223,28 +224,28 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
             *table(header, rows, ">" * len(header), width=width)]
 
 
-def _count_cell(c: Mapping[str, Any]) -> str:
-    count, timed = c.get("count"), c.get("timed")
+def _count_cell(c: CollectiveRow) -> str:
+    count, timed = c["count"], c["timed"]
     return fmt_int(count) if timed is None or timed == count else f"{fmt_int(timed)}/{fmt_int(count)}"
 
 
 def _collectives_section(doc: Doc, width: int) -> list[str]:
-    collectives: Sequence[Mapping[str, Any]] = doc.get("collectives") or []
+    collectives = doc["collectives"]
     if not collectives:
         return ["collectives: none"]
-    queued = any(c.get("queue_mean_s") is not None for c in collectives)  # only where a trace shows kernels
+    queued = any(c["queue_mean_s"] is not None for c in collectives)  # only where a trace shows kernels
     header = ["op", "group", "n", "count", "bytes", "total", "mean", "p50", "p99", "algbw", "busbw", "skew",
               *(["queue"] if queued else [])]
     rows: list[Row] = [[
-        str(c.get("op") or MISSING), str(c.get("process_group") or MISSING), fmt_int(c.get("group_size")),
-        _count_cell(c), fmt_bytes(c.get("bytes")), fmt_time(c.get("total_s")), fmt_time(c.get("mean_s")),
-        fmt_time(c.get("p50_s")), fmt_time(c.get("p99_s")), fmt_number(c.get("algbw_gbps")),
-        fmt_number(c.get("busbw_gbps")), fmt_time(c.get("arrival_skew_mean_s")),
-        *([fmt_time(c.get("queue_mean_s"))] if queued else []),
+        c["op"] or MISSING, c["process_group"] or MISSING, fmt_int(c["group_size"]),
+        _count_cell(c), fmt_bytes(c["bytes"]), fmt_time(c["total_s"]), fmt_time(c["mean_s"]),
+        fmt_time(c["p50_s"]), fmt_time(c["p99_s"]), fmt_number(c["algbw_gbps"]),
+        fmt_number(c["busbw_gbps"]), fmt_time(c["arrival_skew_mean_s"]),
+        *([fmt_time(c["queue_mean_s"])] if queued else []),
     ] for c in collectives[:MAX_COLLECTIVES_SHOWN]]
     if len(collectives) > MAX_COLLECTIVES_SHOWN:
         rest = collectives[MAX_COLLECTIVES_SHOWN:]
-        rest_total = sum(c.get("total_s") or 0.0 for c in rest)
+        rest_total = sum(c["total_s"] or 0.0 for c in rest)
         rows.append(f"  ... {len(rest)} more, {fmt_time(rest_total)} in all (--format json lists every one)")
     legend = ["  n: group size; count a/b: a of b instances timed; skew: mean of (last - first arrival)",
               "  algbw = bytes / transfer time, busbw = algbw x the nccl-tests factor, both in GB/s"]
@@ -256,16 +257,16 @@ def _collectives_section(doc: Doc, width: int) -> list[str]:
 
 
 def _stragglers_section(doc: Doc, width: int) -> list[str]:
-    stragglers: Sequence[Mapping[str, Any]] = doc.get("stragglers") or []
+    stragglers = doc["stragglers"]
     if not stragglers:
         return []
     header = ["rank", "matched", "last", "last %", "mean late", "p99 late"]
     rows: list[Row] = []
     for s in stragglers[:MAX_STRAGGLERS_SHOWN]:
-        matched, last = s.get("matched"), s.get("last_arrivals")
+        matched, last = s["matched"], s["last_arrivals"]
         share = 100.0 * last / matched if matched and last is not None else None
-        rows.append([fmt_int(s.get("rank")), fmt_int(matched), fmt_int(last), fmt_pct(share),
-                     fmt_time(s.get("mean_lateness_s")), fmt_time(s.get("p99_lateness_s"))])
+        rows.append([fmt_int(s["rank"]), fmt_int(matched), fmt_int(last), fmt_pct(share),
+                     fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])])
     title = "stragglers (last = collectives this rank arrived at last; late = arrival - earliest arrival)"
     return [title, *table(header, rows, ">" * len(header), width=width)]
 
@@ -305,15 +306,15 @@ class _Node:
     totals: dict[tuple[str | None, str], _Total] = field(default_factory=dict)
 
 
-def module_tree(modules: Iterable[Mapping[str, Any]]) -> _Node:
+def module_tree(modules: Iterable[ModuleRow]) -> _Node:
     """The dotted paths as a tree; every row counts in its module and in all the module's ancestors."""
     root = _Node()
     for m in modules:
-        key = (m.get("pass"), str(m.get("op") or MISSING))
+        key = (m["pass"], m["op"] or MISSING)
         node = root
-        for part in str(m.get("path") or "(no module)").split("."):
+        for part in (m["path"] or "(no module)").split("."):
             node = node.children.setdefault(part, _Node())
-            node.totals.setdefault(key, _Total()).add(m.get("count") or 0, m.get("bytes"), m.get("ranks"))
+            node.totals.setdefault(key, _Total()).add(m["count"], m["bytes"], m["ranks"])
     return root
 
 
@@ -351,7 +352,7 @@ def _tree_lines(node: _Node, depth: int) -> list[str]:
 
 
 def _modules_section(doc: Doc) -> list[str]:
-    modules: Sequence[Mapping[str, Any]] = doc.get("modules") or []
+    modules = doc["modules"]
     if not modules:
         return []
     return ["modules (collectives issued inside each nn.Module; a parent's counts include its children's)",
@@ -359,7 +360,7 @@ def _modules_section(doc: Doc) -> list[str]:
 
 
 def _notes_section(doc: Doc, width: int) -> list[str]:
-    notes: Sequence[str] = doc.get("notes") or []
+    notes = doc["notes"]
     if not notes:
         return []
     lines = ["notes"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
-from comm2perfetto.render.words import duration
 from comm2perfetto.sources.live_window import Window
+from comm2perfetto.words import duration
 
 
 def _share(part: float | None, whole: float | None) -> str:

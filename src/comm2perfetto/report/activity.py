@@ -15,38 +15,28 @@ Two bases, chosen per rank:
   annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
   inside a user's range that wraps the whole step.
 
-Profiler traces are read by the loader (``match.load_job(traces="spans")``), in worker processes, into compact
-unions (``sources.kineto.profile.RankProfile``), not events.
+Profiler traces are read by the loader (``match.load_job`` with ``LoadOptions.profiles``), in worker processes,
+into compact unions (``sources.kineto.profile.RankProfile``), not events.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
 from operator import add, itemgetter
 
-from comm2perfetto.group_columns import GroupCollectives
 from comm2perfetto.intervals import Measured, Span, difference, envelope, intersection, union
-from comm2perfetto.model import Collective, Job, RankProfile
+from comm2perfetto.job import Job
+from comm2perfetto.model import GroupView
+from comm2perfetto.report_doc import Basis
 from comm2perfetto.sources.event_log import RankLog
-from comm2perfetto.sources.kineto.profile import kineto_intervals, read_profiles
+from comm2perfetto.sources.kineto.profile import RankProfile
 
-__all__ = [
-    "CPU",
-    "GPU",
-    "FlightRecorderSpans",
-    "RankActivity",
-    "RankProfile",
-    "kineto_intervals",
-    "rank_activity",
-    "read_profiles",
-]
+__all__ = ["FlightRecorderSpans", "RankActivity", "rank_activity"]
 
-GPU = "gpu"
-CPU = "cpu"
 _END = itemgetter(1)
 
 
@@ -55,7 +45,7 @@ class RankActivity:
     """A rank's compute, communication and memory unions on the job's (aligned) clock."""
 
     rank: int
-    basis: str  # GPU or CPU
+    basis: Basis
     sources: tuple[str, ...]
     compute: list[Span]
     comm: list[Span]
@@ -98,7 +88,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
         steps = profile.gpu_steps or _steps(log, profile, envelope(profile.gpu_compute, profile.gpu_comm))
-        return RankActivity(rank, GPU, ("profiler GPU kernels",), profile.gpu_compute, profile.gpu_comm,
+        return RankActivity(rank, Basis.GPU, ("profiler GPU kernels",), profile.gpu_compute, profile.gpu_comm,
                             profile.gpu_memory, steps, profile.gpu_overlapped, profile.gpu_busy,
                             profile.windows)
     sources: list[str] = []
@@ -126,7 +116,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
         comm_u = union(comm_u + fr_spans)
         sources.append("Flight Recorder")
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
-    return RankActivity(rank, CPU, tuple(sources), compute_u, comm_u, [],
+    return RankActivity(rank, Basis.CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, envelope(compute_u, comm_u)),
                         compute_windows=profile.windows if profiled_only else None)
 
@@ -142,7 +132,7 @@ class FlightRecorderSpans:
     tuple of every rank per collective."""
 
     def __init__(self, job: Job) -> None:
-        self._groups: dict[int, list[Sequence[Collective]]] = defaultdict(list)  # rank -> its groups' collectives
+        self._groups: dict[int, list[GroupView]] = defaultdict(list)  # rank -> its groups' collectives
         for cols in job.collectives.values():
             if cols:
                 for rank in cols[0].ranks:
@@ -151,17 +141,11 @@ class FlightRecorderSpans:
     def __call__(self, rank: int) -> list[Span]:
         spans: list[Span] = []
         for cols in self._groups.get(rank, ()):
-            on_gpu = cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols)
             # what each rule reads: a GPU's needs neither start nor end (see _gpu_spans)
-            names = ("sources", "arrive_ns", "duration_ns") if on_gpu else ("sources", "start_ns", "arrive_ns",
-                                                                             "end_ns")
-            if isinstance(cols, GroupCollectives):
-                columns = [cols.member_column(name, rank) for name in names]
-            else:
-                rows = [tuple(getattr(c, name)[i] if getattr(c, name) else None for name in names)
-                        for c in cols for i in (c.index_of(rank),)]
-                columns = [list(col) for col in zip(*rows)] or [[] for _ in names]
-            spans.extend(_gpu_spans(*columns) if on_gpu else _cpu_spans(*columns))
+            names = ("sources", "arrive_ns", "duration_ns") if cols.on_gpu else ("sources", "start_ns", "arrive_ns",
+                                                                                  "end_ns")
+            columns = [cols.member_column(name, rank) for name in names]
+            spans.extend(_gpu_spans(*columns) if cols.on_gpu else _cpu_spans(*columns))
         return spans
 
 

@@ -39,13 +39,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from comm2perfetto.model import Collective, Job, Signature, gpu_backend, op_family, span_timing, tensor_bytes
-from comm2perfetto.report.intervals import NS
+from comm2perfetto.intervals import NS
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, Signature, gpu_backend, op_family, span_timing, tensor_bytes
+from comm2perfetto.report_doc import CollectiveRow, Instances
 
 _Number = TypeVar("_Number", int, float)
-# The columns of a row's ``instances``, one value per collective (None where unknown).
-INSTANCE_COLUMNS = ("seq", "step", "bytes", "duration_s", "transfer_s", "algbw_gbps", "busbw_gbps",
-                    "arrival_skew_s", "last_rank")
 _ROOTED_TOTAL = ("all_gather", "gather")  # S is n x each rank's input
 _BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -104,7 +103,7 @@ class _Instance:
     last_rank: int | None
 
 
-def collective_table(job: Job) -> list[dict]:
+def collective_table(job: Job) -> list[CollectiveRow]:
     """One row per (op family, process group), slowest total first, of every collective (without steps: a
     report's steps come from ``report.document``)."""
     table = CollectiveTable(job)
@@ -135,7 +134,7 @@ class CollectiveTable:
         row.queue_ns += sum(queues)
         row.queued += len(queues)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[CollectiveRow]:
         """The table, send/recv pairs included (unless left out)."""
         job, rows = self._job, self._rows
         for uid, transfers in job.p2p.items() if self._with_p2p else ():
@@ -173,7 +172,7 @@ def _add(row: _Row, instance: _Instance) -> None:
         row.timed_bytes += nbytes or 0
 
 
-def _render(op: str, uid: str, group: str, row: _Row) -> dict:
+def _render(op: str, uid: str, group: str, row: _Row) -> CollectiveRow:
     durations = sorted(row.durations)
     total = sum(durations)
     algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
@@ -195,18 +194,23 @@ def _render(op: str, uid: str, group: str, row: _Row) -> dict:
     }
 
 
-def _instance_columns(instances: list[_Instance], factor: float | None) -> dict[str, list]:
-    """The row's collectives as columns; a bandwidth where the transfer time and size are known."""
-    columns: dict[str, list] = {key: [] for key in INSTANCE_COLUMNS}
+def _instance_columns(instances: list[_Instance], factor: float | None) -> Instances:
+    """The row's collectives as columns (``report_doc.INSTANCE_COLUMNS``); a bandwidth where the transfer time
+    and size are known."""
+    columns: Instances = {"seq": [], "step": [], "bytes": [], "duration_s": [], "transfer_s": [], "algbw_gbps": [],
+                          "busbw_gbps": [], "arrival_skew_s": [], "last_rank": []}
     for i in instances:
         duration, transfer = i.timing if i.timing is not None else (None, None)
         algbw = i.nbytes / (transfer * NS) / 1e9 if transfer and i.nbytes else None
-        for key, value in zip(INSTANCE_COLUMNS, (
-                i.seq, i.step, i.nbytes, duration * NS if duration is not None else None,
-                transfer * NS if transfer is not None else None, algbw,
-                algbw * factor if algbw is not None and factor is not None else None,
-                i.skew * NS if i.skew is not None else None, i.last_rank)):
-            columns[key].append(value)
+        columns["seq"].append(i.seq)
+        columns["step"].append(i.step)
+        columns["bytes"].append(i.nbytes)
+        columns["duration_s"].append(duration * NS if duration is not None else None)
+        columns["transfer_s"].append(transfer * NS if transfer is not None else None)
+        columns["algbw_gbps"].append(algbw)
+        columns["busbw_gbps"].append(algbw * factor if algbw is not None and factor is not None else None)
+        columns["arrival_skew_s"].append(i.skew * NS if i.skew is not None else None)
+        columns["last_rank"].append(i.last_rank)
     return columns
 
 

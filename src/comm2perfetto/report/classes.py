@@ -33,9 +33,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from comm2perfetto.model import Job
-from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
-from comm2perfetto.report.intervals import Span, difference, intersection, union
+from comm2perfetto.intervals import Span, difference, intersection, union
+from comm2perfetto.job import Job
+from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
+from comm2perfetto.sources.kineto.profile import RankProfile
 
 __all__ = ["CLASSES", "COMM", "COMPUTE", "IDLE", "MEMORY", "NO_DATA", "WAITING", "RankClasses", "comm_instants",
            "job_classes", "rank_classes"]

@@ -1,7 +1,8 @@
 """The report document: every analysis over a job, as one plain dict (the JSON contract in docs/report.md).
 
-``build_report`` takes the loaded job (or None when only profiler traces were given) and each rank's profiler
-traces already reduced to unions (``sources.kineto.profile.read_profiles``), and returns::
+``build`` is report's entry point: the document of a loaded job (``load_options.REPORT``), with the notes on
+how it was read. ``build_report`` takes the job (or None when only profiler traces were given) and each rank's
+profiler traces already reduced to unions (``Job.profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
      "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
@@ -14,28 +15,59 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
+from comm2perfetto.diagnose.other_attempts import attempts_note
 from comm2perfetto.errors import Comm2PerfettoError
-from comm2perfetto.model import Collective, Job
-from comm2perfetto.render.words import ranks_text
-from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, RankProfile, rank_activity
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective
+from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
-from comm2perfetto.report.stragglers import LatenessMap, Stragglers
+from comm2perfetto.report.stragglers import LatenessTable, Stragglers
+from comm2perfetto.report_doc import VERSION, Basis, Clock, CollectiveRow, RankFigures, ReportDoc
+from comm2perfetto.sources.kineto.profile import RankProfile
+from comm2perfetto.words import ranks_text
 
-__all__ = ["VERSION", "StepsError", "build_report", "steps_text"]
-
-VERSION = 1
-
+__all__ = ["ReportOptions", "StepsError", "build", "build_report", "steps_text"]
 
 class StepsError(Comm2PerfettoError, ValueError):
     """The steps asked for are none of those the job recorded: a report of them would be all zeros."""
 
 
+class ReportOptions(NamedTuple):
+    """What a report covers: ``steps`` A..B only (inclusive; ``--steps``), module paths cut to ``depth``
+    components (``--depth``)."""
+
+    steps: tuple[int, int] | None = None
+    depth: int | None = None
+
+
+def build(job: Job, options: ReportOptions) -> ReportDoc:
+    """The report of ``job`` (loaded with profiles: ``load_options.REPORT``), what ``report`` prints and
+    ``compare`` compares: its figures (``build_report``), what it is about (``paths``), and notes on how it was
+    read (HTA's rounding or scope), on the job's other attempts, and from the loading (skipped files ...)."""
+    profiles = dict(job.profiles)
+    # With neither dumps, logs nor collectives in the traces there is nothing matched to report on.
+    matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
+    doc = build_report(job if matched else None, profiles, steps=options.steps, depth=options.depth)
+    doc["paths"] = list(job.paths)  # what the report is about, for its page's header
+    if job.options.hta_scope and profiles:
+        doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
+                            "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
+    elif job.options.hta_rounding and profiles:
+        doc["notes"].append("profiler events rounded inward to whole microseconds, as HTA does (--hta-rounding)")
+    attempts = attempts_note(job, "this report")
+    if attempts is not None:
+        doc["notes"].insert(0, attempts)
+    doc["notes"].extend(job.notes)
+    doc["notes"].extend(f"skipped {s.path}: {s.reason}" for s in job.skipped)
+    return doc
+
+
 def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tuple[int, int] | None = None,
-                 depth: int | None = None) -> dict:
+                 depth: int | None = None) -> ReportDoc:
     """Everything ``comm2perfetto report`` prints. ``steps``: only steps A..B (inclusive).
 
     Memory follows the answer: each rank's unions are measured and dropped before the next rank's are made,
@@ -43,7 +75,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     ranks = sorted(set(job.ranks if job is not None else ()) | set(profiles))
     fr_spans = FlightRecorderSpans(job) if job is not None else None
     facts: dict[int, _RankFacts] = {}
-    per_rank: dict[str, dict] = {}
+    per_rank: dict[str, RankFigures] = {}
     parts: list[Breakdown] = []
     by_step: dict[int, dict[int, Breakdown]] = {}
     for rank in ranks:
@@ -68,7 +100,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     collectives = tables.collectives.rows() if tables is not None else []
     return {
         "version": VERSION,
-        "basis": bases.pop() if len(bases) == 1 else ("mixed" if bases else None),
+        "basis": bases.pop() if len(bases) == 1 else (Basis.MIXED if bases else None),
         "world_size": job.world_size if job is not None else None,
         "job": job_breakdown(parts),
         "ranks": per_rank,
@@ -92,7 +124,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
 class _RankFacts:
     """What the report keeps of a rank's activity once its figures are taken (its unions are dropped)."""
 
-    basis: str
+    basis: Basis
     steps: tuple[tuple[int, int, int], ...]  # (step, begin, end) on the job's clock
     profiled_steps: list[int] | None  # RankActivity.profiled_steps
     has_span: bool  # some timed compute or communication
@@ -108,7 +140,7 @@ class _RankFacts:
 class _Tables:
     collectives: CollectiveTable
     stragglers: Stragglers
-    lateness: LatenessMap
+    lateness: LatenessTable
     modules: ModuleTable
 
 
@@ -118,7 +150,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
     ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
     step)."""
-    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessMap(job),
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessTable(job),
                      ModuleTable(job, depth, steps))
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
@@ -132,7 +164,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     return tables
 
 
-def _clock(job: Job) -> dict:
+def _clock(job: Job) -> Clock:
     """How the ranks' clocks were put on rank 0's (model.ClockAlignment), for the header's clock line."""
     clock = job.clock
     return {"method": {str(r): m for r, m in sorted(clock.method.items())},
@@ -169,7 +201,7 @@ def _step_finder(facts: Mapping[int, _RankFacts]) -> Callable[[Collective], int 
 
 def _basis_notes(facts: Mapping[int, _RankFacts]) -> list[str]:
     notes = []
-    cpu = [r for r, f in facts.items() if f.basis == "cpu"]
+    cpu = [r for r, f in facts.items() if f.basis == Basis.CPU]
     if cpu and len(cpu) < len(facts):
         notes.append(f"the profiler traces of {ranks_text(cpu)} have no GPU kernels: the figures of "
                      f"{'this rank' if len(cpu) == 1 else 'these ranks'} come from CPU intervals and do not compare "
@@ -214,12 +246,12 @@ def steps_text(steps: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def _untimed_note(collectives: list[dict], bases: set[str]) -> list[str]:
+def _untimed_note(collectives: list[CollectiveRow], bases: set[Basis]) -> list[str]:
     count = sum(r["count"] for r in collectives)
     untimed = count - sum(r["timed"] for r in collectives)
     if not untimed:
         return []
-    where = " and their time is not in the CPU basis's comm_s" if "cpu" in bases else ""
+    where = " and their time is not in the CPU basis's comm_s" if Basis.CPU in bases else ""
     return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
             f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
             f"they count in the collectives table but not in its durations{where}"]

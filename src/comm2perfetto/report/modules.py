@@ -19,8 +19,10 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from comm2perfetto.model import Collective, Job, op_family, tensor_bytes
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, op_family, tensor_bytes
 from comm2perfetto.report.bandwidth import first_signature
+from comm2perfetto.report_doc import ModuleRow
 
 OUTSIDE = "(outside any module)"
 NOT_SEEN = "(issued from C++: DDP, FSDP)"
@@ -39,7 +41,7 @@ def aggregate_path(path: str, depth: int | None) -> str:
     return ".".join(path.split(".")[:depth])
 
 
-def module_table(job: Job, depth: int | None = None) -> list[dict]:
+def module_table(job: Job, depth: int | None = None) -> list[ModuleRow]:
     """Rows ``{path, pass, op, count, bytes, ranks}`` in path order (a tree read top-down)."""
     table = ModuleTable(job, depth)
     for uid, cols in job.collectives.items():
@@ -87,8 +89,8 @@ class ModuleTable:
         row.instances[(uid, c.seq)] = tensor_bytes(sig.input_sizes, sig.input_dtypes) or 0
         row.ranks.update(c.joined_ranks)
 
-    def rows(self) -> list[dict]:
-        table = [{"path": path, "pass": pass_, "op": op, "count": len(row.instances),
+    def rows(self) -> list[ModuleRow]:
+        table: list[ModuleRow] = [{"path": path, "pass": pass_, "op": op, "count": len(row.instances),
                   "bytes": sum(row.instances.values()), "ranks": len(row.ranks)}
                  for (path, pass_, op), row in self._rows.items()]
         table.sort(key=lambda r: (r["path"] in (OUTSIDE, NOT_SEEN), r["path"], r["pass"] or "", r["op"]))

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from comm2perfetto.intervals import NS, Span
 from comm2perfetto.report.activity import RankActivity
-from comm2perfetto.report.intervals import NS, Span
+from comm2perfetto.report_doc import Figures, JobFigures
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Breakdown:
     def overlap_pct(self) -> float | None:
         return 100.0 * self.overlapped_ns / self.comm_ns if self.comm_ns else None
 
-    def as_dict(self) -> dict[str, float | None]:
+    def as_dict(self) -> Figures:
         """The report's keys, times in seconds."""
         return {
             "span_s": self.span_ns * NS, "compute_s": self.compute_ns * NS, "comm_s": self.comm_ns * NS,
@@ -83,12 +84,18 @@ def total(parts: Iterable[Breakdown]) -> Breakdown:
     return Breakdown(*sums)
 
 
-def job_breakdown(parts: Sequence[Breakdown]) -> dict[str, float | int | None]:
+def job_breakdown(parts: Sequence[Breakdown]) -> JobFigures:
     """The job's row: mean times over ranks, ratios from the totals, and how many ranks it averages."""
     n = len(parts)
-    row = {key: (value / n if n and key.endswith("_s") and value is not None else value)
-           for key, value in total(parts).as_dict().items()}
-    # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
-    row["idle_s"] = sum(b.idle_ns for b in parts) * NS / n if n else 0.0
-    row["ranks"] = n
-    return row
+    whole = total(parts).as_dict()
+
+    def mean(seconds: float) -> float:
+        return seconds / n if n else seconds
+
+    return {
+        "span_s": mean(whole["span_s"]), "compute_s": mean(whole["compute_s"]), "comm_s": mean(whole["comm_s"]),
+        "overlapped_comm_s": mean(whole["overlapped_comm_s"]), "exposed_comm_s": mean(whole["exposed_comm_s"]),
+        # idle is clamped at 0 per rank (a step window can be shorter than what ran in it): mean the clamped values
+        "idle_s": sum(b.idle_ns for b in parts) * NS / n if n else 0.0,
+        "comm_to_compute": whole["comm_to_compute"], "overlap_pct": whole["overlap_pct"], "ranks": n,
+    }

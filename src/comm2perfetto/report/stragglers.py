@@ -17,12 +17,14 @@ from itertools import repeat
 from operator import itemgetter, sub
 from typing import cast
 
-from comm2perfetto.model import Collective, Job
+from comm2perfetto.intervals import NS
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective
 from comm2perfetto.report.bandwidth import percentile
-from comm2perfetto.report.intervals import NS
+from comm2perfetto.report_doc import LatenessMap, StragglerRow
 
 
-def straggler_table(job: Job) -> list[dict]:
+def straggler_table(job: Job) -> list[StragglerRow]:
     """One row per rank that joined a fully joined collective, most last arrivals first."""
     table = Stragglers()
     for cols in job.collectives.values():
@@ -52,13 +54,13 @@ class Stragglers:
             group = self._groups[id(c.ranks)] = (c.ranks, [array("q") for _ in c.ranks])
         deque(map(array.append, group[1], map(sub, arrive, repeat(first))), maxlen=0)  # in C: every rank
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[StragglerRow]:
         lateness: dict[int, list[array]] = defaultdict(list)
         for ranks, per_rank in self._groups.values():
             for rank, column in zip(ranks, per_rank):
                 if column:
                     lateness[rank].append(column)
-        rows = []
+        rows: list[StragglerRow] = []
         for rank, parts in lateness.items():
             values = sorted(parts[0]) if len(parts) == 1 else sorted(v for part in parts for v in part)
             rows.append({"rank": rank, "matched": len(values), "last_arrivals": self._last[rank],
@@ -68,17 +70,17 @@ class Stragglers:
         return rows
 
 
-def lateness_map(job: Job, columns: int = 200) -> dict:
+def lateness_map(job: Job, columns: int = 200) -> LatenessMap:
     """Ranks x collectives lateness for a heat map: the fully joined collectives in time order, sampled
     evenly down to ``columns``; None where a rank is not in that collective's group."""
-    heat = LatenessMap(job, columns)
+    heat = LatenessTable(job, columns)
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
             heat.add(uid, i, c)
     return heat.result()
 
 
-class LatenessMap:
+class LatenessTable:
     """``lateness_map`` fed one collective at a time (``add``): it keeps each joined collective's first
     arrival and place, and reads the per-rank values of the few it draws again at the end."""
 
@@ -92,7 +94,7 @@ class LatenessMap:
         if len(ready) > 1 and None not in ready:
             self._joined.append((min(cast(tuple[int, ...], ready)), uid, index))
 
-    def result(self) -> dict:
+    def result(self) -> LatenessMap:
         joined = sorted(self._joined, key=itemgetter(0))
         if len(joined) > self._columns:
             step = len(joined) / self._columns

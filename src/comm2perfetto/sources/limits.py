@@ -113,7 +113,7 @@ def compact_ranks(ranks: Sequence[int]) -> Ranks:
     return ranks
 
 
-def rank_ok(value: Any, world: int | None = None) -> bool:
+def rank_ok(value: Any, world: int | None = None) -> TypeGuard[int]:
     """A rank: an int in [0, world) (or [0, MAX_WORLD_SIZE) while the world is unknown)."""
     return type(value) is int and 0 <= value < (world if world else MAX_WORLD_SIZE)
 
@@ -132,7 +132,7 @@ def opt_time_ok(value: Any) -> bool:
     return value is None or (type(value) is int and 0 <= value <= MAX_TIME_NS)
 
 
-def count_ok(value: Any) -> bool:
+def count_ok(value: Any) -> TypeGuard[int]:
     """A sequence number, id or size: an int in [0, 2**63)."""
     return type(value) is int and 0 <= value <= MAX_TIME_NS
 

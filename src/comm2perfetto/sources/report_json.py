@@ -20,22 +20,27 @@ dropped and counted in one note, a bad value becomes None (unknown). Raw shape (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.report_doc import (
+    INSTANCE_COLUMNS,
+    VERSION,
+    GroupRow,
+    Instances,
+    SavedCollective,
+    SavedFigures,
+    SavedModule,
+    SavedReport,
+    SavedStep,
+    SavedStraggler,
+)
 from comm2perfetto.sources.limits import MAX_WORLD_SIZE, TooLargeError, count_ok, rank_ok, read_bounded, shown
 
-# The contract's names, as report/ writes them (sources/ imports nothing above it; a unit test keeps these
-# equal to report.document.VERSION, report.overlap.Breakdown.as_dict's keys and report.bandwidth's columns).
-VERSION = 1
-FIGURES = ("span_s", "compute_s", "comm_s", "overlapped_comm_s", "exposed_comm_s", "idle_s", "comm_to_compute",
-           "overlap_pct")
-INSTANCE_COLUMNS = ("seq", "step", "bytes", "duration_s", "transfer_s", "algbw_gbps", "busbw_gbps",
-                    "arrival_skew_s", "last_rank")
-_FLOAT_COLUMNS = {"duration_s", "transfer_s", "algbw_gbps", "busbw_gbps", "arrival_skew_s"}
 MAX_STEP = 1 << 40  # step numbers come from counters: far below this
 
 
@@ -43,7 +48,7 @@ class ReportFormatError(Comm2PerfettoError, ValueError):
     """A report document ``compare`` cannot use (a newer version, the wrong shape): one line for the user."""
 
 
-def read_report_json(path: Path) -> dict | None:
+def read_report_json(path: Path) -> SavedReport | None:
     """The checked report document in ``path``, or None when the file holds JSON that is not one. Raises
     OSError, TooLargeError or ReportFormatError."""
     data = read_bounded(path)
@@ -56,7 +61,7 @@ def read_report_json(path: Path) -> dict | None:
     return check_report(doc)
 
 
-def check_report(doc: dict) -> dict:
+def check_report(doc: Mapping[str, Any]) -> SavedReport:
     """The parts of a report document ``compare`` reads, checked (see the module docstring)."""
     version = doc.get("version")
     if type(version) is not int or version < 1:
@@ -66,7 +71,7 @@ def check_report(doc: dict) -> dict:
                                 "upgrade comm2perfetto")
     dropped: dict[str, int] = {}
     notes = [n for n in doc.get("notes") or [] if isinstance(n, str)] if isinstance(doc.get("notes"), list) else []
-    out: dict[str, Any] = {
+    out: SavedReport = {
         "version": version,
         "basis": doc.get("basis") if isinstance(doc.get("basis"), str) else None,
         "world_size": doc.get("world_size") if rank_ok(doc.get("world_size"), MAX_WORLD_SIZE + 1) else None,
@@ -96,12 +101,15 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and len(value) < 4096 else None
 
 
-def _figures(value: Any) -> dict[str, float | None]:
-    values = value if isinstance(value, dict) else {}
-    return {key: _number(values.get(key)) for key in FIGURES}
+def _figures(value: Any) -> SavedFigures:
+    get = value.get if isinstance(value, dict) else {}.get
+    return {"span_s": _number(get("span_s")), "compute_s": _number(get("compute_s")), "comm_s": _number(get("comm_s")),
+            "overlapped_comm_s": _number(get("overlapped_comm_s")), "exposed_comm_s": _number(get("exposed_comm_s")),
+            "idle_s": _number(get("idle_s")), "comm_to_compute": _number(get("comm_to_compute")),
+            "overlap_pct": _number(get("overlap_pct"))}
 
 
-def _ranks(value: Any, dropped: dict[str, int], what: str) -> dict[str, dict]:
+def _ranks(value: Any, dropped: dict[str, int], what: str) -> dict[str, SavedFigures]:
     if not isinstance(value, dict):
         return {}
     out = {}
@@ -113,7 +121,11 @@ def _ranks(value: Any, dropped: dict[str, int], what: str) -> dict[str, dict]:
     return out
 
 
-def _rows(value: Any, check: Any, dropped: dict[str, int], what: str) -> list[dict]:
+_Row = TypeVar("_Row")
+
+
+def _rows(value: Any, check: Callable[[dict, dict[str, int]], _Row | None], dropped: dict[str, int],
+          what: str) -> list[_Row]:
     out = []
     for row in value if isinstance(value, list) else []:
         checked = check(row, dropped) if isinstance(row, dict) else None
@@ -124,14 +136,14 @@ def _rows(value: Any, check: Any, dropped: dict[str, int], what: str) -> list[di
     return out
 
 
-def _step(row: dict, dropped: dict[str, int]) -> dict | None:
+def _step(row: dict, dropped: dict[str, int]) -> SavedStep | None:
     step = row.get("step")
     if type(step) is not int or not 0 <= step <= MAX_STEP:
         return None
     return {"step": step, "job": _figures(row.get("job")), "ranks": _ranks(row.get("ranks"), dropped, "step ranks")}
 
 
-def _collective(row: dict, dropped: dict[str, int]) -> dict | None:
+def _collective(row: dict, dropped: dict[str, int]) -> SavedCollective | None:
     op, group = _text(row.get("op")), _text(row.get("process_group"))
     if op is None or group is None:
         return None
@@ -142,36 +154,34 @@ def _collective(row: dict, dropped: dict[str, int]) -> dict | None:
             "instances": _instances(row.get("instances"))}
 
 
-def _instances(value: Any) -> dict[str, list] | None:
-    """The columns, all of one length, each value checked; None when absent (a report saved before they
-    existed) or unusable."""
+def _instances(value: Any) -> Instances | None:
+    """The columns (``INSTANCE_COLUMNS``), all of one length, each value checked; None when absent (a report
+    saved before they existed) or unusable."""
     if not isinstance(value, dict):
         return None
-    columns: dict[str, list] = {}
-    for key in INSTANCE_COLUMNS:
-        column = value.get(key)
-        if not isinstance(column, list):
-            return None
-        columns[key] = column
-    if len({len(c) for c in columns.values()}) != 1:
+    columns = [column for key in INSTANCE_COLUMNS if isinstance(column := value.get(key), list)]
+    if len(columns) != len(INSTANCE_COLUMNS) or len({len(c) for c in columns}) != 1:
         return None
-    out: dict[str, list] = {}
-    for key, column in columns.items():
-        if key in _FLOAT_COLUMNS:
-            out[key] = [v if v is not None and v >= 0 else None for v in map(_number, column)]
-        elif key == "last_rank":
-            out[key] = [v if rank_ok(v) else None for v in column]
-        elif key == "step":
-            out[key] = [v if type(v) is int and 0 <= v <= MAX_STEP else None for v in column]
-        else:
-            out[key] = [v if count_ok(v) else None for v in column]
-    return out
+    seq, step, nbytes, duration, transfer, algbw, busbw, skew, last = columns
+    return {"seq": _counts(seq), "step": [v if type(v) is int and 0 <= v <= MAX_STEP else None for v in step],
+            "bytes": _counts(nbytes), "duration_s": _amounts(duration), "transfer_s": _amounts(transfer),
+            "algbw_gbps": _amounts(algbw), "busbw_gbps": _amounts(busbw), "arrival_skew_s": _amounts(skew),
+            "last_rank": [v if rank_ok(v) else None for v in last]}
 
 
-def _groups(value: Any, dropped: dict[str, int]) -> dict[str, dict]:
+def _counts(column: list) -> list[int | None]:
+    return [v if count_ok(v) else None for v in column]
+
+
+def _amounts(column: list) -> list[float | None]:
+    """Times and bandwidths: finite and not negative."""
+    return [v if v is not None and v >= 0 else None for v in map(_number, column)]
+
+
+def _groups(value: Any, dropped: dict[str, int]) -> dict[str, GroupRow]:
     if not isinstance(value, dict):
         return {}
-    out = {}
+    out: dict[str, GroupRow] = {}
     for uid, group in value.items():
         ranks = group.get("ranks") if isinstance(group, dict) else None
         if (isinstance(uid, str) and isinstance(ranks, list) and len(ranks) <= MAX_WORLD_SIZE
@@ -183,7 +193,7 @@ def _groups(value: Any, dropped: dict[str, int]) -> dict[str, dict]:
     return out
 
 
-def _straggler(row: dict, _dropped: dict[str, int]) -> dict | None:
+def _straggler(row: dict, _dropped: dict[str, int]) -> SavedStraggler | None:
     rank, matched, last = row.get("rank"), row.get("matched"), row.get("last_arrivals")
     if not (rank_ok(rank) and count_ok(matched) and count_ok(last)) or int(last or 0) > int(matched or 0):
         return None
@@ -191,7 +201,7 @@ def _straggler(row: dict, _dropped: dict[str, int]) -> dict | None:
             "mean_lateness_s": _number(row.get("mean_lateness_s"))}
 
 
-def _module(row: dict, _dropped: dict[str, int]) -> dict | None:
+def _module(row: dict, _dropped: dict[str, int]) -> SavedModule | None:
     path, op, count = _text(row.get("path")), _text(row.get("op")), row.get("count")
     pass_ = row.get("pass")
     if path is None or op is None or not count_ok(count) or not (pass_ is None or _text(pass_) is not None):

@@ -24,8 +24,8 @@ from comm2perfetto.diagnose.findings import (
     Diagnosis,
     Finding,
 )
-from comm2perfetto.match import find_collective
-from comm2perfetto.model import COMPLETED, Job
+from comm2perfetto.job import Job
+from comm2perfetto.model import CallState
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
     for f in diagnosis.findings:
         if f.seq is None or f.group_uid not in job.groups or f.kind == P2P_MISMATCH:  # a p2p seq is no collective's
             continue
-        c = find_collective(job.collectives.get(f.group_uid, ()), f.seq)
+        c = job.collectives[f.group_uid].find(f.seq)
         title = f"{f.op} ({f.process_group} seq {f.seq})"
         if f.kind in DESYNC_KINDS:
             markers.mismatched[(f.group_uid, f.seq)] = f.kind
@@ -91,7 +91,7 @@ def plan_markers(job: Job, diagnosis: Diagnosis) -> Markers:
             continue
         waiting = {}
         not_done = [r for r, sig, st, end in zip(c.ranks, c.signatures, c.states, c.end_ns)
-                    if sig is not None and (st != COMPLETED or end is None)]
+                    if sig is not None and (st != CallState.COMPLETED or end is None)]
         for rank in not_done:
             others = set(f.ranks_missing) or (set(not_done) - {rank}) or set(f.culprit_ranks) - {rank}
             waiting[rank] = tuple(sorted(others))

@@ -52,7 +52,7 @@ from operator import add, sub
 from pathlib import Path
 from types import MappingProxyType
 
-from comm2perfetto.render.words import duration
+from comm2perfetto.words import duration
 
 __all__ = ["COLOURS", "INSTANT_W", "KINDS", "PROPORTIONAL", "PreviewLayout", "PreviewRow", "PreviewStats",
            "preview_layout", "render_preview", "time_ticks"]

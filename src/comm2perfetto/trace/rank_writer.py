@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import sub
 from typing import Any, NamedTuple
 
-from comm2perfetto.model import NOT_DONE_STATES, Collective, Job, P2POp, P2PTransfer, Signature, gpu_backend
-from comm2perfetto.render.words import duration
+from comm2perfetto.job import Job
+from comm2perfetto.model import NOT_DONE_STATES, GroupView, P2POp, P2PTransfer, Signature, gpu_backend
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
@@ -21,6 +21,7 @@ from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, shapes_text, signature_args
 from comm2perfetto.trace.sink import NO_FLOWS, SharedArgs, TraceSink
+from comm2perfetto.words import duration
 
 __all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
 
@@ -152,9 +153,9 @@ class RankWriter:
             if self.rank not in group.ranks:
                 continue
             items: list[Item] = []
-            cols = self.job.collectives.get(uid, ())
+            cols = self.job.collectives.get(uid)
             if cols:
-                self._group_collectives(uid, cols, cols[0].ranks.index(self.rank), items)
+                self._group_collectives(uid, cols, cols.ranks.index(self.rank), items)
             for tr in self.job.p2p.get(uid, ()):
                 if tr.src == self.rank and tr.send is not None:
                     self._p2p(tr, "send", tr.send, tr.dst, uid, items)
@@ -163,7 +164,7 @@ class RankWriter:
             out.append((group.label, items))
         return out
 
-    def _group_collectives(self, uid: str, cols: Sequence[Collective], i: int, items: list[Item]) -> None:
+    def _group_collectives(self, uid: str, cols: GroupView, i: int, items: list[Item]) -> None:
         """This rank's slice of every collective of one group: the hot part of a big merge (2M slices).
 
         Built a column at a time at C speed (every collective's value for this rank at once, see GroupTable).

@@ -15,8 +15,8 @@ from operator import getitem, gt, is_not, not_
 from types import MappingProxyType
 from typing import Any
 
-from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import Collective, Job, Signature, call_site, known_values, tensor_bytes, work_span
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, GroupView, Signature, call_site, known_values, tensor_bytes, work_span
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
 __all__ = ["END", "START", "STEP", "Flow", "GroupTable", "SiteCache", "rank_at", "shapes_text",
@@ -109,7 +109,7 @@ class _Common(dict[tuple[str | None, int | None, str | None, int | None], Shared
 
 # Per collective of a group: where to read the collective (its group's collectives, its position), the shared
 # part of its slices, its flow. Not the view itself: a view keeps the per-rank tuples it has built.
-Row = tuple[Sequence[Collective], int, _Common, Flow | None]
+Row = tuple[GroupView, int, _Common, Flow | None]
 
 
 class GroupTable:
@@ -121,7 +121,7 @@ class GroupTable:
     collective whatever the group's size. The other lists hold one value per collective.
     """
 
-    def __init__(self, cols: Sequence[Collective], flows: Mapping[int, Flow], sites: SiteCache) -> None:
+    def __init__(self, cols: GroupView, flows: Mapping[int, Flow], sites: SiteCache) -> None:
         self.cols = cols
         self.rows: list[Row] = []
         usual_states: list[str | None] = []
@@ -130,7 +130,7 @@ class GroupTable:
         # The first member's values, as its columns (C-level slices): a collective's every rank is read only
         # where that member has no record of it, not four fields of every rank of every collective.
         firsts = None
-        if isinstance(cols, GroupCollectives) and cols.ranks:
+        if cols.ranks:
             firsts = [cols.member_column(name, cols.ranks[0]) for name in ("signatures", "states", "stack_ids",
                                                                            "sources")]
         for k, c in enumerate(cols):  # each view is dropped after this: its tuples are not kept
@@ -171,12 +171,7 @@ class GroupTable:
     def column(self, name: str, rank: int) -> list:
         """``rank``'s value of a per-rank field (``signatures``, ``arrive_ns``, ``end_ns``, ``states`` ...) in
         each collective of the table, in order."""
-        cols = self.cols
-        if isinstance(cols, GroupCollectives):
-            values = cols.member_column(name, rank)
-        else:
-            i = cols[0].ranks.index(rank) if cols else 0
-            values = [v[i] if (v := getattr(c, name)) else None for c in cols]  # () where no rank has a value
+        values = self.cols.member_column(name, rank)
         if len(self.indices) == len(values):
             return values
         return [values[k] for k in self.indices]
@@ -184,8 +179,7 @@ class GroupTable:
     @property
     def on_gpu(self) -> bool:
         """The group's collectives run on a GPU (``Collective.on_gpu``)."""
-        cols = self.cols
-        return cols.on_gpu if isinstance(cols, GroupCollectives) else any(c.on_gpu for c in cols[:1])
+        return self.cols.on_gpu
 
     def work_columns(self, rank: int) -> tuple[list, list]:
         """``rank``'s slice of each collective as (begins, ends), as ``Collective.work_of`` has it

@@ -28,15 +28,15 @@ from operator import itemgetter
 
 from comm2perfetto.diagnose.attempts import attempts_text
 from comm2perfetto.diagnose.findings import Diagnosis
-from comm2perfetto.group_columns import GroupCollectives
-from comm2perfetto.model import Collective, Job, known_values
-from comm2perfetto.render.words import duration
+from comm2perfetto.job import Job
+from comm2perfetto.model import Collective, known_values
 from comm2perfetto.report.classes import RankClasses
-from comm2perfetto.trace.markers import Markers, plan_markers
+from comm2perfetto.trace.markers import Markers
 from comm2perfetto.trace.preview import PreviewRow
 from comm2perfetto.trace.rank_writer import RankWriter, everything
 from comm2perfetto.trace.shared_args import Flow, GroupTable, SiteCache, rank_at
 from comm2perfetto.trace.sink import TraceSink
+from comm2perfetto.words import duration
 
 SAMPLE_LIMIT = 256  # above this many ranks, the default trace keeps implicated ranks plus a sample
 
@@ -87,15 +87,17 @@ class TimelineSummary:
     preview: list[PreviewRow] = field(default_factory=list)
 
 
-def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: Selection,
+def write_timeline(job: Job, diagnosis: Diagnosis, markers: Markers, sink: TraceSink, selection: Selection,
                    window: tuple[int, int] | None = None, kineto: bool = True, preview: bool = False,
                    progress: Callable[[int, int], None] | None = None,
-                   classes: Mapping[int, RankClasses] | None = None, kineto_detail: bool = True) -> TimelineSummary:
-    """Write the whole job to ``sink`` (not closed here). ``window`` keeps events overlapping [start, end].
-    ``preview``: also lay out ``summary.preview``, each rank's ``classes`` (``report.classes.job_classes``: what
-    ``report`` measures) and diagnose's stalls and missing ranks. ``kineto_detail=False`` (merge --lean): profiler
-    events without their args, ids and launch flows."""
-    markers = plan_markers(job, diagnosis)
+                   classes: Mapping[int, RankClasses] | None = None, kineto_detail: bool = True,
+                   job_end: int | None = None) -> TimelineSummary:
+    """Write the whole job to ``sink`` (not closed here), its ``diagnosis`` marked as ``markers`` (planned from it:
+    ``markers.plan_markers``) say. ``window`` keeps events overlapping [start, end]. ``preview``: also lay out
+    ``summary.preview``, each rank's ``classes`` (``report.classes.job_classes``: what ``report`` measures) and
+    diagnose's stalls and missing ranks. ``kineto_detail=False`` (merge --lean): profiler events without their
+    args, ids and launch flows. ``job_end``: the last time of the job's collectives (``Job.collectives_span``),
+    where a finding that has no time of its own is marked."""
     shown = set(selection.ranks)
     inside = _window_test(window)
     flows = _collective_flows(job, shown, inside)
@@ -113,7 +115,7 @@ def write_timeline(job: Job, diagnosis: Diagnosis, sink: TraceSink, selection: S
     job_pid = uuid()
     sink.process(job_pid, pid=1, name="job", description=_job_description(job, diagnosis, selection),
                  sort_index=0)
-    _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or everything)
+    _write_job_tracks(job, diagnosis, sink, uuid, job_pid, inside or everything, job_end)
     sites = SiteCache(job)
     tables: dict[str, GroupTable] = {}  # per group, built for the first rank that needs it
     for n, rank in enumerate(selection.ranks, 1):
@@ -166,13 +168,10 @@ def _job_description(job: Job, diagnosis: Diagnosis, selection: Selection) -> st
 
 
 def _write_job_tracks(job: Job, diagnosis: Diagnosis, sink: TraceSink, uuid: Callable[[], int], pid: int,
-                      inside: Callable[[int, int], bool]) -> None:
+                      inside: Callable[[int, int], bool], job_end: int | None) -> None:
     findings = uuid()
     sink.track(findings, parent=pid, name="findings", sort_index=0)
-    job_end = None
     for f in diagnosis.findings:
-        if f.t_ns is None and job_end is None:
-            job_end = job.collectives_span()[1]
         t = f.t_ns if f.t_ns is not None else job_end
         if t is None:
             continue
@@ -240,7 +239,7 @@ def _collective_flows(job: Job, shown: set[int], inside: Callable[[int, int], bo
         # The shown ranks of a sample (256 of 16,384): read from their columns, where every collective's view
         # would decode every rank's values to pick theirs. Without GPU begins, ready is the arrival.
         shown_columns = None
-        if quick and pick is not None and isinstance(cols, GroupCollectives) and not cols[0].gpu_begin_ns:
+        if quick and pick is not None and not cols[0].gpu_begin_ns:
             shown_columns = (list(zip(*(cols.member_column("arrive_ns", r) for r in picked))),
                              list(zip(*(cols.member_column("signatures", r) for r in picked))))
         by_seq = flows[uid] = {}

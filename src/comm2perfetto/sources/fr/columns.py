@@ -17,8 +17,8 @@ Missing values are ``NO_VALUE`` (-1): every time and id a reader accepts is >= 0
 >>> q = lambda *values: array("q", values)
 >>> t = GroupTrack.from_arrays("0", "default_pg", {0}, q(1), array("i", [0]), [_SIG], bytes([STATE_CODE["completed"]]),
 ...                            q(10**18), q(NO_VALUE), q(10**18 + 5), None, q(0), array("d", [0.0025]))
->>> t.seqs, t.states, t.started_ns, t.durations_ns
-([1], ['completed'], [None], [2500])
+>>> t.seqs, t.states == [CallState.COMPLETED], t.started_ns, t.durations_ns
+([1], True, [None], [2500])
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ from itertools import repeat
 from operator import mul
 from typing import Any
 
-from comm2perfetto.model import COMPLETED, FAILED, PENDING, SCHEDULED, STARTED, UNKNOWN, Signature
+from comm2perfetto.model import CallState, Signature
 
 NO_VALUE = -1
 # The first bytes of a rank's columns written to disk (``compact.py``), which tell the file apart.
 COLUMNS_MAGIC = b"C2P-FR-COLUMNS 1\n"
 # State codes: COMPLETED is 0, so the first unfinished row of a track is found in C (see ``first_not_done``).
-STATES: tuple[str, ...] = (COMPLETED, STARTED, SCHEDULED, PENDING, FAILED, UNKNOWN)
+STATES: tuple[CallState, ...] = (CallState.COMPLETED, CallState.STARTED, CallState.SCHEDULED, CallState.PENDING,
+                                 CallState.FAILED, CallState.UNKNOWN)
 STATE_CODE = {s: i for i, s in enumerate(STATES)}
 # Decoding tables with a trailing None, so that NO_VALUE (-1) decodes to None in one C-level lookup.
-STATE_LOOKUP: tuple[str | None, ...] = (*STATES, None)
+STATE_LOOKUP: tuple[CallState | None, ...] = (*STATES, None)
 
 _SIG = Signature("all_reduce", ((4,),), ("Float",), ((4,),), ("Float",))  # for the doctest
 
@@ -126,7 +127,7 @@ class GroupTrack:
         return list(map(self.sig_table.__getitem__, self.sig_col))
 
     @property
-    def states(self) -> list[str]:
+    def states(self) -> list[CallState]:
         return list(map(STATES.__getitem__, self.state_col))
 
     @property

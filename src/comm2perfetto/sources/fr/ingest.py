@@ -34,10 +34,10 @@ from comm2perfetto.sources.fr.fields import (
     frames_ok,
     name_ok,
     pg_ok,
-    record_key,
     repair_rows,
     snapshot_age,
 )
+from comm2perfetto.sources.fr.snapshots import merge_snapshots
 from comm2perfetto.sources.fr.tables import SIGNATURE_FIELDS, SignatureTable, StackTable, encode, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok
 
@@ -106,98 +106,13 @@ class FrRankTrace:
     unread_p2p: frozenset[str | None] = frozenset()  # group names (or ANY_GROUP) where a send/recv was skipped
 
 
-def _merge_snapshots(dumps: list[FrDump], damage: Damage) -> tuple[list[dict[str, Any]], str | None]:
-    """Union of the entries of several ring-buffer snapshots of one rank, later snapshots winning.
-
-    Returns the entries in record order and a conflict message when two snapshots disagree about the
-    same record (they come from different jobs or runs). An entry whose name or record id is unreadable is
-    placed by its neighbours in its dump (a ring lists consecutive record ids), its name read from an older
-    copy of the record where one is there (``_mend_key``); one that cannot be placed is skipped.
-    """
-    if len(dumps) == 1:
-        return dumps[0].entries, None
-    merged: dict[tuple[str, int], dict[str, Any]] = {}
-    conflict = None
-    # Snapshots of one rank describe one default group; two sizes mean two jobs' dumps of the same rank.
-    worlds = sorted((len(d.pg_config["0"].ranks), str(d.path)) for d in dumps
-                    if "0" in d.pg_config and d.pg_config["0"].ranks is not None)
-    if worlds and worlds[0][0] != worlds[-1][0]:
-        (na, a), (nb, b) = worlds[0], worlds[-1]
-        conflict = f"{a} and {b} are dumps of the same rank from jobs of {na} and {nb} ranks"
-    for d in sorted(dumps, key=snapshot_age):
-        for i, e in enumerate(d.entries):
-            key = record_key(e, i)
-            if key is None:
-                key = _placed(d.entries, i)
-                if key is None:
-                    damage.lost(e)
-                    continue
-                e = _mend_key(e, key, merged.get(key), d, damage)
-            old = merged.get(key)
-            if old is not None:
-                if conflict is None and _disagree(old, e):
-                    conflict = (f"{d.path.name} and another dump of the same rank disagree about record {key[1]} "
-                                "(different jobs or runs in one folder)")
-                if "frames" in old and not e.get("frames"):
-                    # a periodic dump leaves stacks out (record/flight.py): keep those an earlier dump had
-                    e = dict(e, frames=old["frames"])
-            merged[key] = e
-    order = sorted(merged, key=lambda k: (k[1], _created(merged[k]) or 0))
-    return [merged[k] for k in order], conflict
-
-
-def _mend_key(e: dict[str, Any], key: tuple[str, int], older: dict[str, Any] | None, d: FrDump,
-              damage: Damage) -> dict[str, Any]:
-    """``e``, placed at ``key`` by its neighbours, with its unreadable record id read from there and its
-    unreadable name from ``older`` (the record's copy in an older dump) where there is one (else it stays
-    unreadable, for the checks to skip the entry); each named in ``damage``."""
-    mended = {}
-    rid, name = e.get("record_id"), e.get("profiling_name")
-    if not count_ok(rid):
-        mended["record_id"] = key[1]
-        damage.mended(e, "record_id", rid, f"read as {key[1]}, between its neighbours in {d.path.name}")
-    if not name_ok(name) and older is not None:
-        mended["profiling_name"] = older["profiling_name"]
-        damage.mended(e, "profiling_name", name, f"read from the same record in {damage.origin(older)}")
-    return dict(e, **mended) if mended else e
-
-
-def _disagree(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Two copies of one record that cannot be one record: another creation time or name (where both are
-    readable: a damaged field is no evidence of another run)."""
-    ta, tb = _created(a), _created(b)
-    na, nb = a.get("profiling_name"), b.get("profiling_name")
-    return (ta is not None and tb is not None and ta != tb) or (name_ok(na) and name_ok(nb) and na != nb)
-
-
-def _placed(entries: list[dict[str, Any]], i: int) -> tuple[str, int] | None:
-    """The key of ``entries[i]`` (whose own is unreadable) from its neighbours, where they agree with each
-    other and with what of its own is readable."""
-    keys = set()
-    for j, step in ((i - 1, 1), (i + 1, -1)):
-        if 0 <= j < len(entries) and (k := record_key(entries[j], j)) is not None:
-            keys.add((k[0], k[1] + step))
-    if len(keys) != 1:
-        return None
-    key = keys.pop()
-    name, rid = entries[i].get("profiling_name"), entries[i].get("record_id")
-    if (name_ok(name) and name.partition(":")[0] != key[0]) or (count_ok(rid) and rid != key[1]):
-        return None
-    return key
-
-
-def _created(e: dict[str, Any]) -> int | None:
-    t = e.get("time_created_ns")
-    return t if count_ok(t) else None  # NaN, which equals nothing, is no time either
-
-
 def build_rank_trace(
     rank: int, dumps: list[FrDump], stacks: StackTable, signatures: SignatureTable, with_stacks: bool = True,
 ) -> tuple[FrRankTrace, str | None]:
     """Normalise one rank's dumps into an ``FrRankTrace``; also returns a snapshot-conflict message."""
     notes = [p for d in dumps for p in d.problems]
     damage = Damage(dumps)
-    entries, conflict = _merge_snapshots(dumps, damage)
+    entries, conflict = merge_snapshots(dumps, damage)
     version = max((d.version for d in dumps), key=_version_key, default="")
     pg_config: dict[str, PgConfig] = {}
     status: dict[int, tuple[int, int, int]] = {}

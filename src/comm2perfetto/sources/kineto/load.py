@@ -2,24 +2,27 @@
 come from the same job as the Flight Recorder dumps and event logs next to them. Never imports torch.
 
 A trace whose rank cannot be told (see ``rank``) is skipped with one line naming it and the option
-that gives its rank (``--trace-rank FILE=RANK``). Traces are read whole (``read_kineto``): ``merge`` draws
-their events, and every command builds collectives from them (``collectives``).
+that gives its rank (``--trace-rank FILE=RANK``). Traces are read whole here (``read_kineto``: ``merge`` draws
+their events), or in worker processes into profile unions (``profile``); every command builds collectives
+from their communication events (``collectives``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from comm2perfetto.errors import OptionError
 from comm2perfetto.model import Skipped
-from comm2perfetto.sources.kineto.events import KinetoTrace
+from comm2perfetto.sources.kineto.events import KinetoSpans, KinetoTrace
+from comm2perfetto.sources.kineto.profile import RankProfile, rank_profile
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
-from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto
+from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto, read_kineto_and_spans
 
-__all__ = ["check_against_job", "load_traces", "parse_trace_ranks", "trace_rank", "trace_span"]
+__all__ = ["LoadedTraces", "check_against_job", "load_traces", "parse_trace_ranks", "trace_rank", "trace_span"]
 
 # Traces and dumps whose times lie further apart than this are not one job: no training job runs for a month
 # without a restart, and a folder mixing a 2023 profile with today's dumps is the mistake this catches.
@@ -55,15 +58,26 @@ def trace_rank(path: Path, gzipped: bool, given: Mapping[str, int]) -> tuple[int
     return rank, world, "file name" if rank is not None else ""
 
 
-def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple[
-        dict[int, list[Path]], dict[int, list[KinetoTrace]], list[Skipped], list[str], int | None]:
-    """Rank every trace (``files``: discover's FoundFile of kind kineto) and, with ``read``, parse it.
+@dataclass(slots=True)
+class LoadedTraces:
+    """What ``load_traces`` found: the traces' paths by rank, read where asked (``traces``, and ``profiles``:
+    their unions of one reading), the files skipped, mixed-job problems (traces disagreeing on world size), and
+    the world size the traces' ``distributedInfo`` agree on (None: none, or they disagree)."""
 
-    Returns (paths by rank, traces by rank, skipped files, mixed-job problems: traces disagreeing on world size,
-    the world size the traces' ``distributedInfo`` agree on or None).
-    """
+    paths: dict[int, list[Path]]
+    traces: dict[int, list[KinetoTrace]]
+    profiles: dict[int, RankProfile]
+    skipped: list[Skipped]
+    problems: list[str]
+    world: int | None
+
+
+def load_traces(files: list[Any], given: Mapping[str, int], read: bool, spans: bool = False) -> LoadedTraces:
+    """Rank every trace (``files``: discover's FoundFile of kind kineto) and, with ``read``, parse it; with
+    ``spans`` also into each rank's profile unions (``sources.kineto.profile``), from the same reading."""
     paths: dict[int, list[Path]] = defaultdict(list)
     traces: dict[int, list[KinetoTrace]] = defaultdict(list)
+    read_spans: dict[int, list[KinetoSpans]] = defaultdict(list)
     skipped: list[Skipped] = []
     worlds: dict[int, list[Path]] = defaultdict(list)
     for f in files:
@@ -76,7 +90,11 @@ def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple
             worlds[world].append(f.path)
         if read:
             try:
-                trace = read_kineto(f.path)
+                if spans:
+                    trace, its_spans = read_kineto_and_spans(f.path)
+                    read_spans[rank].append(its_spans)
+                else:
+                    trace = read_kineto(f.path)
             except KinetoFormatError as exc:
                 skipped.append(Skipped(str(f.path), str(exc).removeprefix(f"{f.path}: ")))
                 continue
@@ -86,7 +104,9 @@ def load_traces(files: list[Any], given: Mapping[str, int], read: bool) -> tuple
     if len(worlds) > 1:
         examples = ", ".join(f"{p[0]} (world size {w})" for w, p in sorted(worlds.items()))
         problems.append(f"profiler traces disagree on world size: {examples}")
-    return dict(paths), dict(traces), skipped, problems, next(iter(worlds)) if len(worlds) == 1 else None
+    profiles = {rank: rank_profile(s) for rank, s in read_spans.items()}
+    return LoadedTraces(dict(paths), dict(traces), profiles, skipped, problems,
+                        next(iter(worlds)) if len(worlds) == 1 else None)
 
 
 def trace_span(trace: KinetoTrace) -> tuple[int, int] | None:

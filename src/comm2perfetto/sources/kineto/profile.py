@@ -8,23 +8,76 @@ boundary is a few lists of spans a rank, never an event object. Never imports to
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
 
 from comm2perfetto.intervals import Span, intersection, union
-from comm2perfetto.model import RankProfile
+from comm2perfetto.sources.kineto.events import KinetoSpans
 from comm2perfetto.sources.kineto.reader import KinetoFormatError, read_kineto_spans
 
-__all__ = ["kineto_intervals", "read_profiles"]
+__all__ = ["RankProfile", "kineto_intervals", "rank_profile", "read_profiles"]
 
 _END = itemgetter(1)
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's profiler traces reduced to unions of ``(begin, end)`` ns spans (``rank_profile``, on the rank's
+    own clock; ``Job.profiles`` holds them moved onto the job's: see ``shifted``). Picklable, small."""
+
+    gpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    gpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    gpu_memory: list[tuple[int, int]] = field(default_factory=list)
+    cpu_compute: list[tuple[int, int]] = field(default_factory=list)
+    cpu_comm: list[tuple[int, int]] = field(default_factory=list)
+    # gpu_compute ∩ gpu_comm and the union of all three GPU classes: a rank's clock offset moves them but
+    # leaves their shape, so the workers that read the traces compute them, in parallel.
+    gpu_overlapped: list[tuple[int, int]] | None = None
+    gpu_busy: list[tuple[int, int]] | None = None
+    steps: tuple[tuple[int, int, int], ...] = ()  # ProfilerStep#n: (n, begin, end)
+    gpu_steps: tuple[tuple[int, int, int], ...] = ()  # the same steps on the GPU's time (see gpu_step_spans)
+    windows: tuple[tuple[int, int], ...] = ()  # each trace's first to last event: where the profiler was running
+    traces: tuple = ()  # with collectives=True: each trace's communication events (KinetoTrace, comm only)
+    events: int = 0
+    notes: tuple[str, ...] = ()
+
+    def shifted(self, offset_ns: int) -> RankProfile:
+        """The same profile with every span moved by ``offset_ns`` (onto the job's clock: ``match.load_job``),
+        its communication events left out: the job holds them (``Job.traces``), on its clock."""
+        def spans(u: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            return [(b + offset_ns, e + offset_ns) for b, e in u] if offset_ns else u
+
+        def steps(s: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+            return tuple((n, b + offset_ns, e + offset_ns) for n, b, e in s) if offset_ns else s
+
+        return replace(
+            self, gpu_compute=spans(self.gpu_compute), gpu_comm=spans(self.gpu_comm),
+            gpu_memory=spans(self.gpu_memory), cpu_compute=spans(self.cpu_compute), cpu_comm=spans(self.cpu_comm),
+            gpu_overlapped=spans(self.gpu_overlapped) if self.gpu_overlapped is not None else None,
+            gpu_busy=spans(self.gpu_busy) if self.gpu_busy is not None else None,
+            steps=steps(self.steps), gpu_steps=steps(self.gpu_steps),
+            windows=tuple(spans(list(self.windows))), traces=())
 
 
 def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: bool = False,
                      collectives: bool = False) -> RankProfile:
     """Read a rank's profiler traces (several files: several profiled windows) into unions. ``whole_us`` and
     ``hta_scope``: as HTA reads them; ``collectives``: keep their communication events (``read_kineto_spans``)."""
+    read: list[KinetoSpans] = []
+    notes: list[str] = []
+    for path in paths:
+        try:
+            read.append(read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives))
+        except KinetoFormatError as exc:
+            notes.append(f"skipped {path}: {exc}")
+    return rank_profile(read, notes)
+
+
+def rank_profile(read: Iterable[KinetoSpans], notes: Sequence[str] = ()) -> RankProfile:
+    """A rank's traces, read as spans, reduced to its profile: the unions of its GPU classes where it has compute or
+    communication kernels, else of its CPU compute and communication; its steps and profiled windows."""
     gpu: dict[str, list[Span]] = {"compute": [], "comm": [], "memory": []}
     cpu_compute: list[Span] = []
     cpu_comm: list[Span] = []
@@ -32,14 +85,8 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
     gpu_steps: list[tuple[int, int, int]] = []
     windows: list[Span] = []
     traces: list = []
-    notes: list[str] = []
     events = 0
-    for path in paths:
-        try:
-            trace = read_kineto_spans(path, whole_us=whole_us, hta_scope=hta_scope, collectives=collectives)
-        except KinetoFormatError as exc:
-            notes.append(f"skipped {path}: {exc}")
-            continue
+    for trace in read:
         events += trace.event_count
         for klass, spans in trace.gpu.items():
             gpu[klass] += spans
@@ -56,13 +103,12 @@ def kineto_intervals(paths: Sequence[Path], whole_us: bool = False, hta_scope: b
     if gpu["compute"] or gpu["comm"]:  # the rank's figures come from its kernels: CPU intervals go unused
         compute, comm, memory = union(gpu["compute"]), union(gpu["comm"]), union(gpu["memory"])
         return RankProfile(compute, comm, memory, gpu_overlapped=intersection(compute, comm),
-                               gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
-                               gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
-                               events=events, notes=tuple(notes))
+                           gpu_busy=union(compute + comm + memory), steps=tuple(sorted(steps)),
+                           gpu_steps=tuple(sorted(gpu_steps)), windows=tuple(windows), traces=tuple(traces),
+                           events=events, notes=tuple(notes))
     return RankProfile(gpu_memory=union(gpu["memory"]), cpu_compute=union(cpu_compute),
-                           cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
-                           traces=tuple(traces), events=events,
-                           notes=tuple(notes))
+                       cpu_comm=union(cpu_comm), steps=tuple(sorted(steps)), windows=tuple(windows),
+                       traces=tuple(traces), events=events, notes=tuple(notes))
 
 
 def read_profiles(kineto_files: Mapping[int, Sequence[Path]], workers: int = 1,

@@ -57,7 +57,8 @@ from comm2perfetto.sources.kineto.parse import EventParser
 from comm2perfetto.sources.kineto.spans import SpanParser
 from comm2perfetto.sources.limits import MAX_TIME_NS, MAX_TRACE_BYTES, TooLargeError, gunzip_bounded, read_bounded
 
-__all__ = ["KinetoFormatError", "gunzip_head", "read_kineto", "read_kineto_spans", "sniff_kineto"]
+__all__ = ["KinetoFormatError", "gunzip_head", "read_kineto", "read_kineto_and_spans", "read_kineto_spans",
+           "sniff_kineto"]
 
 
 class KinetoFormatError(Comm2PerfettoError, ValueError):
@@ -87,14 +88,33 @@ def read_kineto(path: str | Path, data: bytes | None = None) -> KinetoTrace:
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        return _read(path, data)
+        doc, info, base = _load(path, data)
+        return _events(path, doc, info, base)
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _read(path: Path, data: bytes | None) -> KinetoTrace:
-    doc, info, base = _load(path, data)
+def read_kineto_and_spans(path: str | Path) -> tuple[KinetoTrace, KinetoSpans]:
+    """``read_kineto`` and ``read_kineto_spans`` (as it reads by default) of one reading: the file is read and its
+    JSON parsed once, then each parser walks the events (merge --preview draws what report measures)."""
+    path = Path(path)
+    gc_was_on = gc.isenabled()
+    gc.disable()  # as in read_kineto
+    try:
+        raw = _text(path, None)
+        kernels_first = b'"kernel"' in raw
+        doc, info, base = _parse(path, raw)
+        del raw
+        trace = _events(path, doc, info, base)
+        events = doc["traceEvents"]
+        return trace, _span_parser(events, base, kernels_first).spans(path, len(events))
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _events(path: Path, doc: dict[str, Any], info: dict[str, Any], base: int) -> KinetoTrace:
     parser = EventParser(base)
     for ev in doc["traceEvents"]:
         if isinstance(ev, dict):
@@ -175,11 +195,7 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
         doc, info, base = _parse(path, raw)
         del raw  # before the walk: the text is as large as the events' strings
         events = doc["traceEvents"]
-        parser = SpanParser(base, whole_us, hta_scope)
-        parser.feed_all(events, cpu=not kernels_first, collect=collectives)
-        if kernels_first and not (parser.gpu_spans["compute"] or parser.gpu_spans["comm"]):
-            parser = SpanParser(base, whole_us, hta_scope)  # no kernels: the figures come from the CPU side
-            parser.feed_all(events, collect=collectives)
+        parser = _span_parser(events, base, kernels_first, whole_us, hta_scope, collectives)
         spans = parser.spans(path, len(events))
         if not collectives:
             return spans
@@ -193,3 +209,15 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     finally:
         if gc_was_on:
             gc.enable()
+
+
+def _span_parser(events: list[Any], base: int, kernels_first: bool, whole_us: bool = False, hta_scope: bool = False,
+                 collect: bool = False) -> SpanParser:
+    """The span parser fed with a trace's events: the GPU side alone first when ``kernels_first`` (see
+    ``read_kineto_spans``), then the CPU side too where no compute or communication kernel turned up."""
+    parser = SpanParser(base, whole_us, hta_scope)
+    parser.feed_all(events, cpu=not kernels_first, collect=collect)
+    if kernels_first and not (parser.gpu_spans["compute"] or parser.gpu_spans["comm"]):
+        parser = SpanParser(base, whole_us, hta_scope)  # no kernels: the figures come from the CPU side
+        parser.feed_all(events, collect=collect)
+    return parser

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.cli.hooks import HookRunner
+from comm2perfetto.hooks import HookRunner
 from comm2perfetto.processes import CPU_SAMPLE_S, cpu_time_growth, process_state
 
 EVENT_FORMAT = "comm2perfetto-stall-verdict"

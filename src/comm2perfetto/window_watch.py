@@ -4,7 +4,7 @@ straggler events.
 A thread of ``record`` watches ``DIR/live/window.json`` (the lowest rank of each host and folder copies every
 gathered window there: record/gather.py). For each new window it rewrites ``metrics.prom`` (in ``DIR/live``, or
 ``--metrics-dir``) atomically, appends the window's straggler events to ``DIR/live/stragglers.jsonl`` (one JSON
-object a line), says each on stderr and runs ``--on-straggler`` with the event on stdin (cli/hooks.py). The event
+object a line), says each on stderr and runs ``--on-straggler`` with the event on stdin (hooks.py). The event
 (docs/live.md)::
 
     {"format": "comm2perfetto-straggler", "version": 1, "event": "start", "rank": 2, "group": "0",
@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.cli.hooks import HookRunner
+from comm2perfetto.hooks import HookRunner
 
 DEFAULT_HOOK_TIMEOUT_S = 30.0
 
@@ -110,7 +110,7 @@ def describe(event: dict[str, Any]) -> str:
     ...                 "mean_lateness_s": 0.0305, "last_share": 1.0, "windows": [7, 8]}))
     straggler: rank 2 on default_pg (group 0) arrives 30.5 ms after the earliest, last at 100% ... windows 7, 8
     """
-    from comm2perfetto.render.words import duration
+    from comm2perfetto.words import duration
 
     where = f"{event.get('group_desc') or 'group'} (group {event['group']})"
     windows = ", ".join(map(str, event["windows"]))

@@ -12,15 +12,19 @@ annotations and the preview all call these, so one fact reads the same wherever 
     clock_text({0: "measured", 1: "refined"}, 14_600, 5)
         -> "clocks aligned to rank 0; residual skew 14.6 us (5 collective ends)"
 
-The order of process groups is a fact of the model: :meth:`comm2perfetto.model.Job.groups_in_order`.
-Standard library only and no import of comm2perfetto, so every layer may word things with it.
+The order of process groups is a fact of the job: :meth:`comm2perfetto.job.Job.groups_in_order`.
+Standard library only and no import of comm2perfetto when it runs (``report_doc``'s types for the type
+checker), so every layer may word things with it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from comm2perfetto.report_doc import Clock
 
 __all__ = ["MAX_RANK_PARTS", "clock_text", "duration", "rank_list", "ranks_text", "sample_text", "size",
            "three_digits"]
@@ -119,12 +123,12 @@ def sample_text(what: str, ranks: Sequence[int], world: int | None) -> str:
     return f"{what} of {len(ranks)} of {world} ranks ({rank_list(ranks)})"
 
 
-def document_clock_text(clock: Mapping[str, Any] | None) -> str | None:
+def document_clock_text(clock: Clock | None) -> str | None:
     """``clock_text`` of a report document's ``clock`` (``{"method": {"0": "measured", ...}, "residual_skew_s":
     1.6e-05, "samples": 118}``); None where the document has none (no job)."""
     if not clock:
         return None
-    residual = clock.get("residual_skew_s")
+    residual = clock["residual_skew_s"]
     return clock_text({int(r): m for r, m in clock["method"].items()},
                       round(residual * 1e9) if residual is not None else None, clock["samples"])
 
