@@ -110,8 +110,10 @@ def cost_rank(rank: int, world_size: int, port: int, seconds: float, work_dir: s
     elapsed = time.perf_counter() - start
     comm2perfetto.disable()
     dist.destroy_process_group()
+    with open(Path(work_dir) / "cost" / f"rank{rank}.events.jsonl", "rb") as f:
+        lines = sum(1 for line in f if line.startswith((b'["b"', b'["e"', b'["p"')))
     (Path(work_dir) / f"cost.{rank}.json").write_text(json.dumps(
-        {"ticks": ticks, "elapsed_s": elapsed, "step_ms": elapsed / steps * 1e3}))
+        {"ticks": ticks, "elapsed_s": elapsed, "step_ms": elapsed / steps * 1e3, "records": lines}))
 
 
 def measure_cost(seconds: float) -> None:
@@ -131,8 +133,10 @@ def measure_cost(seconds: float) -> None:
         tick_us = statistics.fmean(plain) / 1e3
         close_ms = (statistics.fmean(closing) - statistics.fmean(plain)) / 1e6
         ticks_per_s = len(result["ticks"]) / result["elapsed_s"]
+        per_record = sum(ns for ns, _ in result["ticks"]) / 1e3 / result["records"]
         print(f"  rank {rank}: step {result['step_ms']:.2f} ms; a tick {tick_us:.0f} us "
-              f"({ticks_per_s:.2f} ticks/s), a window's end {close_ms:.2f} ms more ({len(closing)} windows)")
+              f"({ticks_per_s:.2f} ticks/s), a window's end {close_ms:.2f} ms more ({len(closing)} windows); "
+              f"{per_record:.1f} us per call or step record read ({result['records']} of them)")
         for every in (DEFAULT_EVERY_S, SHORT_EVERY_S):
             share = (ticks_per_s * tick_us / 1e6 + close_ms / 1e3 / every) * 100
             verdict = "ok" if share <= OVERHEAD_TARGET_PCT else "OVER TARGET"

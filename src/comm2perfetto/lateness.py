@@ -8,11 +8,17 @@ For a collective c and a member r:
 - lateness ``l(r, c)`` = arrival(r, c) − the earliest arrival at c;
 - excess ``e(r, c)`` = l(r, c) − the median lateness of c's members: how much later than the typical member.
 
-Per member over the window's collectives: ``mean_ns`` (the mean lateness), ``excess_ns`` (the median excess)
-and ``last_share`` (the share of the collectives it arrived last at). The window's **spread** is how much the
-arrival order varies from one collective to the next: for each member the median absolute deviation of its
-excesses from its own median excess, the median of those over the members, times 1.4826 (σ for a normal
-spread; a rank that is late by the same amount every time adds nothing to it).
+Per member over the window's collectives: ``mean_ns`` (the mean lateness), ``excess_ns`` (the mean excess: what
+the others waited for it beyond the typical member, per collective) and ``last_share`` (the share of the
+collectives it arrived last at). The window's **spread** is how much the arrival order varies from one
+collective to the next: for each member the median absolute deviation of its excesses from its own median
+excess, the median of those over the members, times 1.4826 (σ for a normal spread; a rank that is late by the
+same amount every time adds nothing to it, nor one late at a few of the collectives only).
+
+The excess is a mean, not a median: a training step often issues several collectives, and a slow rank is late
+only at the first of them (the others wait for it there, then all go on together), which a median would not
+see. A one-off hiccup moves the mean by its length over the collectives matched, and a straggler must be late
+in 2 of 3 windows.
 
 A member is **late** in the window when at least ``MIN_MATCHED`` collectives were matched and its excess
 exceeds all of: ``SPREAD_FACTOR`` × the spread; its clock uncertainty plus the largest of the other members'
@@ -103,9 +109,9 @@ def group_lateness(arrivals: Mapping[int, Mapping[int, int]],
     own, spreads = [], []
     for column in columns:
         excess = sorted(map(sub, column, typical))
+        own.append(sum(excess) / matched)  # the rank's mean excess
         median = _median(excess)
-        own.append(median)  # the rank's median excess
-        spreads.append(_median(sorted(map(abs, map(sub, excess, repeat(median))))))  # and its deviation from it
+        spreads.append(_median(sorted(map(abs, map(sub, excess, repeat(median))))))  # its deviation from its own
     spread = MAD_TO_SIGMA * _median(sorted(spreads))
     clocks = sorted(uncertainty_ns.values(), reverse=True)
     out = {}

@@ -103,6 +103,9 @@ LIVE_WINDOW_FILE = f"{WINDOWS_DIR}/window.json"  # the last gathered window, rew
 STRAGGLERS_FILE = f"{WINDOWS_DIR}/stragglers.jsonl"  # straggler events, one JSON object a line
 METRICS_FILE = "metrics.prom"  # in WINDOWS_DIR, or record's --metrics-dir
 ON_STRAGGLER_LOG = f"{WINDOWS_DIR}/on-straggler.log"
+# What the readers walking a folder leave alone in WINDOWS_DIR (none of it is a dump, log or trace).
+WINDOWS_OUTPUTS = frozenset(os.path.basename(f) for f in (LIVE_WINDOW_FILE, STRAGGLERS_FILE, METRICS_FILE,
+                                                          ON_STRAGGLER_LOG))
 
 
 EVENT_LOG_GLOB = "rank*.events.jsonl"

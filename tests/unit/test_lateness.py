@@ -46,6 +46,24 @@ def test_a_rank_30_ms_late_every_time_is_late_and_nobody_else():
     assert result.spread_ns < 0.2 * MS and late.threshold_ns == MIN_LATE_NS
 
 
+def test_a_rank_late_only_at_the_first_of_each_step_s_collectives_is_late():
+    """Three collectives a step: rank 2 arrives 30 ms late at the first, where the others wait for it, and all
+    arrive together at the next two. Late at a third of them, 10 ms on average: a median would say on time."""
+    arrivals = _arrivals(42, 4)
+    for seq in range(1, 43, 3):
+        arrivals[2][seq] += 30 * MS
+    result = group_lateness(arrivals, _clocks(4))
+    assert result is not None and [r for r, v in result.ranks.items() if v.late] == [2]
+    assert 9 * MS < result.ranks[2].excess_ns < 11 * MS
+
+
+def test_one_hiccup_in_a_window_is_not_late():
+    arrivals = _arrivals(40, 4)
+    arrivals[1][17] += 30 * MS  # rank 1 held up once
+    result = group_lateness(arrivals, _clocks(4))
+    assert result is not None and not any(v.late for v in result.ranks.values())
+
+
 def test_jitter_alone_makes_nobody_late_however_it_falls():
     for seed in range(20):
         result = group_lateness(_arrivals(60, 8, jitter_ms=5.0, seed=seed), _clocks(8))
