@@ -1,4 +1,6 @@
-"""The user's command run at a live event (``record --on-stall``, ``--on-straggler``), never holding up the job.
+"""What record's watchers share (stall_watch.py, window_watch.py): a thread that polls the recording folder
+(``Poller``), and the user's command run at a live event (``--on-stall``, ``--on-straggler``), never holding up
+the job (``HookRunner``).
 
 Events run one after the other on a thread of their own (a stall is announced before its resolution, a
 straggler's start before its end), so a slow command never holds up the watching. Each run gets the event's
@@ -78,3 +80,42 @@ class HookRunner:
                 return
         if status != 0:
             self._say(f"{self._option} command exited with status {status} (see {self._log_path})")
+
+
+class Poller:
+    """A watcher in record's own process: ``poll()`` every ``poll_s`` seconds on a daemon thread; ``stop()`` ends
+    it, takes a last look (the job may have written as it ended) and waits for the commands still queued, each
+    at most its timeout. Subclasses set ``_hooks`` and define ``poll`` and ``_say``; ``what`` names the watching
+    in the one line an internal error ends it with."""
+
+    def __init__(self, what: str, thread_name: str, poll_s: float) -> None:
+        self._what = what
+        self._poll_s = poll_s
+        self._hooks: HookRunner | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.poll()
+        if self._hooks is not None:
+            self._hooks.stop()
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def _say(self, text: str) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # a bug here must not take record (and the job's signals) down
+                self._say(f"{self._what} stopped after an internal error: {type(exc).__name__}: {exc}")
+                return

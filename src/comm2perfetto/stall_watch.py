@@ -27,14 +27,13 @@ import os
 import re
 import socket
 import sys
-import threading
 import time
 from typing import Any, TextIO
 
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.hooks import HookRunner
+from comm2perfetto.hooks import HookRunner, Poller
 from comm2perfetto.processes import CPU_SAMPLE_S, cpu_time_growth, process_state
 
 EVENT_FORMAT = "comm2perfetto-stall-verdict"
@@ -44,15 +43,15 @@ _SNAPSHOT = re.compile(r"^stall\.(\d+)\.json$")
 _RESOLVED = re.compile(r"^stall\.(\d+)\.resolved\.json$")
 
 
-class StallWatcher:
+class StallWatcher(Poller):
     """Polls ``out_dir`` for live snapshots on a daemon thread; ``stop()`` ends it and waits for the commands."""
 
     def __init__(self, out_dir: str, on_stall: str | None = None, hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
                  err: TextIO | None = None, poll_s: float = 0.5) -> None:
+        super().__init__("live verdict", "comm2perfetto-live", poll_s)
         self._out_dir = out_dir
         self._live_dir = os.path.join(out_dir, layout.LIVE_DIR)
         self._err = err if err is not None else sys.stderr
-        self._poll_s = poll_s
         self._attempt = 0
         self._handled: set[int] = set()
         self._open: set[int] = set()
@@ -64,29 +63,6 @@ class StallWatcher:
         self.probes: list[dict[str, Any]] = []  # what was seen of ranks that did not answer, for the job file
         self._hooks = HookRunner(on_stall, hook_timeout_s, os.path.join(self._live_dir, "on-stall.log"),
                                  "--on-stall", self._say) if on_stall else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="comm2perfetto-live", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the watching (after a last look: the job may have gathered a snapshot as it ended) and wait for
-        the commands still running, each at most its timeout."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.poll()
-        if self._hooks is not None:
-            self._hooks.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.poll()
-            except Exception as exc:  # a bug here must not take record (and the job's signals) down
-                self._say(f"live verdict stopped after an internal error: {type(exc).__name__}: {exc}")
-                return
 
     def poll(self) -> None:
         # Under torchrun's restarts the latest attempt gathers in its own folder (layout.attempt_dir), with

@@ -16,56 +16,34 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Any, TextIO
 
 import orjson
 
 from comm2perfetto import layout
-from comm2perfetto.hooks import HookRunner
+from comm2perfetto.hooks import HookRunner, Poller
 
 DEFAULT_HOOK_TIMEOUT_S = 30.0
 
 
-class WindowWatcher:
+class WindowWatcher(Poller):
     """Polls ``out_dir/live/window.json`` on a daemon thread; ``stop()`` takes a last look and waits for the
     commands still running."""
 
     def __init__(self, out_dir: str, metrics_dir: str | None = None, on_straggler: str | None = None,
                  hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S, err: TextIO | None = None,
                  poll_s: float = 0.5) -> None:
+        super().__init__("live windows", "comm2perfetto-windows", poll_s)
         self._path = os.path.join(out_dir, layout.LIVE_WINDOW_FILE)
         self._events_path = os.path.join(out_dir, layout.STRAGGLERS_FILE)
         self._metrics_path = os.path.join(metrics_dir or os.path.join(out_dir, layout.WINDOWS_DIR),
                                           layout.METRICS_FILE)
         self._err = err if err is not None else sys.stderr
-        self._poll_s = poll_s
         self._seen: tuple[int, int] | None = None  # the file's (mtime_ns, size) last read
         self._last: tuple[int, int] | None = None  # (attempt, window) last handled
         self._problem: str | None = None
         self._hooks = HookRunner(on_straggler, hook_timeout_s, os.path.join(out_dir, layout.ON_STRAGGLER_LOG),
                                  "--on-straggler", self._say) if on_straggler else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="comm2perfetto-windows", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.poll()
-        if self._hooks is not None:
-            self._hooks.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.poll()
-            except Exception as exc:  # a bug here must not take record (and the job's signals) down
-                self._say(f"live windows stopped after an internal error: {type(exc).__name__}: {exc}")
-                return
 
     def poll(self) -> None:
         from comm2perfetto.render.prometheus import metrics_text

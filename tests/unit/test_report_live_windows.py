@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
+from comm2perfetto import layout
 from support.cli import run_cli
 from support.factories import T0_NS, EventLog
-
-from comm2perfetto import layout
 
 EVERY_NS = 2_000_000_000
 FIRST = T0_NS // EVERY_NS + 1  # the first whole window after the logs begin
