@@ -8,7 +8,7 @@ layer may import it (``sources/`` too, which imports nothing above it).
 
 # No ``from __future__ import annotations`` here: with the annotations as strings, each TypedDict field is compiled
 # as a forward reference when the class is made: a millisecond more of report's and merge's start-up.
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from comm2perfetto.strenum import StrEnum
 
@@ -127,6 +127,30 @@ class LatenessMap(TypedDict):
     lateness_s: list[list[float | None]]
 
 
+class LiveGroup(TypedDict):
+    """One group over the live windows (report/live_windows.py): its communication, and its compared ranks'
+    mean lateness and verdict per window (None: not known)."""
+
+    group: str
+    desc: str
+    ranks: list[int]
+    calls: int
+    bytes: int | None
+    comm_s: float | None
+    steps: int
+    comm_per_step_s: float | None
+    timed: bool
+    lateness_s: list[list[float | None]]
+    late: list[list[bool | None]]
+
+
+class LiveWindows(TypedDict):
+    every_s: float | None
+    windows: list[int]
+    groups: list[LiveGroup]
+    stragglers: list[dict[str, Any]]  # lateness.StragglerTracker's events, with their window
+
+
 class GroupRow(TypedDict):
     name: str
     desc: str
@@ -161,6 +185,7 @@ class ReportDoc(_Report, total=False):
     (``paths``, added by ``report.document.build``)."""
 
     paths: list[str]
+    live: LiveWindows  # only where the logs hold live windows
 
 
 # --- a saved report, as compare reads it back (sources.report_json.check_report) -----------------------------

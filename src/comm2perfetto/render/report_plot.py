@@ -50,10 +50,12 @@ from comm2perfetto.render.report_text import (
     fmt_pct,
     fmt_ratio,
     fmt_time,
+    live_event_lines,
+    live_rows,
     rank_sort_key,
     time_cells,
 )
-from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
+from comm2perfetto.report_doc import Figures, LatenessMap, LiveWindows, ReportDoc
 from comm2perfetto.words import document_clock_text, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
@@ -365,8 +367,9 @@ def _heat_legend(top: float, x: float, y: float) -> list[str]:
     return parts
 
 
-def heatmap_svg(lateness_map: LatenessMap) -> str | None:
-    """The lateness heat map as one ``<svg>`` element; None when the map is empty."""
+def heatmap_svg(lateness_map: LatenessMap, label: str = "lateness per rank and collective") -> str | None:
+    """The lateness heat map as one ``<svg>`` element; None when the map is empty. Its columns are collectives,
+    or the live windows (``live_heatmaps``)."""
     ranks: Sequence[Any] = lateness_map["ranks"]
     names: Sequence[str] = [str(n) for n in lateness_map["collectives"]]
     values: Sequence[Sequence[float | None]] = lateness_map["lateness_s"]
@@ -392,7 +395,20 @@ def heatmap_svg(lateness_map: LatenessMap) -> str | None:
                            f' transform="rotate(-90 {_num(x)} {_num(labels_y)})"'))
     parts.append(_text(8, y0 - 6, "rank"))
     longest = max(len(_short(n)) for n in names)
-    return _svg(CHART_W, labels_y + CHAR_W * longest + 8, "lateness per rank and collective", parts)
+    return _svg(CHART_W, labels_y + CHAR_W * longest + 8, label, parts)
+
+
+def live_heatmaps(live: LiveWindows) -> list[str]:
+    """Per group, its ranks' mean lateness in each live window (the columns: seconds after the first began)."""
+    first, every = (live["windows"] or [0])[0], live["every_s"] or 0
+    names = [f"+{(w - first) * every:g} s" for w in live["windows"]]
+    out = []
+    for g in live["groups"]:
+        svg = heatmap_svg({"ranks": g["ranks"], "collectives": names, "lateness_s": g["lateness_s"]},
+                          f"lateness per rank and live window on {g['desc'] or g['group']}")
+        if svg is not None:
+            out += [f"<h3>{_e(g['desc'] or g['group'])}</h3>", svg]
+    return out
 
 
 def _short(name: str) -> str:
@@ -498,6 +514,16 @@ def render_html(doc: ReportDoc) -> str:
     ]
     if doc["stragglers"]:
         body += ["<h2>Stragglers</h2>", _stragglers_table(doc)]
+    live = doc.get("live")
+    if live is not None:
+        header, rows = live_rows(live)
+        body += ["<h2>Live windows</h2>",
+                 '<p class="note">what each rank\'s recorder summed up every --live-every seconds: communication '
+                 "per group, and each rank's mean lateness at its group's collectives in each window (late: beyond "
+                 "the window's noise, docs/live.md)</p>",
+                 _html_table(header, rows, text_columns=1), *live_heatmaps(live),
+                 "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in live_event_lines(live)) + "</ul>"
+                 if live["stragglers"] else ""]
     if doc["modules"]:
         body += ["<h2>Collectives per module</h2>", _modules_table(doc)]
     if doc["notes"]:

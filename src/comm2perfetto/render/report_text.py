@@ -28,7 +28,15 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from comm2perfetto.report_doc import CollectiveRow, FigureKey, Figures, ModuleRow, RankFigures, ReportDoc
+from comm2perfetto.report_doc import (
+    CollectiveRow,
+    FigureKey,
+    Figures,
+    LiveWindows,
+    ModuleRow,
+    RankFigures,
+    ReportDoc,
+)
 from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
 __all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
@@ -271,6 +279,43 @@ def _stragglers_section(doc: Doc, width: int) -> list[str]:
     return [title, *table(header, rows, ">" * len(header), width=width)]
 
 
+def live_rows(live: LiveWindows) -> tuple[list[str], list[list[str]]]:
+    """The live windows' table, one row per group: its communication over the run, and its ranks late in
+    more than half of the windows with a verdict (text and HTML)."""
+    header = ["group", "calls", "bytes", "comm", "comm/step", "steps", "late in windows"]
+    rows = []
+    for g in live["groups"]:
+        late = []
+        for rank, verdicts, lateness in zip(g["ranks"], g["late"], g["lateness_s"]):
+            known = [(v, x) for v, x in zip(verdicts, lateness) if v is not None]
+            n_late = sum(1 for v, _ in known if v)
+            if n_late * 2 > len(known):
+                mean = sum(x for v, x in known if v and x is not None) / n_late
+                late.append(f"rank {rank}: {n_late} of {len(known)} ({fmt_time(mean)})")
+        rows.append([g["desc"] or g["group"], fmt_int(g["calls"]), fmt_bytes(g["bytes"]), fmt_time(g["comm_s"]),
+                     fmt_time(g["comm_per_step_s"]), fmt_int(g["steps"]), "; ".join(late) or "none"])
+    return header, rows
+
+
+def live_event_lines(live: LiveWindows) -> list[str]:
+    """One line per straggler event, its window as seconds after the first window's start."""
+    first, every = (live["windows"] or [0])[0], live["every_s"] or 0
+    return [f"+{(e['window'] - first + 1) * every:g} s: rank {e['rank']} "
+            f"{'became' if e['event'] == 'start' else 'no longer'} a straggler of {e['group_desc'] or e['group']} "
+            f"(mean lateness {fmt_time(e['mean_lateness_s'])}, last at {fmt_pct(100 * e['last_share'])} of its "
+            "collectives)" for e in live["stragglers"]]
+
+
+def _live_section(doc: Doc, width: int) -> list[str]:
+    live = doc.get("live")
+    if live is None:
+        return []
+    header, rows = live_rows(live)
+    every = f"every {live['every_s']:g} s, " if live["every_s"] else ""
+    title = f"live windows ({every}{len(live['windows'])} windows, from the recorder's logs; late: docs/live.md)"
+    return [title, *table(header, rows, "<" + ">" * 5 + "<", width=width, elastic=(6,)), *live_event_lines(live)]
+
+
 # --- module tree --------------------------------------------------------------------------------------------
 
 
@@ -377,6 +422,7 @@ def render_text(doc: Doc, *, width: int = 100) -> str:
         _steps_section(doc, width),
         _collectives_section(doc, width),
         _stragglers_section(doc, width),
+        _live_section(doc, width),
         _modules_section(doc),
         _notes_section(doc, width),
     ]

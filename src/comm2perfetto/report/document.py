@@ -23,6 +23,7 @@ from comm2perfetto.job import Job
 from comm2perfetto.model import Collective
 from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
+from comm2perfetto.report.live_windows import live_windows
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import LatenessTable, Stragglers
@@ -53,6 +54,9 @@ def build(job: Job, options: ReportOptions) -> ReportDoc:
     matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
     doc = build_report(job if matched else None, profiles, steps=options.steps, depth=options.depth)
     doc["paths"] = list(job.paths)  # what the report is about, for its page's header
+    live = live_windows(job.logs)
+    if live is not None:
+        doc["live"] = live
     if job.options.hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
