@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from support.hostile import RECORDING, load_dump, run_cli, save_dump, warm_up
+from support.cli import run_cli
+from support.hostile import RECORDING, load_dump, save_dump
 from support.torch_features import needs_gloo_flight_recorder
 
 pytestmark = [pytest.mark.integration, needs_gloo_flight_recorder()]
@@ -79,7 +80,6 @@ def recordings(module_jobs, tmp_path_factory) -> dict[str, Path]:
         for path in folder.glob("*.fr.*.pkl"):
             shutil.copy(path, dumps)
         out[f"{name} dumps only"] = dumps
-    warm_up(RECORDING, tmp_path_factory.mktemp("warm") / "job.pftrace")
     return out
 
 
@@ -127,8 +127,8 @@ def _verdict(doc: dict) -> tuple:
 @pytest.mark.parametrize(("name", "scopes", "commands", "fields"), CASES, ids=[c[0] for c in CASES])
 def test_a_damaged_field_leaves_the_verdict_and_is_named(recordings, tmp_path, name, scopes, commands, fields):
     source = recordings[name]
-    intact = run_cli(["diagnose", str(source), "--format", "json"])
-    assert intact.rc == 0, intact.explain()
+    intact = run_cli("diagnose", source, "--format", "json")
+    assert intact.code == 0, intact.err
     expected = _verdict(orjson.loads(intact.out))
     assert expected[:3] == ("ok", (), ()), expected  # a healthy recording (subgroups: its stall resolved)
     record = _middle_record(source)
@@ -139,9 +139,9 @@ def test_a_damaged_field_leaves_the_verdict_and_is_named(recordings, tmp_path, n
         _mutate(folder, record, scope, where, key, value)
         tried += 1
         what = f"{key}={value} ({where} of record {record}, {scope} dump{'s' if scope == 'every' else ''})"
-        run = run_cli(["diagnose", str(folder), "--format", "json"])
-        if run.rc != 0:
-            broken.append(f"{what}: diagnose exit {run.rc}: {(run.out or run.err).strip()[-300:]}")
+        run = run_cli("diagnose", folder, "--format", "json")
+        if run.code != 0:
+            broken.append(f"{what}: diagnose exit {run.code}: {(run.out or run.err).strip()[-300:]}")
         else:
             doc = orjson.loads(run.out)
             if _verdict(doc) != expected:
@@ -152,9 +152,9 @@ def test_a_damaged_field_leaves_the_verdict_and_is_named(recordings, tmp_path, n
         for argv in (["merge", str(folder), "-o", str(tmp_path / "job.pftrace")],
                      ["report", str(folder), "--format", "json"]):
             if argv[0] in commands:
-                other = run_cli(argv)
-                if other.rc != 0 or other.traceback:
-                    broken.append(f"{what}: {argv[0]} exit {other.rc}: {other.err.strip()[-300:]}")
+                other = run_cli(*argv)
+                if other.code != 0:  # an internal error, "more than one job": each a non-zero exit
+                    broken.append(f"{what}: {argv[0]} exit {other.code}: {other.err.strip()[-300:]}")
         shutil.rmtree(folder)
     assert not broken and not unnamed, (
         f"{len(broken)} of {tried} mutations broke the verdict, {len(unnamed)} were not named:\n"

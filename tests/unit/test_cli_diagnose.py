@@ -58,7 +58,8 @@ def test_text_puts_the_verdict_first(tmp_path):
     lines = out.splitlines()
     assert lines[0] == "STUCK: 1 finding (world size 4, data from ranks 0-3)"
     assert lines[2] == "[1] missing_ranks on default_pg: all_reduce #4"
-    assert lines[3] == "    culprit: 2 (Flight Recorder records every collective a rank issues, and theirs has no #4)"
+    assert lines[3] == ("    culprit: 2 (Flight Recorder records every collective a rank issues, and shows no #4 on "
+                        "rank 2)")
     assert any(line.strip().startswith("-> ") for line in lines)
 
 

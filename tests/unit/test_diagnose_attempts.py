@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli.live import StallWatcher
 from comm2perfetto.diagnose.attempts import attempt_end, attempts_text
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.findings import AttemptEnd
@@ -20,6 +19,7 @@ from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.sources.discover import SourceError
 from comm2perfetto.sources.read import load_sources
+from comm2perfetto.stall_watch import StallWatcher
 from support.cli import run_cli
 from support.factories import T0_NS, EventLog
 

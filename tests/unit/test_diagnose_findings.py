@@ -399,3 +399,16 @@ def test_a_send_whose_receiver_issued_nothing_since_is_a_wait_not_a_desync(tmp_p
     job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS + 100 * STEP_NS)  # it went on instead
     d = _diagnose(tmp_path, job)
     assert d.status == "desync"
+
+
+def test_a_receiver_blocked_in_a_collective_the_sender_never_joined_went_on_whatever_the_clocks_say(tmp_path):
+    """Rank 1 skipped the recv and went on to an all_reduce rank 0 never joins; its clock puts that call before
+    rank 0's send (two hosts' clocks a few ms apart). The two wait on each other: out of step, not away."""
+    job = FrJob(world=2)
+    for r in job.ranks:
+        job.collective(r, "all_reduce", [[4]])
+    job.collective(1, "all_reduce", [[4]], state="started", t_ns=T0_NS)  # earlier than any of rank 0's calls
+    job.p2p(0, "send", 1, [[16]], state="started")
+    d = _diagnose(tmp_path, job)
+    f = next(f for f in d.findings if f.kind == "p2p_mismatch")
+    assert (d.status, f.culprit_ranks, f.evidence["waiting"]) == ("desync", (1,), False)

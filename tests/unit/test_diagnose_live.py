@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from comm2perfetto import layout
-from comm2perfetto.cli.live import StallWatcher, process_state
 from comm2perfetto.diagnose.live import live_diagnosis
 from comm2perfetto.sources.live import LiveSnapshotError, read_snapshot
+from comm2perfetto.stall_watch import StallWatcher, process_state
 
 T0 = 1_795_313_447_000_000_000
 

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr)
     print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
-    from comm2perfetto.cli.live import StallWatcher, stopped_ranks
+    from comm2perfetto.stall_watch import StallWatcher, stopped_ranks
 
     started = time.time_ns()
     watcher = None

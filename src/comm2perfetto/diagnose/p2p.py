@@ -16,6 +16,7 @@ from comm2perfetto.diagnose.findings import (
 from comm2perfetto.diagnose.stalls import stall_stack
 from comm2perfetto.job import Job
 from comm2perfetto.model import (
+    COMPLETED,
     P2PTransfer,
     ProcessGroup,
     call_site,
@@ -93,8 +94,11 @@ def p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fin
         action = f"Make rank {tr.src} send to rank {tr.dst} here (or drop the recv)."
     evidence: dict[str, Any] = {"src": tr.src, "dst": tr.dst, "index": tr.index}
     if why != "size" and culprits:  # the other side never posted: went it on to other things, or is it away?
-        t = op.t_arrive_ns
-        evidence["waiting"] = t is not None and not issued_since(job, culprits[0], t)
+        t, peer = op.t_arrive_ns, (tr.src if tr.send is not None else tr.dst)
+        # A peer blocked in a call the waiting rank never joined went on, wherever the clocks put that call:
+        # the two wait on each other (out of step), and neither is away.
+        evidence["waiting"] = (t is not None and not issued_since(job, culprits[0], t)
+                               and not blocked_on(job, culprits[0], peer))
     sites: dict[int, str] = {}
     for p in (tr.send, tr.recv):
         if p is not None:
@@ -130,6 +134,22 @@ def issued_since(job: Job, rank: int, t_ns: int) -> bool:
         if any(p is not None and p.rank == rank and p.t_arrive_ns is not None and p.t_arrive_ns > t_ns
                for tr in job.p2p.get(uid, ()) for p in (tr.send, tr.recv)):
             return True
+    return False
+
+
+def blocked_on(job: Job, rank: int, peer: int) -> bool:
+    """Whether ``peer`` never joined the newest collective ``rank`` issued in a group they share: a collective
+    cannot finish without a member, so ``rank`` waits for ``peer`` there (gloo's Flight Recorder states say
+    nothing: not the state, the peer's absence is the evidence)."""
+    for uid, group in job.groups.items():
+        if rank not in group.ranks or peer not in group.ranks:
+            continue
+        cols = job.collectives.get(uid, ())
+        for k in range(len(cols) - 1, max(-1, len(cols) - 9), -1):
+            if rank in cols[k].joined_ranks:
+                if cols[k].state_of(rank) != COMPLETED and peer not in cols[k].joined_ranks:
+                    return True
+                break
     return False
 
 

@@ -99,12 +99,14 @@ def missing(job: Job, c: Collective, missing: list[int], statuses: list[str], at
 
 def missing_basis(job: Job, c: Collective, missing: Sequence[int], at_ns: int | None) -> str:
     """What shows the missing ranks had not issued ``c``: their own records, which cover it."""
+    one = len(missing) == 1
+    its, it = ("its", "it") if one else ("their", "they")
     if at_ns is not None:
-        return f"their records show they had not issued #{c.seq} when the stall was detected"
+        return f"{its} records show {it} had not issued #{c.seq} when the stall was detected"
     fr = all((cov := job.coverage.get((r, c.group.uid))) is not None and cov.has_fr for r in missing)
     if fr:
-        return f"Flight Recorder records every collective a rank issues, and theirs has no #{c.seq}"
-    return f"their recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
+        return f"Flight Recorder records every collective a rank issues, and shows no #{c.seq} on {ranks_text(missing)}"
+    return f"{its} recorder, which sees the Python calls the other ranks made #{c.seq} with, saw none"
 
 
 def shifted(job: Job, c: Collective, cols: GroupView, index: int, joined: list[int],

@@ -42,7 +42,7 @@ HEAD_BYTES = 8192
 
 FR, EVENT_LOG, STACKS, KINETO, JOB = "fr", "event_log", "stacks", "kineto", "job"
 FR_COLUMNS = "fr_columns"  # a rank's Flight Recorder data in compact columns (``comm2perfetto compact``)
-VERDICT = "verdict"  # record's live stall verdict (cli/live.py): an output, not evidence; read by no command
+VERDICT = "verdict"  # record's live stall verdict (stall_watch.py): an output, not evidence; read by no command
 
 
 class SourceError(Comm2PerfettoError):
