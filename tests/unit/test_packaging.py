@@ -11,7 +11,6 @@ from pathlib import Path
 import tomllib
 
 from comm2perfetto.cli import demo
-from support.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "comm2perfetto"
@@ -32,11 +31,10 @@ def test_record_extra_brings_torch_and_nvtx_and_the_tests_bring_it():
     assert "comm2perfetto[record]" in extras["test"] and "perfetto" in _names(extras["test"])
 
 
-def test_the_wheel_ships_every_module_the_examples_and_the_boot_files(tmp_path):
+def test_the_wheel_ships_every_module_the_examples_and_the_boot_files(built_wheel):
     """A non-editable install gets what `pip install .` builds: the wheel must hold every file of the package
     (modules, record/_boot's sitecustomize, the examples and their README), and the example `demo` runs."""
-    wheel = build_wheel(tmp_path)
-    with zipfile.ZipFile(wheel) as z:
+    with zipfile.ZipFile(built_wheel) as z:
         shipped = {n for n in z.namelist() if n.startswith("comm2perfetto/")}
     expected = {p.relative_to(PACKAGE.parent).as_posix() for p in PACKAGE.rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts}
