@@ -154,6 +154,7 @@ class _Report(TypedDict):
     notes: list[str]
     sampled: str | None
     clock: Clock | None
+    scope: list[int] | None  # [first, last] step every table covers (--steps); None: the whole run
 
 
 class ReportDoc(_Report, total=False):

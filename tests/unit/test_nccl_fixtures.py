@@ -286,3 +286,25 @@ def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     assert gpu_steps == ["step 2", "step 3", "step 4"]
     marked = [f"step {n}" for n, _t, _source in read_event_log(DATA / "userprof" / "rank0.events.jsonl").steps]
     assert [e.name for e in trace.events_on("steps", process_name="rank 0")] == marked != []
+
+
+def test_a_group_of_one_rank_has_no_bandwidth_and_the_report_says_its_scope():
+    """``userprof`` runs on one GPU: nothing crossed a link, so no algbw/busbw (a note says why), the batched
+    send/recv to itself is a group of one with no arrival skew; its group's name is printed whole. Without
+    --steps the header and the collectives say they cover the whole run (its 22 all_reduces, not those of the
+    3 steps listed); with --steps, both say those steps."""
+    ran = run_cli("report", str(DATA / "userprof"))
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    assert lines[0] == "comm2perfetto report: 1 rank, basis gpu, the whole run (3 steps: 2-4)"
+    assert "collectives of the whole run (by total time)" in lines
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("all_reduce ", "send/recv "))}
+    all_reduces = sum(1 for e in _dump("userprof", 1)["entries"] if e["profiling_name"] == "nccl:all_reduce")
+    assert rows["all_reduce"][1:4] == ["default_pg", "1", f"4/{all_reduces}"] and all_reduces == 22
+    assert rows["all_reduce"][-3:] == rows["send/recv"][-3:] == ["-", "-", "-"]  # algbw, busbw, skew
+    assert rows["send/recv"][2] == "1"
+    assert "no algbw/busbw on default_pg: a group of one rank moves nothing over a link" in " ".join(
+        ran.out.split())
+    scoped = run_cli("report", str(DATA / "userprof"), "--steps", "2-4")
+    assert scoped.out.splitlines()[0] == "comm2perfetto report: 1 rank, basis gpu, steps 2-4"
+    assert "collectives of steps 2-4 (by total time)" in scoped.out.splitlines()

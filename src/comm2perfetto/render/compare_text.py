@@ -144,11 +144,11 @@ def _row(line: Line, with_what: bool) -> list[str]:
             change_text(line), interval_text(line), str(line["verdict"]), context_text(line)]
 
 
-def _table(lines: Sequence[Line], with_what: bool, width: int) -> list[str]:
+def _table(lines: Sequence[Line], with_what: bool) -> list[str]:
     header = [*(["what"] if with_what else []), "metric", "BASE", "NEW", "change", "interval", "verdict", ""]
     aligns = ("<" if with_what else "") + "<>>>><<"
     rows: list[Row] = [_row(line, with_what) for line in lines]
-    return table(header, rows, aligns, width=width)  # nothing cut: a long line loses nothing
+    return table(header, rows, aligns)  # nothing cut: a long line loses nothing
 
 
 def headline(doc: Doc) -> str:
@@ -190,7 +190,7 @@ def _job_section(lines: Sequence[Line], width: int, per_step: bool) -> list[str]
     if not job:
         return []
     title = "job (median per step)" if per_step else "job (whole run: one value per side)"
-    return [title, *_table(job, False, width)]
+    return [title, *_table(job, False)]
 
 
 def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[str]:
@@ -203,7 +203,7 @@ def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[st
         return [f"{title}: {_lines(len(mine))}, all unchanged" if len(mine) > 1 else f"{title}: 1 line, unchanged"]
     quiet = len(mine) - len(shown)
     return [f"{title}: {len(shown)} of {_lines(len(mine))} changed" + (f" ({quiet} unchanged)" if quiet else ""),
-            *_table(shown, True, width)]
+            *_table(shown, True)]
 
 
 def _lines(n: int) -> str:
@@ -223,7 +223,7 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
         hidden = len(rows) - 2 * STEPS_EACH_END
         rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
     header = ["BASE step", "NEW step", "step time", "NEW", "exposed comm", "NEW"]
-    return ["steps side by side (job values, means over ranks)", *table(header, rows, ">" * 6, width=width)]
+    return ["steps side by side (job values, means over ranks)", *table(header, rows, ">" * 6)]
 
 
 def _notes(doc: Doc, width: int) -> list[str]:

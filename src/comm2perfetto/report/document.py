@@ -7,7 +7,7 @@ profiler traces already reduced to unions (``Job.profiles``), and returns::
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
      "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
      "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
-     "residual_skew_s": 1.5e-05, "samples": 6}}
+     "residual_skew_s": 1.5e-05, "samples": 6}, "scope": [5, 8]}
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
                                                                               "lateness_s": []},
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
-        "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, bases),
+        "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, bases)
+        + _one_rank_note(collectives),
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
+        "scope": list(steps) if steps is not None else None,
     }
 
 
@@ -255,3 +257,11 @@ def _untimed_note(collectives: list[CollectiveRow], bases: set[Basis]) -> list[s
     return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
             f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
             f"they count in the collectives table but not in its durations{where}"]
+
+
+def _one_rank_note(collectives: list[CollectiveRow]) -> list[str]:
+    """Why rows of a one-rank group have no bandwidth (``report.bandwidth``: nothing crossed a link)."""
+    alone = sorted({str(r["process_group"]) for r in collectives if r["group_size"] == 1})
+    if not alone:
+        return []
+    return [f"no algbw/busbw on {', '.join(alone)}: a group of one rank moves nothing over a link"]
