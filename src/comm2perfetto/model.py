@@ -518,6 +518,12 @@ class GroupView(Protocol):
         """The group's collectives run on a GPU (``Collective.on_gpu``)."""
         ...
 
+    @property
+    def gpu_timed(self) -> bool:
+        """Some rank has a GPU time of some of the group's collectives (``Collective.duration_ns``): GPU timing
+        worked for the group, so an untimed one was not yet timed (see ``report.untimed``)."""
+        ...
+
     def __len__(self) -> int: ...
 
     @overload

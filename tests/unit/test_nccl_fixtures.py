@@ -308,3 +308,40 @@ def test_a_group_of_one_rank_has_no_bandwidth_and_the_report_says_its_scope():
     scoped = run_cli("report", str(DATA / "userprof"), "--steps", "2-4")
     assert scoped.out.splitlines()[0] == "comm2perfetto report: 1 rank, basis gpu, steps 2-4"
     assert "collectives of steps 2-4 (by total time)" in scoped.out.splitlines()
+
+
+def _notes(scenario: str) -> list[str]:
+    ran = run_cli("report", str(DATA / scenario), "--format", "json")
+    assert ran.code == 0, ran.err
+    return json.loads(ran.out)["notes"]
+
+
+def test_each_untimed_collective_says_its_own_cause():
+    """GPU timing was on in ``healthy`` (13 entries carry duration_ms): the others were not yet retired when
+    Flight Recorder dumped, and the send/recv pairs have nothing timing them; in ``notiming`` timing was off."""
+    entries = _dump("healthy", 1)["entries"]
+    untimed = [e for e in entries if not e["is_p2p"] and e["profiling_name"] != "nccl:coalesced"
+               and e.get("duration_ms") is None]
+    assert untimed and not any(e["retired"] for e in untimed)
+    pairs = sum(1 for e in entries if e["is_p2p"] and e["profiling_name"].startswith("nccl:send"))
+    (note,) = [n for n in _notes("healthy") if "have no duration" in n]
+    assert f"{len(untimed)} not yet retired when Flight Recorder last dumped" in note
+    assert f"{pairs} a send/recv on a GPU" in note and "TORCH_NCCL_ENABLE_TIMING=0" not in note
+    (off,) = [n for n in _notes("notiming") if "have no duration" in n]
+    total = sum(1 for e in _dump("notiming", 1)["entries"] if not e["is_p2p"])
+    assert off.startswith(f"{total} of {total} collectives") and off.endswith(f": {total} GPU timing was off "
+                                                                              "(recorded with --no-gpu-timing)")
+
+
+def test_collectives_captured_in_a_cuda_graph_are_said_not_counted():
+    """``graph``: the 40 captured all_reduces ran at each of 5 replays, which nothing recorded; every table counts
+    the 6 issued outside the capture, and a note says how many were captured and that they are not counted."""
+    captured = sum(1 for c in _calls("graph") if c.captured)
+    ran = run_cli("report", str(DATA / "graph"), "--format", "json")
+    doc = json.loads(ran.out)
+    issued = len(_only(load_job([DATA / "graph"])))
+    assert [(r["op"], r["count"]) for r in doc["collectives"]] == [("all_reduce", issued)] and issued == 6
+    assert [(m["op"], m["count"]) for m in doc["modules"]] == [("all_reduce", issued)]
+    (note,) = [n for n in doc["notes"] if "CUDA graph" in n]
+    assert note.startswith(f"captured into a CUDA graph and not counted in any table: {captured} all_reduce on "
+                           "default_pg (rank 0)") and captured == 40

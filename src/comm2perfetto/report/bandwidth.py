@@ -35,14 +35,23 @@ takes them from here so that each figure is computed once.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from comm2perfetto.intervals import NS
 from comm2perfetto.job import Job
-from comm2perfetto.model import Collective, Signature, gpu_backend, op_family, span_timing, tensor_bytes
+from comm2perfetto.model import (
+    NOT_DONE_STATES,
+    Collective,
+    Signature,
+    gpu_backend,
+    op_family,
+    span_timing,
+    tensor_bytes,
+)
+from comm2perfetto.report.untimed import CPU_NO_END, NOT_DONE, P2P_ON_GPU, untimed_reason
 from comm2perfetto.report_doc import CollectiveRow, Instances
 
 _Number = TypeVar("_Number", int, float)
@@ -122,6 +131,7 @@ class CollectiveTable:
         self._job = job
         self._with_p2p = with_p2p  # p2p has no step: left out of a step range
         self._rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
+        self._untimed: Counter[str] = Counter()  # why, for the instances without a duration
 
     def add(self, uid: str, c: Collective, step: int | None) -> None:
         sig = first_signature(c)
@@ -129,7 +139,10 @@ class CollectiveTable:
             return
         row = self._rows[(op_family(sig.op), uid)]
         n = row.group_size = len(self._job.groups[uid].ranks)
-        _add(row, _Instance(c.seq, step, message_bytes(sig, n), c.timing(), c.ready_skew_ns,
+        timing = c.timing()
+        if timing is None:
+            self._untimed[untimed_reason(self._job, c)] += 1
+        _add(row, _Instance(c.seq, step, message_bytes(sig, n), timing, c.ready_skew_ns,
                             c.last_ready_rank if len(c.arrive_ns) > 1 else None))
         queues = c.queue_ns()
         row.queue_ns += sum(queues)
@@ -154,10 +167,19 @@ class CollectiveTable:
                 nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
                 # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
                 timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+                if timing is None:
+                    self._untimed[NOT_DONE if any(op.state in NOT_DONE_STATES for op in ops)
+                                  else P2P_ON_GPU if on_gpu else CPU_NO_END] += 1
                 _add(row, _Instance(None, None, nbytes, timing, skew, last))
         table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
         table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
         return table
+
+
+    def untimed(self) -> dict[str, int]:
+        """Why the instances without a duration have none (``report.untimed``'s words): how many for each, most
+        first (send/recv pairs counted once ``rows`` read them)."""
+        return dict(self._untimed.most_common())
 
 
 def _add(row: _Row, instance: _Instance) -> None:
