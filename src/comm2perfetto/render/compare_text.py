@@ -185,7 +185,7 @@ def _header(doc: Doc, width: int) -> list[str]:
     return lines
 
 
-def _job_section(lines: Sequence[Line], width: int, per_step: bool) -> list[str]:
+def _job_section(lines: Sequence[Line], per_step: bool) -> list[str]:
     job = [line for line in lines if line["section"] == "job"]
     if not job:
         return []
@@ -193,7 +193,7 @@ def _job_section(lines: Sequence[Line], width: int, per_step: bool) -> list[str]
     return [title, *_table(job, False)]
 
 
-def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[str]:
+def _changes_section(section: str, lines: Sequence[Line]) -> list[str]:
     mine = [line for line in lines if line["section"] == section]
     shown = [line for line in mine if line["verdict"] != "unchanged"]
     if not mine:
@@ -210,7 +210,7 @@ def _lines(n: int) -> str:
     return f"{n} line{'s' if n != 1 else ''}"
 
 
-def _steps_section(doc: Doc, width: int) -> list[str]:
+def _steps_section(doc: Doc) -> list[str]:
     steps: Sequence[Mapping[str, Any]] = doc.get("steps") or []
     if not steps:
         return []
@@ -243,9 +243,9 @@ def render_text(doc: Doc, *, width: int = 120) -> str:
     """The whole comparison as text, sections separated by blank lines, ending with a newline."""
     lines: Sequence[Line] = doc.get("lines") or []
     per_step = bool((doc.get("base") or {}).get("steps")) and bool((doc.get("new") or {}).get("steps"))
-    sections = [_header(doc, width), _job_section(lines, width, per_step),
-                *(_changes_section(s, lines, width) for s in SECTION_TITLES),
-                _steps_section(doc, width), _notes(doc, width), textwrap.wrap(legend_text(doc), width)]
+    sections = [_header(doc, width), _job_section(lines, per_step),
+                *(_changes_section(s, lines) for s in SECTION_TITLES),
+                _steps_section(doc), _notes(doc, width), textwrap.wrap(legend_text(doc), width)]
     text = "\n\n".join("\n".join(line.rstrip() for line in s) for s in sections if s)
     return text + "\n"
 
