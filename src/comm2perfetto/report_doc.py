@@ -92,7 +92,7 @@ class CollectiveRow(TypedDict):
     group_size: int
     count: int
     timed: int
-    bytes: int
+    bytes: int | None  # None where no instance's size is known
     total_s: float | None
     mean_s: float | None
     p50_s: float | None

@@ -102,7 +102,8 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
     code, _, err = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.png"))
     assert code == 2 and "comm2perfetto[plot]" in err and "Traceback" not in err
     code, _, _ = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.html"))
-    assert code == 0 and (tmp_path / "r.html").read_text().count("<svg") == 1  # bars; no collectives to map
+    # bars, and the lateness map of the one all_reduce (its kernel, of the one group the traces list)
+    assert code == 0 and (tmp_path / "r.html").read_text().count("<svg") == 2
 
 
 def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path):

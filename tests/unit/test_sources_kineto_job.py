@@ -22,7 +22,7 @@ from comm2perfetto.sources.read import load_sources
 from comm2perfetto.trace.check import check_trace
 from support.cli import run_cli
 from support.factories import T0_NS, steady_job
-from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job
+from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, TP_GROUP, KinetoDoc, write_trace_job
 
 # --- ranks -------------------------------------------------------------------------------------------------
 
@@ -150,7 +150,7 @@ def test_order_numbered_traces_are_not_joined_to_flight_recorder(tmp_path, fr_ra
 
 
 def test_collectives_of_a_2023_trace_and_p2p_and_wait_records():
-    doc = KinetoDoc()
+    doc = KinetoDoc(more_groups=[TP_GROUP])
     main_tid = doc.thread(doc.pid, "python")
     rpc = doc.cpu(main_tid, "record_param_comms", 0.0, 10.0)  # 2023: ids only
     doc.gpu(NCCL_STREAM, "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", 20.0,
@@ -159,7 +159,10 @@ def test_collectives_of_a_2023_trace_and_p2p_and_wait_records():
     doc.cpu(main_tid, "record_param_comms", 70.0, 1.0, extra={"Collective name": "wait", "Seq": 4})
     trace = read_kineto("x", orjson.dumps(doc.document()))
     (c,) = collectives_of([trace])
-    assert (c.op, c.pg_name, c.seq, c.on_gpu) == ("all_reduce", None, None, True)
+    assert (c.op, c.pg_name, c.seq, c.on_gpu, c.only_group) == ("all_reduce", None, None, True, False)
+    doc.more_groups = []  # the trace lists one group: a kernel naming none is that group's
+    (c,) = collectives_of([read_kineto("x", orjson.dumps(doc.document()))])
+    assert (c.op, c.pg_name, c.pg_desc, c.pg_ranks, c.only_group) == ("all_reduce", "0", "default_pg", (0, 1), True)
     assert op_name("_allgather_base", None) == "_allgather_base" and op_name(None, "sm90_gemm") == "collective"
 
 
@@ -366,7 +369,7 @@ def test_kernels_of_no_group_are_explained_by_what_the_trace_shows(tmp_path):
     """The note said "torch before 2.2 wrote none" of any collective without a process group, also of a recent
     trace whose kernels' launching op is not in it. It now says which: a kernel no record_param_comms is tied
     to, or one whose record_param_comms names no group either."""
-    doc = KinetoDoc(rank=0, world_size=2)
+    doc = KinetoDoc(rank=0, world_size=2, more_groups=[TP_GROUP])  # several groups: the kernels are no one's
     main_tid = doc.thread(doc.pid, "python")
     doc.cpu(main_tid, "ProfilerStep#1", 0.0, 900.0, cat="user_annotation")
     # launched before the profiler started: the kernel alone, its args naming no group

@@ -91,7 +91,7 @@ class _Row:
     group_size: int = 0
     count: int = 0
     timed: int = 0
-    bytes: int = 0
+    bytes: int | None = None  # None while no instance's size is known (a kernel without args): not 0 B
     timed_bytes: int = 0
     transfer_ns: int = 0
     durations: list[int] = field(default_factory=list)
@@ -186,7 +186,8 @@ def _add(row: _Row, instance: _Instance) -> None:
     nbytes, timing, skew = instance.nbytes, instance.timing, instance.skew
     row.instances.append(instance)
     row.count += 1
-    row.bytes += nbytes or 0
+    if nbytes is not None:
+        row.bytes = (row.bytes or 0) + nbytes
     if skew is not None:
         row.skews.append(skew)
     if timing is not None:
