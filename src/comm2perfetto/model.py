@@ -582,6 +582,7 @@ class P2POp:
     stack_id: int | None
     source: str
     seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
+    gpu_ns: tuple[int, int] | None = None  # its kernel's (begin, end), where a profiler trace shows it
 
 
 @dataclass(frozen=True, slots=True)

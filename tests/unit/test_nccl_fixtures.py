@@ -264,7 +264,9 @@ def test_report_on_the_users_profiler_trace_is_on_the_gpu_basis(tmp_path):
 def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     """``userprof`` merged (the second GPU run's failure: recorder step marks hid the profiler's GPU steps; the
     watchdog-discovered ends fanned one group out over 17 lanes). A collective is drawn for its ``duration_ms``
-    from its enqueue; a send/recv and a collective without GPU time are instants at their enqueue, saying why;
+    from its enqueue; a send/recv and a collective without GPU time are instants at their enqueue, saying why
+    (the send/recv the profiler traced are drawn as their kernels:
+    ``test_the_send_recv_batches_the_profiler_traced_are_timed_by_their_kernels``);
     the profiler's ``ProfilerStep#n`` on the GPU get their track beside the recorder's steps."""
     from comm2perfetto.trace.check import check_trace
 
@@ -277,7 +279,7 @@ def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     lanes = [t.name for t in trace.tracks_of("rank 0") if t.name.startswith("default_pg")]
     assert lanes == ["default_pg"]
     drawn = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.name != "coalesced"]
-    slices = {e.args["seq"]: e.dur for e in drawn if e.kind == "slice"}
+    slices = {e.args["seq"]: e.dur for e in drawn if e.kind == "slice" and e.name not in ("send", "recv")}
     assert timed and {seq: slices.get(seq) for seq in timed} == timed
     untimed = [e for e in drawn if e.kind == "instant"]
     assert {e.name for e in untimed} >= {"send", "recv"}
@@ -331,6 +333,35 @@ def test_each_untimed_collective_says_its_own_cause():
     total = sum(1 for e in _dump("notiming", 1)["entries"] if not e["is_p2p"])
     assert off.startswith(f"{total} of {total} collectives") and off.endswith(f": {total} GPU timing was off "
                                                                               "(recorded with --no-gpu-timing)")
+
+
+def test_the_send_recv_batches_the_profiler_traced_are_timed_by_their_kernels(tmp_path):
+    """``userprof``: 10 batched send/recv to itself, the 3 of steps 2-4 traced. Their ``SendRecv`` kernels carry
+    no External id: joined by order to the batches' ``nccl:coalesced`` annotations, they time those 3 (every
+    untimed send/recv read "no profiler trace of its kernels", which was false of those); the other 7 keep that
+    reason, now true; the merged trace draws the 3 batches' ops as their kernels."""
+    from comm2perfetto.trace.check import check_trace
+
+    (path,) = (DATA / "userprof").glob("rank0.kineto.*.json.gz")
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    kernels = sorted((round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in raw
+                     if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_SendRecv"))
+    assert len(kernels) == 3 and not any("External id" in e["args"] for e in raw
+                                         if e.get("cat") == "kernel" and "SendRecv" in e["name"])
+    base = json.loads(gzip.decompress(path.read_bytes()))["baseTimeNanoseconds"]
+    doc = json.loads(run_cli("report", str(DATA / "userprof"), "--format", "json").out)
+    (row,) = [r for r in doc["collectives"] if r["op"] == "send/recv"]
+    assert (row["count"], row["timed"]) == (10, 3)
+    assert sorted(d for d in row["instances"]["duration_s"] if d is not None) == pytest.approx(
+        sorted(dur * 1e-9 for _, dur in kernels), abs=1e-12)
+    (note,) = [n for n in doc["notes"] if "have no duration" in n]
+    assert "; 7 a send/recv on a GPU: no profiler trace of its kernels" in note
+    out = tmp_path / "job.pftrace"
+    assert run_cli("merge", str(DATA / "userprof"), "-o", str(out)).code == 0
+    p2p = [e for e in check_trace(out).events_on("default_pg", process_name="rank 0") if e.name in ("send", "recv")]
+    drawn = sorted((e.ts, e.dur) for e in p2p if e.kind == "slice")
+    assert drawn == sorted((base + ts, dur) for ts, dur in kernels for _op in ("send", "recv"))
+    assert len(p2p) - len(drawn) == 2 * 7
 
 
 def test_collectives_captured_in_a_cuda_graph_are_said_not_counted():

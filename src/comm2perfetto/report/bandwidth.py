@@ -165,8 +165,10 @@ class CollectiveTable:
                 skew = max(known)[0] - min(known)[0] if len(known) == 2 and t.src != t.dst else None
                 last = max(known)[1] if len(known) == 2 and t.src != t.dst else None
                 nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
-                # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
-                timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+                # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration;
+                # its batch's kernel is, where a profiler trace shows it
+                timing = span_timing(*zip(*(op.gpu_ns or (None, None) for op in ops))) if on_gpu \
+                    else span_timing(arrive, tuple(op.t_end_ns for op in ops))
                 if timing is None:
                     self._untimed[NOT_DONE if any(op.state in NOT_DONE_STATES for op in ops)
                                   else P2P_ON_GPU if on_gpu else CPU_NO_END] += 1

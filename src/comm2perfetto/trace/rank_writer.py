@@ -285,7 +285,9 @@ class RankWriter:
         group = self.job.groups[uid]
         args = {"peer": peer, "process_group": group.label, "index": tr.index,
                 **signature_args(sig), "state": op.state, "matched": tr.matched, "source": op.source}
-        if end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
+        if op.gpu_ns is not None:  # its batch's kernel: the GPU work, as a collective's slice is
+            begin, end = op.gpu_ns
+        elif end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
             end = None
             args["duration"] = GPU_UNTIMED.format(P2P_ON_GPU)
         site = self.sites(op.stack_id)
