@@ -471,10 +471,12 @@ class Collective:
 
     def queue_ns(self) -> list[int]:
         """Each rank's queue delay where a trace shows it: from its CPU enqueue (arrival) to its first kernel's
-        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's."""
+        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's. A kernel
+        that began at its arrival is one no CPU op enqueued in the trace (its begin stands in for the arrival): no
+        queue delay is known there, rather than 0 (a launch takes microseconds)."""
         if not self.gpu_begin_ns:
             return []
-        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b >= a]
+        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b > a]
 
     @property
     def completed_everywhere(self) -> bool:

@@ -89,6 +89,17 @@ def test_unwritable_outputs(tmp_path):
     assert code == 2 and ".html" in err
 
 
+def test_a_kernel_no_cpu_op_enqueued_has_no_queue_delay_nor_size(tmp_path):
+    """Kernels alone (no record_param_comms in the trace, no args): the kernel's begin stands in for the rank's
+    arrival, so no queue delay is known (it read 0 s), nor any size (it read 0 B)."""
+    _traces(tmp_path / "t")
+    code, out, _ = run_cli("report", str(tmp_path / "t"), "--format", "json")
+    (row,) = json.loads(out)["collectives"]
+    assert (code, row["op"], row["count"], row["timed"], row["bytes"], row["queue_mean_s"]) == (
+        0, "all_reduce", 1, 1, None, None)
+    assert row["total_s"] == pytest.approx(100e-6)
+
+
 def test_missing_input(tmp_path):
     code, _, err = run_cli("report", str(tmp_path / "nothing"))
     assert code == 2 and "nothing" in err
