@@ -471,10 +471,12 @@ class Collective:
 
     def queue_ns(self) -> list[int]:
         """Each rank's queue delay where a trace shows it: from its CPU enqueue (arrival) to its first kernel's
-        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's."""
+        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's. A kernel
+        that began at its arrival is one no CPU op enqueued in the trace (its begin stands in for the arrival): no
+        queue delay is known there, rather than 0 (a launch takes microseconds)."""
         if not self.gpu_begin_ns:
             return []
-        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b >= a]
+        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b > a]
 
     @property
     def completed_everywhere(self) -> bool:
@@ -516,6 +518,12 @@ class GroupView(Protocol):
     @property
     def on_gpu(self) -> bool:
         """The group's collectives run on a GPU (``Collective.on_gpu``)."""
+        ...
+
+    @property
+    def gpu_timed(self) -> bool:
+        """Some rank has a GPU time of some of the group's collectives (``Collective.duration_ns``): GPU timing
+        worked for the group, so an untimed one was not yet timed (see ``report.untimed``)."""
         ...
 
     def __len__(self) -> int: ...
@@ -576,6 +584,7 @@ class P2POp:
     stack_id: int | None
     source: str
     seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
+    gpu_ns: tuple[int, int] | None = None  # its kernel's (begin, end), where a profiler trace shows it
 
 
 @dataclass(frozen=True, slots=True)

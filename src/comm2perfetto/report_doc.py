@@ -92,7 +92,7 @@ class CollectiveRow(TypedDict):
     group_size: int
     count: int
     timed: int
-    bytes: int
+    bytes: int | None  # None where no instance's size is known
     total_s: float | None
     mean_s: float | None
     p50_s: float | None
@@ -178,6 +178,7 @@ class _Report(TypedDict):
     notes: list[str]
     sampled: str | None
     clock: Clock | None
+    scope: list[int] | None  # [first, last] step every table covers (--steps); None: the whole run
 
 
 class ReportDoc(_Report, total=False):

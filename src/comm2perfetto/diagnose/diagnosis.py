@@ -141,6 +141,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                                 stall=_unexplained(job))
     if status == Status.INTERRUPTED:
         notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
+    if status == Status.OK and job.sampled and job.world_size:
+        others = job.world_size - len(job.ranks_with_data)
+        notes.append(f"a sample: the collectives of {ranks_text(job.ranks_with_data)} completed and matched; the other "
+                     f"{others} rank(s) of the job left no {job.sampled}, so nothing is known of them")
     return Diagnosis(
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,

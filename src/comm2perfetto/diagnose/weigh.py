@@ -26,6 +26,7 @@ from comm2perfetto.diagnose.findings import (
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.job import Job
 from comm2perfetto.model import NOT_DONE_STATES, Collective, ProcessGroup
+from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
 from comm2perfetto.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
@@ -557,6 +558,13 @@ def no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
         cause = (" `record` forwarded SIGTERM to the job before any Flight Recorder dump was written: what DDP and "
                  "FSDP issue from C++ is only in Flight Recorder, and SIGTERM ends a rank at once, as it would "
                  "without the recorder, with no dump (Ctrl-C, SIGINT, lets the recorder dump first).")
+    kernels = {rank: n for rank, traces in job.traces.items()
+               if (n := sum(e.on_gpu and ALL_COMM_KERNELS.search(e.name) is not None
+                            for t in traces for e in t.comm_events))}
+    if not cause and kernels:
+        cause = (f" The profiler traces of {ranks_text(sorted(kernels))} hold {sum(kernels.values())} communication "
+                 "kernels, which ran, but no event names their process group and the traces list several: which "
+                 "collective each one is cannot be matched across ranks.")
     detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
     return Finding(
         kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),

@@ -21,7 +21,8 @@ Takes the plain dict (see :mod:`comm2perfetto.report.document`) and nothing else
 - ``.png`` / ``.svg``: the same two charts drawn with matplotlib (the ``plot`` extra), imported only here,
   under the page's title (:func:`plot_title`).
 
-Ranks of the job that left no data (the document's ``world_size`` past its ranks) get a grey bar, "no data".
+Ranks of the job that left no data (the document's ``world_size`` past its ranks) get a grey bar, "no data";
+not those a sample left out (``sampled``: traces of 2 of 128 ranks): they were never meant to have any.
 
 Example::
 
@@ -139,6 +140,8 @@ def header_facts(doc: ReportDoc) -> list[tuple[str, str]]:
     world = doc["world_size"]
     with_data = ranks_text(sorted(ranks, key=rank_sort_key)) if ranks else "none"
     of = f" of world size {world}" if isinstance(world, int) and world > 0 else ""
+    if doc["sampled"] and of:
+        of += f" (a sample: {doc['sampled']} of these ranks only; the others are not drawn)"
     sources = sorted({s for r in ranks.values() for s in r["sources"] or ()})
     steps = doc["steps"]
     return [
@@ -151,10 +154,11 @@ def header_facts(doc: ReportDoc) -> list[tuple[str, str]]:
 
 
 def missing_ranks(doc: ReportDoc) -> list[str]:
-    """The ranks of the job (its world size) that are not in the document: they left no data."""
+    """The ranks of the job (its world size) that are not in the document: they left no data. None of a sample:
+    its other ranks were not traced, which is no fault of theirs."""
     world = doc["world_size"]
     ranks = doc["ranks"]
-    if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS:
+    if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS or doc["sampled"]:
         return []
     return [str(r) for r in range(world) if str(r) not in ranks]
 

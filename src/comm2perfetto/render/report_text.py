@@ -49,7 +49,6 @@ MAX_STEPS_SHOWN = 12
 STEPS_EACH_END = 5
 MAX_COLLECTIVES_SHOWN = 30
 MAX_STRAGGLERS_SHOWN = 10
-MIN_ELASTIC_WIDTH = 8  # a shrunk text column keeps at least this many characters
 PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
                                       None: "OUTSIDE FORWARD AND BACKWARD"}
 
@@ -104,31 +103,14 @@ def rank_sort_key(rank: str | int) -> tuple[int, int | str]:
 # --- tables -------------------------------------------------------------------------------------------------
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 2, 1)] + ".."
-
-
-def table(header: Sequence[str], rows: Sequence[Row], aligns: str, *, width: int,
-          elastic: Sequence[int] = ()) -> list[str]:
-    """Aligned columns, two spaces apart; ``aligns`` has one ``<`` or ``>`` per column.
-
-    When the table is wider than ``width`` and cutting the ``elastic`` columns (text, in that order) down to
-    :data:`MIN_ELASTIC_WIDTH` (or their header) makes it fit, they are cut with ``..``; when even that would
-    not fit, nothing is cut: a long line loses nothing, a cut one that still wraps would lose both ways.
-    """
+def table(header: Sequence[str], rows: Sequence[Row], aligns: str) -> list[str]:
+    """Aligned columns, two spaces apart; ``aligns`` has one ``<`` or ``>`` per column. Nothing is cut to fit a
+    width (a cut name names nothing: "defaul.."): a wide table's lines run long."""
     cells = [list(r) for r in rows if not isinstance(r, str)]
     widths = [max(len(c[i]) for c in [list(header), *cells]) for i in range(len(header))]
-    excess = sum(widths) + 2 * (len(widths) - 1) - width
-    floors = {i: max(MIN_ELASTIC_WIDTH, len(header[i])) for i in elastic}
-    if 0 < excess <= sum(max(widths[i] - floor, 0) for i, floor in floors.items()):
-        for i, floor in floors.items():
-            give = min(excess, max(widths[i] - floor, 0))
-            widths[i] -= give
-            excess -= give
 
     def line(values: Sequence[str]) -> str:
-        padded = (_clip(v, w).ljust(w) if a == "<" else _clip(v, w).rjust(w)
-                  for v, w, a in zip(values, widths, aligns))
+        padded = (v.ljust(w) if a == "<" else v.rjust(w) for v, w, a in zip(values, widths, aligns))
         return "  ".join(padded).rstrip()
 
     return [line(header)] + [r if isinstance(r, str) else line(r) for r in rows]
@@ -162,10 +144,7 @@ def _header(doc: Doc) -> list[str]:
     sampled = f" (a sample: {doc['sampled']} of {ranks_text(ranks)})" if doc["sampled"] else ""
     head = (f"comm2perfetto report: {count}{of} rank{'s' if count != 1 or of else ''}{sampled}, "
             f"basis {doc['basis'] or MISSING}")
-    steps = [s["step"] for s in doc["steps"]]
-    numbered = [s for s in steps if isinstance(s, int)]
-    if numbered:
-        head += f", {len(steps)} step{'s' if len(steps) != 1 else ''} ({min(numbered)}-{max(numbered)})"
+    head += f", {scope_text(doc)}"
     lines = [head]
     by_sources: dict[tuple[str, ...], list[str]] = {}
     for rank in sorted(ranks, key=rank_sort_key):
@@ -182,6 +161,20 @@ def _header(doc: Doc) -> list[str]:
     return lines
 
 
+def scope_text(doc: Doc) -> str:
+    """What every table covers: ``steps 2-4`` (``--steps``), or ``the whole run`` and the steps it recorded
+    (``the whole run (3 steps: 2-4)``): a steps table alone never narrows the others."""
+    scope = doc.get("scope")
+    if scope:
+        first, last = scope
+        return f"steps {first}-{last}" if last > first else f"step {first}"
+    steps = [s["step"] for s in doc["steps"]]
+    numbered = [s for s in steps if isinstance(s, int)]
+    if not numbered:
+        return "the whole run"
+    return f"the whole run ({len(steps)} step{'s' if len(steps) != 1 else ''}: {min(numbered)}-{max(numbered)})"
+
+
 def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str], list[str]]:
     """(ranks to show in order, those left out, those without an exposed-comm value)."""
     ordered = sorted(ranks, key=rank_sort_key)
@@ -195,7 +188,7 @@ def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str
     return known[:RANKS_EACH_END] + known[-RANKS_EACH_END:], known[RANKS_EACH_END:-RANKS_EACH_END], unknown
 
 
-def _ranks_section(doc: Doc, width: int) -> list[str]:
+def _ranks_section(doc: Doc) -> list[str]:
     ranks = doc["ranks"]
     if not ranks:
         return ["ranks: none"]
@@ -213,13 +206,13 @@ def _ranks_section(doc: Doc, width: int) -> list[str]:
             rows.append(f"  ... {len(hidden)} ranks in between")
     rows.append(["job", *([doc["basis"] or MISSING] if mixed else []), *time_cells(doc["job"])])
     aligns = ">" + ("<" if mixed else "") + ">" * len(TIME_COLUMNS)
-    lines = [title, *table(header, rows, aligns, width=width)]
+    lines = [title, *table(header, rows, aligns)]
     if unknown:
         lines.append(f"  no values for {ranks_text(unknown)}")
     return lines
 
 
-def _steps_section(doc: Doc, width: int) -> list[str]:
+def _steps_section(doc: Doc) -> list[str]:
     steps = doc["steps"]
     if not steps:
         return []
@@ -229,7 +222,7 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
         rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
     header = ["step", *(h for h, _, _ in TIME_COLUMNS)]
     return ["steps (job values: times are means over ranks)",
-            *table(header, rows, ">" * len(header), width=width)]
+            *table(header, rows, ">" * len(header))]
 
 
 def _count_cell(c: CollectiveRow) -> str:
@@ -237,7 +230,7 @@ def _count_cell(c: CollectiveRow) -> str:
     return fmt_int(count) if timed is None or timed == count else f"{fmt_int(timed)}/{fmt_int(count)}"
 
 
-def _collectives_section(doc: Doc, width: int) -> list[str]:
+def _collectives_section(doc: Doc) -> list[str]:
     collectives = doc["collectives"]
     if not collectives:
         return ["collectives: none"]
@@ -259,12 +252,12 @@ def _collectives_section(doc: Doc, width: int) -> list[str]:
               "  algbw = bytes / transfer time, busbw = algbw x the nccl-tests factor, both in GB/s"]
     if queued:
         legend.append("  on a GPU, times are its kernels; queue: mean of (first kernel begin - CPU enqueue)")
-    return ["collectives (by total time)",
-            *table(header, rows, "<<" + ">" * (len(header) - 2), width=width, elastic=(1,)),
+    return [f"collectives of {scope_text(doc).split(' (')[0]} (by total time)",
+            *table(header, rows, "<<" + ">" * (len(header) - 2)),  # the group's name whole
             *legend]
 
 
-def _stragglers_section(doc: Doc, width: int) -> list[str]:
+def _stragglers_section(doc: Doc) -> list[str]:
     stragglers = doc["stragglers"]
     if not stragglers:
         return []
@@ -276,7 +269,7 @@ def _stragglers_section(doc: Doc, width: int) -> list[str]:
         rows.append([fmt_int(s["rank"]), fmt_int(matched), fmt_int(last), fmt_pct(share),
                      fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])])
     title = "stragglers (last = collectives this rank arrived at last; late = arrival - earliest arrival)"
-    return [title, *table(header, rows, ">" * len(header), width=width)]
+    return [title, *table(header, rows, ">" * len(header))]
 
 
 def live_rows(live: LiveWindows) -> tuple[list[str], list[list[str]]]:
@@ -306,14 +299,14 @@ def live_event_lines(live: LiveWindows) -> list[str]:
             "collectives)" for e in live["stragglers"]]
 
 
-def _live_section(doc: Doc, width: int) -> list[str]:
+def _live_section(doc: Doc) -> list[str]:
     live = doc.get("live")
     if live is None:
         return []
     header, rows = live_rows(live)
     every = f"every {live['every_s']:g} s, " if live["every_s"] else ""
     title = f"live windows ({every}{len(live['windows'])} windows, from the recorder's logs; late: docs/live.md)"
-    return [title, *table(header, rows, "<" + ">" * 5 + "<", width=width, elastic=(6,)), *live_event_lines(live)]
+    return [title, *table(header, rows, "<" + ">" * 5 + "<"), *live_event_lines(live)]
 
 
 # --- module tree --------------------------------------------------------------------------------------------
@@ -418,11 +411,11 @@ def render_text(doc: Doc, *, width: int = 100) -> str:
     """The whole report as text, sections separated by blank lines, ending with a newline."""
     sections = [
         _header(doc),
-        _ranks_section(doc, width),
-        _steps_section(doc, width),
-        _collectives_section(doc, width),
-        _stragglers_section(doc, width),
-        _live_section(doc, width),
+        _ranks_section(doc),
+        _steps_section(doc),
+        _collectives_section(doc),
+        _stragglers_section(doc),
+        _live_section(doc),
         _modules_section(doc),
         _notes_section(doc, width),
     ]
