@@ -248,6 +248,47 @@ def _counts(counts: tuple[int, ...] | None) -> str:
     return "?" if counts is None else str(list(counts))
 
 
+PeerBytes = tuple[int, ...] | None
+
+
+def peer_bytes(sig: Signature, n: int) -> tuple[PeerBytes, PeerBytes]:
+    """(sent, expected): the bytes one rank's all-to-all on an ``n``-rank group sends to and expects from each
+    member, in group-rank order; None where not known. From the recorder's split sizes (``exchange``), else
+    from Flight Recorder's one tensor per member (``all_to_all``'s lists; a single tensor says nothing of how
+    it is split, unless the group is one rank). The one reading of per-peer bytes: the report's matrix and
+    the trace's slices both take it from here.
+
+    >>> s = Signature("all_to_all_single", ((5,),), ("Float",), None, None, "log", exchange=Exchange((3, 2), (3, 4)))
+    >>> peer_bytes(s, 2)
+    ((12, 8), (12, 16))
+    >>> peer_bytes(Signature("all_to_all", ((2,), (6,)), ("Half", "Half"), ((2,), (1,)), ("Half", "Half")), 2)
+    ((4, 12), (4, 2))
+    """
+    if sig.parts or op_family(sig.op) != "all_to_all":
+        return None, None
+    if sig.exchange is not None:
+        return (_elements_to_bytes(sig.exchange.send, sig.input_dtypes, n),
+                _elements_to_bytes(sig.exchange.recv, sig.output_dtypes or sig.input_dtypes, n))
+    return _tensor_bytes_each(sig.input_sizes, sig.input_dtypes, n), \
+        _tensor_bytes_each(sig.output_sizes, sig.output_dtypes, n)
+
+
+def _elements_to_bytes(counts: tuple[int, ...] | None, dtypes: tuple[str, ...] | None, n: int) -> PeerBytes:
+    """Element counts, one per member, in bytes: one dtype (a tensor split by rows) or one per member."""
+    if counts is None or len(counts) != n or not dtypes or len(dtypes) not in (1, n):
+        return None
+    sizes = [DTYPE_BYTES.get(d) for d in (dtypes * n if len(dtypes) == 1 else dtypes)]
+    return None if None in sizes else tuple(k * cast(int, b) for k, b in zip(counts, sizes))
+
+
+def _tensor_bytes_each(sizes: tuple[tuple[int, ...], ...] | None, dtypes: tuple[str, ...] | None,
+                       n: int) -> PeerBytes:
+    """One tensor per member (``n`` shapes; one rank's lone tensor on a 1-rank group), each in bytes."""
+    if sizes is None or len(sizes) != n:
+        return None
+    return _elements_to_bytes(tuple(math.prod(s) for s in sizes), dtypes, n)
+
+
 @dataclass(frozen=True, slots=True)
 class CollectivePart:
     """One rank's share of a collective (built on demand by ``Collective.part``)."""

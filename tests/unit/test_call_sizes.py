@@ -250,6 +250,8 @@ def test_an_all_to_all_whose_pairs_disagree_names_the_rank_that_broke_its_splits
             "expects 3 from it") in f.detail
     assert f.evidence["pairs"] == [{"src": 0, "dst": 1, "sends": 2, "expects": 3},
                                    {"src": 0, "dst": 2, "sends": 4, "expects": 3}]
+    assert f.evidence["splits_differ"] == 0
+    assert "Rank 0 is in every pair that disagrees: its split sizes differ from its peers'." in f.detail
 
 
 def test_an_all_to_all_whose_pairs_disagree_without_history_names_suspects_only(tmp_path):
@@ -257,3 +259,11 @@ def test_an_all_to_all_whose_pairs_disagree_without_history_names_suspects_only(
     (f,) = d.findings
     assert (f.kind, f.culprit_ranks, f.suspect_ranks, f.victim_ranks) == ("size_mismatch", (), (0, 1, 2), (2,))
     assert "Nothing in the data shows which side is wrong" in f.detail
+
+
+def test_two_ranks_whose_splits_differ_leave_no_one_rank_in_every_pair(tmp_path):
+    """Ranks 0 and 1 both send uneven splits: four pairs disagree, no rank is in all of them, none is named."""
+    d = _dispatch(tmp_path, {0: [3, 2, 4], 1: [4, 3, 2], 2: [3, 3, 3]}, steps=0, dies=2)
+    (f,) = d.findings
+    assert [(p["src"], p["dst"]) for p in f.evidence["pairs"]] == [(0, 1), (0, 2), (1, 0), (1, 2)]
+    assert "splits_differ" not in f.evidence and "in every pair" not in f.detail

@@ -156,7 +156,8 @@ MAX_PAIRS_TOLD = 4
 def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding | None:
     """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
     sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
-    other may return with wrong data), or an object collective whose ranks pass lists of different lengths.
+    other may return with wrong data), and the rank in every such pair where there is one (its splits are the
+    ones that differ), or an object collective whose ranks pass lists of different lengths.
     Which side is wrong is read from each rank's history, as for other mismatches; otherwise the ranks of the
     pairs that disagree are suspects."""
     members = sorted(c.group.ranks)
@@ -180,6 +181,13 @@ def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> F
         detail = f"The ranks of {c.group.label} disagree on what {c.op} #{c.seq} moves between them: {told}."
         involved = sorted({r for a, b, _, _ in pairs for r in (a, b)})
         evidence: dict[str, Any] = {"pairs": [{"src": a, "dst": b, "sends": k, "expects": j} for a, b, k, j in pairs]}
+        # One rank in every pair that disagrees, with two or more pairs: the others agree among themselves, so
+        # its splits are the ones that differ (which side is wrong is still read from the histories below)
+        common = set.intersection(*({a, b} for a, b, _, _ in pairs))
+        if len(pairs) > 1 and len(common) == 1:
+            (odd,) = common
+            detail += f" Rank {odd} is in every pair that disagrees: its split sizes differ from its peers'."
+            evidence["splits_differ"] = odd
     else:
         lengths = {r: sig.objects for r, sig in sigs.items() if sig.objects is not None}
         if len(set(lengths.values())) < 2 or op_family(c.op) not in ("broadcast", "all_gather", "gather", "scatter"):
