@@ -58,10 +58,16 @@ class ExchangeTable:
         self._job = job
         self._rows: dict[tuple[str, str], _Matrix] = {}
         self._too_large: set[str] = set()
+        self._all_to_all: dict[str, bool] = {}
 
     def add(self, uid: str, c: Collective) -> None:
         sig = first_signature(c)
-        if sig is None or op_family(sig.op) != "all_to_all":
+        if sig is None:
+            return
+        is_all_to_all = self._all_to_all.get(sig.op)
+        if is_all_to_all is None:  # decided once per op name: this runs for every collective of the job
+            is_all_to_all = self._all_to_all[sig.op] = op_family(sig.op) == "all_to_all"
+        if not is_all_to_all:
             return
         members = sorted(self._job.groups[uid].ranks)
         n = len(members)
