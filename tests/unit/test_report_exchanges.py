@@ -11,6 +11,7 @@ import orjson
 
 from comm2perfetto.load_options import REPORT
 from comm2perfetto.match import load_job
+from comm2perfetto.render import report_plot, report_text
 from comm2perfetto.render.report_plot import render_html
 from comm2perfetto.render.report_text import render_text
 from comm2perfetto.report import exchanges
@@ -103,7 +104,8 @@ def test_a_rank_without_sizes_leaves_the_matrix_empty_not_guessed(tmp_path):
     assert (x["count"], x["covered"], x["imbalance"], x["hot_ranks"]) == (2, 0, None, [])
     assert x["sent_bytes"] == [[0] * 4] * 4 and x["time_s"] == [None] * 4
     assert "no collective counted" in render_text(doc)
-    assert 'aria-label="bytes sent per pair of ranks' not in render_html(doc)
+    page = render_html(doc)
+    assert 'aria-label="bytes sent per pair of ranks' not in page and "no collective counted" in page
 
 
 def test_flight_recorders_one_tensor_per_peer_fills_the_matrix(tmp_path):
@@ -125,3 +127,17 @@ def test_a_group_past_the_limit_gets_a_note_not_a_matrix(tmp_path, monkeypatch):
     doc = _report(tmp_path)
     assert doc["all_to_all"] == []
     assert "all-to-alls on default_pg (4 ranks): no per-peer matrix above 3 ranks" in doc["notes"]
+
+
+def test_past_the_drawn_sizes_the_views_give_each_ranks_totals(tmp_path, monkeypatch):
+    """The text draws the matrix up to MAX_MATRIX_SHOWN ranks, the page up to MAX_HEAT_RANKS: past them, each
+    rank's sent and received bytes, and the page says where the matrix is."""
+    monkeypatch.setattr(report_text, "MAX_MATRIX_SHOWN", 3)
+    monkeypatch.setattr(report_plot, "MAX_HEAT_RANKS", 3)
+    _dispatch_logs(tmp_path)
+    doc = _report(tmp_path)
+    text = render_text(doc)
+    assert re.search(r"\nrank +sent +received +time\n", text) and re.search(r"\n3 +448 B +416 B +100 us\n", text)
+    page = render_html(doc)
+    assert 'aria-label="bytes sent per pair of ranks' not in page
+    assert "the matrix of 4 ranks is in the JSON report" in page

@@ -46,6 +46,7 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.render.report_text import (
     MISSING,
     TIME_COLUMNS,
+    exchange_notes,
     exchange_title,
     fmt_bytes,
     fmt_int,
@@ -445,10 +446,7 @@ def _exchange_section(x: ExchangeRow) -> list[str]:
     rows = [[str(r), fmt_bytes(sum(x["sent_bytes"][a])), fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])]
             for a, r in enumerate(x["ranks"])]
     svg = exchange_svg(x)
-    parts = [f"<h3>{_e(exchange_title(x))}</h3>"]
-    if x["disagreeing"]:
-        parts.append(f'<p class="note">{fmt_int(x["disagreeing"])} collective(s) left out: their ranks disagree on '
-                     "the split sizes (diagnose names the pair)</p>")
+    parts = [f"<h3>{_e(exchange_title(x))}</h3>", *(f'<p class="note">{_e(n)}</p>' for n in exchange_notes(x))]
     if svg is None and x["covered"]:
         parts.append(f'<p class="note">the matrix of {len(x["ranks"]):,} ranks is in the JSON report</p>')
     return [*parts, svg or "", _html_table(header, rows)]

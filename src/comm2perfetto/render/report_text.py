@@ -40,8 +40,8 @@ from comm2perfetto.report_doc import (
 )
 from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
-__all__ = ["MISSING", "TIME_COLUMNS", "exchange_title", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct",
-           "fmt_ratio", "fmt_time", "rank_sort_key", "render_text", "table", "time_cells"]
+__all__ = ["MISSING", "TIME_COLUMNS", "exchange_notes", "exchange_title", "fmt_bytes", "fmt_int", "fmt_number",
+           "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key", "render_text", "table", "time_cells"]
 
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
@@ -284,22 +284,29 @@ def exchange_title(x: ExchangeRow) -> str:
     return title
 
 
+def exchange_notes(x: ExchangeRow) -> list[str]:
+    """What a matrix leaves out, in the text's and the page's words."""
+    notes = []
+    if x["disagreeing"]:
+        notes.append(f"{fmt_int(x['disagreeing'])} collective(s) left out: their ranks disagree on the split sizes "
+                     "(diagnose names the pair)")
+    if not x["covered"]:
+        notes.append("no collective counted: the per-peer sizes are known only from the recorder's split sizes or "
+                     "Flight Recorder's all_to_all lists")
+    return notes
+
+
 def _exchange_lines(x: ExchangeRow, width: int) -> list[str]:
     """One (op, group)'s per-peer bytes: the matrix (sender by row, receiver by column) and each rank's totals,
     or the totals alone past :data:`MAX_MATRIX_SHOWN` ranks."""
     ranks, sent = x["ranks"], x["sent_bytes"]
     full = len(ranks) <= MAX_MATRIX_SHOWN
-    header = ["from \\ to", *([str(r) for r in ranks] if full else []), "sent", "received", "time"]
+    header = ["from \\ to" if full else "rank", *([str(r) for r in ranks] if full else []), "sent", "received",
+              "time"]
     rows: list[Row] = [[str(r), *([fmt_bytes(b) for b in sent[a]] if full else []), fmt_bytes(sum(sent[a])),
                         fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])] for a, r in enumerate(ranks)]
     legend = ["  row: the sender, column: the receiver, over the collectives counted; time: each rank's own in "
-              "them (nothing times a pair)"]
-    if x["disagreeing"]:
-        legend.append(f"  {fmt_int(x['disagreeing'])} collective(s) left out: their ranks disagree on the split "
-                      "sizes (diagnose names the pair)")
-    if not x["covered"]:
-        legend.append("  no collective counted: the per-peer sizes are known only from the recorder's split sizes "
-                      "or Flight Recorder's all_to_all lists")
+              "them (nothing times a pair)", *(f"  {n}" for n in exchange_notes(x))]
     return [f"all-to-all per peer: {exchange_title(x)}",
             *table(header, rows, "<" + ">" * (len(header) - 1), width=width), *legend]
 
