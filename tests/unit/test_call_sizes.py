@@ -267,3 +267,16 @@ def test_two_ranks_whose_splits_differ_leave_no_one_rank_in_every_pair(tmp_path)
     (f,) = d.findings
     assert [(p["src"], p["dst"]) for p in f.evidence["pairs"]] == [(0, 1), (0, 2), (1, 0), (1, 2)]
     assert "splits_differ" not in f.evidence and "in every pair" not in f.detail
+
+
+def test_flight_recorders_all_to_all_lists_name_the_pair_that_disagrees(tmp_path):
+    """NCCL's Flight Recorder alone: all_to_all's one tensor per peer says what each rank sends and expects, so the
+    pair is named, not only the totals (15 elements sent, 14 received)."""
+    job = FrJob(world=2, backend="nccl")
+    for r in range(2):
+        job.collective(r, "all_to_all", [[2 + r], [5]], [[2], [3]] if r == 0 else [[4], [5]])
+    job.write(tmp_path, prefix="rank", ranks=[0, 1])
+    (f,) = diagnose(load_job([tmp_path])).findings
+    assert (f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", 1, (), (0, 1))
+    assert f.evidence["pairs"] == [{"src": 0, "dst": 1, "sends": 5, "expects": 4}]
+    assert "rank 0 sends 5 elements to rank 1, which expects 4 from it" in f.detail

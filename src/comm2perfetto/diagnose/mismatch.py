@@ -27,6 +27,7 @@ from comm2perfetto.model import (
     GroupView,
     Signature,
     op_family,
+    peer_elements,
 )
 from comm2perfetto.words import ranks_text
 
@@ -154,7 +155,8 @@ MAX_PAIRS_TOLD = 4
 
 
 def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding | None:
-    """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
+    """Ranks that disagree on what passes between them, where the recorder logged it (or Flight Recorder's
+    ``all_to_all`` lists show it, one tensor per peer: ``model.peer_elements``): an all-to-all whose rank A
     sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
     other may return with wrong data), and the rank in every such pair where there is one (its splits are the
     ones that differ), or an object collective whose ranks pass lists of different lengths.
@@ -165,11 +167,12 @@ def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> F
     sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
     pairs: list[tuple[int, int, int, int]] = []  # (A, B, A sends to B, B expects from A)
     if op_family(c.op) == "all_to_all":
-        for a, sa in sigs.items():
-            for b, sb in sigs.items():
-                if sa.exchange is None or sb.exchange is None:
+        sides = {r: peer_elements(sig, len(members)) for r, sig in sigs.items()}
+        for a, xa in sides.items():
+            for b, xb in sides.items():
+                if xa is None or xb is None:
                     continue
-                sent, expected = sa.exchange.sends_to(where[b]), sb.exchange.expects_from(where[a])
+                sent, expected = xa.sends_to(where[b]), xb.expects_from(where[a])
                 if sent is not None and expected is not None and sent != expected:
                     pairs.append((a, b, sent, expected))
         if not pairs:
