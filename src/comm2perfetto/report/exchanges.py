@@ -38,12 +38,15 @@ MAX_MATRIX_RANKS = 512  # a matrix of n^2 cells per collective: 512 ranks is 262
 
 @dataclass
 class _Matrix:
+    """One (op, group)'s running sums: bytes per (sender, receiver) position and each member's time (None once
+    one of its covered collectives is untimed)."""
+
     members: list[int]
     count: int = 0
     covered: int = 0
     disagreeing: int = 0
-    sent: list[list[int]] = field(default_factory=list)
-    time_ns: list[int | None] = field(default_factory=list)
+    sent: list[list[int]] = field(init=False)
+    time_ns: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.members)
