@@ -60,9 +60,9 @@ from comm2perfetto.sources.checks import dumps_world
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
-from comm2perfetto.sources.fr.ingest import FrRankTrace
+from comm2perfetto.sources.fr.ingest import FrRankTrace, fr_job_notes
 from comm2perfetto.sources.fr.tables import contiguous
-from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
+from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of, shifted
 from comm2perfetto.sources.kineto.p2p import p2p_batches
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
@@ -93,6 +93,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     profiler traces in place (a ``Sources`` builds one Job), the stall stacks and the profiles as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
+    notes.extend(fr_job_notes(src.fr))
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
     groups, local, conflicts = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], Track] = {}
@@ -113,7 +114,8 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
     number_by_order(unnumbered, groups, tracks, log_seen, notes)
     _p2p_kernels(p2p_ops, groups, src, notes)
-    gpu_ends = merge_traces(trace_cols, local, tracks, notes)
+    ungrouped: dict[int, list[TraceCollective]] = {}
+    gpu_ends = merge_traces(trace_cols, local, tracks, notes, ungrouped)
 
     if options.align:
         ends = _precise_ends(tracks)
@@ -154,6 +156,8 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
+        kernel_collectives=MappingProxyType({rank: tuple(shifted(c, clock.offset_ns.get(rank, 0)) for c in cols)
+                                             for rank, cols in ungrouped.items()}),
         resolver=None if options.stacks else LazyStacks(src),
         profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,

@@ -13,9 +13,10 @@ from typing import Any, Literal, TypedDict
 from comm2perfetto.strenum import StrEnum
 
 __all__ = [
-    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Basis", "Clock", "CollectiveRow", "FigureKey", "Figures", "GroupRow",
-    "Instances", "JobFigures", "LatenessMap", "ModuleRow", "RankFigures", "ReportDoc", "SavedCollective",
-    "SavedFigures", "SavedModule", "SavedReport", "SavedStep", "SavedStraggler", "StepRow", "StragglerRow",
+    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Basis", "Clock", "CollectiveRow", "ExchangeRow", "FigureKey",
+    "Figures", "GroupRow", "Instances", "JobFigures", "LatenessMap", "ModuleRow", "RankFigures", "ReportDoc",
+    "SavedCollective", "SavedFigures", "SavedModule", "SavedReport", "SavedStep", "SavedStraggler", "StepRow",
+    "StragglerRow",
 ]
 
 VERSION = 1  # changes when a key changes meaning or disappears; new keys may appear
@@ -89,10 +90,10 @@ class CollectiveRow(TypedDict):
 
     op: str
     process_group: str
-    group_size: int
+    group_size: int | None  # None: not known (kernels of a library that names no group)
     count: int
     timed: int
-    bytes: int | None  # None where no instance's size is known
+    bytes: int | None  # of the instances whose size is known; None where none's is
     total_s: float | None
     mean_s: float | None
     p50_s: float | None
@@ -104,6 +105,24 @@ class CollectiveRow(TypedDict):
     queue_mean_s: float | None
     group_uid: str
     instances: Instances
+
+
+class ExchangeRow(TypedDict):
+    """One (op, process group) of all-to-alls (``report.exchanges``): ``sent_bytes[a][b]`` is what ``ranks[a]``
+    sent ``ranks[b]`` over the ``covered`` collectives of ``count``."""
+
+    op: str
+    process_group: str
+    group_uid: str
+    ranks: list[int]
+    count: int
+    covered: int
+    disagreeing: int
+    sent_bytes: list[list[int]]
+    received_bytes: list[int]
+    imbalance: float | None
+    hot_ranks: list[int]
+    time_s: list[float | None]
 
 
 class StragglerRow(TypedDict):
@@ -171,6 +190,7 @@ class _Report(TypedDict):
     ranks: dict[str, RankFigures]
     steps: list[StepRow]
     collectives: list[CollectiveRow]
+    all_to_all: list[ExchangeRow]
     stragglers: list[StragglerRow]
     modules: list[ModuleRow]
     lateness_map: LatenessMap

@@ -422,3 +422,52 @@ def test_kernels_of_no_group_are_explained_by_what_the_trace_shows(tmp_path):
     assert "1 tied to no record_param_comms of the trace by External id" in note
     assert "1 whose record_param_comms names none either" in note
     assert "torch before" not in note
+
+
+# --- per-group Seq on record_param_comms and on NCCL kernels (pytorch PR 177148, kineto PRs 1294/1296) ----------
+
+
+def _with_seq(events: list[dict], first: int) -> list[tuple[str, int, int]]:
+    """Number the trace's collectives from ``first`` as newer torch does, with ``Seq`` on each NCCL kernel, and
+    leave out the record_param_comms that launched them; returns each (op, nelems, seq) in issue order."""
+    ops = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    launchers = {e["args"]["External id"]: e for e in events if e.get("name") == "record_param_comms"}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+                     key=lambda e: launchers[e["args"]["External id"]]["ts"])
+    out = []
+    for seq, k in enumerate(kernels, first):
+        k["args"]["Seq"] = seq
+        launchers[k["args"]["External id"]]["name"] = "other_op"
+        out.append((ops[k["args"]["Collective name"]], k["args"]["In msg nelems"], seq))
+    return out
+
+
+def test_a_real_trace_with_seq_joins_flight_recorder_by_group_and_seq(tmp_path):
+    """HTA's public NCCL trace (rank 0 of 2) with the Seq newer torch writes, its window starting at collective
+    101 of a job whose dumps hold 130, and its record_param_comms left out (the window opened after they ran):
+    each kernel joins the entry of its own group and seq, not the first in order. (With the CPU ops there, the
+    same join is test_trace_collectives_join_flight_recorder_entries_by_seq's.)"""
+    data = Path(__file__).parents[1] / "data" / "kineto" / "hta_nccl_data.json.gz"
+    doc = orjson.loads(gzip.decompress(data.read_bytes()))
+    numbered = _with_seq(doc["traceEvents"], 101)
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank0.json").write_bytes(orjson.dumps(doc))
+    fr = steady_job(world=2, steps=0)
+    by_seq = {seq: (op, n) for op, n, seq in numbered}
+    t0 = doc["baseTimeNanoseconds"] + round(min(e["ts"] for e in doc["traceEvents"] if "ts" in e) * 1000)
+    for seq in range(1, 131):
+        op, n = by_seq.get(seq, ("all_reduce", 8))
+        for r in fr.ranks:
+            fr.collective(r, op, [[n]], t_ns=t0 + (seq - 101) * 1_000_000)
+    fr.write(tmp_path / "fr")
+    job = load_job([tmp_path])
+    cols = {c.seq: c for c in job.collectives["0[0,1]"]}
+    assert len(cols) == 130  # the trace's collectives are the dumps', not 21 more
+    joined = sorted(seq for seq, c in cols.items() if "fr+kineto" in c.sources)
+    assert joined == [seq for _, _, seq in numbered]
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "Seq" in e["args"]]
+    for k in kernels:
+        c = cols[k["args"]["Seq"]]
+        assert c.signatures[0].op == by_seq[k["args"]["Seq"]][0]
+        assert c.duration_ns[c.ranks.index(0)] == round(k["dur"] * 1000)  # its own kernel's time, not a neighbour's
+    assert not any("were not joined" in n for n in job.notes)

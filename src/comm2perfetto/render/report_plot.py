@@ -13,7 +13,9 @@ Takes the plain dict (see :mod:`comm2perfetto.report.document`) and nothing else
 - ``.html``: one self-contained page (no script, no stylesheet or font to fetch, so it opens offline on a
   cluster node): a header saying what it covers (:func:`header_facts`: folder, ranks, steps, basis, clocks),
   the job summary, both charts as inline SVG drawn here, the per-rank and per-step tables (the text's), the
-  collectives, stragglers and modules tables, and the notes. In the SVG, a bar segment is a
+  collectives table, each all-to-all's per-peer bytes as a heat map (sender by row, receiver by column; a
+  ``<rect class="cell">`` per pair, its tooltip the exact bytes) with each rank's totals, the stragglers and
+  modules tables, and the notes. In the SVG, a bar segment is a
   ``<rect class="seg KIND">`` (only the non-zero segments are drawn), a heat-map cell a ``<rect class="cell">``
   (horizontal runs of one colour are one rect), a legend swatch a ``<rect class="swatch">``, a rank without
   data a ``<rect class="nodata">``; each rank's ``<g class="rank">`` has a ``<title>`` tooltip with its
@@ -45,6 +47,8 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.render.report_text import (
     MISSING,
     TIME_COLUMNS,
+    exchange_notes,
+    exchange_title,
     fmt_bytes,
     fmt_int,
     fmt_number,
@@ -56,7 +60,7 @@ from comm2perfetto.render.report_text import (
     rank_sort_key,
     time_cells,
 )
-from comm2perfetto.report_doc import Figures, LatenessMap, LiveWindows, ReportDoc
+from comm2perfetto.report_doc import ExchangeRow, Figures, LatenessMap, LiveWindows, ReportDoc
 from comm2perfetto.words import document_clock_text, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
@@ -90,6 +94,8 @@ MAX_PITCH = 18.0
 PLOT_H = 720.0  # rows shrink to fit this height, down to one px each
 LABEL_MIN_GAP = 11.0
 COLLECTIVE_LABEL_CHARS = 24
+EXCHANGE_W = 480.0  # an all-to-all matrix's side, at most
+MAX_HEAT_RANKS = 128  # ranks of an all-to-all matrix drawn (a rect per cell); the JSON has every one
 
 
 
@@ -415,6 +421,57 @@ def live_heatmaps(live: LiveWindows) -> list[str]:
     return out
 
 
+def _bytes_legend(top: int, x: float, y: float) -> list[str]:
+    """``bytes 0 [bins] <top>``; each bin's tooltip gives its range."""
+    parts = [_text(x, y + 11, "bytes 0")]
+    x += CHAR_W * 7 + 6
+    for level in range(HEAT_LEVELS):
+        parts.append(_rect(x, y, 22, 14, level_colour(level), "swatch",
+                           f"{fmt_bytes(top * level / HEAT_LEVELS)} to {fmt_bytes(top * (level + 1) / HEAT_LEVELS)}"))
+        x += 22
+    parts.append(_text(x + 6, y + 11, fmt_bytes(top)))
+    return parts
+
+
+def exchange_svg(x: ExchangeRow) -> str | None:
+    """One all-to-all matrix as a heat map: a row per sender, a column per receiver, each cell's colour the
+    bytes it sent there (``<rect class="cell">``, its tooltip the exact bytes); None past
+    :data:`MAX_HEAT_RANKS` ranks or when nothing was counted."""
+    ranks, sent = x["ranks"], x["sent_bytes"]
+    if not x["covered"] or not ranks or len(ranks) > MAX_HEAT_RANKS:
+        return None
+    top = max(max(row) for row in sent)
+    n = len(ranks)
+    cell = max(min(MAX_PITCH * 2, EXCHANGE_W / n), 1.0)
+    x0, y0 = GUTTER, LEGEND_H + 4 + AXIS_H
+    parts = _bytes_legend(top, GUTTER, 6)
+    every = label_every(n, cell)
+    for a, (sender, row) in enumerate(zip(ranks, sent)):
+        for b, value in enumerate(row):
+            parts.append(_rect(x0 + b * cell, y0 + a * cell, cell, cell, level_colour(heat_level(value, top)),
+                               "cell", f"rank {sender} -> rank {ranks[b]}: {fmt_bytes(value)} ({value:,} bytes)"))
+        if a % every == 0:
+            parts.append(_text(x0 - 6, y0 + a * cell + cell / 2 + 4, str(sender), "end"))
+    for b in range(0, n, every):
+        parts.append(_text(x0 + (b + 0.5) * cell, y0 - 6, str(ranks[b]), "middle"))
+    parts.append(_text(8, y0 - 6, "from \\ to"))
+    legend_w = CHAR_W * (7 + len(fmt_bytes(top))) + 12 + 22 * HEAT_LEVELS
+    return _svg(x0 + max(n * cell, legend_w) + RIGHT_MARGIN, y0 + n * cell + 8,
+                f"bytes sent per pair of ranks, {x['op']}", parts)
+
+
+def _exchange_section(x: ExchangeRow) -> list[str]:
+    """A matrix's heading, heat map and per-rank totals (the text's rows, without the matrix)."""
+    header = ["rank", "sent", "received", "time"]
+    rows = [[str(r), fmt_bytes(sum(x["sent_bytes"][a])), fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])]
+            for a, r in enumerate(x["ranks"])]
+    svg = exchange_svg(x)
+    parts = [f"<h3>{_e(exchange_title(x))}</h3>", *(f'<p class="note">{_e(n)}</p>' for n in exchange_notes(x))]
+    if svg is None and x["covered"]:
+        parts.append(f'<p class="note">the matrix of {len(x["ranks"]):,} ranks is in the JSON report</p>')
+    return [*parts, svg or "", _html_table(header, rows)]
+
+
 def _short(name: str) -> str:
     return name if len(name) <= COLLECTIVE_LABEL_CHARS else name[: COLLECTIVE_LABEL_CHARS - 2] + ".."
 
@@ -516,6 +573,12 @@ def render_html(doc: ReportDoc) -> str:
         "CPU enqueue)</p>" if _queued(doc) else "",
         _collectives_table(doc) if doc["collectives"] else '<p class="note">none</p>',
     ]
+    exchanges = doc.get("all_to_all") or []
+    if exchanges:
+        body += ["<h2>All-to-all per peer</h2>",
+                 '<p class="note">bytes each rank (row) sent to each rank (column) over the collectives counted; '
+                 "time: each rank's own in them (nothing times a pair)</p>"]
+        body += [part for x in exchanges for part in _exchange_section(x)]
     if doc["stragglers"]:
         body += ["<h2>Stragglers</h2>", _stragglers_table(doc)]
     live = doc.get("live")

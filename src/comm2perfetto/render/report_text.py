@@ -3,7 +3,8 @@
 Takes the plain dict and nothing else. Sections, in order: a header (rank count, basis, steps, where the data
 came from) and the job summary line; the per-rank table (with a job row of means; over
 :data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
-per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
+per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; the all-to-all matrices
+(bytes per sender and receiver); stragglers; the module
 tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.words`:
 ``12.3 ms``, ``2.00 KiB``, ``ranks 0-3, 5``), bandwidth in GB/s with 3 significant digits, and a missing value
 prints as ``-``. Same dict, same text; no trailing whitespace.
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 from comm2perfetto.report_doc import (
     CollectiveRow,
+    ExchangeRow,
     FigureKey,
     Figures,
     LiveWindows,
@@ -39,8 +41,8 @@ from comm2perfetto.report_doc import (
 )
 from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
-__all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
-           "rank_sort_key", "render_text", "table", "time_cells"]
+__all__ = ["MISSING", "TIME_COLUMNS", "exchange_notes", "exchange_title", "fmt_bytes", "fmt_int", "fmt_number",
+           "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key", "render_text", "table", "time_cells"]
 
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
@@ -49,6 +51,7 @@ MAX_STEPS_SHOWN = 12
 STEPS_EACH_END = 5
 MAX_COLLECTIVES_SHOWN = 30
 MAX_STRAGGLERS_SHOWN = 10
+MAX_MATRIX_SHOWN = 16  # ranks of an all-to-all matrix drawn in full; past it, each rank's totals
 PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
                                       None: "OUTSIDE FORWARD AND BACKWARD"}
 
@@ -257,6 +260,51 @@ def _collectives_section(doc: Doc) -> list[str]:
             *legend]
 
 
+def _all_to_all_section(doc: Doc) -> list[str]:
+    lines: list[str] = []
+    for x in doc.get("all_to_all") or []:
+        lines.extend(["", *_exchange_lines(x)] if lines else _exchange_lines(x))
+    return lines
+
+
+def exchange_title(x: ExchangeRow) -> str:
+    """``all_to_all_single on default_pg (4 ranks): 3 of 3 collectives, imbalance 1.67 (hot: rank 2)``."""
+    title = (f"{x['op']} on {x['process_group']} ({len(x['ranks'])} ranks): {fmt_int(x['covered'])} of "
+             f"{fmt_int(x['count'])} collectives")
+    if x["imbalance"] is not None:
+        title += f", imbalance {fmt_number(x['imbalance'])}"
+    if x["hot_ranks"]:
+        title += f" (hot: {ranks_text(x['hot_ranks'])})"
+    return title
+
+
+def exchange_notes(x: ExchangeRow) -> list[str]:
+    """What a matrix leaves out, in the text's and the page's words."""
+    notes = []
+    if x["disagreeing"]:
+        notes.append(f"{fmt_int(x['disagreeing'])} collective(s) left out: their ranks disagree on the split sizes "
+                     "(diagnose names the pair)")
+    if not x["covered"]:
+        notes.append("no collective counted: the per-peer sizes are known only from the recorder's split sizes or "
+                     "Flight Recorder's all_to_all lists")
+    return notes
+
+
+def _exchange_lines(x: ExchangeRow) -> list[str]:
+    """One (op, group)'s per-peer bytes: the matrix (sender by row, receiver by column) and each rank's totals,
+    or the totals alone past :data:`MAX_MATRIX_SHOWN` ranks."""
+    ranks, sent = x["ranks"], x["sent_bytes"]
+    full = len(ranks) <= MAX_MATRIX_SHOWN
+    header = ["from \\ to" if full else "rank", *([str(r) for r in ranks] if full else []), "sent", "received",
+              "time"]
+    rows: list[Row] = [[str(r), *([fmt_bytes(b) for b in sent[a]] if full else []), fmt_bytes(sum(sent[a])),
+                        fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])] for a, r in enumerate(ranks)]
+    legend = ["  row: the sender, column: the receiver, over the collectives counted; time: each rank's own in "
+              "them (nothing times a pair)", *(f"  {n}" for n in exchange_notes(x))]
+    return [f"all-to-all per peer: {exchange_title(x)}",
+            *table(header, rows, "<" + ">" * (len(header) - 1)), *legend]
+
+
 def _stragglers_section(doc: Doc) -> list[str]:
     stragglers = doc["stragglers"]
     if not stragglers:
@@ -414,6 +462,7 @@ def render_text(doc: Doc, *, width: int = 100) -> str:
         _ranks_section(doc),
         _steps_section(doc),
         _collectives_section(doc),
+        _all_to_all_section(doc),
         _stragglers_section(doc),
         _live_section(doc),
         _modules_section(doc),

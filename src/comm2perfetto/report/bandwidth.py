@@ -88,10 +88,11 @@ def message_bytes(sig: Signature, n: int) -> int | None:
 
 @dataclass
 class _Row:
-    group_size: int = 0
+    group_size: int | None = 0  # None: not known (kernels that name no group)
     count: int = 0
     timed: int = 0
-    bytes: int | None = None  # None while no instance's size is known (a kernel without args): not 0 B
+    bytes: int = 0  # of the instances whose size is known (``sized``); the report says None while none is
+    sized: int = 0  # instances whose size is known
     timed_bytes: int = 0
     transfer_ns: int = 0
     durations: list[int] = field(default_factory=list)
@@ -127,9 +128,10 @@ class CollectiveTable:
     """``collective_table`` fed one collective at a time (``add``), so that a report reads each collective once
     for all its tables and holds none: at 16,384 ranks a collective's per-rank tuples weigh megabytes."""
 
-    def __init__(self, job: Job, with_p2p: bool = True) -> None:
+    def __init__(self, job: Job, with_p2p: bool = True, steps: tuple[int, int] | None = None) -> None:
         self._job = job
         self._with_p2p = with_p2p  # p2p has no step: left out of a step range
+        self._steps = steps
         self._rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
         self._untimed: Counter[str] = Counter()  # why, for the instances without a duration
 
@@ -158,7 +160,7 @@ class CollectiveTable:
                 if not ops:
                     continue
                 row = rows[("send/recv", uid)]
-                row.group_size = max(row.group_size, len({t.src, t.dst}))  # a rank sending to itself: 1
+                row.group_size = max(row.group_size or 0, len({t.src, t.dst}))  # a rank sending to itself: 1
                 arrive = tuple(op.t_arrive_ns for op in ops)
                 known = [(a, r) for a, r in zip(arrive, (t.src, t.dst)) if a is not None]
                 # an arrival skew is between two ranks: a rank's send and recv to itself have none
@@ -173,9 +175,29 @@ class CollectiveTable:
                     self._untimed[NOT_DONE if any(op.state in NOT_DONE_STATES for op in ops)
                                   else P2P_ON_GPU if on_gpu else CPU_NO_END] += 1
                 _add(row, _Instance(None, None, nbytes, timing, skew, last))
-        table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
+        labels = {uid: g.label for uid, g in job.groups.items()}
+        labels.update(self._kernel_rows())
+        table = [_render(op, uid if uid in job.groups else "", labels[uid], row) for (op, uid), row in rows.items()]
         table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
         return table
+
+    def _kernel_rows(self) -> dict[str, str]:
+        """Add the kernels of libraries that name no group (``Job.kernel_collectives``: DeepEP's all-to-all) as
+        rows of their own, one per operation and library, each kernel one instance timed by its GPU time (its
+        group's size and its bytes unknown); returns each such row's label by its key."""
+        labels = {}
+        steps = self._steps
+        for cols in self._job.kernel_collectives.values():
+            for c in cols:
+                if steps is not None and (c.step is None or not steps[0] <= c.step <= steps[1]):
+                    continue
+                key = f"kernels:{c.family}"
+                labels[key] = f"no group ({c.family} kernels, not matched across ranks)"
+                duration = c.t_end_ns - c.t_begin_ns
+                row = self._rows[(op_family(c.op), key)]
+                row.group_size = None
+                _add(row, _Instance(None, c.step, None, (duration, duration), None, None))
+        return labels
 
 
     def untimed(self) -> dict[str, int]:
@@ -189,7 +211,8 @@ def _add(row: _Row, instance: _Instance) -> None:
     row.instances.append(instance)
     row.count += 1
     if nbytes is not None:
-        row.bytes = (row.bytes or 0) + nbytes
+        row.bytes += nbytes
+        row.sized += 1
     if skew is not None:
         row.skews.append(skew)
     if timing is not None:
@@ -202,13 +225,14 @@ def _add(row: _Row, instance: _Instance) -> None:
 def _render(op: str, uid: str, group: str, row: _Row) -> CollectiveRow:
     durations = sorted(row.durations)
     total = sum(durations)
-    linked = row.group_size > 1  # a group of one rank moves nothing over a link
+    # a group of one rank moves nothing over a link; kernels that name no group: its size is unknown
+    linked = row.group_size is not None and row.group_size > 1
     algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if linked and row.transfer_ns and row.timed_bytes \
         else None
-    factor = bus_factor(op, row.group_size)
+    factor = bus_factor(op, row.group_size) if row.group_size is not None else None
     return {
         "op": op, "process_group": group, "group_size": row.group_size, "count": row.count, "timed": row.timed,
-        "bytes": row.bytes,
+        "bytes": row.bytes if row.sized else None,
         "total_s": total * NS if durations else None,
         "mean_s": total / len(durations) * NS if durations else None,
         "p50_s": percentile(durations, 50) * NS if durations else None,

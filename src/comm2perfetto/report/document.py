@@ -5,8 +5,8 @@ how it was read. ``build_report`` takes the job (or None when only profiler trac
 profiler traces already reduced to unions (``Job.profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
-     "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
-     "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
+     "collectives": [...], "all_to_all": [...], "stragglers": [...], "modules": [...], "lateness_map": {...},
+     "groups": {...}, "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
      "residual_skew_s": 1.5e-05, "samples": 6}, "scope": [5, 8]}
 """
 
@@ -23,6 +23,7 @@ from comm2perfetto.job import Job
 from comm2perfetto.model import Collective
 from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
+from comm2perfetto.report.exchanges import ExchangeTable
 from comm2perfetto.report.live_windows import live_windows
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
@@ -113,6 +114,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
                    "ranks": {str(r): b.as_dict() for r, b in sorted(step_parts.items())}}
                   for n, step_parts in sorted(by_step.items())],
         "collectives": collectives,
+        "all_to_all": tables.exchanges.rows() if tables is not None else [],
         "stragglers": tables.stragglers.rows() if tables is not None else [],
         "modules": tables.modules.rows() if tables is not None else [],
         "lateness_map": tables.lateness.result() if tables is not None else {"ranks": [], "collectives": [],
@@ -120,7 +122,8 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
         "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, untimed, bases)
-        + _one_rank_note(collectives) + (_captured_note(job) if job is not None else []),
+        + _one_rank_note(collectives) + (_captured_note(job) if job is not None else [])
+        + (tables.exchanges.notes() if tables is not None else []),
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
         "scope": list(steps) if steps is not None else None,
@@ -149,6 +152,7 @@ class _Tables:
     stragglers: Stragglers
     lateness: LatenessTable
     modules: ModuleTable
+    exchanges: ExchangeTable
 
 
 def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | None,
@@ -157,8 +161,8 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
     ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
     step)."""
-    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessTable(job),
-                     ModuleTable(job, depth, steps))
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None, steps=steps), Stragglers(), LatenessTable(job),
+                     ModuleTable(job, depth, steps), ExchangeTable(job))
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
             step = step_of(c)
@@ -168,6 +172,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
             tables.stragglers.add(c)
             tables.lateness.add(uid, i, c)
             tables.modules.add(uid, c)
+            tables.exchanges.add(uid, c)
     return tables
 
 

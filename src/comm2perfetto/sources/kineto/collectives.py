@@ -46,7 +46,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
+from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS, comm_family, family_op
 from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
 from comm2perfetto.sources.kineto.steps import launch_steps
 
@@ -88,6 +88,15 @@ class TraceCollective:
     kernel: str | None
     step: int | None = None  # the ProfilerStep#n it was issued in (its CPU op's begin, else its kernel's)
     only_group: bool = False  # named by no event: the group is the only one distributedInfo lists
+    family: str | None = None  # its kernel's row of comm_kernels.COMM_KERNEL_FAMILIES ("nccl", "deepep" ...)
+
+
+def shifted(c: TraceCollective, offset_ns: int) -> TraceCollective:
+    """``c`` with its times moved by ``offset_ns`` (onto the job's clock)."""
+    if not offset_ns:
+        return c
+    return replace(c, t_call_ns=c.t_call_ns + offset_ns if c.t_call_ns is not None else None,
+                   t_begin_ns=c.t_begin_ns + offset_ns, t_end_ns=c.t_end_ns + offset_ns)
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:
@@ -121,15 +130,21 @@ def only_group(pg_config: object) -> tuple[str, str | None, tuple[int, ...] | No
 
 
 def op_name(collective: str | None, kernel: str | None) -> str:
-    """Flight Recorder's name of an operation from ``Collective name`` or, without it, the NCCL kernel's name.
+    """Flight Recorder's name of an operation from ``Collective name`` or, without it, the kernel's name: NCCL's
+    says which collective, a library whose kernels do one (``comm_kernels.family_op``: DeepEP's are all-to-all)
+    says it by its family.
 
     >>> op_name("allreduce", None), op_name(None, "ncclDevKernel_AllGather_RING_LL(...)"), op_name(None, "x")
     ('all_reduce', 'all_gather', 'collective')
+    >>> op_name(None, "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)")
+    'all_to_all'
     """
     if collective:
         return _OP_NAMES.get(collective, collective)
     match = _KERNEL_OP.search(kernel or "")
-    return _KERNEL_OPS[match.group(1)] if match else UNKNOWN_OP
+    if match:
+        return _KERNEL_OPS[match.group(1)]
+    return (family_op(comm_family(kernel)) if kernel else None) or UNKNOWN_OP
 
 
 def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
@@ -203,6 +218,7 @@ def _collective(cpu: KinetoCommEvent | None, kernels: list[KinetoCommEvent]) -> 
         in_nelems=arg("in_nelems"), out_nelems=arg("out_nelems"), dtype=arg("dtype"),
         t_call_ns=cpu.t_begin_ns if cpu is not None else None, t_begin_ns=begin, t_end_ns=end,
         on_gpu=bool(kernels), kernel=first.name if kernels else None,
+        family=comm_family(first.name) if kernels else None,
     )
 
 
