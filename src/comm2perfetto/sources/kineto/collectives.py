@@ -155,7 +155,8 @@ def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
         only = only_group(trace.pg_config)
         if only is not None:
             name, desc, ranks = only
-            cols = [c if c.pg_name is not None or c.op == UNKNOWN_OP else
+            # not a library's kernels (DeepEP's): they communicate outside any process group
+            cols = [c if c.pg_name is not None or c.op == UNKNOWN_OP or family_op(c.family) is not None else
                     replace(c, pg_name=name, pg_desc=desc, pg_ranks=ranks, only_group=True) for c in cols]
         if trace.steps:
             steps = launch_steps(trace.steps, {}, ((None, c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns)
