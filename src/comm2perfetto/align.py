@@ -36,6 +36,7 @@ from statistics import median
 from types import MappingProxyType
 from typing import NamedTuple
 
+from comm2perfetto.lateness import MAX_RTT_NS
 from comm2perfetto.model import ClockAlignment, ClockFit, ClockMethod
 
 MIN_SAMPLES = 5  # fewer matched ends than this: keep the measurement, do not refine
@@ -55,11 +56,6 @@ DRIFT_FLOOR_NS = 10_000
 # Below this residual no rank is called uncalibrated: the recorder's return times jitter by that much on a busy
 # host, and lateness is judged against the residual anyway (diagnose: twice it).
 UNCALIBRATED_FLOOR_NS = 1_000_000
-
-
-# A start-up measurement whose round trip took longer than this was held up (its rank frozen, holding the GIL,
-# or the store overloaded): half of it, its uncertainty, is larger than any clock difference it could correct.
-MAX_RTT_NS = 100_000_000
 
 
 def measured_offsets(logs: Mapping[int, object], ranks: Iterable[int]) -> ClockAlignment:

@@ -255,6 +255,10 @@ def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple
             if c.on_gpu:
                 gpu_ends[rank][(uid, seq)] = c.t_end_ns
         tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
+    only = Counter(c.pg_desc or f"group {c.pg_name}" for cols in trace_cols.values() for c in cols if c.only_group)
+    for label, count in sorted(only.items()):
+        notes.append(f"{count} collective(s) of profiler traces name no process group (no CPU op ties one to its "
+                     f"kernel): read as collectives of {label}, the only group their traces' distributedInfo lists")
     if no_group:
         why = [f"{untied} tied to no record_param_comms of the trace by External id (launched before the profiler "
                "started, or a trace that does not tie them)"] if untied else []
