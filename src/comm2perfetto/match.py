@@ -65,7 +65,14 @@ from comm2perfetto.sources.kineto.collectives import TraceCollective, collective
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
 from comm2perfetto.sources.stacks import StallStacks
-from comm2perfetto.tracks import SiteInterner, fr_p2p, merge_log, merge_traces, number_by_order
+from comm2perfetto.tracks import (
+    SiteInterner,
+    fr_p2p,
+    merge_log,
+    merge_traces,
+    number_by_order,
+    time_by_backend_annotations,
+)
 
 
 def load_job(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> Job:
@@ -111,6 +118,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
     number_by_order(unnumbered, groups, tracks, log_seen, notes)
     gpu_ends = merge_traces(trace_cols, local, tracks, notes)
+    time_by_backend_annotations(src.traces, groups, tracks)
 
     if options.align:
         ends = _precise_ends(tracks)

@@ -175,7 +175,8 @@ def test_breakdown_in_a_window_clips_every_union():
 
 def test_cpu_basis_never_counts_a_blocked_thread_as_compute(tmp_path):
     """A user range wraps a whole step; inside it a blocking all_reduce waits 30 ms: that is comm, not compute.
-    An async all_reduce completes while a second range computes: overlapped."""
+    An async all_reduce is issued in 1 ms (comm, not compute: the thread is inside the call) and completes while
+    the range computes: overlapped."""
     ms = 1_000_000
     log = EventLog(rank=0, world=1)
     log.group(0, "0", "default_pg", [0])
@@ -190,10 +191,10 @@ def test_cpu_basis_never_counts_a_blocked_thread_as_compute(tmp_path):
     a = rank_activity(job, 0, None)
     b = breakdown(a)
     assert a.basis == "cpu" and "recorder ranges" in a.sources
-    assert b.compute_ns == (100 - 30) * ms            # the range minus the blocking call
+    assert b.compute_ns == (100 - 30 - 1) * ms        # the range minus both calls, call to return
     assert b.comm_ns == (30 + 10) * ms                # blocking call, and the async one from call to completion
-    assert b.overlapped_ns == 10 * ms                 # the async one, while the range computes
-    assert b.exposed_ns == 30 * ms
+    assert b.overlapped_ns == (10 - 1) * ms           # the async one after its return, while the range computes
+    assert b.exposed_ns == (30 + 1) * ms
 
 
 # --- bandwidth ------------------------------------------------------------------------------------------------

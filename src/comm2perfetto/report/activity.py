@@ -12,8 +12,9 @@ Two bases, chosen per rank:
   ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
   recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the
   collectives the patch layer did not see (DDP's), and the profiler's communication events (gloo's worker
-  annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
-  inside a user's range that wraps the whole step.
+  annotations). Time a thread spends inside a collective call is never compute, even inside an op or a
+  user's range that wraps it: every communication op's interval (c10d ops, gloo and NCCL annotations,
+  ``record_param_comms``, the recorder's calls from call to return) leaves the compute of its thread.
 
 Profiler traces are read by the loader (``match.load_job`` with ``LoadOptions.profiles``), in worker processes,
 into compact unions (``sources.kineto.profile.RankProfile``), not events.
@@ -94,21 +95,31 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     sources: list[str] = []
     compute: list[Span] = []
     comm: list[Span] = []
-    blocked: list[Span] = []
     if log is not None:
-        compute += [(r.t_begin_ns, r.t_end_ns) for r in log.ranges if r.t_end_ns is not None]
+        ranges: dict[int, list[Span]] = defaultdict(list)
+        for r in log.ranges:
+            if r.t_end_ns is not None:
+                ranges[r.tid].append((r.t_begin_ns, r.t_end_ns))
+        in_calls: dict[int, list[Span]] = defaultdict(list)  # thread -> its calls, call to return
         for call in log.calls:
             end = call.t_end_ns  # None for GPU work whose completion was not seen: Flight Recorder covers it
             if end is not None:
                 comm.append((call.t_call_ns, end))
-            if not call.is_async and call.t_return_ns is not None:
-                blocked.append((call.t_call_ns, call.t_return_ns))
+            if call.t_return_ns is not None:
+                in_calls[call.tid].append((call.t_call_ns, call.t_return_ns))
+        for tid, spans in ranges.items():  # a range that wraps a call: the call is not its compute
+            compute += difference(union(spans), union(in_calls[tid])) if tid in in_calls else spans
         sources += ["recorder ranges"] * bool(log.ranges) + ["recorder calls"] * bool(log.calls)
+        blocked = union([s for spans in in_calls.values() for s in spans])
+    else:
+        blocked = []
     if profile.cpu_compute or profile.cpu_comm:
-        compute += profile.cpu_compute
+        # The profiler's threads are the OS's, the recorder's Python's: a recorded call leaves the profiler's
+        # compute of every thread (a collective's own ops, on its thread, left it as the trace was read).
+        compute += difference(profile.cpu_compute, blocked) if blocked else profile.cpu_compute
         comm += profile.cpu_comm
         sources.append("profiler CPU ops")
-    compute_u = difference(union(compute), union(blocked))
+    compute_u = union(compute)
     comm_u = union(comm)
     if fr_spans is None:
         fr_spans = FlightRecorderSpans(job)(rank) if job is not None else []
