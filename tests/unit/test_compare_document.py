@@ -15,7 +15,7 @@ from comm2perfetto.render.compare_plot import render_html
 from comm2perfetto.render.compare_text import render_text
 from comm2perfetto.sources.report_json import check_report
 from support.cli import run_cli, run_cli_process
-from support.compare_docs import ReportDoc
+from support.compare_docs import FIGURES, ReportDoc
 
 STEPS = range(2, 22)  # 20 steps
 UID = "0[0,1]"
@@ -126,6 +126,29 @@ def test_few_samples_are_inconclusive_not_unchanged():
     [step_time] = [line for line in doc["lines"] if line["section"] == "job" and line["metric"] == "step_time"]
     assert step_time["verdict"] == "inconclusive" and step_time["low"] is None
     assert step_time["relative"] == pytest.approx(1.0)
+
+
+def test_a_figure_measured_in_no_step_is_unknown_not_unchanged():
+    """Compute and communication known in 4 of 20 steps (the profiled ones, as in the demo), null elsewhere:
+    each side's sample holds those 4 steps; a metric null in every step is unknown, not 0 -> 0 unchanged."""
+    sides = []
+    for seed in (1, 2):
+        doc = _steady(seed)
+        for step in doc.steps:
+            unmeasured = ("compute_s", "overlapped_comm_s", "exposed_comm_s", "idle_s", "comm_to_compute",
+                          "overlap_pct") if 5 <= step["step"] <= 8 else FIGURES[1:]
+            for figures_ in (step["job"], *step["ranks"].values()):
+                figures_.update(dict.fromkeys(unmeasured, None))
+        sides.append(doc)
+    doc = _compare(*sides)
+    job = {line["metric"]: line for line in doc["lines"] if line["section"] == "job"}
+    assert (job["comm"]["base_n"], job["comm"]["new_n"], job["step_time"]["base_n"]) == (4, 4, 20)
+    assert job["comm"]["verdict"] == "unchanged" and job["comm"]["base"] == pytest.approx(0.005, rel=0.1)
+    for metric in ("compute", "exposed_comm", "idle", "overlap", "comm_to_compute"):
+        assert job[metric]["verdict"] == "unknown" and job[metric]["base"] is None, job[metric]
+    assert doc["summary"]["unknown"] == 5 * 3  # the job and two ranks
+    text = render_text(doc)
+    assert "compute" in text and "unmeasured" in text and " 0s " not in text
 
 
 def test_runs_of_different_shape_say_so_and_compare_what_matches():

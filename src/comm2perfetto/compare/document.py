@@ -42,6 +42,7 @@ from comm2perfetto.compare.verdicts import (
     judge_exact,
     judge_sampled,
     presence_line,
+    unknown_line,
 )
 from comm2perfetto.report.bandwidth import percentile
 from comm2perfetto.report.document import steps_text
@@ -117,10 +118,11 @@ class _Judge:
 
     def breakdowns(self, section: str, key: dict[str, Any], base: Mapping[str, list[float]],
                    new: Mapping[str, list[float]]) -> list[Line]:
-        """The breakdown metrics of the job or one rank; times as a share of BASE's median step time."""
+        """The breakdown metrics of the job or one rank; times as a share of BASE's median step time. A metric
+        no step measured on either side is ``unknown``: its samples hold only the steps that measured it."""
         step_time = median(base["step_time"]) if base["step_time"] else None
-        lines = [self.sampled(section, key, name, base[name], new[name], step_time) for name in BREAKDOWN_KEYS]
-        return [line for line in lines if line is not None]
+        return [self.sampled(section, key, name, base[name], new[name], step_time)
+                or unknown_line(section, key, METRICS[name]) for name in BREAKDOWN_KEYS]
 
 
 def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Line]:

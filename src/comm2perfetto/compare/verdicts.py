@@ -20,7 +20,9 @@ percentage, 0.1 for a ratio):
 - ``unchanged``: it does not (the change is within noise, or smaller than the margin);
 - ``inconclusive``: there is no interval (too few samples on a side, or none) and the change seen is beyond
   the margin: the samples cannot tell it from noise;
-- ``new`` / ``gone``: what exists in one run only (a collective, a module's collectives, a rank).
+- ``new`` / ``gone``: what exists in one run only (a collective, a module's collectives, a rank);
+- ``unknown``: measured in no compared step of either run (compute outside the profiled steps, gloo's
+  communication where nothing timed it): not a figure of 0, and never ``unchanged``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
     NEW = "new"
     GONE = "gone"
+    UNKNOWN = "unknown"
 
 
 class Kind(StrEnum):
@@ -61,7 +64,8 @@ class Scale(StrEnum):
 
 
 # The order the summary counts the verdicts in.
-VERDICTS = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.NEW, Verdict.GONE, Verdict.INCONCLUSIVE, Verdict.UNCHANGED)
+VERDICTS = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.NEW, Verdict.GONE, Verdict.INCONCLUSIVE, Verdict.UNKNOWN,
+            Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,12 @@ def _verdict(metric: Metric, change: tuple[float | None, ...], margin: float) ->
     if high < -margin:
         return Verdict.IMPROVED if metric.worse > 0 else Verdict.REGRESSED
     return Verdict.UNCHANGED
+
+
+def unknown_line(section: str, key: dict[str, Any], metric: Metric) -> Line:
+    """A metric measured in no compared step of either run."""
+    return Line(section, key, metric.name, None, None, 0, 0, None, None, None, None, None, None, Verdict.UNKNOWN,
+                metric.scale)
 
 
 def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:

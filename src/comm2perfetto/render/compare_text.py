@@ -33,6 +33,7 @@ from comm2perfetto.render.report_text import (
     table,
 )
 
+UNMEASURED = "unmeasured"
 Doc = Mapping[str, Any]
 Line = Mapping[str, Any]
 SECTION_TITLES = {"rank": "ranks", "collective": "collectives",
@@ -42,7 +43,8 @@ LEGEND = ("change: the median shift between the runs (Hodges-Lehmann) and its {c
           "BASE's step time for times (step_time, compute, comm, exposed_comm, idle, duration, skew, wait_caused), "
           "as % of the BASE value for busbw, count and bytes, as it is for overlap (points) and comm_to_compute. "
           "{margin} is the smallest change that counts: a line is regressed or improved only when its whole "
-          "interval lies beyond it.")
+          "interval lies beyond it. unknown (unmeasured): measured in no compared step of either run, which is not "
+          "0; n counts the steps that measured a metric.")
 
 
 def value_text(value: float | None, unit: str) -> str:
@@ -140,6 +142,8 @@ def metric_text(line: Line) -> str:
 
 def _row(line: Line, with_what: bool) -> list[str]:
     cells = [what_text(line)] if with_what else []
+    if line["verdict"] == "unknown":  # measured nowhere: not a 0
+        return [*cells, metric_text(line), UNMEASURED, UNMEASURED, MISSING, MISSING, "unknown", ""]
     return [*cells, metric_text(line), value_text(line["base"], line["unit"]), value_text(line["new"], line["unit"]),
             change_text(line), interval_text(line), str(line["verdict"]), context_text(line)]
 
@@ -153,7 +157,7 @@ def _table(lines: Sequence[Line], with_what: bool, width: int) -> list[str]:
 
 def headline(doc: Doc) -> str:
     summary = doc.get("summary") or {}
-    counts = {v: summary.get(v, 0) for v in ("regressed", "improved", "new", "gone", "inconclusive")}
+    counts = {v: summary.get(v, 0) for v in ("regressed", "improved", "new", "gone", "inconclusive", "unknown")}
     shown = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     unchanged = summary.get("unchanged", 0)
     if counts["regressed"]:
@@ -202,8 +206,10 @@ def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[st
     if not shown:
         return [f"{title}: {_lines(len(mine))}, all unchanged" if len(mine) > 1 else f"{title}: 1 line, unchanged"]
     quiet = len(mine) - len(shown)
-    return [f"{title}: {len(shown)} of {_lines(len(mine))} changed" + (f" ({quiet} unchanged)" if quiet else ""),
-            *_table(shown, True, width)]
+    unknown = sum(1 for line in shown if line["verdict"] == "unknown")
+    others = [f"{quiet} unchanged"] * bool(quiet) + [f"{unknown} unknown"] * bool(unknown)
+    return [f"{title}: {len(shown) - unknown} of {_lines(len(mine))} changed"
+            + (f" ({', '.join(others)})" if others else ""), *_table(shown, True, width)]
 
 
 def _lines(n: int) -> str:

@@ -22,6 +22,7 @@ into compact unions (``sources.kineto.profile.RankProfile``), not events.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,6 +58,21 @@ class RankActivity:
     # Where the profiler ran, when it is the only source of compute (no recorder ranges): outside these
     # windows the rank's compute is unknown, not zero.
     compute_windows: tuple[Span, ...] | None = None
+    # Arrivals (sorted) of the rank's collectives that no source timed (gloo's outside the profiled steps):
+    # a window holding one has its communication unknown, not just what was timed.
+    untimed: tuple[int, ...] = ()
+
+    def knows_compute(self, window: Span) -> bool:
+        """Whether the rank's compute is known in ``window``: everywhere, or its middle is in a profiled window."""
+        if self.compute_windows is None:
+            return True
+        middle = (window[0] + window[1]) // 2
+        return any(b <= middle < e for b, e in self.compute_windows)
+
+    def knows_comm(self, window: Span) -> bool:
+        """Whether every collective the rank arrived at in ``window`` has a time."""
+        i = bisect.bisect_left(self.untimed, window[0])
+        return i == len(self.untimed) or self.untimed[i] >= window[1]
 
     def profiled_steps(self) -> list[int] | None:
         """The steps whose middle falls in a profiled window, when compute is known only there."""
@@ -81,10 +97,11 @@ class RankActivity:
 
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
-                  fr_spans: list[Span] | None = None) -> RankActivity:
+                  fr_spans: list[Span] | None = None, untimed: Iterable[int] = ()) -> RankActivity:
     """Combine what the recorder, Flight Recorder and the profiler know about one rank, all on the job's clock
     (``profile`` as ``Job.profiles`` holds it). ``fr_spans``: its Flight Recorder spans, from the caller's
-    ``FlightRecorderSpans`` when it reads many ranks; else read here."""
+    ``FlightRecorderSpans`` when it reads many ranks; else read here. ``untimed``: the arrivals of its
+    collectives that nothing timed (``FlightRecorderSpans.untimed``), for a CPU basis's figures per step."""
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
@@ -129,7 +146,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, Basis.CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, envelope(compute_u, comm_u)),
-                        compute_windows=profile.windows if profiled_only else None)
+                        compute_windows=profile.windows if profiled_only else None, untimed=tuple(sorted(untimed)))
 
 
 class FlightRecorderSpans:
@@ -158,6 +175,17 @@ class FlightRecorderSpans:
             columns = [cols.member_column(name, rank) for name in names]
             spans.extend(_gpu_spans(*columns) if cols.on_gpu else _cpu_spans(*columns))
         return spans
+
+    def untimed(self, rank: int) -> list[int]:
+        """The arrivals of the rank's collectives on CPU backends that no source timed (Flight Recorder's
+        alone, without an end: gloo's that the profiler did not see)."""
+        out: list[int] = []
+        for cols in self._groups.get(rank, ()):
+            if not cols.on_gpu:
+                columns = [cols.member_column(name, rank) for name in ("sources", "arrive_ns", "end_ns")]
+                out.extend(arrive for source, arrive, end in zip(*columns)
+                           if source == "fr" and arrive is not None and end is None)
+        return out
 
 
 def _gpu_spans(sources: list, arrives: list, gpus: list) -> Iterable[Span]:
