@@ -12,7 +12,7 @@ from comm2perfetto.compare.document import CompareOptions, build
 from comm2perfetto.compare.sides import Side
 from comm2perfetto.render.compare_csv import render_csv
 from comm2perfetto.render.compare_plot import render_html
-from comm2perfetto.render.compare_text import render_text
+from comm2perfetto.render.compare_text import render_text, what_text
 from comm2perfetto.sources.report_json import check_report
 from support.cli import run_cli, run_cli_process
 from support.compare_docs import FIGURES, ReportDoc
@@ -149,6 +149,34 @@ def test_a_figure_measured_in_no_step_is_unknown_not_unchanged():
     assert doc["summary"]["unknown"] == 5 * 3  # the job and two ranks
     text = render_text(doc)
     assert "compute" in text and "unmeasured" in text and " 0s " not in text
+
+
+def test_one_off_collectives_compare_per_run_so_runs_of_different_length_compare():
+    """20 and 40 steps of one program: an all_reduce every step, 4 start-up broadcasts (two before the first
+    step, two in it), a metric reduced at the end of each of 2 epochs, a barrier at the end: per step, only
+    the all_reduce; the rest per run, the same in both, so 'count>0' does not fire."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    def run(steps: int) -> ReportDoc:
+        doc = ReportDoc()
+        for n in range(1, steps + 1):
+            doc.step(n, 0.05, 0.005)
+            doc.collective(UID, "all_reduce", n, 1 << 20, 0.002, 0.0002, 0, 10.0)
+        for step in (None, None, 1, 1):
+            doc.collective(UID, "broadcast", step, 4096, 0.001, 0.0001, 0)
+        for step in (steps // 2, steps):
+            doc.collective(UID, "reduce", step, 4, 0.001, 0.0001, 0)
+        doc.collective(UID, "barrier", steps, 0, 0.001, 0.0001, 0)
+        return doc
+
+    doc = _compare(run(20), run(40), gate=tuple(parse_gate("count>0")))
+    counts = {(line["op"], line.get("per")): (line["base"], line["new"], line["verdict"])
+              for line in doc["lines"] if line["metric"] == "count" and line["section"] == "collective"}
+    assert counts == {("all_reduce", None): (1.0, 1.0, "unchanged"), ("broadcast", "run"): (4, 4, "unchanged"),
+                      ("reduce", "run"): (2, 2, "unchanged"), ("barrier", "run"): (1, 1, "unchanged")}
+    assert doc["gate"]["failed"] == []
+    [broadcast] = [line for line in doc["lines"] if line.get("op") == "broadcast" and line["metric"] == "count"]
+    assert what_text(broadcast) == "default_pg broadcast 4KB-8KB (one-off: per run)"
 
 
 def test_runs_of_different_shape_say_so_and_compare_what_matches():

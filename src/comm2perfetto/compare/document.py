@@ -164,22 +164,39 @@ def _bucket_order(size: Bucket | str | None) -> tuple[int, int]:
     return (1, 0) if not isinstance(size, tuple) else (0, size[0])
 
 
-def _per_step(side: Side, samples: CollectiveSamples) -> tuple[float, float]:
-    """(count, bytes) per step; a report saved without samples counts over every step it covered."""
-    steps = steps_covered(side) if samples.sampled else module_steps(side)
-    return samples.count / steps, samples.bytes / steps
+def _per_step(side: Side, samples: CollectiveSamples, per_run: bool) -> tuple[float, float]:
+    """(count, bytes) per step of the compared steps, or in the whole run (``per_run``: one-off collectives);
+    a report saved without samples counts over every step it covered."""
+    if per_run:
+        return samples.count, samples.bytes
+    if not samples.sampled:
+        return samples.count / module_steps(side), samples.bytes / module_steps(side)
+    if not side.steps:
+        return samples.count, samples.bytes
+    return samples.in_steps / steps_covered(side), samples.bytes_in_steps / steps_covered(side)
 
 
 def _count_lines(key: dict[str, Any], b: CollectiveSamples | None, n: CollectiveSamples | None, base: Side,
                  new: Side) -> list[Line]:
-    b_count, b_bytes = _per_step(base, b) if b is not None and b.count else (None, None)
-    n_count, n_bytes = _per_step(new, n) if n is not None and n.count else (None, None)
+    """Count and bytes per step; of one-off collectives (occasional in both runs, or in the one that has
+    them), per run, with ``per: run`` in the key."""
+    per_run = all(samples.occasional(side) for samples, side in ((b, base), (n, new))
+                  if samples is not None and samples.count)
+    if per_run:
+        key = {**key, "per": "run"}
+    b_count, b_bytes = _per_step(base, b, per_run) if b is not None and b.count else (None, None)
+    n_count, n_bytes = _per_step(new, n, per_run) if n is not None and n.count else (None, None)
     if b_count is None and n_count is None:
         return []
-    lines = [judge_exact("collective", key, METRICS["count"], b_count, n_count, len(base.steps), len(new.steps))]
+    if not per_run and not b_count and not n_count:
+        return []  # none in a compared step on either side
+    base_n, new_n = (1, 1) if per_run else (len(base.steps), len(new.steps))
+    if not per_run:  # none in the compared steps is none per step
+        b_count, b_bytes = (None, None) if not b_count else (b_count, b_bytes)
+        n_count, n_bytes = (None, None) if not n_count else (n_count, n_bytes)
+    lines = [judge_exact("collective", key, METRICS["count"], b_count, n_count, base_n, new_n)]
     if b_count is not None and n_count is not None:
-        lines.append(judge_exact("collective", key, METRICS["bytes"], b_bytes, n_bytes, len(base.steps),
-                                 len(new.steps)))
+        lines.append(judge_exact("collective", key, METRICS["bytes"], b_bytes, n_bytes, base_n, new_n))
     return lines
 
 

@@ -128,7 +128,8 @@ def what_text(line: Line) -> str:
     """What a line is about: ``default_pg all_reduce 512KB-1MB``, ``rank 3``, ``Net.seq backward all_reduce``."""
     section = line["section"]
     if section == "collective":
-        return f"{line['group']} {line['op']} {size_text(line['size'])}"
+        once = " (one-off: per run)" if line.get("per") == "run" else ""
+        return f"{line['group']} {line['op']} {size_text(line['size'])}{once}"
     if section == "module":
         return f"{line['path']} {line['pass'] or '(no pass)'} {line['op']}"
     if section in ("rank", "straggler"):
