@@ -179,6 +179,39 @@ def test_one_off_collectives_compare_per_run_so_runs_of_different_length_compare
     assert what_text(broadcast) == "default_pg broadcast 4KB-8KB (one-off: per run)"
 
 
+def test_a_machine_slower_for_everything_is_said_so_and_fails_no_communication_gate():
+    """NEW ran everything 60 % slower (compute, communication, the step: a loaded machine): the headline says
+    the step got slower overall, and 'exposed_comm>5%' fires only with the rule before (compared as is)."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    gate = tuple(parse_gate("exposed_comm>5%"))
+    base, slower = _steady(1), _steady(2, span=0.050 * 1.6, exposed=0.005 * 1.6)
+    doc = _compare(base, slower, gate=gate)
+    assert doc["gate"]["failed"] == []
+    assert doc["cause"].startswith("the step got slower overall: compute +") and "a load or machine" in doc["cause"]
+    assert render_text(doc).startswith("REGRESSED -- the step got slower overall")
+    [exposed] = [line for line in doc["lines"] if line["section"] == "job" and line["metric"] == "exposed_comm"]
+    assert exposed["verdict"] == "unchanged" and exposed["context"]["load_factor"] == pytest.approx(1.6, rel=0.05)
+    assert _compare(base, slower, gate=gate, beyond_load=False)["gate"]["failed"] != []
+    # communication that grew beyond the load is still caught: 1.6 x 5 ms x 2 = +8 ms more (+16 % of 50 ms)
+    doc = _compare(base, _steady(2, span=0.050 * 1.6, exposed=0.005 * 1.6 * 2), gate=gate)
+    assert doc["gate"]["failed"] and doc["cause"].startswith("communication: exposed_comm +")
+
+
+def test_a_line_a_gate_fires_on_is_never_called_unchanged():
+    """Exposed communication +3 ms in a 50 ms step (+6 %): within the 10 % margin, beyond the gate's 5 %."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    doc = _compare(_steady(1), _steady(2, exposed=0.008), gate=tuple(parse_gate("job.exposed_comm>5%")))
+    [failure] = doc["gate"]["failed"]
+    [line] = [doc["lines"][i] for i in failure["lines"]]
+    assert line["metric"] == "exposed_comm" and line["relative_low"] > 0.05 and line["verdict"] == "regressed"
+    assert doc["summary"]["regressed"] == sum(1 for x in doc["lines"] if x["verdict"] == "regressed")
+    ungated = _compare(_steady(1), _steady(2, exposed=0.008))
+    assert [x["verdict"] for x in ungated["lines"] if x["section"] == "job" and x["metric"] == "exposed_comm"] == [
+        "unchanged"]
+
+
 def test_runs_of_different_shape_say_so_and_compare_what_matches():
     base = _steady(1)
     new = ReportDoc(ranks=(0, 1, 2, 3), world_size=4,
@@ -213,7 +246,7 @@ def test_a_report_saved_before_samples_existed_compares_by_count():
 def test_renderers_show_the_same_lines():
     doc = _compare(_steady(1), _steady(2, late=0.010))
     text = render_text(doc)
-    assert text.startswith("REGRESSED: ")
+    assert text.startswith("REGRESSED -- communication: exposed_comm +")
     assert "job (median per step)" in text and "rank 1  wait_caused" in text
     assert "default_pg all_reduce 1MB-2MB  skew" in text and "waited for: rank 0 (50.0%) -> rank 1 (98.1%)" in text
     assert all(line == line.rstrip() for line in text.splitlines())

@@ -39,6 +39,8 @@ from comm2perfetto.compare.verdicts import (
     METRICS,
     VERDICTS,
     Line,
+    Verdict,
+    cause,
     judge_exact,
     judge_sampled,
     presence_line,
@@ -50,6 +52,8 @@ from comm2perfetto.report_doc import FigureKey
 
 VERSION = 1
 MIN_CHANGE = 0.10
+# Communication times that a slower machine (or more load on it) stretches as it stretches compute.
+LOAD_SCALED = frozenset({"comm", "exposed_comm", "duration"})
 # Bus bandwidth is compared from this message size up: below it a collective's time is mostly its latency,
 # which its duration already shows (nccl-tests' bandwidth curves flatten from about 1 MiB on GPUs).
 MIN_BANDWIDTH_BYTES = 1 << 20
@@ -60,20 +64,39 @@ STEP_FIGURES: tuple[FigureKey, ...] = ("span_s", "compute_s", "comm_s", "exposed
 class CompareOptions:
     """How two runs are compared: ``min_change``, the smallest change that counts (0.10: 10 %, or 10 points for
     a percentage; ``--min-change``); ``steps_by_position``: pair the steps of the two ranges by position, not by
-    number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``)."""
+    number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``);
+    ``beyond_load``: judge a communication time that moved with compute on what moved beyond compute's
+    change (``verdicts.judge_sampled``'s ``load``); False is the rule before it, which
+    benchmarks/compare_noise.py measures beside it."""
 
     min_change: float = MIN_CHANGE
     confidence: float = CONFIDENCE
     steps_by_position: bool = False
     gate: tuple[Expression, ...] = ()
+    beyond_load: bool = True
 
 
 def build(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
     """Compare NEW with BASE, and say which ``--fail-on`` expressions fire on which lines (``gate``)."""
     doc = _comparison(base, new, options)
     if options.gate:
-        doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": gate_failures(options.gate, doc["lines"])}
+        failed = gate_failures(options.gate, doc["lines"])
+        doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": failed}
+        _agree_with_gate(doc, failed)
     return doc
+
+
+def _agree_with_gate(doc: dict[str, Any], failed: list[dict[str, Any]]) -> None:
+    """A line a gate fired on changed beyond the gate's threshold with the comparison's confidence: below the
+    margin it read ``unchanged``; it reads ``regressed`` or ``improved``, as the gate says, and the summary
+    counts it so."""
+    for i in {i for failure in failed for i in failure["lines"]}:
+        line = doc["lines"][i]
+        if line["verdict"] == Verdict.UNCHANGED and line["change"]:
+            worse = METRICS[line["metric"]].worse * line["change"] > 0
+            line["verdict"] = Verdict.REGRESSED if worse else Verdict.IMPROVED
+            doc["summary"][Verdict.UNCHANGED] -= 1
+            doc["summary"][line["verdict"]] += 1
 
 
 def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
@@ -82,10 +105,12 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
     groups = match_groups(base.doc, new.doc)
     base_job = breakdown_samples(base, per_step=per_step)
     step_time = median(base_job["step_time"]) if base_job["step_time"] else None
-    judge = _Judge(min_change, confidence)
-    lines = judge.breakdowns("job", {}, base_job, breakdown_samples(new, per_step=per_step))
+    judge = _Judge(min_change, confidence, options.beyond_load)
+    new_job = breakdown_samples(new, per_step=per_step)
+    lines = judge.breakdowns("job", {}, base_job, new_job)
     lines += _rank_lines(judge, base, new, per_step)
-    lines += _collective_lines(judge, base, new, groups, step_time if per_step else None)
+    lines += _collective_lines(judge, base, new, groups, step_time if per_step else None,
+                               judge.load(base_job, new_job))
     lines += _straggler_lines(judge, base, new, per_step, step_time)
     lines += _module_lines(base, new)
     notes = layout_notes(base, new) + _group_notes(groups) + _sample_notes(base, new)
@@ -101,6 +126,7 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
+        "cause": cause(lines),
         "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 
@@ -108,20 +134,31 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
 class _Judge:
     """The verdict functions with this comparison's margin and confidence."""
 
-    def __init__(self, margin: float, confidence: float) -> None:
+    def __init__(self, margin: float, confidence: float, beyond_load: bool) -> None:
         self.margin = margin
         self.confidence = confidence
+        self.beyond_load = beyond_load
 
     def sampled(self, section: str, key: dict[str, Any], metric: str, base: list[float], new: list[float],
-                step_time: float | None = None) -> Line | None:
-        return judge_sampled(section, key, METRICS[metric], base, new, self.margin, step_time, self.confidence)
+                step_time: float | None = None, load: float | None = None) -> Line | None:
+        return judge_sampled(section, key, METRICS[metric], base, new, self.margin, step_time, self.confidence,
+                             load if metric in LOAD_SCALED else None)
+
+    def load(self, base: Mapping[str, list[float]], new: Mapping[str, list[float]]) -> float | None:
+        """NEW's median compute over BASE's: how much slower (above 1) the same work ran; None when either
+        side has no compute measured, or with ``beyond_load`` off."""
+        if not self.beyond_load or not base["compute"] or not new["compute"]:
+            return None
+        before = median(base["compute"])
+        return median(new["compute"]) / before if before > 0 else None
 
     def breakdowns(self, section: str, key: dict[str, Any], base: Mapping[str, list[float]],
                    new: Mapping[str, list[float]]) -> list[Line]:
         """The breakdown metrics of the job or one rank; times as a share of BASE's median step time. A metric
         no step measured on either side is ``unknown``: its samples hold only the steps that measured it."""
         step_time = median(base["step_time"]) if base["step_time"] else None
-        return [self.sampled(section, key, name, base[name], new[name], step_time)
+        load = self.load(base, new)
+        return [self.sampled(section, key, name, base[name], new[name], step_time, load)
                 or unknown_line(section, key, METRICS[name]) for name in BREAKDOWN_KEYS]
 
 
@@ -138,7 +175,7 @@ def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Li
 
 
 def _collective_lines(judge: _Judge, base: Side, new: Side, groups: list[GroupMatch],
-                      step_time: float | None) -> list[Line]:
+                      step_time: float | None, load: float | None) -> list[Line]:
     """Per matched group and op: the totals over every size when there are several sizes, then each size
     bucket's count, bytes, duration, bus bandwidth and skew (with the rank the others waited for)."""
     base_cs, new_cs = collective_samples(base), collective_samples(new)
@@ -156,7 +193,7 @@ def _collective_lines(judge: _Judge, base: Side, new: Side, groups: list[GroupMa
                 lines += _count_lines(key, b.get(ALL_SIZES), n.get(ALL_SIZES), base, new)
             for size in sizes:
                 key = {"group": g.label, "op": op, "size": list(size) if isinstance(size, tuple) else size}
-                lines += _bucket_lines(judge, key, b.get(size), n.get(size), base, new, step_time)
+                lines += _bucket_lines(judge, key, b.get(size), n.get(size), base, new, step_time, load)
     return lines
 
 
@@ -201,14 +238,14 @@ def _count_lines(key: dict[str, Any], b: CollectiveSamples | None, n: Collective
 
 
 def _bucket_lines(judge: _Judge, key: dict[str, Any], b: CollectiveSamples | None, n: CollectiveSamples | None,
-                  base: Side, new: Side, step_time: float | None) -> list[Line]:
+                  base: Side, new: Side, step_time: float | None, load: float | None) -> list[Line]:
     lines = _count_lines(key, b, n, base, new)
     if b is None or n is None or not b.count or not n.count:
         return lines  # new or gone: nothing to compare beyond its count
     duration = judge.sampled("collective", key, "duration", b.per_step(base, "duration"),
-                             n.per_step(new, "duration"), step_time)
+                             n.per_step(new, "duration"), step_time, load)
     if duration is not None:
-        duration.context = {"base_p50": _p50(b.durations), "new_p50": _p50(n.durations),
+        duration.context = {**duration.context, "base_p50": _p50(b.durations), "new_p50": _p50(n.durations),
                             "base_p99": _p99(b.durations), "new_p99": _p99(n.durations)}
     skew = judge.sampled("collective", key, "skew", b.per_step(base, "skew"), n.per_step(new, "skew"), step_time)
     if skew is not None:

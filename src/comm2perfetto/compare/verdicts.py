@@ -135,9 +135,12 @@ class Line:
 
 
 def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Sequence[float], new: Sequence[float],
-                  margin: float, step_time: float | None = None, confidence: float = CONFIDENCE) -> Line | None:
+                  margin: float, step_time: float | None = None, confidence: float = CONFIDENCE,
+                  load: float | None = None) -> Line | None:
     """A sampled metric's line (None when neither side has a sample). ``step_time``: BASE's median step time,
-    the scale of ``step`` metrics (without it they are measured against their own BASE value)."""
+    the scale of ``step`` metrics (without it they are measured against their own BASE value). ``load``: how
+    much slower compute got (NEW's median over BASE's); a communication time that moved the same way is
+    judged on what moved beyond it (BASE's samples times ``load``), with ``context["load_factor"]``."""
     if not base and not new:
         return None
     shown_base = median(base) if base else None
@@ -146,6 +149,11 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
         return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), None, None, None, None,
                     None, None, Verdict.INCONCLUSIVE, metric.scale)
     est = shift(base, new, confidence)
+    context: dict[str, Any] = {}
+    if load is not None and load > 0 and load != 1 and est.estimate != 0 and (est.estimate > 0) == (load > 1):
+        # the whole machine (or the load on it) slowed compute and communication alike: what is left
+        est = shift([x * load for x in base], new, confidence)
+        context["load_factor"] = load
     change, low, high = est.estimate, est.low, est.high
     scale_value = None if metric.scale == Scale.ABSOLUTE else (
         step_time if metric.scale == Scale.STEP and step_time else shown_base)
@@ -157,7 +165,7 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
                            margin if scale_value else 0.0)
     return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), change, low, high, rel,
                 rel_low, rel_high, verdict,
-                metric.scale if metric.scale != Scale.STEP or step_time else Scale.BASE)
+                metric.scale if metric.scale != Scale.STEP or step_time else Scale.BASE, context)
 
 
 def judge_exact(section: str, key: dict[str, Any], metric: Metric, base: float | None, new: float | None,
@@ -209,3 +217,44 @@ def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:
     """A thing present in one run only, with no figure to compare (a rank with data in one run)."""
     return Line(section, key, "present", None, None, int(base), int(not base), None, None, None, None, None, None,
                 Verdict.GONE if base else Verdict.NEW, Scale.BASE)
+
+
+def cause(lines: Sequence[Line]) -> str | None:
+    """What moved the step, in words, for the headline: the step time beside compute and communication (job
+    lines), and the collective or straggler line that moved the most; None when the step time did not move.
+
+    - compute moved with the step and no communication beyond it: the step got slower (faster) overall, a
+      load or machine difference;
+    - communication moved beyond compute: communication, and where;
+    - compute alone: compute."""
+    job = {line.metric: line for line in lines if line.section == "job"}
+    step = job.get("step_time")
+    if step is None or step.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED):
+        return None
+    way = "slower" if step.verdict == Verdict.REGRESSED else "faster"
+    moved = [job[m] for m in ("exposed_comm", "comm") if m in job and job[m].verdict == step.verdict]
+    compute = job.get("compute")
+    with_compute = compute is not None and compute.verdict == step.verdict
+    if moved:
+        where = max((line for line in lines if line.section in ("collective", "straggler")
+                     and line.verdict == step.verdict and line.relative is not None),
+                    key=lambda line: abs(line.relative or 0.0), default=None)
+        beyond = " beyond compute's change" if with_compute else ""
+        text = f"communication: {_moved(moved[0])}{beyond}"
+        if where is not None:
+            what = (f"rank {where.key['rank']} kept the others waiting" if where.section == "straggler"
+                    else f"{where.key['group']} {where.key['op']} {where.metric}")
+            text += f", most in {what} ({_moved(where)})"
+        return text
+    if with_compute and compute is not None:
+        return (f"the step got {way} overall: {_moved(compute)}, communication no more than that: a load or "
+                f"machine difference, not communication")
+    return f"the step got {way} ({_moved(step)}), neither compute nor communication alone beyond noise"
+
+
+def _moved(line: Line) -> str:
+    """``exposed_comm +12.5% of the step``: a line's change in words."""
+    if line.relative is None:
+        return f"{line.metric} {line.change:+.3g}" if line.change is not None else line.metric
+    scale = " of the step" if line.scale == Scale.STEP and line.metric != "step_time" else ""
+    return f"{line.metric} {100 * line.relative:+.1f}%{scale}"

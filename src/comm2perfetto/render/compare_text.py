@@ -43,7 +43,9 @@ LEGEND = ("change: the median shift between the runs (Hodges-Lehmann) and its {c
           "BASE's step time for times (step_time, compute, comm, exposed_comm, idle, duration, skew, wait_caused), "
           "as % of the BASE value for busbw, count and bytes, as it is for overlap (points) and comm_to_compute. "
           "{margin} is the smallest change that counts: a line is regressed or improved only when its whole "
-          "interval lies beyond it. unknown (unmeasured): measured in no compared step of either run, which is not "
+          "interval lies beyond it. A communication time (comm, exposed_comm, duration) that moved the way compute "
+          "did is judged on what moved beyond compute's change (beyond compute xF: BASE's samples times F). "
+          "unknown (unmeasured): measured in no compared step of either run, which is not "
           "0; n counts the steps that measured a metric.")
 
 
@@ -88,7 +90,12 @@ def interval_text(line: Line) -> str:
 def context_text(line: Line) -> str:
     """What a line shows beside its metric: a duration's p99, the rank most often last at a collective."""
     context = line.get("context") or {}
-    if line["metric"] == "duration" and context:
+    load = f"beyond compute x{context['load_factor']:.2f}; " if context.get("load_factor") else ""
+    return load + _context_text(line, context)
+
+
+def _context_text(line: Line, context: Mapping[str, Any]) -> str:
+    if line["metric"] == "duration" and context.get("base_p50") is not None:
         return (f"one: p50 {fmt_time(context.get('base_p50'))} -> {fmt_time(context.get('new_p50'))}, "
                 f"p99 {fmt_time(context.get('base_p99'))} -> {fmt_time(context.get('new_p99'))}")
     if line["metric"] == "skew" and context:
@@ -168,8 +175,9 @@ def headline(doc: Doc) -> str:
     else:
         head = "UNCHANGED"
     tail = f"{unchanged} unchanged" + (f", {shown}" if shown and head == "UNCHANGED" else "")
-    return f"{head}: {shown}; {tail}" if head != "UNCHANGED" else (
-        f"UNCHANGED: no change beyond noise and the {doc.get('min_change_pct', 0):g}% margin ({tail})")
+    cause = f" -- {doc['cause']}" if doc.get("cause") else ""
+    return f"{head}{cause}: {shown}; {tail}" if head != "UNCHANGED" else (
+        f"UNCHANGED: no change beyond noise and the {doc.get('min_change_pct', 0):g}% margin ({tail}){cause}")
 
 
 def _side_text(role: str, side: Mapping[str, Any]) -> str:
