@@ -83,6 +83,7 @@ def build(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
         failed = gate_failures(options.gate, doc["lines"])
         doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": failed}
         _agree_with_gate(doc, failed)
+    doc["cause"] = cause(doc["lines"])
     return doc
 
 
@@ -126,7 +127,7 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
-        "cause": cause(lines),
+        "cause": None,  # build's, once the gate has had its say
         "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 

@@ -28,7 +28,7 @@ percentage, 0.1 for a ratio):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -219,31 +219,32 @@ def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:
                 Verdict.GONE if base else Verdict.NEW, Scale.BASE)
 
 
-def cause(lines: Sequence[Line]) -> str | None:
-    """What moved the step, in words, for the headline: the step time beside compute and communication (job
-    lines), and the collective or straggler line that moved the most; None when the step time did not move.
+def cause(lines: Sequence[Mapping[str, Any]]) -> str | None:
+    """What moved the step, in words, for the headline, from the document's lines (after the gate's say): the
+    step time beside compute and communication (job lines), and the collective or straggler line that moved
+    the most; None when the step time did not move.
 
     - compute moved with the step and no communication beyond it: the step got slower (faster) overall, a
       load or machine difference;
     - communication moved beyond compute: communication, and where;
     - compute alone: compute."""
-    job = {line.metric: line for line in lines if line.section == "job"}
+    job = {line["metric"]: line for line in lines if line["section"] == "job"}
     step = job.get("step_time")
-    if step is None or step.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED):
+    if step is None or step["verdict"] not in (Verdict.REGRESSED, Verdict.IMPROVED):
         return None
-    way = "slower" if step.verdict == Verdict.REGRESSED else "faster"
-    moved = [job[m] for m in ("exposed_comm", "comm") if m in job and job[m].verdict == step.verdict]
+    way = "slower" if step["verdict"] == Verdict.REGRESSED else "faster"
+    moved = [job[m] for m in ("exposed_comm", "comm") if m in job and job[m]["verdict"] == step["verdict"]]
     compute = job.get("compute")
-    with_compute = compute is not None and compute.verdict == step.verdict
+    with_compute = compute is not None and compute["verdict"] == step["verdict"]
     if moved:
-        where = max((line for line in lines if line.section in ("collective", "straggler")
-                     and line.verdict == step.verdict and line.relative is not None),
-                    key=lambda line: abs(line.relative or 0.0), default=None)
+        where = max((line for line in lines if line["section"] in ("collective", "straggler")
+                     and line["verdict"] == step["verdict"] and line["relative"] is not None),
+                    key=lambda line: abs(line["relative"]), default=None)
         beyond = " beyond compute's change" if with_compute else ""
         text = f"communication: {_moved(moved[0])}{beyond}"
         if where is not None:
-            what = (f"rank {where.key['rank']} kept the others waiting" if where.section == "straggler"
-                    else f"{where.key['group']} {where.key['op']} {where.metric}")
+            what = (f"rank {where['rank']} kept the others waiting" if where["section"] == "straggler"
+                    else f"{where['group']} {where['op']} {where['metric']}")
             text += f", most in {what} ({_moved(where)})"
         return text
     if with_compute and compute is not None:
@@ -252,9 +253,9 @@ def cause(lines: Sequence[Line]) -> str | None:
     return f"the step got {way} ({_moved(step)}), neither compute nor communication alone beyond noise"
 
 
-def _moved(line: Line) -> str:
+def _moved(line: Mapping[str, Any]) -> str:
     """``exposed_comm +12.5% of the step``: a line's change in words."""
-    if line.relative is None:
-        return f"{line.metric} {line.change:+.3g}" if line.change is not None else line.metric
-    scale = " of the step" if line.scale == Scale.STEP and line.metric != "step_time" else ""
-    return f"{line.metric} {100 * line.relative:+.1f}%{scale}"
+    if line["relative"] is None:
+        return f"{line['metric']} {line['change']:+.3g}" if line["change"] is not None else line["metric"]
+    scale = " of the step" if line["scale"] == Scale.STEP and line["metric"] != "step_time" else ""
+    return f"{line['metric']} {100 * line['relative']:+.1f}%{scale}"
