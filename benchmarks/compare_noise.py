@@ -13,7 +13,8 @@ barrier at the end), written out here so that a variant can plant a change:
 
 Every step compared is profiled (``--profile-steps``): gloo's Flight Recorder does not time DDP's collectives,
 the profiler does. Each pair is compared both ways, with the gate, by ``compare.document.build`` with
-``beyond_load`` on (today's rule: communication judged beyond compute's change) and off (the rule before it):
+``beyond_load`` on (today's rule: communication judged beyond the largest shift of any rank's compute) and
+off (the rule before it):
 
     python benchmarks/compare_noise.py                       # 20 same pairs, 5 slow, 5 late (~15 min)
     python benchmarks/compare_noise.py --pairs 4 --planted 2  # a smoke run
@@ -111,18 +112,22 @@ def record_pair(folder: Path, variant: list[str]) -> tuple[Path, Path]:
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "job.py", "--go", str(go), "--steps", str(STEPS), "--width", str(WIDTH), "--batch", str(BATCH), *extra]
         procs.append((cwd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all((cwd / "ready").exists() for cwd, _ in procs):
-        if time.monotonic() > deadline or any(p.poll() is not None for _, p in procs):
-            raise RuntimeError(f"a job of {folder} ended or hung before training: "
-                               + " | ".join(p.stderr.read().decode()[-500:] for _, p in procs if p.poll() is not None
-                                            and p.stderr is not None))
-        time.sleep(0.05)
-    go.touch()
-    for cwd, proc in procs:
-        _, err = proc.communicate(timeout=READY_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cwd}: exit status {proc.returncode}: {err.decode()[-800:]}")
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not all((cwd / "ready").exists() for cwd, _ in procs):
+            if time.monotonic() > deadline or any(p.poll() is not None for _, p in procs):
+                raise RuntimeError(f"a job of {folder} ended or hung before training")
+            time.sleep(0.05)
+        go.touch()
+        for cwd, proc in procs:
+            _, err = proc.communicate(timeout=READY_TIMEOUT_S)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cwd}: exit status {proc.returncode}: {err.decode()[-800:]}")
+    finally:  # interrupted: record forwards the signal to its job
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
     return folder / "base" / "out", folder / "new" / "out"
 
 
@@ -140,7 +145,12 @@ def judge(base: Path, new: Path) -> dict[str, dict]:
                    and line.get("op") == "all_reduce" and line["metric"] == "duration" and line["relative"] is not None]
         if reduces:  # the gradients' all-reduce: the longest one
             changes["all_reduce"] = max(reduces, key=lambda line: line["base"] or 0.0)["relative"]
-        out[rule] = {"fired": bool(doc["gate"]["failed"]), "cause": doc.get("cause"), "changes": changes}
+        tripped = [doc["lines"][i] for failure in doc["gate"]["failed"] for i in failure["lines"]]
+        out[rule] = {"fired": bool(tripped), "cause": doc.get("cause"), "changes": changes,
+                     "tripped": [f"{line['section']} {line.get('rank', '')} {line['metric']} "
+                                 f"{100 * line['relative_low']:+.1f}%..{100 * line['relative_high']:+.1f}%"
+                                 + (f" (beyond compute x{line['context']['load_factor']:.2f})"
+                                    if line["context"].get("load_factor") else "") for line in tripped]}
     return out
 
 
@@ -167,6 +177,8 @@ def main() -> None:
             cause = f" -- {today['cause']}" if today["cause"] else ""
             print(f"pair {i:2d} {kind:4s}  today: {'FAIL' if today['fired'] else 'pass'}  before: "
                   f"{'FAIL' if before['fired'] else 'pass'}  ({changes}){cause}", flush=True)
+            for tripped in today["tripped"]:
+                print(f"         tripped: {tripped}", flush=True)
     print(f"\n{GATE}, {len(kinds)} pairs in {time.monotonic() - started:.0f} s "
           f"(steps {COMPARED[0]}-{COMPARED[1]} of {STEPS}, profiled)")
     for kind, total, want in (("same", args.pairs, "false alarms"), ("slow", args.planted, "caught"),

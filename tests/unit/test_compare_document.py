@@ -29,7 +29,7 @@ def _steady(seed: int, span: float = 0.050, exposed: float = 0.005, late: float 
     doc = ReportDoc()
     for n in STEPS:
         jitter = 1 + rnd.uniform(-0.04, 0.04)
-        doc.step(n, (span + late) * jitter, (exposed + late) * jitter)
+        doc.step(n, (span + late) * jitter, (exposed + late) * jitter, compute=span / 2 * jitter)  # late: waiting
         doc.collective(UID, "all_reduce", n, 1 << 20, 0.002 * jitter, 0.0002 * jitter, 0, 10.0 / jitter)
         doc.collective(UID, "all_reduce", n, 1 << 20, (0.002 + late) * jitter, (0.0002 + late) * jitter, 1,
                        10.0 / jitter)
@@ -191,10 +191,12 @@ def test_a_machine_slower_for_everything_is_said_so_and_fails_no_communication_g
     assert doc["cause"].startswith("the step got slower overall: compute +") and "a load or machine" in doc["cause"]
     assert render_text(doc).startswith("REGRESSED -- the step got slower overall")
     [exposed] = [line for line in doc["lines"] if line["section"] == "job" and line["metric"] == "exposed_comm"]
-    assert exposed["verdict"] == "unchanged" and exposed["context"]["load_factor"] == pytest.approx(1.6, rel=0.05)
+    # compute is half the step: 25 ms -> 40 ms, a shift of 15 ms, explains all of exposed's 3 ms
+    assert exposed["verdict"] == "unchanged" and exposed["context"]["beyond_compute_s"] == pytest.approx(0.003,
+                                                                                                         rel=0.1)
     assert _compare(base, slower, gate=gate, beyond_load=False)["gate"]["failed"] != []
-    # communication that grew beyond the load is still caught: 1.6 x 5 ms x 2 = +8 ms more (+16 % of 50 ms)
-    doc = _compare(base, _steady(2, span=0.050 * 1.6, exposed=0.005 * 1.6 * 2), gate=gate)
+    # communication that grew beyond compute's shift is still caught: 5 ms -> 40 ms, 20 ms (40 % of 50 ms) beyond
+    doc = _compare(base, _steady(2, span=0.050 * 1.6, exposed=0.040), gate=gate)
     assert doc["gate"]["failed"] and doc["cause"].startswith("communication: exposed_comm +")
 
 

@@ -34,7 +34,7 @@ from comm2perfetto.compare.samples import (
     wait_caused_samples,
 )
 from comm2perfetto.compare.sides import Side, layout_notes
-from comm2perfetto.compare.statistics import CONFIDENCE, median
+from comm2perfetto.compare.statistics import CONFIDENCE, median, shift
 from comm2perfetto.compare.verdicts import (
     METRICS,
     VERDICTS,
@@ -52,7 +52,7 @@ from comm2perfetto.report_doc import FigureKey
 
 VERSION = 1
 MIN_CHANGE = 0.10
-# Communication times that a slower machine (or more load on it) stretches as it stretches compute.
+# Communication times that a slower rank (less CPU, a busier machine) stretches by its compute's slowdown.
 LOAD_SCALED = frozenset({"comm", "exposed_comm", "duration"})
 # Bus bandwidth is compared from this message size up: below it a collective's time is mostly its latency,
 # which its duration already shows (nccl-tests' bandwidth curves flatten from about 1 MiB on GPUs).
@@ -66,7 +66,7 @@ class CompareOptions:
     a percentage; ``--min-change``); ``steps_by_position``: pair the steps of the two ranges by position, not by
     number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``);
     ``beyond_load``: judge a communication time that moved with compute on what moved beyond compute's
-    change (``verdicts.judge_sampled``'s ``load``); False is the rule before it, which
+    shift (``verdicts.judge_sampled``'s ``slack``); False is the rule before it, which
     benchmarks/compare_noise.py measures beside it."""
 
     min_change: float = MIN_CHANGE
@@ -106,12 +106,12 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
     groups = match_groups(base.doc, new.doc)
     base_job = breakdown_samples(base, per_step=per_step)
     step_time = median(base_job["step_time"]) if base_job["step_time"] else None
-    judge = _Judge(min_change, confidence, options.beyond_load)
     new_job = breakdown_samples(new, per_step=per_step)
+    judge = _Judge(min_change, confidence, _slack(base, new, base_job, new_job, per_step)
+                   if options.beyond_load else None)
     lines = judge.breakdowns("job", {}, base_job, new_job)
     lines += _rank_lines(judge, base, new, per_step)
-    lines += _collective_lines(judge, base, new, groups, step_time if per_step else None,
-                               judge.load(base_job, new_job))
+    lines += _collective_lines(judge, base, new, groups, step_time if per_step else None)
     lines += _straggler_lines(judge, base, new, per_step, step_time)
     lines += _module_lines(base, new)
     notes = layout_notes(base, new) + _group_notes(groups) + _sample_notes(base, new)
@@ -135,32 +135,36 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
 class _Judge:
     """The verdict functions with this comparison's margin and confidence."""
 
-    def __init__(self, margin: float, confidence: float, beyond_load: bool) -> None:
+    def __init__(self, margin: float, confidence: float, slack: tuple[float, float] | None) -> None:
         self.margin = margin
         self.confidence = confidence
-        self.beyond_load = beyond_load
+        self.slack = slack
 
     def sampled(self, section: str, key: dict[str, Any], metric: str, base: list[float], new: list[float],
-                step_time: float | None = None, load: float | None = None) -> Line | None:
+                step_time: float | None = None) -> Line | None:
         return judge_sampled(section, key, METRICS[metric], base, new, self.margin, step_time, self.confidence,
-                             load if metric in LOAD_SCALED else None)
-
-    def load(self, base: Mapping[str, list[float]], new: Mapping[str, list[float]]) -> float | None:
-        """NEW's median compute over BASE's: how much slower (above 1) the same work ran; None when either
-        side has no compute measured, or with ``beyond_load`` off."""
-        if not self.beyond_load or not base["compute"] or not new["compute"]:
-            return None
-        before = median(base["compute"])
-        return median(new["compute"]) / before if before > 0 else None
+                             self.slack if metric in LOAD_SCALED else None)
 
     def breakdowns(self, section: str, key: dict[str, Any], base: Mapping[str, list[float]],
                    new: Mapping[str, list[float]]) -> list[Line]:
         """The breakdown metrics of the job or one rank; times as a share of BASE's median step time. A metric
         no step measured on either side is ``unknown``: its samples hold only the steps that measured it."""
         step_time = median(base["step_time"]) if base["step_time"] else None
-        load = self.load(base, new)
-        return [self.sampled(section, key, name, base[name], new[name], step_time, load)
+        return [self.sampled(section, key, name, base[name], new[name], step_time)
                 or unknown_line(section, key, METRICS[name]) for name in BREAKDOWN_KEYS]
+
+
+def _slack(base: Side, new: Side, base_job: Mapping[str, list[float]], new_job: Mapping[str, list[float]],
+           per_step: bool) -> tuple[float, float] | None:
+    """(fall, rise): the largest shifts down and up (seconds a step, 0 for none) of the compute of the job
+    and of each rank in both runs; None when no compute is measured on both sides. The slowest rank sets the
+    pace: the others wait for it as long as it computed longer."""
+    pairs = [(base_job["compute"], new_job["compute"])]
+    for rank in set(base.ranks) & set(new.ranks):
+        pairs.append((breakdown_samples(base, str(rank), per_step)["compute"],
+                      breakdown_samples(new, str(rank), per_step)["compute"]))
+    shifts = [shift(b, n).estimate for b, n in pairs if b and n]
+    return (min(0.0, *shifts), max(0.0, *shifts)) if shifts else None
 
 
 def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Line]:
@@ -176,7 +180,7 @@ def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Li
 
 
 def _collective_lines(judge: _Judge, base: Side, new: Side, groups: list[GroupMatch],
-                      step_time: float | None, load: float | None) -> list[Line]:
+                      step_time: float | None) -> list[Line]:
     """Per matched group and op: the totals over every size when there are several sizes, then each size
     bucket's count, bytes, duration, bus bandwidth and skew (with the rank the others waited for)."""
     base_cs, new_cs = collective_samples(base), collective_samples(new)
@@ -194,7 +198,7 @@ def _collective_lines(judge: _Judge, base: Side, new: Side, groups: list[GroupMa
                 lines += _count_lines(key, b.get(ALL_SIZES), n.get(ALL_SIZES), base, new)
             for size in sizes:
                 key = {"group": g.label, "op": op, "size": list(size) if isinstance(size, tuple) else size}
-                lines += _bucket_lines(judge, key, b.get(size), n.get(size), base, new, step_time, load)
+                lines += _bucket_lines(judge, key, b.get(size), n.get(size), base, new, step_time)
     return lines
 
 
@@ -239,12 +243,12 @@ def _count_lines(key: dict[str, Any], b: CollectiveSamples | None, n: Collective
 
 
 def _bucket_lines(judge: _Judge, key: dict[str, Any], b: CollectiveSamples | None, n: CollectiveSamples | None,
-                  base: Side, new: Side, step_time: float | None, load: float | None) -> list[Line]:
+                  base: Side, new: Side, step_time: float | None) -> list[Line]:
     lines = _count_lines(key, b, n, base, new)
     if b is None or n is None or not b.count or not n.count:
         return lines  # new or gone: nothing to compare beyond its count
     duration = judge.sampled("collective", key, "duration", b.per_step(base, "duration"),
-                             n.per_step(new, "duration"), step_time, load)
+                             n.per_step(new, "duration"), step_time)
     if duration is not None:
         duration.context = {**duration.context, "base_p50": _p50(b.durations), "new_p50": _p50(n.durations),
                             "base_p99": _p99(b.durations), "new_p99": _p99(n.durations)}

@@ -136,11 +136,12 @@ class Line:
 
 def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Sequence[float], new: Sequence[float],
                   margin: float, step_time: float | None = None, confidence: float = CONFIDENCE,
-                  load: float | None = None) -> Line | None:
+                  slack: tuple[float, float] | None = None) -> Line | None:
     """A sampled metric's line (None when neither side has a sample). ``step_time``: BASE's median step time,
-    the scale of ``step`` metrics (without it they are measured against their own BASE value). ``load``: how
-    much slower compute got (NEW's median over BASE's); a communication time that moved the same way is
-    judged on what moved beyond it (BASE's samples times ``load``), with ``context["load_factor"]``."""
+    the scale of ``step`` metrics (without it they are measured against their own BASE value). ``slack``:
+    (fall, rise), the largest shifts of compute (seconds a step) down and up, of the job or any rank; a
+    communication time that moved the same way is judged on what moved beyond it (NEW's samples less that
+    shift), with ``context["beyond_compute_s"]``."""
     if not base and not new:
         return None
     shown_base = median(base) if base else None
@@ -150,10 +151,13 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
                     None, None, Verdict.INCONCLUSIVE, metric.scale)
     est = shift(base, new, confidence)
     context: dict[str, Any] = {}
-    if load is not None and load > 0 and load != 1 and est.estimate != 0 and (est.estimate > 0) == (load > 1):
-        # the whole machine (or the load on it) slowed compute and communication alike: what is left
-        est = shift([x * load for x in base], new, confidence)
-        context["load_factor"] = load
+    explained = (min(slack[1], est.estimate) if est.estimate > 0 else max(slack[0], est.estimate)) \
+        if slack is not None else 0.0
+    if explained and (est.estimate > 0) == (explained > 0):  # never beyond the change itself
+        # A rank that computed slower (less CPU, a busier machine) keeps the others waiting as long, and on a
+        # CPU backend its communication slows with it: what moved beyond that is communication's own.
+        est = shift(base, [y - explained for y in new], confidence)
+        context["beyond_compute_s"] = explained
     change, low, high = est.estimate, est.low, est.high
     scale_value = None if metric.scale == Scale.ABSOLUTE else (
         step_time if metric.scale == Scale.STEP and step_time else shown_base)

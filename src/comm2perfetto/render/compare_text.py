@@ -44,7 +44,8 @@ LEGEND = ("change: the median shift between the runs (Hodges-Lehmann) and its {c
           "as % of the BASE value for busbw, count and bytes, as it is for overlap (points) and comm_to_compute. "
           "{margin} is the smallest change that counts: a line is regressed or improved only when its whole "
           "interval lies beyond it. A communication time (comm, exposed_comm, duration) that moved the way compute "
-          "did is judged on what moved beyond compute's change (beyond compute xF: BASE's samples times F). "
+          "did is judged on what moved beyond compute's (the largest shift of any rank's compute, taken off NEW's "
+          "samples: beyond compute's +D). "
           "unknown (unmeasured): measured in no compared step of either run, which is not "
           "0; n counts the steps that measured a metric.")
 
@@ -90,7 +91,8 @@ def interval_text(line: Line) -> str:
 def context_text(line: Line) -> str:
     """What a line shows beside its metric: a duration's p99, the rank most often last at a collective."""
     context = line.get("context") or {}
-    load = f"beyond compute x{context['load_factor']:.2f}; " if context.get("load_factor") else ""
+    beyond = context.get("beyond_compute_s")
+    load = f"beyond compute's {'+' if beyond > 0 else '-'}{fmt_time(abs(beyond))}; " if beyond else ""
     return load + _context_text(line, context)
 
 
