@@ -39,7 +39,6 @@ from comm2perfetto.compare.verdicts import (
     METRICS,
     VERDICTS,
     Line,
-    Verdict,
     cause,
     judge_exact,
     judge_sampled,
@@ -80,24 +79,8 @@ def build(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
     """Compare NEW with BASE, and say which ``--fail-on`` expressions fire on which lines (``gate``)."""
     doc = _comparison(base, new, options)
     if options.gate:
-        failed = gate_failures(options.gate, doc["lines"])
-        doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": failed}
-        _agree_with_gate(doc, failed)
-    doc["cause"] = cause(doc["lines"])
+        doc["gate"] = {"fail_on": [str(e) for e in options.gate], "failed": gate_failures(options.gate, doc["lines"])}
     return doc
-
-
-def _agree_with_gate(doc: dict[str, Any], failed: list[dict[str, Any]]) -> None:
-    """A line a gate fired on changed beyond the gate's threshold with the comparison's confidence: below the
-    margin it read ``unchanged``; it reads ``regressed`` or ``improved``, as the gate says, and the summary
-    counts it so."""
-    for i in {i for failure in failed for i in failure["lines"]}:
-        line = doc["lines"][i]
-        if line["verdict"] == Verdict.UNCHANGED and line["change"]:
-            worse = METRICS[line["metric"]].worse * line["change"] > 0
-            line["verdict"] = Verdict.REGRESSED if worse else Verdict.IMPROVED
-            doc["summary"][Verdict.UNCHANGED] -= 1
-            doc["summary"][line["verdict"]] += 1
 
 
 def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
@@ -127,7 +110,7 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
-        "cause": None,  # build's, once the gate has had its say
+        "cause": cause([line.as_dict() for line in lines]),
         "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 
