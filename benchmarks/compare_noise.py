@@ -1,8 +1,10 @@
 """How often ``compare --fail-on 'exposed_comm>5%'`` cries wolf on identical runs, and whether it catches real
 changes, on this machine: the rule of ``compare`` today against the rule before it, on the same recordings.
 
-Each pair is two recordings of a 2-rank DDP job on gloo started together (each waits for a file that appears
-once both are ready), so that both runs of a pair meet the same load. The job is the example's
+Each pair is two recordings of a 2-rank DDP job on gloo, one after the other, as a CI job meets its baseline
+(run to run, the machine's load differs: that is the noise), or with ``--together`` started together (each
+waits for a file that appears once both are ready: the same load, but 4 ranks on 2 cores). The job is the
+example's
 (``examples/ddp_train.py``: a 784-128-64-10 MLP, Adam, DDP's gradient all-reduce in backward, a reduce and a
 barrier at the end), written out here so that a variant can plant a change:
 
@@ -106,36 +108,41 @@ gc.collect()
 """
 
 
-def record_pair(folder: Path, variant: list[str]) -> tuple[Path, Path]:
-    """Record BASE (the job) and NEW (the job with ``variant``'s arguments) at the same time."""
-    go = folder / "go"
-    procs = []
-    for name, extra in (("base", []), ("new", variant)):
-        cwd = folder / name
-        cwd.mkdir()
-        (cwd / "job.py").write_text(JOB)
-        cmd = [sys.executable, "-m", "comm2perfetto", "record", "-o", str(cwd / "out"), "--stall-after", "off",
-               "--profile-steps", f"{COMPARED[0]}-{COMPARED[1]}", "--",
-               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "job.py", "--go", str(go), "--steps", str(STEPS), "--width", str(WIDTH), "--batch", str(BATCH), *extra]
-        procs.append((cwd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not all((cwd / "ready").exists() for cwd, _ in procs):
-            if time.monotonic() > deadline or any(p.poll() is not None for _, p in procs):
-                raise RuntimeError(f"a job of {folder} ended or hung before training")
-            time.sleep(0.05)
-        go.touch()
-        for cwd, proc in procs:
-            _, err = proc.communicate(timeout=READY_TIMEOUT_S)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{cwd}: exit status {proc.returncode}: {err.decode()[-800:]}")
-    finally:  # interrupted: record forwards the signal to its job
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=60)
+def record_pair(folder: Path, variant: list[str], together: bool = False) -> tuple[Path, Path]:
+    """Record BASE (the job) and NEW (the job with ``variant``'s arguments): one after the other, as a CI job
+    meets its baseline, or ``together`` (both start training at once, on the same cores)."""
+    runs = [(folder / "base", []), (folder / "new", variant)]
+    for batch in ([runs] if together else [[run] for run in runs]):
+        go = folder / f"go-{len(list(folder.glob('go-*')))}"
+        procs = [(cwd, _start(cwd, go, extra)) for cwd, extra in batch]
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not all((cwd / "ready").exists() for cwd, _ in procs):
+                if time.monotonic() > deadline or any(p.poll() is not None for _, p in procs):
+                    raise RuntimeError(f"a job of {folder} ended or hung before training")
+                time.sleep(0.05)
+            go.touch()
+            for cwd, proc in procs:
+                _, err = proc.communicate(timeout=READY_TIMEOUT_S)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{cwd}: exit status {proc.returncode}: {err.decode()[-800:]}")
+        finally:  # interrupted: record forwards the signal to its job
+            for _, proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=60)
     return folder / "base" / "out", folder / "new" / "out"
+
+
+def _start(cwd: Path, go: Path, extra: list[str]) -> subprocess.Popen:
+    """``comm2perfetto record`` of the job in ``cwd``; its training waits for ``go``."""
+    cwd.mkdir()
+    (cwd / "job.py").write_text(JOB)
+    cmd = [sys.executable, "-m", "comm2perfetto", "record", "-o", str(cwd / "out"), "--stall-after", "off",
+           "--profile-steps", f"{COMPARED[0]}-{COMPARED[1]}", "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "job.py", "--go", str(go), "--steps", str(STEPS), "--width", str(WIDTH), "--batch", str(BATCH), *extra]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def judge(base: Path, new: Path) -> dict[str, dict]:
@@ -172,6 +179,9 @@ def main() -> None:
     parser.add_argument("--planted", type=int, default=5, help="pairs of each planted change")
     parser.add_argument("--slow-pad", type=float, default=0.25, help="the slow all-reduce's padding")
     parser.add_argument("--late-ms", type=float, default=30.0, help="rank 1's delay before each backward")
+    parser.add_argument("--together", action="store_true",
+                        help="start a pair's two runs together (4 ranks on this machine's 2 cores: a late rank's "
+                             "sleep then costs nothing, the others take its core)")
     args = parser.parse_args()
     kinds = (["same"] * args.pairs + ["slow"] * args.planted + ["late"] * args.planted)
     variants = {"same": [], "slow": ["--slow-pad", str(args.slow_pad)], "late": ["--late-ms", str(args.late_ms)]}
@@ -181,7 +191,7 @@ def main() -> None:
         for i, kind in enumerate(kinds):
             folder = Path(tmp) / f"pair{i}"
             folder.mkdir()
-            result = judge(*record_pair(folder, variants[kind]))
+            result = judge(*record_pair(folder, variants[kind], args.together))
             for rule, r in result.items():
                 fired[(kind, rule)] = fired.get((kind, rule), 0) + r["fired"]
             today, before = result["today"], result["before"]
@@ -191,8 +201,9 @@ def main() -> None:
                   f"{'FAIL' if before['fired'] else 'pass'}  ({changes}){cause}", flush=True)
             for tripped in today["tripped"]:
                 print(f"         tripped: {tripped}", flush=True)
+    runs = "together" if args.together else "in turn"
     print(f"\n{GATE}, {len(kinds)} pairs in {time.monotonic() - started:.0f} s "
-          f"(steps {COMPARED[0]}-{COMPARED[1]} of {STEPS}, profiled)")
+          f"(steps {COMPARED[0]}-{COMPARED[1]} of {STEPS}, profiled; runs {runs})")
     for kind, total, want in (("same", args.pairs, "false alarms"), ("slow", args.planted, "caught"),
                               ("late", args.planted, "caught")):
         if total:
