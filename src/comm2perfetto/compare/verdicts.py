@@ -241,7 +241,7 @@ def cause(lines: Sequence[Mapping[str, Any]]) -> str | None:
     compute = job.get("compute")
     with_compute = compute is not None and compute["verdict"] == step["verdict"]
     if moved:
-        where = max((line for line in lines if line["section"] in ("collective", "straggler")
+        where = max((line for line in lines if line["metric"] in ("duration", "skew", "wait_caused")
                      and line["verdict"] == step["verdict"] and line["relative"] is not None),
                     key=lambda line: abs(line["relative"]), default=None)
         beyond = " beyond compute's change" if with_compute else ""
