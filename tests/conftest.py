@@ -8,6 +8,8 @@
   back what it wrote.
 - ``fr_env``: os.environ without this process's comm2perfetto/FR settings, restored afterwards.
 - ``clean_env``: the environment for subprocesses, without this process's comm2perfetto/FR settings.
+- ``built_wheel`` (per session): the package as ``pip install .`` builds it, built once for every test that
+  reads or installs it.
 
 And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
 file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
@@ -24,6 +26,7 @@ import pytest
 
 from support.jobs import JobRunner, job_env
 from support.leftovers import clean_up_recorder, recorder_leftovers
+from support.wheel import build_wheel
 
 JOB_FIXTURES = {"record_job", "module_jobs"}
 
@@ -101,3 +104,9 @@ def fr_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def clean_env() -> dict[str, str]:
     """The environment for a subprocess, without this process's comm2perfetto/Flight Recorder settings."""
     return job_env()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout's wheel (about 10 s to build), once for the session."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

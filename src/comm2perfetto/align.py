@@ -20,14 +20,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from statistics import median
 from types import MappingProxyType
 
+from comm2perfetto.lateness import MAX_RTT_NS
 from comm2perfetto.model import ClockAlignment, ClockMethod
 
 MIN_SAMPLES = 5  # fewer matched ends than this: keep the measurement, do not refine
-
-
-# A start-up measurement whose round trip took longer than this was held up (its rank frozen, holding the GIL,
-# or the store overloaded): half of it, its uncertainty, is larger than any clock difference it could correct.
-MAX_RTT_NS = 100_000_000
 
 
 def measured_offsets(logs: Mapping[int, object], ranks: Iterable[int]) -> ClockAlignment:

@@ -255,7 +255,8 @@ class GroupCollectives(Sequence[Collective]):
         # The optional fields some member has: the others are () in every view.
         self._present = {name for name in _OPTIONAL
                          if any(m is not None and m.columns[name][0] is not None for m in members)}
-        self.on_gpu = "duration_ns" in self._present or gpu_backend(group.backend)
+        self.gpu_timed = "duration_ns" in self._present  # some member has a GPU time of some collective
+        self.on_gpu = self.gpu_timed or gpu_backend(group.backend)
         self._transposed: dict[str, list[tuple]] = {}
         self._reads: dict[str, int] = {}  # of a small group's fields not transposed yet
         self._small = len(self.ranks) * len(self.seqs) <= SMALL_GROUP_CELLS

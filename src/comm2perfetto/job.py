@@ -32,6 +32,7 @@ from comm2perfetto.model import (
 if TYPE_CHECKING:  # for the annotations only: the readers import this module, not the reverse
     from comm2perfetto.group_names import GroupConflict
     from comm2perfetto.sources.event_log import RankLog
+    from comm2perfetto.sources.kineto.collectives import TraceCollective
     from comm2perfetto.sources.kineto.events import KinetoTrace
     from comm2perfetto.sources.kineto.profile import RankProfile
     from comm2perfetto.sources.stacks import StallStacks
@@ -121,6 +122,10 @@ class Job:
     traces: Mapping[int, tuple[KinetoTrace, ...]] = field(default_factory=_empty, repr=False, compare=False)
     # Reads stacks on demand when the job was loaded without them: (rank, group name, seq[, p2p]) -> Stack.
     resolver: Callable[..., Stack] | None = field(default=None, repr=False, compare=False)
+    # rank -> the collectives of its profiler traces made by kernels of a library that names no process group
+    # (``comm_kernels.family_op``: DeepEP's all-to-all), which no group's collectives hold
+    kernel_collectives: Mapping[int, tuple[TraceCollective, ...]] = field(default_factory=_empty, repr=False,
+                                                                          compare=False)
     # rank -> its profiler traces reduced to unions (loaded with ``LoadOptions.profiles``: what ``report`` measures)
     profiles: Mapping[int, RankProfile] = field(default_factory=_empty, repr=False, compare=False)
     # Of a job torchrun restarted (``attempt<k>`` folders): the attempt loaded, and every attempt found.

@@ -96,6 +96,18 @@ def live_resolved(gen: int) -> str:
     return f"{LIVE_DIR}/stall.{gen}.resolved.json"
 
 
+# Always on (record/window.py, record/gather.py): the job's gathered windows, in the recording folder itself
+# (not an attempt's): a node's metrics collector and `comm2perfetto top` look in one place for the whole run.
+WINDOWS_DIR = "live"
+LIVE_WINDOW_FILE = f"{WINDOWS_DIR}/window.json"  # the last gathered window, rewritten each window
+STRAGGLERS_FILE = f"{WINDOWS_DIR}/stragglers.jsonl"  # straggler events, one JSON object a line
+METRICS_FILE = "metrics.prom"  # in WINDOWS_DIR, or record's --metrics-dir
+ON_STRAGGLER_LOG = f"{WINDOWS_DIR}/on-straggler.log"
+# What the readers walking a folder leave alone in WINDOWS_DIR (none of it is a dump, log or trace).
+WINDOWS_OUTPUTS = frozenset(os.path.basename(f) for f in (LIVE_WINDOW_FILE, STRAGGLERS_FILE, METRICS_FILE,
+                                                          ON_STRAGGLER_LOG))
+
+
 EVENT_LOG_GLOB = "rank*.events.jsonl"
 FR_DUMP_GLOB = "rank*.fr*.pkl"
 STACKS_GLOB = "rank*.stacks.*.json"
@@ -104,5 +116,6 @@ KINETO_GLOB = "rank*.kineto.*.json.gz"
 JOB_GLOB = "job.*.json"
 _ATTEMPT_GLOBS = (EVENT_LOG_GLOB, FR_DUMP_GLOB, STACKS_GLOB, KINETO_GLOB, TORCH_DUMP_PREFIX + "*",
                   LIVE_DIR + "/stall.*.json")
-RECORDING_GLOBS = (*_ATTEMPT_GLOBS, JOB_FILE, JOB_GLOB, STALL_VERDICT_FILE,
+RECORDING_GLOBS = (*_ATTEMPT_GLOBS, JOB_FILE, JOB_GLOB, STALL_VERDICT_FILE, LIVE_WINDOW_FILE, STRAGGLERS_FILE,
+                   f"{WINDOWS_DIR}/{METRICS_FILE}", ON_STRAGGLER_LOG,
                    *(f"{ATTEMPT_DIR_GLOB}/{g}" for g in _ATTEMPT_GLOBS))

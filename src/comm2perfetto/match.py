@@ -54,14 +54,16 @@ from comm2perfetto.model import (
     P2PTransfer,
     ProcessGroup,
     Stack,
+    gpu_backend,
 )
 from comm2perfetto.sources.checks import dumps_world
 from comm2perfetto.sources.fr.columns import NO_VALUE, STATE_CODE, GroupTrack
 from comm2perfetto.sources.fr.dump import CollectiveStacks, read_fr_dump
 from comm2perfetto.sources.fr.fields import ANY_GROUP
-from comm2perfetto.sources.fr.ingest import FrRankTrace
+from comm2perfetto.sources.fr.ingest import FrRankTrace, fr_job_notes
 from comm2perfetto.sources.fr.tables import contiguous
-from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of
+from comm2perfetto.sources.kineto.collectives import TraceCollective, collectives_of, shifted
+from comm2perfetto.sources.kineto.p2p import p2p_batches
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
 from comm2perfetto.sources.stacks import StallStacks
@@ -98,6 +100,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     profiler traces in place (a ``Sources`` builds one Job), the stall stacks and the profiles as moved copies."""
     world = _world_size(src)
     notes = list(src.notes)
+    notes.extend(fr_job_notes(src.fr))
     trace_cols = {rank: collectives_of(traces) for rank, traces in src.traces.items()}
     groups, local, conflicts = _resolve_groups(src, world, notes, trace_cols)
     tracks: dict[tuple[int, str], Track] = {}
@@ -117,7 +120,9 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     for rank, log in src.logs.items():
         merge_log(rank, log, groups, local, tracks, p2p_ops, log_seen, sites, unnumbered)
     number_by_order(unnumbered, groups, tracks, log_seen, notes)
-    gpu_ends = merge_traces(trace_cols, local, tracks, notes)
+    _p2p_kernels(p2p_ops, groups, src, notes)
+    ungrouped: dict[int, list[TraceCollective]] = {}
+    gpu_ends = merge_traces(trace_cols, local, tracks, notes, ungrouped)
     time_by_backend_annotations(src.traces, groups, tracks)
 
     if options.align:
@@ -159,6 +164,8 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
         unusable_ranks=frozenset(src.unusable_ranks - src.ranks),
         log_seqs=MappingProxyType({uid: frozenset(s) for uid, s in log_seen.items()}),
         traces=MappingProxyType({rank: tuple(traces) for rank, traces in src.traces.items()}),
+        kernel_collectives=MappingProxyType({rank: tuple(shifted(c, clock.offset_ns.get(rank, 0)) for c in cols)
+                                             for rank, cols in ungrouped.items()}),
         resolver=None if options.stacks else LazyStacks(src),
         profiles=MappingProxyType({rank: p.shifted(clock.offset_ns.get(rank, 0)) for rank, p in src.profiles.items()}),
         attempt=src.attempt,
@@ -439,15 +446,38 @@ def _collectives(
     return GroupCollectives(group, members, stacks)
 
 
+def _p2p_kernels(p2p_ops: dict[str, list[P2POp]], groups: Mapping[str, ProcessGroup], src: Sources,
+                 notes: list[str]) -> None:
+    """Give each send and recv on a GPU the time of its batch's kernel, where a profiler trace of its rank shows
+    one (``sources.kineto.p2p``): the op was issued inside the batch's window. In place, on the ranks' clocks."""
+    batches = {rank: b for rank, traces in src.traces.items() if (b := p2p_batches(traces))}
+    if not batches:
+        return
+    timed = 0
+    for uid, ops in p2p_ops.items():
+        if not gpu_backend(groups[uid].backend):
+            continue
+        for i, op in enumerate(ops):
+            mine = batches.get(op.rank, ())
+            batch = next((b for b in mine if b.holds(op.t_arrive_ns)), None)
+            if batch is not None:
+                ops[i] = dataclasses.replace(op, gpu_ns=(batch.t_begin_ns, batch.t_end_ns))
+                timed += 1
+    if timed:
+        notes.append(f"{timed} send/recv op(s) timed by their batch's SendRecv kernel in a profiler trace (joined to "
+                     "the nccl:coalesced annotation it ran for, by order where the kernel carries no External id)")
+
+
 def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfer, ...]:
     sends: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
     for op in ops:
         off = clock.offset_ns.get(op.rank, 0)
         if off:
-            op = P2POp(op.rank, op.group_uid, op.kind, op.peer, op.index, op.signature, op.state,
-                       op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
-                       op.t_end_ns + off if op.t_end_ns is not None else None, op.stack_id, op.source, op.seq)
+            op = dataclasses.replace(
+                op, t_arrive_ns=op.t_arrive_ns + off if op.t_arrive_ns is not None else None,
+                t_end_ns=op.t_end_ns + off if op.t_end_ns is not None else None,
+                gpu_ns=(op.gpu_ns[0] + off, op.gpu_ns[1] + off) if op.gpu_ns is not None else None)
         if op.kind == "send":
             sends[(op.rank, op.peer)].append(op)
         else:

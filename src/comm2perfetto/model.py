@@ -248,6 +248,54 @@ def _counts(counts: tuple[int, ...] | None) -> str:
     return "?" if counts is None else str(list(counts))
 
 
+PeerBytes = tuple[int, ...] | None
+
+
+def peer_elements(sig: Signature, n: int) -> Exchange | None:
+    """What one rank's all-to-all on an ``n``-rank group sends to and expects from each member, in elements and
+    group-rank order: the recorder's split sizes (``exchange``), else Flight Recorder's one tensor per member
+    (``all_to_all``'s lists; a single tensor says nothing of how it is split, unless the group is one rank).
+    None where neither says. The one reading of per-peer sizes: diagnose's pairs, the report's matrix and the
+    trace's slices all take it from here.
+
+    >>> peer_elements(Signature("all_to_all", ((2,), (3, 2)), ("Half", "Half"), ((2,), (1,)), ("Half", "Half")), 2)
+    Exchange(send=(2, 6), recv=(2, 1), send_given=True, recv_given=True)
+    >>> peer_elements(Signature("all_to_all", ((8,),), ("Float",), ((8,),), ("Float",)), 2) is None
+    True
+    """
+    if sig.parts or op_family(sig.op) != "all_to_all":
+        return None
+    if sig.exchange is not None:
+        return sig.exchange
+    if sig.input_sizes is None or len(sig.input_sizes) != n:
+        return None
+    outputs = sig.output_sizes
+    return Exchange(tuple(math.prod(s) for s in sig.input_sizes),
+                    tuple(math.prod(s) for s in outputs) if outputs is not None and len(outputs) == n else None)
+
+
+def peer_bytes(sig: Signature, n: int) -> tuple[PeerBytes, PeerBytes]:
+    """(sent, expected): ``peer_elements`` in bytes; None where the sizes or dtypes are not known.
+
+    >>> s = Signature("all_to_all_single", ((5,),), ("Float",), None, None, "log", exchange=Exchange((3, 2), (3, 4)))
+    >>> peer_bytes(s, 2)
+    ((12, 8), (12, 16))
+    """
+    x = peer_elements(sig, n)
+    if x is None:
+        return None, None
+    return (_elements_to_bytes(x.send, sig.input_dtypes, n),
+            _elements_to_bytes(x.recv, sig.output_dtypes or sig.input_dtypes, n))
+
+
+def _elements_to_bytes(counts: tuple[int, ...] | None, dtypes: tuple[str, ...] | None, n: int) -> PeerBytes:
+    """Element counts, one per member, in bytes: one dtype (a tensor split by rows) or one per member."""
+    if counts is None or len(counts) != n or not dtypes or len(dtypes) not in (1, n):
+        return None
+    sizes = [DTYPE_BYTES.get(d) for d in (dtypes * n if len(dtypes) == 1 else dtypes)]
+    return None if None in sizes else tuple(k * cast(int, b) for k, b in zip(counts, sizes))
+
+
 @dataclass(frozen=True, slots=True)
 class CollectivePart:
     """One rank's share of a collective (built on demand by ``Collective.part``)."""
@@ -471,10 +519,12 @@ class Collective:
 
     def queue_ns(self) -> list[int]:
         """Each rank's queue delay where a trace shows it: from its CPU enqueue (arrival) to its first kernel's
-        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's."""
+        begin. Nothing on the GPU's time counts it: it is the work queued before, not the collective's. A kernel
+        that began at its arrival is one no CPU op enqueued in the trace (its begin stands in for the arrival): no
+        queue delay is known there, rather than 0 (a launch takes microseconds)."""
         if not self.gpu_begin_ns:
             return []
-        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b >= a]
+        return [b - a for a, b in zip(self.arrive_ns, self.gpu_begin_ns) if a is not None and b is not None and b > a]
 
     @property
     def completed_everywhere(self) -> bool:
@@ -516,6 +566,12 @@ class GroupView(Protocol):
     @property
     def on_gpu(self) -> bool:
         """The group's collectives run on a GPU (``Collective.on_gpu``)."""
+        ...
+
+    @property
+    def gpu_timed(self) -> bool:
+        """Some rank has a GPU time of some of the group's collectives (``Collective.duration_ns``): GPU timing
+        worked for the group, so an untimed one was not yet timed (see ``report.untimed``)."""
         ...
 
     def __len__(self) -> int: ...
@@ -576,6 +632,7 @@ class P2POp:
     stack_id: int | None
     source: str
     seq: int | None = None  # Flight Recorder's p2p_seq_id, where it recorded the op
+    gpu_ns: tuple[int, int] | None = None  # its kernel's (begin, end), where a profiler trace shows it
 
 
 @dataclass(frozen=True, slots=True)

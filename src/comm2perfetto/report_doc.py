@@ -8,14 +8,15 @@ layer may import it (``sources/`` too, which imports nothing above it).
 
 # No ``from __future__ import annotations`` here: with the annotations as strings, each TypedDict field is compiled
 # as a forward reference when the class is made: a millisecond more of report's and merge's start-up.
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from comm2perfetto.strenum import StrEnum
 
 __all__ = [
-    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Basis", "Clock", "CollectiveRow", "FigureKey", "Figures", "GroupRow",
-    "Instances", "JobFigures", "LatenessMap", "ModuleRow", "RankFigures", "ReportDoc", "SavedCollective",
-    "SavedFigures", "SavedModule", "SavedReport", "SavedStep", "SavedStraggler", "StepRow", "StragglerRow",
+    "FIGURES", "INSTANCE_COLUMNS", "VERSION", "Basis", "Clock", "CollectiveRow", "ExchangeRow", "FigureKey",
+    "Figures", "GroupRow", "Instances", "JobFigures", "LatenessMap", "ModuleRow", "RankFigures", "ReportDoc",
+    "SavedCollective", "SavedFigures", "SavedModule", "SavedReport", "SavedStep", "SavedStraggler", "StepRow",
+    "StragglerRow",
 ]
 
 VERSION = 1  # changes when a key changes meaning or disappears; new keys may appear
@@ -89,10 +90,10 @@ class CollectiveRow(TypedDict):
 
     op: str
     process_group: str
-    group_size: int
+    group_size: int | None  # None: not known (kernels of a library that names no group)
     count: int
     timed: int
-    bytes: int
+    bytes: int | None  # of the instances whose size is known; None where none's is
     total_s: float | None
     mean_s: float | None
     p50_s: float | None
@@ -104,6 +105,24 @@ class CollectiveRow(TypedDict):
     queue_mean_s: float | None
     group_uid: str
     instances: Instances
+
+
+class ExchangeRow(TypedDict):
+    """One (op, process group) of all-to-alls (``report.exchanges``): ``sent_bytes[a][b]`` is what ``ranks[a]``
+    sent ``ranks[b]`` over the ``covered`` collectives of ``count``."""
+
+    op: str
+    process_group: str
+    group_uid: str
+    ranks: list[int]
+    count: int
+    covered: int
+    disagreeing: int
+    sent_bytes: list[list[int]]
+    received_bytes: list[int]
+    imbalance: float | None
+    hot_ranks: list[int]
+    time_s: list[float | None]
 
 
 class StragglerRow(TypedDict):
@@ -127,6 +146,30 @@ class LatenessMap(TypedDict):
     lateness_s: list[list[float | None]]
 
 
+class LiveGroup(TypedDict):
+    """One group over the live windows (report/live_windows.py): its communication, and its compared ranks'
+    mean lateness and verdict per window (None: not known)."""
+
+    group: str
+    desc: str
+    ranks: list[int]
+    calls: int
+    bytes: int | None
+    comm_s: float | None
+    steps: int
+    comm_per_step_s: float | None
+    timed: bool
+    lateness_s: list[list[float | None]]
+    late: list[list[bool | None]]
+
+
+class LiveWindows(TypedDict):
+    every_s: float | None
+    windows: list[int]
+    groups: list[LiveGroup]
+    stragglers: list[dict[str, Any]]  # lateness.StragglerTracker's events, with their window
+
+
 class GroupRow(TypedDict):
     name: str
     desc: str
@@ -147,6 +190,7 @@ class _Report(TypedDict):
     ranks: dict[str, RankFigures]
     steps: list[StepRow]
     collectives: list[CollectiveRow]
+    all_to_all: list[ExchangeRow]
     stragglers: list[StragglerRow]
     modules: list[ModuleRow]
     lateness_map: LatenessMap
@@ -154,6 +198,7 @@ class _Report(TypedDict):
     notes: list[str]
     sampled: str | None
     clock: Clock | None
+    scope: list[int] | None  # [first, last] step every table covers (--steps); None: the whole run
 
 
 class ReportDoc(_Report, total=False):
@@ -161,6 +206,7 @@ class ReportDoc(_Report, total=False):
     (``paths``, added by ``report.document.build``)."""
 
     paths: list[str]
+    live: LiveWindows  # only where the logs hold live windows
 
 
 # --- a saved report, as compare reads it back (sources.report_json.check_report) -----------------------------

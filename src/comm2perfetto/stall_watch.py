@@ -24,40 +24,34 @@ from __future__ import annotations
 import glob
 import io
 import os
-import queue
 import re
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from typing import Any, TextIO
 
 import orjson
 
 from comm2perfetto import layout
+from comm2perfetto.hooks import HookRunner, Poller
 from comm2perfetto.processes import CPU_SAMPLE_S, cpu_time_growth, process_state
 
 EVENT_FORMAT = "comm2perfetto-stall-verdict"
 DEFAULT_HOOK_TIMEOUT_S = 30.0
 ENV_VERDICT_PATH = "COMM2PERFETTO_VERDICT"
-ENV_EVENT = "COMM2PERFETTO_EVENT"
 _SNAPSHOT = re.compile(r"^stall\.(\d+)\.json$")
 _RESOLVED = re.compile(r"^stall\.(\d+)\.resolved\.json$")
 
 
-class StallWatcher:
+class StallWatcher(Poller):
     """Polls ``out_dir`` for live snapshots on a daemon thread; ``stop()`` ends it and waits for the commands."""
 
     def __init__(self, out_dir: str, on_stall: str | None = None, hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S,
                  err: TextIO | None = None, poll_s: float = 0.5) -> None:
+        super().__init__("live verdict", "comm2perfetto-live", poll_s)
         self._out_dir = out_dir
         self._live_dir = os.path.join(out_dir, layout.LIVE_DIR)
-        self._on_stall = on_stall
-        self._hook_timeout_s = hook_timeout_s
         self._err = err if err is not None else sys.stderr
-        self._poll_s = poll_s
         self._attempt = 0
         self._handled: set[int] = set()
         self._open: set[int] = set()
@@ -67,34 +61,8 @@ class StallWatcher:
         self._shown_answered = 0
         self._folder = out_dir  # the latest attempt's folder (poll)
         self.probes: list[dict[str, Any]] = []  # what was seen of ranks that did not answer, for the job file
-        # The user's command runs on a thread of its own, one event after the other (a stall is announced
-        # before its resolution), so a slow command never holds up the watching.
-        self._hook_queue: queue.Queue[tuple[str, bytes, str] | None] = queue.Queue()
-        self._hook_thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="comm2perfetto-live", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """End the watching (after a last look: the job may have gathered a snapshot as it ended) and wait for
-        the commands still running, each at most its timeout."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.poll()
-        if self._hook_thread is not None:
-            self._hook_queue.put(None)
-            self._hook_thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.poll()
-            except Exception as exc:  # a bug here must not take record (and the job's signals) down
-                self._say(f"live verdict stopped after an internal error: {type(exc).__name__}: {exc}")
-                return
+        self._hooks = HookRunner(on_stall, hook_timeout_s, os.path.join(self._live_dir, "on-stall.log"),
+                                 "--on-stall", self._say) if on_stall else None
 
     def poll(self) -> None:
         # Under torchrun's restarts the latest attempt gathers in its own folder (layout.attempt_dir), with
@@ -189,50 +157,8 @@ class StallWatcher:
             self._say(f"stall {gen} resolved: the job went on ({path})")
         else:
             self._say(f"verdict written to {path}")
-        if self._on_stall:
-            if self._hook_thread is None:
-                self._hook_thread = threading.Thread(target=self._run_hooks, name="comm2perfetto-on-stall",
-                                                     daemon=True)
-                self._hook_thread.start()
-            self._hook_queue.put((event, data, path))
-
-    def _run_hooks(self) -> None:
-        while (item := self._hook_queue.get()) is not None:
-            self._run_hook(*item)
-
-    def _run_hook(self, event: str, data: bytes, path: str) -> None:
-        """Run the user's command with the event on stdin; kill it (and its children) after the timeout."""
-        os.makedirs(self._live_dir, exist_ok=True)
-        log_path = os.path.join(self._live_dir, "on-stall.log")
-        env = dict(os.environ, **{ENV_VERDICT_PATH: path, ENV_EVENT: event})
-        with open(log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {event}: {self._on_stall}\n".encode())
-            log.flush()
-            try:
-                assert self._on_stall is not None  # only called when --on-stall was given
-                proc = subprocess.Popen(self._on_stall, shell=True, stdin=subprocess.PIPE, stdout=log, stderr=log,
-                                        env=env, start_new_session=True)
-            except OSError as exc:
-                self._say(f"--on-stall could not start: {exc}")
-                return
-            try:
-                assert proc.stdin is not None  # stdin=PIPE
-                proc.stdin.write(data)
-                proc.stdin.close()
-            except OSError:  # the command did not read its input
-                pass
-            try:
-                status = proc.wait(timeout=self._hook_timeout_s)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-                self._say(f"--on-stall command killed after {self._hook_timeout_s:g} s (see {log_path})")
-                return
-        if status != 0:
-            self._say(f"--on-stall command exited with status {status} (see {log_path})")
+        if self._hooks is not None:
+            self._hooks.submit(event, data, {ENV_VERDICT_PATH: path})
 
     def _say(self, text: str) -> None:
         self._err.write("".join(f"comm2perfetto: {line}\n" if i == 0 else f"{line}\n"

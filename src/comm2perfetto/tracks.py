@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -42,6 +42,7 @@ from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import GroupTrack
 from comm2perfetto.sources.kineto.classify import BACKEND_ANNOTATION
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, numbered, order_numbers
+from comm2perfetto.sources.kineto.comm_kernels import family_op
 from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
 
 __all__ = ["LOG_P2P_CALLS", "SiteInterner", "fr_p2p", "joined_signature", "merge_log", "merge_traces",
@@ -226,11 +227,15 @@ def _merge_rows(track: Track | None, rows: dict[int, tuple]) -> Rows:
 
 
 def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple[int, str], str],
-                  tracks: dict[tuple[int, str], Track], notes: list[str]) -> dict[int, dict[tuple[str, int], int]]:
+                  tracks: dict[tuple[int, str], Track], notes: list[str],
+                  ungrouped: dict[int, list[TraceCollective]] | None = None) -> dict[int, dict[tuple[str, int], int]]:
     """Add each rank's profiler-trace collectives to its tracks (see the module docstring); returns the
-    kernels' end times by (group uid, seq) per rank, for the clock alignment."""
+    kernels' end times by (group uid, seq) per rank, for the clock alignment. The kernels of a library that
+    never names a group (``comm_kernels.family_op``: DeepEP's all-to-all) go to ``ungrouped``, per rank: what they
+    did is known (their family's operation), with whom is not."""
     gpu_ends: dict[int, dict[tuple[str, int], int]] = defaultdict(dict)
     no_group = untied = 0  # collectives of no named group; of those, kernels no record_param_comms is tied to
+    library: Counter[str] = Counter()  # of those, kernels of a library that launches no record_param_comms
     not_joined: set[str] = set()
     # groups some rank knows from FR or the recorder: numbers by order in a trace would not be their seqs
     recorded = {uid for (_rank, uid), track in tracks.items() if len(track)}
@@ -241,6 +246,11 @@ def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple
         for c in cols:
             uid = local.get((rank, c.pg_name)) if c.pg_name is not None else None
             if uid is None:
+                if c.pg_name is None and c.t_call_ns is None and family_op(c.family) is not None:
+                    library[c.family or ""] += 1
+                    if ungrouped is not None:
+                        ungrouped.setdefault(rank, []).append(c)
+                    continue
                 no_group += 1
                 untied += c.on_gpu and c.t_call_ns is None
                 continue
@@ -263,6 +273,10 @@ def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple
             if c.on_gpu:
                 gpu_ends[rank][(uid, seq)] = c.t_end_ns
         tracks[(rank, uid)] = _join_trace_rows(tracks.get((rank, uid)), rows)
+    only = Counter(c.pg_desc or f"group {c.pg_name}" for cols in trace_cols.values() for c in cols if c.only_group)
+    for label, count in sorted(only.items()):
+        notes.append(f"{count} collective(s) of profiler traces name no process group (no CPU op ties one to its "
+                     f"kernel): read as collectives of {label}, the only group their traces' distributedInfo lists")
     if no_group:
         why = [f"{untied} tied to no record_param_comms of the trace by External id (launched before the profiler "
                "started, or a trace that does not tie them)"] if untied else []
@@ -270,6 +284,11 @@ def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple
             why.append(f"{no_group - untied} whose record_param_comms names none either")
         notes.append(f"{no_group} collective(s) of profiler traces name no process group, so they are drawn on their "
                      f"GPU streams but not matched across ranks: {'; '.join(why)}")
+    if library:
+        notes.append(f"{sum(library.values())} kernel(s) of {', '.join(sorted(library))} (a library that launches "
+                     "no record_param_comms: its kernels name no process group and carry no sizes) are counted as "
+                     "its operation in the collectives table, each rank's on its own: not matched across ranks, and "
+                     "no per-peer sizes")
     if not_joined:
         notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
                      f"recorder records of group(s) {', '.join(sorted(not_joined))}")

@@ -92,6 +92,7 @@ def test_an_all_to_all_whose_splits_disagree_names_the_sender_and_the_rank_gloo_
     assert [(p["src"], p["dst"], p["sends"], p["expects"]) for p in f["evidence"]["pairs"]] == [
         (0, 1, 2, 3), (0, 2, 4, 3)]
     assert "rank 0 sends 2 elements to rank 1, which expects 3 from it" in f["detail"]
+    assert f["evidence"]["splits_differ"] == 0 and "Rank 0 is in every pair that disagrees" in f["detail"]
     assert doc["ranks"]["2"]["state"] == "victim"
 
 

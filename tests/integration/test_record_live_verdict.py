@@ -1,7 +1,7 @@
 """The live verdict on real 2-rank gloo jobs: while rank 0 waits in an all_reduce that rank 1 has not issued
 (it is in ``load_next_shard()``), ``comm2perfetto record`` prints who is to blame, writes the verdict and runs
-``--on-stall``, before the job ends; again when the stall resolves. Also as two nodes, each with its own
-``record`` and folder: node 0's record names the rank that runs on node 1."""
+``--on-stall``, before the job ends; again when the stall resolves (with live windows every 5 s going on). Also
+as two nodes, each with its own ``record`` and folder: node 0's record names the rank that runs on node 1."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ def test_verdict_and_hook_while_the_job_hangs_then_resolved(record_job):
     cwd = record_job.folder()
     script = record_job.write(cwd, JOB)
 
-    job = record_job.start_in(cwd, torchrun(2), record_args=["--stall-after", STALL_AFTER, "--on-stall", _hook(cwd)])
+    # With live windows every 5 s (issue 36): they go on through the hang, and change nothing of the verdict.
+    job = record_job.start_in(cwd, torchrun(2), record_args=["--stall-after", STALL_AFTER, "--on-stall", _hook(cwd),
+                                                             "--live-every", "5"])
     # The hook's file appears while the job still runs (wait_until fails if the job ends first).
     job.wait_until((cwd / "event.stall.json").exists, "the --on-stall event", timeout=JOB_TIMEOUT_S)
     result = job.finish()
@@ -86,6 +88,10 @@ def test_verdict_and_hook_while_the_job_hangs_then_resolved(record_job):
     assert "[1] missing_ranks on default_pg: all_reduce #2" in err and "culprit: 1" in err
     assert err.count("STUCK: 1 finding") == 1
     assert "resolved: the job went on" in err
+    from comm2perfetto.sources.live_window import read_window
+
+    window = read_window(result.out / "live" / "window.json")  # gathered while rank 0 waited and rank 1 slept
+    assert [r.rank for r in window.ranks] == [0, 1] and window.stragglers == ()
     # The post-mortem diagnose agrees with what was said live.
     from comm2perfetto.diagnose.diagnosis import diagnose
     from comm2perfetto.match import load_job

@@ -130,6 +130,31 @@ def test_the_loaded_job_carries_each_ranks_splits_and_list_lengths(sizes_job):
     assert [(c.op, c.objects) for c in job.logs[2].calls if c.op == "recv_object_list"] == [("recv_object_list", 2)]
 
 
+def test_report_and_trace_show_what_each_rank_sent_each_rank_to_the_byte(sizes_job, tmp_path):
+    """The report's matrix of a real dispatch, and the trace's slices of it: the uneven all_to_all_single plus
+    the even one (2 elements to each rank), and all_to_all's tensors (2 elements each), in Float's 4 bytes."""
+    from support.cli import run_cli
+
+    plot = tmp_path / "report.html"
+    ran = run_cli("report", str(sizes_job.out), "--format", "json", "--plot", str(plot))
+    assert ran.code == 0, ran.err
+    rows = {x["op"]: x for x in json.loads(ran.out)["all_to_all"]}
+    single = [[4 * (ROW * n + 2) for n in row] for row in SPLITS]
+    assert rows["all_to_all_single"]["sent_bytes"] == single
+    assert rows["all_to_all_single"]["received_bytes"] == [sum(row[d] for row in single) for d in range(3)]
+    assert (rows["all_to_all_single"]["count"], rows["all_to_all_single"]["covered"]) == (2, 2)
+    assert rows["all_to_all_single"]["hot_ranks"] == [0]  # 7 rows in, against 4 and 4
+    assert rows["all_to_all"]["sent_bytes"] == [[8, 8, 8]] * 3 and rows["all_to_all"]["imbalance"] == 1.0
+    assert all(t is not None and t > 0 for x in rows.values() for t in x["time_s"])  # the recorder timed each call
+    assert plot.read_text().count('aria-label="bytes sent per pair of ranks') == 2
+
+    trace = tmp_path / "trace.json"
+    assert run_cli("merge", str(sizes_job.out), "-o", str(trace)).code == 0
+    sent = sorted(e["args"]["bytes_to_each"] for e in json.loads(trace.read_text())["traceEvents"]
+                  if e.get("name") == "all_to_all_single" and e.get("cat") == "collective")
+    assert sent == sorted([str([4 * ROW * n for n in row]) for row in SPLITS] + ["[8, 8, 8]"] * 3)
+
+
 OP_MISMATCH = """
 import torch
 import torch.distributed as dist

@@ -174,4 +174,6 @@ def test_profiler_traces_alone_are_enough(tmp_path):
     out = json.loads(done.out)
     assert out["basis"] == "gpu" and sorted(out["ranks"]) == ["0", "1"]
     assert out["job"]["overlap_pct"] == pytest.approx(100 * 50 / 100)  # comm [50, 150] over compute [0, 100]
-    assert out["collectives"] == [] and out["stragglers"] == []
+    # the kernels name no group: of the only one the traces list, each rank's one all_reduce, begun together
+    assert [(c["op"], c["process_group"], c["count"]) for c in out["collectives"]] == [("all_reduce", "default_pg", 1)]
+    assert [(s["rank"], s["matched"], s["mean_lateness_s"]) for s in out["stragglers"]] == [(0, 1, 0.0), (1, 1, 0.0)]

@@ -10,4 +10,5 @@ tests/ on ``pythonpath``); tests/conftest.py holds only the fixtures and hooks b
 - doc_outputs.py: the docs' blocks whose outputs the docs tests check (README, examples/README.md, docs/*.md).
 - trace_scenario.py: one trace every writer writes, and what its args decode to.
 - browser.py: headless Chromium over the DevTools pipe.
+- wheel.py: the package built as a wheel, and installed into a folder of its own.
 """

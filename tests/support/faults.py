@@ -556,16 +556,19 @@ def run_spec(spec: Spec, folder: Path) -> Outcome:
 
 def _end(proc: subprocess.Popen, spec: Spec, out: Path, start: float) -> str:
     """Wait for the job. A hang the spec ends with Ctrl-C gets it (SIGINT to record) AFTER_VERDICT_S after the
-    live verdict of a stall that has not resolved (a stall the job got over, as a slow start on a loaded
-    machine, is no reason), or at INTERRUPT_DEADLINE_S without one; any job at JOB_DEADLINE_S. What outlives
-    that is killed."""
+    live verdict of a stall that has not resolved and was published after a rank reached its fault (a stall
+    before it, as a slow start on a loaded machine, is no reason: the job may be past it by then), or at
+    INTERRUPT_DEADLINE_S without one; any job at JOB_DEADLINE_S. What outlives that is killed."""
     by_user = spec.fault != "none" and spec.ending == "interrupt"
     deadline = start + (INTERRUPT_DEADLINE_S if by_user else JOB_DEADLINE_S)
     stall_seen: float | None = None
+    reached_at: float | None = None  # the wall clock (time.time) when the fault's line appeared
     while proc.poll() is None:
         now = time.monotonic()
         if by_user:
-            stalled = _last_event(out) == "stall"
+            if reached_at is None and _REACHED in (out.parent / "record.out").read_text():
+                reached_at = time.time()
+            stalled = reached_at is not None and _last_event(out) == "stall" and _written_after(out, reached_at)
             stall_seen = (stall_seen or now) if stalled else None
         if now >= deadline or (stall_seen is not None and now >= stall_seen + AFTER_VERDICT_S):
             proc.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C: record forwards it to the job
@@ -577,6 +580,15 @@ def _end(proc: subprocess.Popen, spec: Spec, out: Path, start: float) -> str:
                 return "killed"
         time.sleep(0.2)
     return "itself"
+
+
+def _written_after(out: Path, t: float) -> bool:
+    """Whether record wrote stall-verdict.json after ``t`` (time.time()): a stall after the fault is detected
+    ``--stall-after`` seconds into it, later than this poll's 0.2 s could notice the fault's line."""
+    try:
+        return (out / "stall-verdict.json").stat().st_mtime > t
+    except OSError:
+        return False
 
 
 def _last_event(out: Path) -> str | None:

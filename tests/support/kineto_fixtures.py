@@ -44,6 +44,7 @@ class KinetoDoc:
     pid: int = 4242
     device: int = 0
     base_ns: int = BASE_NS
+    more_groups: list[dict] = field(default_factory=list)  # distributedInfo.pg_config past the default group
     events: list[Any] = field(default_factory=list)
     _correlation: int = 0
 
@@ -82,7 +83,8 @@ class KinetoDoc:
             "distributedInfo": {"backend": self.backend, "rank": self.rank, "world_size": self.world_size,
                                 "pg_count": 1, "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
                                                               "pg_size": self.world_size,
-                                                              "ranks": list(range(self.world_size))}]},
+                                                              "ranks": list(range(self.world_size))},
+                                                             *self.more_groups]},
             "displayTimeUnit": "ms", "baseTimeNanoseconds": self.base_ns, "traceEvents": self.events,
         }
 
@@ -113,6 +115,8 @@ class Scene:
     garbage: list[Any] = field(default_factory=list)
 
 
+# A second process group as distributedInfo.pg_config lists it: with it, a trace lists several
+TP_GROUP = {"pg_name": "1", "pg_desc": "tp", "pg_size": 2, "ranks": [0, 1]}
 COMPUTE, COMM, MEMORY = "compute", "comm", "memory"
 COMPUTE_STREAM, NCCL_STREAM = 7, 13  # 7 < 13, but "stream 13" < "stream 7" as text: lanes sort as numbers
 
@@ -200,20 +204,23 @@ class TraceJob:
 def write_trace_job(folder: Path, world: int = 3, collectives: int = 6, seq: bool = True,
                     offsets_ns: dict[int, int] | None = None, late_rank: int = 1, start_ns: int | None = None,
                     name: str = "rank{rank}.pt.trace.json", steps: bool = True,
-                    sample: list[int] | None = None) -> TraceJob:
+                    sample: list[int] | None = None, args: bool = True,
+                    more_groups: list[dict] | None = None) -> TraceJob:
     """One NCCL trace per rank: ``collectives`` all-reduces on the default group, one per ``ProfilerStep#n``
     (n from 5), each a ``record_param_comms`` launching a kernel by ``cudaLaunchKernel``. Every rank's kernel
     of a collective ends at the same true time (NCCL finishes together); rank ``late_rank`` issues each one
     300 us after the others. Rank r's clock runs ``offsets_ns[r]`` ahead (default: r * 1.5 ms + 123 ns).
     ``start_ns``: the true time of the first step (default: TS0 after ``BASE_NS``). ``sample``: write only
-    these ranks' traces (people profile a few ranks of a large job)."""
+    these ranks' traces (people profile a few ranks of a large job). ``args=False``: the events carry no
+    collective args (torch of 2023: the kernel's name says the operation, nothing names its group).
+    ``more_groups``: ``pg_config`` entries each trace lists past the default group's."""
     base_ns = BASE_NS if start_ns is None else start_ns - int(TS0) * 1000
     folder.mkdir(parents=True, exist_ok=True)
     offsets = offsets_ns if offsets_ns is not None else {r: r * 1_500_000 + 123 * bool(r) for r in range(world)}
     paths: list[Path] = []
     ends: list[int] = []
     for rank in range(world) if sample is None else sample:
-        doc = KinetoDoc(rank=rank, world_size=world, base_ns=base_ns)
+        doc = KinetoDoc(rank=rank, world_size=world, base_ns=base_ns, more_groups=more_groups or [])
         main = doc.thread(doc.pid, "python")
         off_us = offsets[rank] / 1000
         for k in range(collectives):
@@ -227,6 +234,8 @@ def write_trace_job(folder: Path, world: int = 3, collectives: int = 6, seq: boo
                     "Out msg nelems": 1024, "dtype": "Float", "Group size": world}
             if seq:
                 comm["Seq"] = k + 1
+            if not args:
+                comm = {}
             rpc = doc.cpu(main, "record_param_comms", issue, 20.0, extra=comm)
             launch = doc.cpu(main, "cudaLaunchKernel", issue + 5.0, 5.0, cat="cuda_runtime",
                              correlation=90_000 + k)

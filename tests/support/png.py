@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from comm2perfetto.trace.preview import COLOURS, PreviewRow, preview_layout
+from comm2perfetto.trace.preview import COLOURS, WINDOW_KEY, PreviewRow, preview_layout
 
 
 @dataclass
@@ -16,6 +16,7 @@ class Png:
     width: int
     height: int
     rows: list[bytes]  # unfiltered scanlines, 3 bytes a pixel
+    text: dict[str, str] = field(default_factory=dict)  # the tEXt chunks: keyword -> text
 
     def px(self, x: int, y: int) -> tuple[int, int, int]:
         r = self.rows[y]
@@ -61,7 +62,8 @@ def read_png(path: Path) -> Png:
             line[i] = (line[i] + pred) & 0xFF
         rows.append(bytes(line))
         prev = line
-    return Png(w, h, rows)
+    text = dict(body.decode("latin-1").split("\0", 1) for kind, body in chunks if kind == b"tEXt")
+    return Png(w, h, rows, text)
 
 
 def preview_rows(img: Png, n_rows: int) -> tuple[int, int, list[list[tuple[int, int, int]]]]:
@@ -81,14 +83,18 @@ def preview_rows(img: Png, n_rows: int) -> tuple[int, int, list[list[tuple[int, 
     return plot_x, plot_w, [img.line(plot_y + i * pitch, plot_x, plot_x + plot_w) for i in range(n_rows)]
 
 
-def preview_compute_s(png: Path, trace, ranks: list[int]) -> tuple[dict[int, float], float]:
+def preview_window(img: Png) -> tuple[int, int]:
+    """The window ``[t0, t1]`` (ns) a ``merge --preview`` picture draws, as its file says (``WINDOW_KEY``)."""
+    t0, t1 = map(int, img.text[WINDOW_KEY].split())
+    return t0, t1
+
+
+def preview_compute_s(png: Path, ranks: list[int]) -> tuple[dict[int, float], float]:
     """The compute each rank's row of a ``merge --preview`` picture shows, in seconds (its compute-coloured
-    columns times a column's time), and a column's time: ``trace`` (the merged trace, decoded) gives the time the
-    picture spans, from the first to the last event of the ranks' processes, as merge drew it."""
-    events = [e for e in trace.events if trace.process_of(e).name.startswith("rank ")]
-    t0 = min(e.ts for e in events)
-    t1 = max(e.ts + (e.dur or 0) for e in events)
+    columns times a column's time), and a column's time (the window the picture says it draws, over its plot's
+    width)."""
     img = read_png(png)
+    t0, t1 = preview_window(img)
     _, plot_w, lines = preview_rows(img, len(ranks))
     column_s = (t1 - t0) / plot_w * 1e-9
     compute = {COLOURS["compute"], COLOURS["overlap"]}

@@ -250,6 +250,8 @@ def test_an_all_to_all_whose_pairs_disagree_names_the_rank_that_broke_its_splits
             "expects 3 from it") in f.detail
     assert f.evidence["pairs"] == [{"src": 0, "dst": 1, "sends": 2, "expects": 3},
                                    {"src": 0, "dst": 2, "sends": 4, "expects": 3}]
+    assert f.evidence["splits_differ"] == 0
+    assert "Rank 0 is in every pair that disagrees: its split sizes differ from its peers'." in f.detail
 
 
 def test_an_all_to_all_whose_pairs_disagree_without_history_names_suspects_only(tmp_path):
@@ -257,3 +259,24 @@ def test_an_all_to_all_whose_pairs_disagree_without_history_names_suspects_only(
     (f,) = d.findings
     assert (f.kind, f.culprit_ranks, f.suspect_ranks, f.victim_ranks) == ("size_mismatch", (), (0, 1, 2), (2,))
     assert "Nothing in the data shows which side is wrong" in f.detail
+
+
+def test_two_ranks_whose_splits_differ_leave_no_one_rank_in_every_pair(tmp_path):
+    """Ranks 0 and 1 both send uneven splits: four pairs disagree, no rank is in all of them, none is named."""
+    d = _dispatch(tmp_path, {0: [3, 2, 4], 1: [4, 3, 2], 2: [3, 3, 3]}, steps=0, dies=2)
+    (f,) = d.findings
+    assert [(p["src"], p["dst"]) for p in f.evidence["pairs"]] == [(0, 1), (0, 2), (1, 0), (1, 2)]
+    assert "splits_differ" not in f.evidence and "in every pair" not in f.detail
+
+
+def test_flight_recorders_all_to_all_lists_name_the_pair_that_disagrees(tmp_path):
+    """NCCL's Flight Recorder alone: all_to_all's one tensor per peer says what each rank sends and expects, so the
+    pair is named, not only the totals (15 elements sent, 14 received)."""
+    job = FrJob(world=2, backend="nccl")
+    for r in range(2):
+        job.collective(r, "all_to_all", [[2 + r], [5]], [[2], [3]] if r == 0 else [[4], [5]])
+    job.write(tmp_path, prefix="rank", ranks=[0, 1])
+    (f,) = diagnose(load_job([tmp_path])).findings
+    assert (f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("size_mismatch", 1, (), (0, 1))
+    assert f.evidence["pairs"] == [{"src": 0, "dst": 1, "sends": 5, "expects": 4}]
+    assert "rank 0 sends 5 elements to rank 1, which expects 4 from it" in f.detail

@@ -89,6 +89,17 @@ def test_unwritable_outputs(tmp_path):
     assert code == 2 and ".html" in err
 
 
+def test_a_kernel_no_cpu_op_enqueued_has_no_queue_delay_nor_size(tmp_path):
+    """Kernels alone (no record_param_comms in the trace, no args): the kernel's begin stands in for the rank's
+    arrival, so no queue delay is known (it read 0 s), nor any size (it read 0 B)."""
+    _traces(tmp_path / "t")
+    code, out, _ = run_cli("report", str(tmp_path / "t"), "--format", "json")
+    (row,) = json.loads(out)["collectives"]
+    assert (code, row["op"], row["count"], row["timed"], row["bytes"], row["queue_mean_s"]) == (
+        0, "all_reduce", 1, 1, None, None)
+    assert row["total_s"] == pytest.approx(100e-6)
+
+
 def test_missing_input(tmp_path):
     code, _, err = run_cli("report", str(tmp_path / "nothing"))
     assert code == 2 and "nothing" in err
@@ -102,7 +113,8 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch):
     code, _, err = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.png"))
     assert code == 2 and "comm2perfetto[plot]" in err and "Traceback" not in err
     code, _, _ = run_cli("report", str(tmp_path / "t"), "--plot", str(tmp_path / "r.html"))
-    assert code == 0 and (tmp_path / "r.html").read_text().count("<svg") == 1  # bars; no collectives to map
+    # bars, and the lateness map of the one all_reduce (its kernel, of the one group the traces list)
+    assert code == 0 and (tmp_path / "r.html").read_text().count("<svg") == 2
 
 
 def test_corrupt_truncated_and_malicious_files_are_skipped_and_named(tmp_path):

@@ -301,8 +301,9 @@ def test_ranks_the_launcher_kills_after_the_first_death_are_its_victims_not_deat
     assert d.to_json()["victim_ranks"] == [0, 2]
 
 
-def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path):
-    """Not waiting when it died: the data does not show the launcher did it, so it stays a death of its own."""
+def test_a_rank_that_dies_later_outside_any_call_is_a_suspect_not_a_second_culprit(tmp_path):
+    """Not waiting when it died, 19.6 s after rank 1 (its last record): the launcher stopping the job, or a fault
+    of its own, the data cannot tell: a suspect, never a culprit that "ended first"."""
     logs = _logs(world=3)
     logs[1].heartbeats(T0_NS + S // 2)
     logs[2].heartbeats(T0_NS + 20 * S)  # computing, outside any call, until it dies too
@@ -311,7 +312,9 @@ def test_a_rank_that_dies_later_outside_any_call_is_a_death_of_its_own(tmp_path)
     d, found, _ = _verdict(tmp_path, logs, crashed={1, 2},
                            jobs=[{"host": "node01", "ended_ns": T0_NS + 41 * S, "exit_status": 1}])
     assert d.status == "crashed" and sorted(k for k, _, _ in found) == ["rank_died", "rank_died"]
-    assert sorted(c for _, _, c in found) == [(1,), (2,)]
+    assert sorted(c for _, _, c in found) == [(), (1,)]
+    later = next(f for f in d.findings if f.suspect_ranks == (2,))
+    assert later.basis.startswith("it died 19.6 s after rank 1's failure, outside any call")
 
 
 def _died_inside(tmp_path, sizes: dict[int, list]):

@@ -40,10 +40,13 @@ def test_a_shifted_log_is_the_log_its_rank_would_have_written_on_the_other_clock
     first_call = next(r for r in records if r[0] == "b")
     t = closing[1] - 1_000_000
     # What this recording lacks: a range, a mark, warnings (one untimed), how the process was ended, an async
-    # completion, a heartbeat, a failed call.
+    # completion, a heartbeat, a failed call, a live window (its arrivals relative to its begin).
+    window = {"steps": 1, "step_ns": None, "exposed_ns": None,
+              "groups": {"0": {"issued": 1, "ops": {}, "seqs": [1], "arrivals_us": [20]}}}
     records += [["r", 900, t, "forward", 1, "nvtx"], ["q", 900, t + 10], ["m", t, "epoch", 1, "api"],
                 ["w", t, "slow disk"], ["w", None, "untimed"], ["u", t, "signal", "SIGTERM"], ["d", first_call[1], t],
-                ["h", t], [*first_call[:1], 9999, t, *first_call[3:]], ["x", 9999, t + 5, "RuntimeError: boom"]]
+                ["h", t], [*first_call[:1], 9999, t, *first_call[3:]], ["x", 9999, t + 5, "RuntimeError: boom"],
+                ["l", 7, t - 50_000, t, window]]
     kinds = set()
     original, moved = [header], [dict(header, wall_ns=header["wall_ns"] + offset)]
     for record in [*records, closing]:
@@ -52,6 +55,8 @@ def test_a_shifted_log_is_the_log_its_rank_would_have_written_on_the_other_clock
         if at is not None and isinstance(record[at], int):
             record[at] += offset
             kinds.add(record[0])
+        if record[0] == "l":  # its end, too
+            record[3] += offset
         moved.append(record)
     assert set(_TIME_AT) <= kinds  # every kind of record that carries a time
     paths = tmp_path / "original.events.jsonl", tmp_path / "moved.events.jsonl"

@@ -6,8 +6,8 @@
     launch (starts the job under record)
 
 ``layout``, ``errors``, ``_version``, ``intervals``, ``group_names``, ``processes``, ``exchange``, ``strenum``,
-``load_options``, ``report_doc`` and ``words`` are leaves every layer may use. Imports inside functions count:
-a circle there is one all the same, only deferred."""
+``load_options``, ``report_doc``, ``words`` and ``lateness`` are leaves every layer may use. Imports inside
+functions count: a circle there is one all the same, only deferred."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from support import import_graph
 
 P = import_graph.PACKAGE
 LEAVES = {f"{P}.layout", f"{P}.errors", f"{P}._version", f"{P}.intervals", f"{P}.group_names", f"{P}.processes",
-          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.words"}
+          f"{P}.exchange", f"{P}.strenum", f"{P}.load_options", f"{P}.report_doc", f"{P}.words", f"{P}.lateness"}
 # What each part may import besides itself and the leaves.
 ALLOWED = {
     "record": set(),
@@ -34,7 +34,7 @@ ALLOWED = {
     # report's notes say how a restarted job's other attempts ended: diagnose's verdict on each
     "report": {"model", "job", "match", "group_columns", "align", "sources", "diagnose"},
     "trace": {"model", "job", "match", "group_columns", "align", "sources", "diagnose", "report"},
-    "render": {"model", "job", "diagnose", "report", "compare"},
+    "render": {"model", "job", "diagnose", "report", "compare", "sources"},  # sources: the live window top shows
     "compare": {"model", "job", "match", "report", "sources"},  # a side is a saved report or what report builds
     "launch": {"record"},  # record's own process starting the job: the recorder's configuration and boot code
 }

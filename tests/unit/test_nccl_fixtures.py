@@ -264,7 +264,9 @@ def test_report_on_the_users_profiler_trace_is_on_the_gpu_basis(tmp_path):
 def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     """``userprof`` merged (the second GPU run's failure: recorder step marks hid the profiler's GPU steps; the
     watchdog-discovered ends fanned one group out over 17 lanes). A collective is drawn for its ``duration_ms``
-    from its enqueue; a send/recv and a collective without GPU time are instants at their enqueue, saying why;
+    from its enqueue; a send/recv and a collective without GPU time are instants at their enqueue, saying why
+    (the send/recv the profiler traced are drawn as their kernels:
+    ``test_the_send_recv_batches_the_profiler_traced_are_timed_by_their_kernels``);
     the profiler's ``ProfilerStep#n`` on the GPU get their track beside the recorder's steps."""
     from comm2perfetto.trace.check import check_trace
 
@@ -277,7 +279,7 @@ def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     lanes = [t.name for t in trace.tracks_of("rank 0") if t.name.startswith("default_pg")]
     assert lanes == ["default_pg"]
     drawn = [e for e in trace.events_on("default_pg", process_name="rank 0") if e.name != "coalesced"]
-    slices = {e.args["seq"]: e.dur for e in drawn if e.kind == "slice"}
+    slices = {e.args["seq"]: e.dur for e in drawn if e.kind == "slice" and e.name not in ("send", "recv")}
     assert timed and {seq: slices.get(seq) for seq in timed} == timed
     untimed = [e for e in drawn if e.kind == "instant"]
     assert {e.name for e in untimed} >= {"send", "recv"}
@@ -286,3 +288,91 @@ def test_the_merged_trace_draws_gpu_time_or_none_and_the_gpu_steps(tmp_path):
     assert gpu_steps == ["step 2", "step 3", "step 4"]
     marked = [f"step {n}" for n, _t, _source in read_event_log(DATA / "userprof" / "rank0.events.jsonl").steps]
     assert [e.name for e in trace.events_on("steps", process_name="rank 0")] == marked != []
+
+
+def test_a_group_of_one_rank_has_no_bandwidth_and_the_report_says_its_scope():
+    """``userprof`` runs on one GPU: nothing crossed a link, so no algbw/busbw (a note says why), the batched
+    send/recv to itself is a group of one with no arrival skew; its group's name is printed whole. Without
+    --steps the header and the collectives say they cover the whole run (its 22 all_reduces, not those of the
+    3 steps listed); with --steps, both say those steps."""
+    ran = run_cli("report", str(DATA / "userprof"))
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    assert lines[0] == "comm2perfetto report: 1 rank, basis gpu, the whole run (3 steps: 2-4)"
+    assert "collectives of the whole run (by total time)" in lines
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("all_reduce ", "send/recv "))}
+    all_reduces = sum(1 for e in _dump("userprof", 1)["entries"] if e["profiling_name"] == "nccl:all_reduce")
+    assert rows["all_reduce"][1:4] == ["default_pg", "1", f"4/{all_reduces}"] and all_reduces == 22
+    assert rows["all_reduce"][-3:] == rows["send/recv"][-3:] == ["-", "-", "-"]  # algbw, busbw, skew
+    assert rows["send/recv"][2] == "1"
+    assert "no algbw/busbw on default_pg: a group of one rank moves nothing over a link" in " ".join(
+        ran.out.split())
+    scoped = run_cli("report", str(DATA / "userprof"), "--steps", "2-4")
+    assert scoped.out.splitlines()[0] == "comm2perfetto report: 1 rank, basis gpu, steps 2-4"
+    assert "collectives of steps 2-4 (by total time)" in scoped.out.splitlines()
+
+
+def _notes(scenario: str) -> list[str]:
+    ran = run_cli("report", str(DATA / scenario), "--format", "json")
+    assert ran.code == 0, ran.err
+    return json.loads(ran.out)["notes"]
+
+
+def test_each_untimed_collective_says_its_own_cause():
+    """GPU timing was on in ``healthy`` (13 entries carry duration_ms): the others were not yet retired when
+    Flight Recorder dumped, and the send/recv pairs have nothing timing them; in ``notiming`` timing was off."""
+    entries = _dump("healthy", 1)["entries"]
+    untimed = [e for e in entries if not e["is_p2p"] and e["profiling_name"] != "nccl:coalesced"
+               and e.get("duration_ms") is None]
+    assert untimed and not any(e["retired"] for e in untimed)
+    pairs = sum(1 for e in entries if e["is_p2p"] and e["profiling_name"].startswith("nccl:send"))
+    (note,) = [n for n in _notes("healthy") if "have no duration" in n]
+    assert f"{len(untimed)} not yet retired when Flight Recorder last dumped" in note
+    assert f"{pairs} a send/recv on a GPU" in note and "TORCH_NCCL_ENABLE_TIMING=0" not in note
+    (off,) = [n for n in _notes("notiming") if "have no duration" in n]
+    total = sum(1 for e in _dump("notiming", 1)["entries"] if not e["is_p2p"])
+    assert off.startswith(f"{total} of {total} collectives") and off.endswith(f": {total} GPU timing was off "
+                                                                              "(recorded with --no-gpu-timing)")
+
+
+def test_the_send_recv_batches_the_profiler_traced_are_timed_by_their_kernels(tmp_path):
+    """``userprof``: 10 batched send/recv to itself, the 3 of steps 2-4 traced. Their ``SendRecv`` kernels carry
+    no External id: joined by order to the batches' ``nccl:coalesced`` annotations, they time those 3 (every
+    untimed send/recv read "no profiler trace of its kernels", which was false of those); the other 7 keep that
+    reason, now true; the merged trace draws the 3 batches' ops as their kernels."""
+    from comm2perfetto.trace.check import check_trace
+
+    (path,) = (DATA / "userprof").glob("rank0.kineto.*.json.gz")
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    kernels = sorted((round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in raw
+                     if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_SendRecv"))
+    assert len(kernels) == 3 and not any("External id" in e["args"] for e in raw
+                                         if e.get("cat") == "kernel" and "SendRecv" in e["name"])
+    base = json.loads(gzip.decompress(path.read_bytes()))["baseTimeNanoseconds"]
+    doc = json.loads(run_cli("report", str(DATA / "userprof"), "--format", "json").out)
+    (row,) = [r for r in doc["collectives"] if r["op"] == "send/recv"]
+    assert (row["count"], row["timed"]) == (10, 3)
+    assert sorted(d for d in row["instances"]["duration_s"] if d is not None) == pytest.approx(
+        sorted(dur * 1e-9 for _, dur in kernels), abs=1e-12)
+    (note,) = [n for n in doc["notes"] if "have no duration" in n]
+    assert "; 7 a send/recv on a GPU: no profiler trace of its kernels" in note
+    out = tmp_path / "job.pftrace"
+    assert run_cli("merge", str(DATA / "userprof"), "-o", str(out)).code == 0
+    p2p = [e for e in check_trace(out).events_on("default_pg", process_name="rank 0") if e.name in ("send", "recv")]
+    drawn = sorted((e.ts, e.dur) for e in p2p if e.kind == "slice")
+    assert drawn == sorted((base + ts, dur) for ts, dur in kernels for _op in ("send", "recv"))
+    assert len(p2p) - len(drawn) == 2 * 7
+
+
+def test_collectives_captured_in_a_cuda_graph_are_said_not_counted():
+    """``graph``: the 40 captured all_reduces ran at each of 5 replays, which nothing recorded; every table counts
+    the 6 issued outside the capture, and a note says how many were captured and that they are not counted."""
+    captured = sum(1 for c in _calls("graph") if c.captured)
+    ran = run_cli("report", str(DATA / "graph"), "--format", "json")
+    doc = json.loads(ran.out)
+    issued = len(_only(load_job([DATA / "graph"])))
+    assert [(r["op"], r["count"]) for r in doc["collectives"]] == [("all_reduce", issued)] and issued == 6
+    assert [(m["op"], m["count"]) for m in doc["modules"]] == [("all_reduce", issued)]
+    (note,) = [n for n in doc["notes"] if "CUDA graph" in n]
+    assert note.startswith(f"captured into a CUDA graph and not counted in any table: {captured} all_reduce on "
+                           "default_pg (rank 0)") and captured == 40

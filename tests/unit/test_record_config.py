@@ -28,13 +28,18 @@ def test_parse_step_range_errors(text, message):
 
 def test_config_round_trips_through_the_environment(tmp_path):
     config = RecordConfig(out_dir=str(tmp_path / "out"), stall_after_s=2.5, profile_steps=(3, 4), sync=True,
-                          modules=False, fr_buffer=123, run_id="run-7", live=False, gpu_timing=False)
+                          modules=False, fr_buffer=123, run_id="run-7", live=False, gpu_timing=False,
+                          live_every_s=7.5)
     env = config.to_env()
     assert RecordConfig.from_env(env) == config
     off = RecordConfig(out_dir=str(tmp_path), stall_after_s=None)
     assert off.to_env()["COMM2PERFETTO_STALL_AFTER"] == "off"
     assert RecordConfig.from_env(off.to_env()).stall_after_s is None
     assert "COMM2PERFETTO_PROFILE_STEPS" not in off.to_env()
+    no_windows = RecordConfig(out_dir=str(tmp_path), live_every_s=None)
+    assert no_windows.to_env()["COMM2PERFETTO_LIVE_EVERY"] == "off"
+    assert RecordConfig.from_env(no_windows.to_env()).live_every_s is None
+    assert RecordConfig.from_env({"COMM2PERFETTO_DIR": str(tmp_path)}).live_every_s == 60.0  # the default
 
 
 def test_relative_out_dir_is_made_absolute_for_the_ranks(tmp_path, monkeypatch):
@@ -50,4 +55,4 @@ def test_no_recording_without_an_output_folder():
 def test_header_carries_the_settings_but_not_paths(tmp_path):
     header = RecordConfig(out_dir=str(tmp_path), stall_after_s=5.0, profile_steps=(1, 2), run_id="x").as_header()
     assert header == {"stall_after_s": 5.0, "profile_steps": (1, 2), "sync": False, "modules": True,
-                      "fr_buffer": 20000, "gpu_timing": True, "live": True}
+                      "fr_buffer": 20000, "gpu_timing": True, "live": True, "live_every_s": 60.0}

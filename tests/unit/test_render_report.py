@@ -234,7 +234,7 @@ def test_fmt_number(x: float | None, text: str) -> None:
 
 def test_text_header_and_job_line() -> None:
     lines = render_text(make_doc()).splitlines()
-    assert lines[0] == "comm2perfetto report: 4 ranks, basis gpu, 3 steps (3-5)"
+    assert lines[0] == "comm2perfetto report: 4 ranks, basis gpu, the whole run (3 steps: 3-5)"
     assert lines[1] == "  data: kineto gpu kernels, flight recorder (ranks 0-3)"
     assert lines[2] == ("job: span 1.20 s, comm/compute 0.40, overlap 52.9%, exposed comm 160 ms"
                         " (times: mean per rank)")
@@ -296,14 +296,22 @@ def test_text_collectives_table() -> None:
     assert [r for r in rows][:3] == ["all_reduce", "all_gather_into_tensor", "barrier"]  # the document's order
 
 
-def test_text_collectives_fit_the_width_by_shortening_the_group() -> None:
+def test_every_table_says_the_scope_of_the_header() -> None:
+    """Without --steps the collectives cover the whole run, not just the steps listed; with it, those steps."""
+    doc = make_doc()
+    assert section(render_text(doc), "collectives")[0] == "collectives of the whole run (by total time)"
+    doc["scope"] = [3, 5]
+    text = render_text(doc)
+    assert text.splitlines()[0] == "comm2perfetto report: 4 ranks, basis gpu, steps 3-5"
+    assert section(text, "collectives")[0] == "collectives of steps 3-5 (by total time)"
+
+
+def test_text_collectives_keep_the_group_name_whole() -> None:
+    """A group's name is how a reader finds the group ("defaul.." named none): the line runs long instead."""
     doc = make_doc()
     doc["collectives"] = [dict(doc["collectives"][0], process_group="7 (a very long process group name)")]
-    text = render_text(doc, width=100)
-    assert max(len(line) for line in text.splitlines()) <= 100
-    row = section(text, "collectives")[2]
-    assert row.startswith("all_reduce  7 (a very") and ".." in row
-    assert "7 (a very long process group name)" in render_text(doc, width=200)
+    row = section(render_text(doc, width=100), "collectives")[2]
+    assert row.startswith("all_reduce  7 (a very long process group name)  ")
 
 
 def test_text_stragglers() -> None:
@@ -397,7 +405,7 @@ def test_text_empty_document() -> None:
              "steps": [], "collectives": [], "stragglers": [], "modules": [],
              "lateness_map": {"ranks": [], "collectives": [], "lateness_s": []}, "groups": {}, "notes": [],
              "sampled": None, "clock": None}
-    assert render_text(empty).splitlines()[:2] == ["comm2perfetto report: 0 ranks, basis -",
+    assert render_text(empty).splitlines()[:2] == ["comm2perfetto report: 0 ranks, basis -, the whole run",
                                                    "job: span -, comm/compute -, overlap -, exposed comm - "
                                                    "(times: mean per rank)"]
 

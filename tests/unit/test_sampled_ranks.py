@@ -12,7 +12,7 @@ import pytest
 from comm2perfetto.trace.check import check_trace
 from support.cli import run_cli
 from support.factories import steady_job
-from support.kineto_fixtures import write_trace_job
+from support.kineto_fixtures import TP_GROUP, write_trace_job
 
 
 @pytest.fixture
@@ -55,6 +55,44 @@ def test_merge_and_report_say_what_the_traces_cover_and_how_the_clocks_were_alig
     doc = json.loads(out)
     assert (doc["world_size"], doc["sampled"], doc["clock"]["samples"]) == (128, "traces", 6)
     assert doc["clock"]["method"] == {"0": "assumed", "1": "refined"}
+
+
+def test_kernels_no_event_names_a_group_for_are_the_only_groups_collectives(tmp_path):
+    """Traces of 2 of 128 ranks whose NCCL kernels carry no args (torch of 2023): diagnose said INCOMPLETE, "No
+    process group with a collective was found", exit 1, report "collectives: none", and the HTML page drew 126
+    empty rows. The kernels are the collectives of the one group each trace lists."""
+    folder = tmp_path / "traces"
+    write_trace_job(folder, world=128, sample=[0, 1], args=False)
+    code, out, _ = run_cli("diagnose", str(folder))
+    assert code == 0, out
+    assert out.startswith("OK: every collective matched on the ranks sampled"), out
+    assert "read as collectives of default_pg, the only group their traces' distributedInfo lists" in out, out
+    assert ("a sample: the collectives of ranks 0, 1 completed and matched; the other 126 rank(s) of the job left "
+            "no traces, so nothing is known of them") in " ".join(out.split()), out
+    page = tmp_path / "report.html"
+    code, out, _ = run_cli("report", str(folder), "--format", "json", "--plot", str(page))
+    assert code == 0
+    (row,) = json.loads(out)["collectives"]
+    # the kernels' sizes are unknown: no bytes, not 0 B
+    assert (row["op"], row["process_group"], row["group_size"], row["count"], row["bytes"]) == (
+        "all_reduce", "default_pg", 128, 6, None)
+    html = page.read_text()
+    assert 'class="nodata"' not in html  # the untraced ranks are not drawn as 126 empty rows
+    assert "world size 128 (a sample: traces of these ranks only; the others are not drawn)" in html
+
+
+def test_kernels_of_traces_listing_several_groups_are_said_to_be_unmatched(tmp_path):
+    """Where a trace lists several groups, a kernel naming none is no group's: diagnose says the kernels ran but
+    cannot be matched, not to check that the job issued collectives."""
+    folder = tmp_path / "traces"
+    write_trace_job(folder, world=4, sample=[0, 1], args=False, more_groups=[TP_GROUP])
+    code, out, _ = run_cli("diagnose", str(folder), "--format", "json")
+    doc = json.loads(out)
+    (finding,) = doc["findings"]
+    assert (code, finding["kind"]) == (1, "no_collectives")
+    assert finding["detail"].endswith(
+        "The profiler traces of ranks 0, 1 hold 12 communication kernels, which ran, but no event names their "
+        "process group and the traces list several: which collective each one is cannot be matched across ranks.")
 
 
 def _dumps(tmp_path, stuck: bool = False, missing: int | None = None):

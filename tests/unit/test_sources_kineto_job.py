@@ -15,6 +15,7 @@ from comm2perfetto.sources.discover import SourceError
 from comm2perfetto.sources.kineto.classify import classify_gpu
 from comm2perfetto.sources.kineto.collectives import collectives_of, op_name
 from comm2perfetto.sources.kineto.comm_kernels import comm_family
+from comm2perfetto.sources.kineto.p2p import p2p_batches
 from comm2perfetto.sources.kineto.rank import distributed_info, rank_from_trace_name
 from comm2perfetto.sources.kineto.reader import read_kineto
 from comm2perfetto.sources.kineto.steps import gpu_step_spans, launch_steps
@@ -22,7 +23,7 @@ from comm2perfetto.sources.read import load_sources
 from comm2perfetto.trace.check import check_trace
 from support.cli import run_cli
 from support.factories import T0_NS, steady_job
-from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, KinetoDoc, write_trace_job
+from support.kineto_fixtures import COMPUTE_STREAM, NCCL_STREAM, TP_GROUP, TS0, KinetoDoc, write_trace_job
 
 # --- ranks -------------------------------------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ def test_order_numbered_traces_are_not_joined_to_flight_recorder(tmp_path, fr_ra
 
 
 def test_collectives_of_a_2023_trace_and_p2p_and_wait_records():
-    doc = KinetoDoc()
+    doc = KinetoDoc(more_groups=[TP_GROUP])
     main_tid = doc.thread(doc.pid, "python")
     rpc = doc.cpu(main_tid, "record_param_comms", 0.0, 10.0)  # 2023: ids only
     doc.gpu(NCCL_STREAM, "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", 20.0,
@@ -159,8 +160,47 @@ def test_collectives_of_a_2023_trace_and_p2p_and_wait_records():
     doc.cpu(main_tid, "record_param_comms", 70.0, 1.0, extra={"Collective name": "wait", "Seq": 4})
     trace = read_kineto("x", orjson.dumps(doc.document()))
     (c,) = collectives_of([trace])
-    assert (c.op, c.pg_name, c.seq, c.on_gpu) == ("all_reduce", None, None, True)
+    assert (c.op, c.pg_name, c.seq, c.on_gpu, c.only_group) == ("all_reduce", None, None, True, False)
+    doc.more_groups = []  # the trace lists one group: a kernel naming none is that group's
+    (c,) = collectives_of([read_kineto("x", orjson.dumps(doc.document()))])
+    assert (c.op, c.pg_name, c.pg_desc, c.pg_ranks, c.only_group) == ("all_reduce", "0", "default_pg", (0, 1), True)
     assert op_name("_allgather_base", None) == "_allgather_base" and op_name(None, "sm90_gemm") == "collective"
+
+
+def _batch(doc: KinetoDoc, tid: int, t0: float, kernel_id: bool = False) -> None:
+    """One batch_isend_irecv as recent torch traces it: c10d::send, c10d::recv_, then the nccl:coalesced
+    annotation inside which the SendRecv kernel is launched; the kernel has no External id (unless
+    ``kernel_id``), the annotation's copy on the stream has the annotation's."""
+    doc.cpu(tid, "c10d::send", t0, 40.0)
+    doc.cpu(tid, "c10d::recv_", t0 + 50.0, 20.0)
+    annotation = doc.cpu(tid, "nccl:coalesced", t0 + 80.0, 50.0, cat="user_annotation")
+    kernel = doc.gpu(NCCL_STREAM, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t0 + 120.0, 3.0)
+    if not kernel_id:
+        del kernel["args"]["External id"]
+    doc.gpu(NCCL_STREAM, "nccl:coalesced", t0 + 120.0, 3.0, cat="gpu_user_annotation",
+            extra={"External id": annotation["args"]["External id"]})
+
+
+def test_send_recv_kernels_are_joined_to_their_batches_by_order_where_no_id_ties_them():
+    doc = KinetoDoc()
+    main_tid = doc.thread(doc.pid, "python")
+    for k in range(3):
+        _batch(doc, main_tid, 1000.0 * k)
+    trace = read_kineto("x", orjson.dumps(doc.document()))
+    batches = p2p_batches([trace])
+    us = [round((b.issued_ns - trace.base_time_ns) / 1000 - TS0) for b in batches]
+    assert us == [0, 1000, 2000]  # from the batch's first c10d::send
+    assert [(b.call_end_ns - b.issued_ns, b.t_end_ns - b.t_begin_ns) for b in batches] == [(130_000, 3_000)] * 3
+    assert batches[0].holds(batches[0].issued_ns + 60_000) and not batches[0].holds(batches[1].issued_ns)
+    # a kernel more than the annotations (one of a batch before the profiler started): by order, no guess
+    doc.gpu(NCCL_STREAM, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", -500.0, 3.0)
+    del doc.events[-1]["args"]["External id"]
+    assert p2p_batches([read_kineto("x", orjson.dumps(doc.document()))]) == []
+    # a kernel whose External id ties it to its annotation is joined by it, whatever the others' count
+    _batch(doc, main_tid, 3000.0, kernel_id=True)
+    doc.events[-2]["args"]["External id"] = doc.events[-3]["args"]["External id"]  # the kernel -> annotation
+    (batch,) = p2p_batches([read_kineto("x", orjson.dumps(doc.document()))])
+    assert round((batch.t_begin_ns - doc.base_ns) / 1000 - TS0) == 3120
 
 
 # --- mixed jobs, merge output ------------------------------------------------------------------------------
@@ -366,7 +406,7 @@ def test_kernels_of_no_group_are_explained_by_what_the_trace_shows(tmp_path):
     """The note said "torch before 2.2 wrote none" of any collective without a process group, also of a recent
     trace whose kernels' launching op is not in it. It now says which: a kernel no record_param_comms is tied
     to, or one whose record_param_comms names no group either."""
-    doc = KinetoDoc(rank=0, world_size=2)
+    doc = KinetoDoc(rank=0, world_size=2, more_groups=[TP_GROUP])  # several groups: the kernels are no one's
     main_tid = doc.thread(doc.pid, "python")
     doc.cpu(main_tid, "ProfilerStep#1", 0.0, 900.0, cat="user_annotation")
     # launched before the profiler started: the kernel alone, its args naming no group
@@ -382,3 +422,52 @@ def test_kernels_of_no_group_are_explained_by_what_the_trace_shows(tmp_path):
     assert "1 tied to no record_param_comms of the trace by External id" in note
     assert "1 whose record_param_comms names none either" in note
     assert "torch before" not in note
+
+
+# --- per-group Seq on record_param_comms and on NCCL kernels (pytorch PR 177148, kineto PRs 1294/1296) ----------
+
+
+def _with_seq(events: list[dict], first: int) -> list[tuple[str, int, int]]:
+    """Number the trace's collectives from ``first`` as newer torch does, with ``Seq`` on each NCCL kernel, and
+    leave out the record_param_comms that launched them; returns each (op, nelems, seq) in issue order."""
+    ops = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    launchers = {e["args"]["External id"]: e for e in events if e.get("name") == "record_param_comms"}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()),
+                     key=lambda e: launchers[e["args"]["External id"]]["ts"])
+    out = []
+    for seq, k in enumerate(kernels, first):
+        k["args"]["Seq"] = seq
+        launchers[k["args"]["External id"]]["name"] = "other_op"
+        out.append((ops[k["args"]["Collective name"]], k["args"]["In msg nelems"], seq))
+    return out
+
+
+def test_a_real_trace_with_seq_joins_flight_recorder_by_group_and_seq(tmp_path):
+    """HTA's public NCCL trace (rank 0 of 2) with the Seq newer torch writes, its window starting at collective
+    101 of a job whose dumps hold 130, and its record_param_comms left out (the window opened after they ran):
+    each kernel joins the entry of its own group and seq, not the first in order. (With the CPU ops there, the
+    same join is test_trace_collectives_join_flight_recorder_entries_by_seq's.)"""
+    data = Path(__file__).parents[1] / "data" / "kineto" / "hta_nccl_data.json.gz"
+    doc = orjson.loads(gzip.decompress(data.read_bytes()))
+    numbered = _with_seq(doc["traceEvents"], 101)
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank0.json").write_bytes(orjson.dumps(doc))
+    fr = steady_job(world=2, steps=0)
+    by_seq = {seq: (op, n) for op, n, seq in numbered}
+    t0 = doc["baseTimeNanoseconds"] + round(min(e["ts"] for e in doc["traceEvents"] if "ts" in e) * 1000)
+    for seq in range(1, 131):
+        op, n = by_seq.get(seq, ("all_reduce", 8))
+        for r in fr.ranks:
+            fr.collective(r, op, [[n]], t_ns=t0 + (seq - 101) * 1_000_000)
+    fr.write(tmp_path / "fr")
+    job = load_job([tmp_path])
+    cols = {c.seq: c for c in job.collectives["0[0,1]"]}
+    assert len(cols) == 130  # the trace's collectives are the dumps', not 21 more
+    joined = sorted(seq for seq, c in cols.items() if "fr+kineto" in c.sources)
+    assert joined == [seq for _, _, seq in numbered]
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "Seq" in e["args"]]
+    for k in kernels:
+        c = cols[k["args"]["Seq"]]
+        assert c.signatures[0].op == by_seq[k["args"]["Seq"]][0]
+        assert c.duration_ns[c.ranks.index(0)] == round(k["dur"] * 1000)  # its own kernel's time, not a neighbour's
+    assert not any("were not joined" in n for n in job.notes)

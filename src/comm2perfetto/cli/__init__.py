@@ -1,7 +1,7 @@
 """The ``comm2perfetto`` command: the only place that parses arguments, prints and picks exit codes.
 
-Each subcommand (``record``, ``merge``, ``diagnose``, ``report``, ``compare``, ``compact``, ``open``, ``demo``)
-lives in its own module here and exposes ``add_parser(subparsers)``, which registers the subcommand and sets
+Each subcommand (``record``, ``merge``, ``diagnose``, ``report``, ``compare``, ``compact``, ``open``, ``top``,
+``demo``) lives in its own module here and exposes ``add_parser(subparsers)``, which registers the subcommand and sets
 ``func`` to a ``run(args) -> int`` function; ``main`` imports only the module of the command run. A command
 that reads a job loads it with its product's preset (``load_options``, through ``reading.py``), calls the
 product's entry point (``diagnose.diagnosis.diagnose``, ``trace.write.write_trace``, ``report.document.build``,
@@ -40,7 +40,7 @@ class UserError(Comm2PerfettoError):
     one line, exit status 2, never a traceback."""
 
 
-COMMANDS = ("record", "merge", "diagnose", "report", "compare", "compact", "open", "demo")
+COMMANDS = ("record", "merge", "diagnose", "report", "compare", "compact", "open", "top", "demo")
 
 EXAMPLES = """\
 examples:
@@ -52,6 +52,7 @@ examples:
   comm2perfetto report run1 --plot run1.html
   comm2perfetto compare run1 run2 --fail-on 'exposed_comm>5%'   what changed, beyond noise; exit 1 if that did
   comm2perfetto compact run1 -o run1.c   each rank's dumps as compact columns (run it where the dumps are)
+  comm2perfetto top run1                while it records: each rank's step time, communication, lateness
 
 Each command's --help lists its options and exit statuses (2 is always a usage or input error)."""
 

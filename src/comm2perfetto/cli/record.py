@@ -15,8 +15,10 @@ from comm2perfetto.launch import child_environment, run_forwarding_signals, writ
 from comm2perfetto.record import mechanisms
 from comm2perfetto.record.config import (
     DEFAULT_FR_BUFFER,
+    DEFAULT_LIVE_EVERY_S,
     DEFAULT_STALL_AFTER_S,
     ENV_RUN_ID,
+    MIN_LIVE_EVERY_S,
     RecordConfig,
     parse_step_range,
 )
@@ -51,6 +53,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "$COMM2PERFETTO_VERDICT), e.g. 'curl -d @- https://hooks.example/...'; again when it resolves")
     p.add_argument("--on-stall-timeout", metavar="SECONDS", type=float, default=30.0,
                    help="kill the --on-stall command after this long (default 30)")
+    p.add_argument("--live-every", metavar="SECONDS", default=f"{DEFAULT_LIVE_EVERY_S:g}",
+                   help="summarise each window of this many seconds on every rank, gather them through the job's "
+                        "store and name stragglers (live/stragglers.jsonl), write live/metrics.prom and "
+                        f"live/window.json (comm2perfetto top); 'off' to disable (default {DEFAULT_LIVE_EVERY_S:g})")
+    p.add_argument("--metrics-dir", metavar="DIR2",
+                   help="write metrics.prom (Prometheus text format) here rather than in DIR/live, e.g. the folder a "
+                        "node_exporter textfile collector reads")
+    p.add_argument("--on-straggler", metavar="CMD",
+                   help="when a rank starts or stops being a straggler, run this shell command with the event's JSON "
+                        "on stdin")
+    p.add_argument("--on-straggler-timeout", metavar="SECONDS", type=float, default=30.0,
+                   help="kill the --on-straggler command after this long (default 30)")
     p.add_argument("--no-live-verdict", action="store_true",
                    help="at a stall, only dump stacks; do not gather every rank's position for a verdict while the "
                         "job hangs")
@@ -92,12 +106,29 @@ def _config_from_args(args: argparse.Namespace) -> RecordConfig:
         raise UserError("--on-stall-timeout must be positive")
     if args.on_stall and (args.no_live_verdict or stall is None):
         raise UserError("--on-stall needs the live verdict: drop --no-live-verdict and --stall-after off")
+    every = _live_every(args.live_every)
+    if every is None and (args.on_straggler or args.metrics_dir):
+        raise UserError("--on-straggler and --metrics-dir need the live windows: drop --live-every off")
+    if args.on_straggler_timeout <= 0:
+        raise UserError("--on-straggler-timeout must be positive")
     out_dir = check_out_dir(args.out or default_out_dir())
     # A run id the user (or a multi-node launcher script) set is kept: every node's `record` then writes the same.
     run_id = os.environ.get(ENV_RUN_ID) or time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid())
     return RecordConfig(out_dir=out_dir, stall_after_s=stall, profile_steps=steps, sync=args.sync,
                         modules=not args.no_modules, fr_buffer=args.fr_buffer, live=not args.no_live_verdict,
-                        gpu_timing=not args.no_gpu_timing, run_id=run_id)
+                        gpu_timing=not args.no_gpu_timing, run_id=run_id, live_every_s=every)
+
+
+def _live_every(text: str) -> float | None:
+    if text.lower() == "off":
+        return None
+    try:
+        every = float(text)
+    except ValueError:
+        raise UserError(f"--live-every {text!r}: give seconds (e.g. 60) or 'off'") from None
+    if not every >= MIN_LIVE_EVERY_S or every == float("inf"):
+        raise UserError(f"--live-every must be at least {MIN_LIVE_EVERY_S:g} seconds (or 'off')")
+    return every
 
 
 def _existing_recording(out_dir: str) -> list[str]:
@@ -135,12 +166,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
     from comm2perfetto.stall_watch import StallWatcher, stopped_ranks
+    from comm2perfetto.window_watch import WindowWatcher
 
     started = time.time_ns()
     watcher = None
     if config.live and config.stall_after_s is not None:
         watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
         watcher.start()
+    windows = None
+    if config.live_every_s is not None:
+        windows = WindowWatcher(config.out_dir, args.metrics_dir, args.on_straggler, args.on_straggler_timeout)
+        windows.start()
     probes: list[dict] = []  # ranks' processes seen at a stall or a signal (frozen ones), for diagnose
     try:
         ending = run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
@@ -148,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         if watcher is not None:
             watcher.stop()
             probes.extend(watcher.probes)
+        if windows is not None:
+            windows.stop()
     write_job_file(config, command, started, ending, probes)
     _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status

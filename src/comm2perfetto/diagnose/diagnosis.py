@@ -44,6 +44,7 @@ from comm2perfetto.diagnose.weigh import (
     caused_by_interruption,
     dead_ranks,
     died_first,
+    died_in_transfer,
     died_inside,
     frozen_findings,
     frozen_ranks,
@@ -104,6 +105,13 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
+    # Likewise a rank that died inside a send or recv whose pair differs in size or dtype.
+    for r in list(dead):
+        i = next((i for i, f in enumerate(findings) if f.kind == P2P_MISMATCH and r in f.suspect_ranks
+                  and died_in_transfer(job, r, f)), None)
+        if i is not None:
+            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
+            del dead[r]
     # A send or receive whose other side died or froze is the wait the halted rank left, not a desync.
     down = went_down(ends, dead, killed) | set(frozen)
     waits_on_halted = {id(f) for f in findings if f.kind == P2P_MISMATCH and f.ranks_missing
@@ -133,6 +141,10 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
                                 stall=_unexplained(job))
     if status == Status.INTERRUPTED:
         notes.append(f"the job was interrupted ({_signals_text(job, ends)}); no communication problem before that")
+    if status == Status.OK and job.sampled and job.world_size:
+        others = job.world_size - len(job.ranks_with_data)
+        notes.append(f"a sample: the collectives of {ranks_text(job.ranks_with_data)} completed and matched; the other "
+                     f"{others} rank(s) of the job left no {job.sampled}, so nothing is known of them")
     return Diagnosis(
         status=status, world_size=job.world_size, ranks_with_data=job.ranks_with_data,
         findings=tuple(findings), skipped=job.skipped, notes=tuple(notes), clock=job.clock,

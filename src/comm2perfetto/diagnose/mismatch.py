@@ -27,6 +27,7 @@ from comm2perfetto.model import (
     GroupView,
     Signature,
     op_family,
+    peer_elements,
 )
 from comm2perfetto.words import ranks_text
 
@@ -154,9 +155,11 @@ MAX_PAIRS_TOLD = 4
 
 
 def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> Finding | None:
-    """Ranks that disagree on what passes between them, where the recorder logged it: an all-to-all whose rank A
+    """Ranks that disagree on what passes between them, where the recorder logged it (or Flight Recorder's
+    ``all_to_all`` lists show it, one tensor per peer: ``model.peer_elements``): an all-to-all whose rank A
     sends k elements to B while B expects j from A (gloo aborts the one that receives more than it expects, the
-    other may return with wrong data), or an object collective whose ranks pass lists of different lengths.
+    other may return with wrong data), and the rank in every such pair where there is one (its splits are the
+    ones that differ), or an object collective whose ranks pass lists of different lengths.
     Which side is wrong is read from each rank's history, as for other mismatches; otherwise the ranks of the
     pairs that disagree are suspects."""
     members = sorted(c.group.ranks)
@@ -164,11 +167,12 @@ def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> F
     sigs = {r: sig for r, sig in zip(c.ranks, c.signatures) if sig is not None}
     pairs: list[tuple[int, int, int, int]] = []  # (A, B, A sends to B, B expects from A)
     if op_family(c.op) == "all_to_all":
-        for a, sa in sigs.items():
-            for b, sb in sigs.items():
-                if sa.exchange is None or sb.exchange is None:
+        sides = {r: peer_elements(sig, len(members)) for r, sig in sigs.items()}
+        for a, xa in sides.items():
+            for b, xb in sides.items():
+                if xa is None or xb is None:
                     continue
-                sent, expected = sa.exchange.sends_to(where[b]), sb.exchange.expects_from(where[a])
+                sent, expected = xa.sends_to(where[b]), xb.expects_from(where[a])
                 if sent is not None and expected is not None and sent != expected:
                     pairs.append((a, b, sent, expected))
         if not pairs:
@@ -180,6 +184,13 @@ def exchange_mismatch(job: Job, c: Collective, cols: GroupView, index: int) -> F
         detail = f"The ranks of {c.group.label} disagree on what {c.op} #{c.seq} moves between them: {told}."
         involved = sorted({r for a, b, _, _ in pairs for r in (a, b)})
         evidence: dict[str, Any] = {"pairs": [{"src": a, "dst": b, "sends": k, "expects": j} for a, b, k, j in pairs]}
+        # One rank in every pair that disagrees, with two or more pairs: the others agree among themselves, so
+        # its splits are the ones that differ (which side is wrong is still read from the histories below)
+        common = set.intersection(*({a, b} for a, b, _, _ in pairs))
+        if len(pairs) > 1 and len(common) == 1:
+            (odd,) = common
+            detail += f" Rank {odd} is in every pair that disagrees: its split sizes differ from its peers'."
+            evidence["splits_differ"] = odd
     else:
         lengths = {r: sig.objects for r, sig in sigs.items() if sig.objects is not None}
         if len(set(lengths.values())) < 2 or op_family(c.op) not in ("broadcast", "all_gather", "gather", "scatter"):

@@ -44,7 +44,9 @@ def p2p_findings(job: Job, group: ProcessGroup, notes: list[str]) -> list[Findin
         if tr.matched:
             assert tr.send is not None and tr.recv is not None
             a, b = tr.send.signature.input_sizes, tr.recv.signature.input_sizes
-            if a is not None and b is not None and numel(a) != numel(b):
+            da, db = tr.send.signature.input_dtypes, tr.recv.signature.input_dtypes
+            # gloo moves bytes: another dtype is another size (and aborts the receiver), as numel's differing is
+            if (a is not None and b is not None and numel(a) != numel(b)) or (da and db and da != db):
                 bad.append((tr, "size"))
             continue
         other = tr.dst if tr.send is not None else tr.src
@@ -76,7 +78,7 @@ def p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fin
             f"{tr.send.signature.describe()} but the matching recv expects {tr.recv.signature.describe()}: "
             "which side is wrong cannot be told from the pair."
         )
-        action = "Make the sender's and the receiver's tensors the same size."
+        action = "Make the sender's and the receiver's tensors the same size and dtype."
     elif tr.send is not None:
         culprits = (tr.dst,)
         detail = (
@@ -112,7 +114,7 @@ def p2p_finding(job: Job, group: ProcessGroup, tr: P2PTransfer, why: str) -> Fin
         culprit_ranks=culprits, suspect_ranks=suspects, detail=detail, action=action, call_sites=sites,
         stacks={r: s for r in culprits + suspects if (s := stall_stack(job, r))},
         evidence=evidence, t_ns=p2p_time(tr),
-        basis="the sizes of a matched send and recv differ" if suspects else
+        basis="the sizes or dtypes of a matched send and recv differ" if suspects else
               f"Flight Recorder and the recorder see every send and recv; rank {culprits[0]} has no record of its side",
     )
 

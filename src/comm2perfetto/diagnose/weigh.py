@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any
 
 from comm2perfetto.diagnose.endings import DIED, EXCEPTION, FROZEN, PEER_LOST, RUNNING, SIGNALLED, UNKNOWN, RankEnd
@@ -25,6 +26,7 @@ from comm2perfetto.diagnose.findings import (
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
 from comm2perfetto.job import Job
 from comm2perfetto.model import NOT_DONE_STATES, Collective, ProcessGroup
+from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
 from comm2perfetto.words import duration, ranks_text
 
 # Ranks of one job get an interrupting signal at slightly different moments (0.1 to 1.5 s apart seen under
@@ -167,7 +169,10 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
         dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
     everyone = len(dead) == len(ends)
     killed = teardown(job, ends, dead)
-    if dead and everyone and not killed and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
+    # Every rank gone, none by an exception: killed at once from outside, unless the launcher itself failed (a
+    # worker failed and it stopped the rest; which one, dead_ranks tells where the data can).
+    if dead and everyone and not killed and not launcher_failed(job) \
+            and all(e.how in (DIED, UNKNOWN) for e in dead.values()):
         latest = max(e.t_ns or 0 for e in dead.values())
         first = {r: e for r, e in dead.items()
                  if job.ranks[r].heartbeats and e.t_ns is not None and e.t_ns < latest - DEATH_GAP_NS}
@@ -188,24 +193,59 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     When one worker fails, torchrun stops the others (SIGTERM, which kills a rank blocked in a collective at
     once, then SIGKILL after its grace period): a rank that died inside a call (waiting, for the failed rank
     or for one its failure held up) no earlier than a rank that died outside any call, or raised (also on a
-    lost connection or a timeout), was ended by that failure, not by a fault of its own. Only where `record`'s
+    lost connection or a timeout), was ended by that failure, not by a fault of its own. A rank whose
+    C++-issued collectives nothing shows is never the first failure: where it was when it stopped is unknown
+    (``dead_ranks`` makes a later death outside any call a suspect). Only where `record`'s
     job file says the launcher itself failed (a non-zero exit status, no signal forwarded to it); without such a
     failure (every dead rank died inside a call, as when the whole job is killed), nothing is taken."""
-    if not any(isinstance(j.get("exit_status"), int) and j["exit_status"] != 0 and not j.get("signal")
-               for j in job.jobs):
+    if not launcher_failed(job):
         return {}  # the launcher did not report a failure it saw itself (no job file, or a signal ended the job)
     # Inside a call, but not one every rank had joined: that one may have aborted the rank itself (died_inside).
     inside = {r for r, e in dead.items() if e.how == DIED and _inside_a_call(job, r) and died_inside(job, r) is None}
-    failed = [e.t_ns for r, e in dead.items() if r not in inside and e.t_ns is not None]
-    # A rank that raised on a lost connection or a timeout failed too: the launcher stops the rest after it.
-    failed += [e.t_ns for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None]
+    # A log that stops outside any call it saw, on a rank whose C++-issued collectives (DDP's) no dump shows, may
+    # have stopped inside one of those: gloo aborting it on a size mismatch, or the launcher killing it while it
+    # waited. Neither its failure nor its being killed is shown: it orders nothing.
+    unseen = {r for r, e in dead.items() if e.how == DIED and r not in inside and calls_unseen(job, r)}
+    failed = [e.t_ns for r, e in dead.items() if r not in inside | unseen and e.t_ns is not None]
+    # A rank that raised on a lost connection or a timeout failed too: the launcher stops the rest after it;
+    # but a connection lost after a rank's death is that death's doing, not a failure before it.
+    deaths = [e.t_ns for e in dead.values() if e.how == DIED and e.t_ns is not None]
+    failed += [e.t_ns for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None
+               and all(e.t_ns < t - HEARTBEAT_SLACK_NS for t in deaths)]
     if not failed:
         return {}
     first = min(failed)
-    out = {r: dead[r] for r in sorted(inside) if (t := dead[r].t_ns) is not None and t >= first - HEARTBEAT_SLACK_NS}
+    out = {r: dead[r] for r in sorted(inside | unseen)
+           if (t := dead[r].t_ns) is not None and t >= first - HEARTBEAT_SLACK_NS}
     for rank in out:
         del dead[rank]
     return out
+
+
+def launcher_failed(job: Job) -> bool:
+    """Whether `record`'s job file says the launcher failed by itself: a non-zero exit status, no signal
+    forwarded to it (torchrun exits 1 when a worker failed, after stopping the others)."""
+    return any(isinstance(j.get("exit_status"), int) and j["exit_status"] != 0 and not j.get("signal")
+               for j in job.jobs)
+
+
+def calls_unseen(job: Job, rank: int) -> bool:
+    """Whether ``rank`` issued collectives nothing recorded: its log's sequence numbers on a group skip some
+    (collectives issued from C++, DDP's or FSDP's, which only Flight Recorder sees; #1 is the first a group
+    has) and no Flight Recorder dump of the rank was read. The log then cannot tell whether the rank was inside
+    a call when it stopped."""
+    log = job.logs.get(rank)
+    if log is None or any(cov.has_fr for (r, _), cov in job.coverage.items() if r == rank):
+        return False
+    seen: dict[int, list[int]] = {}
+    for call in log.calls:
+        if call.seq is not None and call.peer is None:
+            seen.setdefault(call.gid, []).append(call.seq)
+    for seqs in seen.values():
+        seqs.sort()
+        if seqs[0] > 1 or any(b - a > 1 for a, b in pairwise(seqs)):
+            return True
+    return False
 
 
 def _inside_a_call(job: Job, rank: int) -> bool:
@@ -250,6 +290,17 @@ def died_inside(job: Job, rank: int) -> Collective | None:
     return None
 
 
+def died_in_transfer(job: Job, rank: int, f: Finding) -> bool:
+    """Whether a dead rank's log ends inside the send or recv of ``f`` (a pair whose sizes or dtypes differ,
+    so gloo may have aborted it), with no exception of its own."""
+    log = job.logs.get(rank)
+    if log is None or not log.calls or log.endings:
+        return False
+    call = log.calls[-1]
+    pair = (f.evidence.get("src"), f.evidence.get("dst"))
+    return call.t_return_ns is None and call.peer is not None and rank in pair and call.peer in pair
+
+
 def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, RankEnd],
                ends: Mapping[int, RankEnd], findings: list[Finding],
                killed: Mapping[int, RankEnd] | None = None,
@@ -265,6 +316,7 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     # can precede its death by up to a heartbeat, so which died first (and took the others down) is not known.
     together = (len(dead) > 1 and len(times) == len(dead) and max(times) - min(times) <= HEARTBEAT_SLACK_NS
                 and all(e.how == DIED for e in dead.values()))
+    first_rank, first_end = None, None
     for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
@@ -273,6 +325,15 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
         out, p2p = _waits_on(out, rank)
         explained = explained or (p2p[0] if p2p else None)
         f = _rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None, (inside or {}).get(rank))
+        if n and f.culprit_ranks and first_end is not None and first_end.t_ns is not None and end.t_ns is not None \
+                and end.t_ns > first_end.t_ns + HEARTBEAT_SLACK_NS:
+            # Alive well after the first failure, then gone outside any call: the launcher stopping the job, or a
+            # fault of its own; nothing recorded tells which.
+            f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
+                        basis=f"it died {duration(end.t_ns - first_end.t_ns)} after rank {first_rank}'s failure, "
+                              "outside any call: the launcher stopping the job, or a fault of its own, cannot be told")
+        if n == 0:
+            first_rank, first_end = rank, end
         if together and f.culprit_ranks:
             f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
                         basis=f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of each "
@@ -497,6 +558,13 @@ def no_collectives(job: Job, groups: Sequence[ProcessGroup]) -> Finding:
         cause = (" `record` forwarded SIGTERM to the job before any Flight Recorder dump was written: what DDP and "
                  "FSDP issue from C++ is only in Flight Recorder, and SIGTERM ends a rank at once, as it would "
                  "without the recorder, with no dump (Ctrl-C, SIGINT, lets the recorder dump first).")
+    kernels = {rank: n for rank, traces in job.traces.items()
+               if (n := sum(e.on_gpu and ALL_COMM_KERNELS.search(e.name) is not None
+                            for t in traces for e in t.comm_events))}
+    if not cause and kernels:
+        cause = (f" The profiler traces of {ranks_text(sorted(kernels))} hold {sum(kernels.values())} communication "
+                 "kernels, which ran, but no event names their process group and the traces list several: which "
+                 "collective each one is cannot be matched across ranks.")
     detail = f"{what}: nothing was checked, so nothing can be called healthy.{cause}"
     return Finding(
         kind=NO_COLLECTIVES, process_group="", group_uid="", seq=None, op=None, ranks_joined=(),

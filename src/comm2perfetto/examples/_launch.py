@@ -1,7 +1,7 @@
 """Shared launcher of the examples: run under torchrun, or spawn ``--nproc N`` ranks here.
 
-The examples import it as ``from _launch import launch``: Python puts a script's own folder first on
-``sys.path``, under ``torchrun examples/x.py`` and ``python examples/x.py`` alike.
+The examples import it from the package (``comm2perfetto.examples._launch``), so that each runs the same as a
+module (``python -m comm2perfetto.examples.x``) from any install and as a script of a checkout.
 """
 
 from __future__ import annotations

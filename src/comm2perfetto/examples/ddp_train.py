@@ -7,7 +7,7 @@ The data are random tensors, so nothing is downloaded and a run takes a few seco
 Run it either way::
 
     torchrun --nproc_per_node 2 examples/ddp_train.py [--epochs E] [--steps S] [--batch B]
-    python examples/ddp_train.py --nproc 2            # spawns the ranks itself
+    python -m comm2perfetto.examples.ddp_train --nproc 2            # spawns the ranks itself
 
 and under the recorder::
 
@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from _launch import launch
+from comm2perfetto.examples._launch import launch
 
 WARMUP_STEPS = 5  # steps left out of the step-time figures: first calls allocate and build DDP buckets
 

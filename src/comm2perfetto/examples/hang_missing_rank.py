@@ -10,7 +10,7 @@ waiting ranks' pending all-reduce triggers a job-wide stack dump, and the culpri
 ``load_next_shard`` instead of a collective.
 
     torchrun --nproc_per_node 2 examples/hang_missing_rank.py --hang-seconds 5
-    python examples/hang_missing_rank.py --nproc 2 --hang-seconds 5
+    python -m comm2perfetto.examples.hang_missing_rank --nproc 2 --hang-seconds 5
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from _launch import launch
+from comm2perfetto.examples._launch import launch
 
 GOOD_STEPS = 3  # all-reduces every rank completes before the culprit wanders off
 TIMEOUT_MARGIN_S = 100  # the process group outlives the hang by this much, so the wait never times out

@@ -9,7 +9,7 @@ The recorder's job here is that nothing is lost: the event log of the aborted ra
 with the shapes each rank passed, so ``comm2perfetto diagnose`` can name the mismatch.
 
     torchrun --nproc_per_node 2 examples/shape_mismatch.py
-    python examples/shape_mismatch.py --nproc 2
+    python -m comm2perfetto.examples.shape_mismatch --nproc 2
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from _launch import launch
+from comm2perfetto.examples._launch import launch
 
 GOOD_STEPS = 3  # all-reduces on which the ranks still agree
 SHAPE = (256,)

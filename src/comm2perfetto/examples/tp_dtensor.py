@@ -11,7 +11,7 @@ Each step runs under torch's ``CommDebugMode``, which counts the collectives per
 "backward" -> op -> count), to compare with what comm2perfetto records.
 
     torchrun --nproc_per_node 2 examples/tp_dtensor.py [--steps S] [--comm-counts FILE]
-    python examples/tp_dtensor.py --nproc 2            # spawns the ranks itself
+    python -m comm2perfetto.examples.tp_dtensor --nproc 2            # spawns the ranks itself
 
 and under the recorder::
 
@@ -37,7 +37,7 @@ except ModuleNotFoundError as missing:  # it imports numpy, which torch (and the
     raise SystemExit(f"tp_dtensor.py: torch's CommDebugMode needs {missing.name}, which is not installed: "
                      f"pip install {missing.name}") from None
 
-from _launch import launch
+from comm2perfetto.examples._launch import launch
 
 
 class MLPModule(nn.Module):

@@ -11,7 +11,13 @@ import time
 
 from comm2perfetto.errors import OptionError
 from comm2perfetto.record import state
-from comm2perfetto.record.config import DEFAULT_FR_BUFFER, DEFAULT_STALL_AFTER_S, RecordConfig
+from comm2perfetto.record.config import (
+    DEFAULT_FR_BUFFER,
+    DEFAULT_LIVE_EVERY_S,
+    DEFAULT_STALL_AFTER_S,
+    MIN_LIVE_EVERY_S,
+    RecordConfig,
+)
 from comm2perfetto.record.nvtx import range
 
 __all__ = ["check_out_dir", "default_out_dir", "disable", "enable", "range", "step"]
@@ -44,18 +50,22 @@ def check_out_dir(path: str) -> str:
 
 def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_STALL_AFTER_S,
            profile_steps: tuple[int, int] | None = None, sync: bool = False, modules: bool = True,
-           fr_buffer: int = DEFAULT_FR_BUFFER, gpu_timing: bool = True) -> str:
+           fr_buffer: int = DEFAULT_FR_BUFFER, gpu_timing: bool = True,
+           live_every: float | None = DEFAULT_LIVE_EVERY_S) -> str:
     """Record this process's communication into ``out_dir`` (what ``comm2perfetto record`` does for you).
 
     Call it before ``init_process_group`` to also get the largest Flight Recorder buffer and NCCL's GPU timing
     (both are read when the first process group is created); after it works too, recording starts at once,
-    and a warning says what Flight Recorder ring is in effect. Returns the output folder.
+    and a warning says what Flight Recorder ring is in effect. ``live_every``: the live windows' length in
+    seconds (record's ``--live-every``), None for none. Returns the output folder.
 
     >>> import comm2perfetto
     >>> comm2perfetto.enable("c2p-run", stall_after=30)   # doctest: +SKIP
     """
     from comm2perfetto.record import bootstrap, flight, mechanisms, session
 
+    if live_every is not None and not live_every >= MIN_LIVE_EVERY_S:
+        raise OptionError(f"live_every={live_every!r}: give at least {MIN_LIVE_EVERY_S:g} seconds, or None")
     out_dir = check_out_dir(out_dir or default_out_dir())
     unsupported = mechanisms.unsupported_torch()
     if unsupported is not None:  # the job runs on, unrecorded
@@ -70,7 +80,8 @@ def enable(out_dir: str | None = None, *, stall_after: float | None = DEFAULT_ST
                           sync=sync, modules=modules,
                           # after init_process_group the ring has its size: the dump schedule follows it
                           fr_buffer=flight.ring_in_effect(os.environ) if started else fr_buffer,
-                          gpu_timing=gpu_timing, run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""))
+                          gpu_timing=gpu_timing, run_id=os.environ.get("COMM2PERFETTO_RUN_ID", ""),
+                          live_every_s=live_every)
     session.configure(config)
     bootstrap.install_hooks()
     if started and dist is not None:

@@ -18,9 +18,12 @@ ENV_FR_BUFFER = "COMM2PERFETTO_FR_BUFFER"
 ENV_RUN_ID = "COMM2PERFETTO_RUN_ID"
 ENV_LIVE = "COMM2PERFETTO_LIVE"
 ENV_GPU_TIMING = "COMM2PERFETTO_GPU_TIMING"
+ENV_LIVE_EVERY = "COMM2PERFETTO_LIVE_EVERY"
 ENV_FAULT = "COMM2PERFETTO_TEST_FAULT"  # tests only: raise inside the recorder to prove training survives
 
 DEFAULT_STALL_AFTER_S = 60.0
+DEFAULT_LIVE_EVERY_S = 60.0
+MIN_LIVE_EVERY_S = 2.0  # the watchdog ticks every second: a window needs a few ticks to be gathered
 # Flight Recorder keeps a ring of this many entries per process. 20000 entries cost a few tens of MB and,
 # with dumps every half ring, leave a long job's history complete.
 DEFAULT_FR_BUFFER = 20000
@@ -49,6 +52,9 @@ class RecordConfig:
     Recorder has each collective's GPU duration."""
     live: bool = True
     """At a stall, gather every rank's position through the job's store for the live verdict (record/live.py)."""
+    live_every_s: float | None = DEFAULT_LIVE_EVERY_S
+    """Summarise each window of this many seconds into the log and gather the job's windows through the store
+    for live stragglers and metrics (record/window.py, record/gather.py). None: off."""
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -60,6 +66,7 @@ class RecordConfig:
             ENV_RUN_ID: self.run_id,
             ENV_LIVE: "1" if self.live else "0",
             ENV_GPU_TIMING: "1" if self.gpu_timing else "0",
+            ENV_LIVE_EVERY: "off" if self.live_every_s is None else repr(self.live_every_s),
         }
         if self.profile_steps is not None:
             env[ENV_PROFILE_STEPS] = f"{self.profile_steps[0]}-{self.profile_steps[1]}"
@@ -72,6 +79,7 @@ class RecordConfig:
         if not out_dir:
             return None
         stall = env.get(ENV_STALL_AFTER, "")
+        every = env.get(ENV_LIVE_EVERY, "")
         steps = env.get(ENV_PROFILE_STEPS)
         return cls(
             out_dir=out_dir,
@@ -83,6 +91,7 @@ class RecordConfig:
             run_id=env.get(ENV_RUN_ID, ""),
             live=env.get(ENV_LIVE, "1") == "1",
             gpu_timing=env.get(ENV_GPU_TIMING, "1") == "1",
+            live_every_s=None if every == "off" else float(every or DEFAULT_LIVE_EVERY_S),
         )
 
     def as_header(self) -> dict:

@@ -391,6 +391,7 @@ class Recorder:
         self._fault_at = os.environ.get(ENV_FAULT)
         self.faulted = False
         self.flight: FlightRecorderDumps | None = None  # set by session
+        self.clock: tuple[int, int] | None = None  # (offset_ns, rtt_ns) once clock.py measured it (session)
         self.cwd = os.getcwd()
 
     @property

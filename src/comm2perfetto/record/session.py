@@ -198,13 +198,23 @@ def start(config: RecordConfig, pg: Any) -> None:
         _consider_fallback(pg)
     profiler.install()
     if store is not None:
-        _parts["clock"] = clock.start(store, rank, world_size, lambda offset, rtt: rec.log.write(["o", offset, rtt]))
+        _parts["clock"] = clock.start(store, rank, world_size, functools.partial(_clock_measured, rec))
     live = None
     if store is not None and config.live and config.stall_after_s is not None:
         from comm2perfetto.record.live import LiveVerdict
 
         live = LiveVerdict(rec, store, out_dir, world_size, _int_env("LOCAL_RANK"))
-    watchdog = Watchdog(rec, store, config.stall_after_s, out_dir, live=live)
+    windows = None
+    if config.live_every_s is not None:
+        from comm2perfetto.record.gather import WindowExchange
+        from comm2perfetto.record.window import WindowSummaries
+
+        exchange = None
+        if store is not None:
+            exchange = WindowExchange(rec, store, world_size, config.live_every_s, config.out_dir,
+                                      socket.gethostname(), attempt)
+        windows = WindowSummaries(rec, config.live_every_s, exchange, config.out_dir)
+    watchdog = Watchdog(rec, store, config.stall_after_s, out_dir, live=live, windows=windows)
     watchdog.start()
     _parts["watchdog"] = watchdog
     _install_exit_handlers()
@@ -240,6 +250,12 @@ def stop(reason: str, wait: bool = True) -> None:
     rec.log.write(["z", time.time_ns(), time.monotonic_ns(), reason])
     rec.log.close()
     rec.release_groups()
+
+
+def _clock_measured(rec: Recorder, offset_ns: int, rtt_ns: int) -> None:
+    """The clock measurement's result (on its thread): into the log, and for the window summaries."""
+    rec.clock = (offset_ns, rtt_ns)
+    rec.log.write(["o", offset_ns, rtt_ns])
 
 
 def _master_endpoint() -> str | None:

@@ -51,6 +51,7 @@ class Group(Protocol):
     desc: str
     ranks: list[int]
     p2p_consumed: int  # the group's sequence numbers that its point-to-point ops took on gloo
+    cpu: bool  # every backend of the group runs on the CPU: a synchronous call's return is its completion
 
     @property
     def seq_counter(self) -> Callable[[], int] | None: ...
@@ -75,6 +76,11 @@ class RecorderView(RankLog, Protocol):
 
     @property
     def flight(self) -> FlightView | None: ...
+
+    @property
+    def clock(self) -> tuple[int, int] | None:
+        """This rank's start-up clock measurement (clock.py), ``(offset_ns, rtt_ns)``, once it reported."""
+        ...
 
     @property
     def internal_roots(self) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ from comm2perfetto.record import capture
 if TYPE_CHECKING:
     from comm2perfetto.record.live import LiveVerdict
     from comm2perfetto.record.view import RecorderView
+    from comm2perfetto.record.window import WindowSummaries
 
 GEN_KEY = "comm2perfetto/stall_gen"
 STALL_KEY = "comm2perfetto/stall/{}"
@@ -45,10 +46,12 @@ JOIN_TIMEOUT_S = 5.0  # a tick takes milliseconds; a store call can wait longer,
 
 class Watchdog:
     def __init__(self, recorder: RecorderView, store: Any, stall_after_s: float | None, out_dir: str,
-                 interval_s: float = 1.0, live: LiveVerdict | None = None) -> None:
+                 interval_s: float = 1.0, live: LiveVerdict | None = None,
+                 windows: WindowSummaries | None = None) -> None:
         self._recorder = recorder
         self._store = store
         self._live = live if store is not None else None
+        self._windows = windows
         # Stalls this rank detected whose trigger has not completed yet: cid, or the Flight Recorder item
         # ((kind, pg_id, counter), seq) for an operation the patch layer does not see -> its stall generation.
         self._open_stalls: dict[Any, int] = {}
@@ -75,6 +78,8 @@ class Watchdog:
         self._stop.set()
         if wait and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
+        if wait and self._windows is not None and not self._thread.is_alive():
+            self._window_step(self._windows.close)  # the last, partial window into the log
         if wait and self._live is not None and not self._thread.is_alive():
             # A last look, as the rank stops: a stall whose call completed a moment ago is told resolved (the
             # ticks that would have said so do not come). Best effort: the store may be gone already.
@@ -104,6 +109,8 @@ class Watchdog:
             # because its process died, not because it still runs.
             self._last_heartbeat_ns = now
             rec.log.write(["h", now])
+        if self._windows is not None:
+            self._window_step(self._windows.tick)
         if capture.active:  # Flight Recorder's dumps and status query CUDA events: not during a capture
             return
         if rec.flight is not None:
@@ -136,6 +143,15 @@ class Watchdog:
         except Exception as exc:
             self._live = None
             self._recorder.warn(f"live verdict off after an error: {type(exc).__name__}: {exc}"[:500])
+
+    def _window_step(self, step: Any) -> None:
+        """Run one step of the window summaries. A failure there (the store gone, a full disk) turns them off on
+        this rank with one warning; the stall detection, the live verdict and training go on."""
+        try:
+            step()
+        except Exception as exc:
+            self._windows = None
+            self._recorder.warn(f"live windows off after an error: {type(exc).__name__}: {exc}"[:500])
 
     def _check_resolved(self) -> None:
         """Tell the live verdict when a stall this rank detected is over: its call completed."""

@@ -158,11 +158,11 @@ def _row(line: Line, with_what: bool) -> list[str]:
             change_text(line), interval_text(line), str(line["verdict"]), context_text(line)]
 
 
-def _table(lines: Sequence[Line], with_what: bool, width: int) -> list[str]:
+def _table(lines: Sequence[Line], with_what: bool) -> list[str]:
     header = [*(["what"] if with_what else []), "metric", "BASE", "NEW", "change", "interval", "verdict", ""]
     aligns = ("<" if with_what else "") + "<>>>><<"
     rows: list[Row] = [_row(line, with_what) for line in lines]
-    return table(header, rows, aligns, width=width)  # nothing cut: a long line loses nothing
+    return table(header, rows, aligns)  # nothing cut: a long line loses nothing
 
 
 def headline(doc: Doc) -> str:
@@ -200,15 +200,15 @@ def _header(doc: Doc, width: int) -> list[str]:
     return lines
 
 
-def _job_section(lines: Sequence[Line], width: int, per_step: bool) -> list[str]:
+def _job_section(lines: Sequence[Line], per_step: bool) -> list[str]:
     job = [line for line in lines if line["section"] == "job"]
     if not job:
         return []
     title = "job (median per step)" if per_step else "job (whole run: one value per side)"
-    return [title, *_table(job, False, width)]
+    return [title, *_table(job, False)]
 
 
-def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[str]:
+def _changes_section(section: str, lines: Sequence[Line]) -> list[str]:
     mine = [line for line in lines if line["section"] == section]
     shown = [line for line in mine if line["verdict"] != "unchanged"]
     if not mine:
@@ -220,14 +220,14 @@ def _changes_section(section: str, lines: Sequence[Line], width: int) -> list[st
     unknown = sum(1 for line in shown if line["verdict"] == "unknown")
     others = [f"{quiet} unchanged"] * bool(quiet) + [f"{unknown} unknown"] * bool(unknown)
     return [f"{title}: {len(shown) - unknown} of {_lines(len(mine))} changed"
-            + (f" ({', '.join(others)})" if others else ""), *_table(shown, True, width)]
+            + (f" ({', '.join(others)})" if others else ""), *_table(shown, True)]
 
 
 def _lines(n: int) -> str:
     return f"{n} line{'s' if n != 1 else ''}"
 
 
-def _steps_section(doc: Doc, width: int) -> list[str]:
+def _steps_section(doc: Doc) -> list[str]:
     steps: Sequence[Mapping[str, Any]] = doc.get("steps") or []
     if not steps:
         return []
@@ -240,7 +240,7 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
         hidden = len(rows) - 2 * STEPS_EACH_END
         rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
     header = ["BASE step", "NEW step", "step time", "NEW", "exposed comm", "NEW"]
-    return ["steps side by side (job values, means over ranks)", *table(header, rows, ">" * 6, width=width)]
+    return ["steps side by side (job values, means over ranks)", *table(header, rows, ">" * 6)]
 
 
 def _notes(doc: Doc, width: int) -> list[str]:
@@ -260,9 +260,9 @@ def render_text(doc: Doc, *, width: int = 120) -> str:
     """The whole comparison as text, sections separated by blank lines, ending with a newline."""
     lines: Sequence[Line] = doc.get("lines") or []
     per_step = bool((doc.get("base") or {}).get("steps")) and bool((doc.get("new") or {}).get("steps"))
-    sections = [_header(doc, width), _job_section(lines, width, per_step),
-                *(_changes_section(s, lines, width) for s in SECTION_TITLES),
-                _steps_section(doc, width), _notes(doc, width), textwrap.wrap(legend_text(doc), width)]
+    sections = [_header(doc, width), _job_section(lines, per_step),
+                *(_changes_section(s, lines) for s in SECTION_TITLES),
+                _steps_section(doc), _notes(doc, width), textwrap.wrap(legend_text(doc), width)]
     text = "\n\n".join("\n".join(line.rstrip() for line in s) for s in sections if s)
     return text + "\n"
 

@@ -13,7 +13,9 @@ Takes the plain dict (see :mod:`comm2perfetto.report.document`) and nothing else
 - ``.html``: one self-contained page (no script, no stylesheet or font to fetch, so it opens offline on a
   cluster node): a header saying what it covers (:func:`header_facts`: folder, ranks, steps, basis, clocks),
   the job summary, both charts as inline SVG drawn here, the per-rank and per-step tables (the text's), the
-  collectives, stragglers and modules tables, and the notes. In the SVG, a bar segment is a
+  collectives table, each all-to-all's per-peer bytes as a heat map (sender by row, receiver by column; a
+  ``<rect class="cell">`` per pair, its tooltip the exact bytes) with each rank's totals, the stragglers and
+  modules tables, and the notes. In the SVG, a bar segment is a
   ``<rect class="seg KIND">`` (only the non-zero segments are drawn), a heat-map cell a ``<rect class="cell">``
   (horizontal runs of one colour are one rect), a legend swatch a ``<rect class="swatch">``, a rank without
   data a ``<rect class="nodata">``; each rank's ``<g class="rank">`` has a ``<title>`` tooltip with its
@@ -21,7 +23,8 @@ Takes the plain dict (see :mod:`comm2perfetto.report.document`) and nothing else
 - ``.png`` / ``.svg``: the same two charts drawn with matplotlib (the ``plot`` extra), imported only here,
   under the page's title (:func:`plot_title`).
 
-Ranks of the job that left no data (the document's ``world_size`` past its ranks) get a grey bar, "no data".
+Ranks of the job that left no data (the document's ``world_size`` past its ranks) get a grey bar, "no data";
+not those a sample left out (``sampled``: traces of 2 of 128 ranks): they were never meant to have any.
 
 Example::
 
@@ -44,16 +47,20 @@ from comm2perfetto.errors import Comm2PerfettoError
 from comm2perfetto.render.report_text import (
     MISSING,
     TIME_COLUMNS,
+    exchange_notes,
+    exchange_title,
     fmt_bytes,
     fmt_int,
     fmt_number,
     fmt_pct,
     fmt_ratio,
     fmt_time,
+    live_event_lines,
+    live_rows,
     rank_sort_key,
     time_cells,
 )
-from comm2perfetto.report_doc import Figures, LatenessMap, ReportDoc
+from comm2perfetto.report_doc import ExchangeRow, Figures, LatenessMap, LiveWindows, ReportDoc
 from comm2perfetto.words import document_clock_text, ranks_text
 
 __all__ = ["SUFFIXES", "PlotDependencyError", "header_facts", "plot_title", "render_html",
@@ -87,6 +94,8 @@ MAX_PITCH = 18.0
 PLOT_H = 720.0  # rows shrink to fit this height, down to one px each
 LABEL_MIN_GAP = 11.0
 COLLECTIVE_LABEL_CHARS = 24
+EXCHANGE_W = 480.0  # an all-to-all matrix's side, at most
+MAX_HEAT_RANKS = 128  # ranks of an all-to-all matrix drawn (a rect per cell); the JSON has every one
 
 
 
@@ -137,6 +146,8 @@ def header_facts(doc: ReportDoc) -> list[tuple[str, str]]:
     world = doc["world_size"]
     with_data = ranks_text(sorted(ranks, key=rank_sort_key)) if ranks else "none"
     of = f" of world size {world}" if isinstance(world, int) and world > 0 else ""
+    if doc["sampled"] and of:
+        of += f" (a sample: {doc['sampled']} of these ranks only; the others are not drawn)"
     sources = sorted({s for r in ranks.values() for s in r["sources"] or ()})
     steps = doc["steps"]
     return [
@@ -149,10 +160,11 @@ def header_facts(doc: ReportDoc) -> list[tuple[str, str]]:
 
 
 def missing_ranks(doc: ReportDoc) -> list[str]:
-    """The ranks of the job (its world size) that are not in the document: they left no data."""
+    """The ranks of the job (its world size) that are not in the document: they left no data. None of a sample:
+    its other ranks were not traced, which is no fault of theirs."""
     world = doc["world_size"]
     ranks = doc["ranks"]
-    if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS:
+    if not isinstance(world, int) or world <= len(ranks) or world > MAX_NO_DATA_RANKS or doc["sampled"]:
         return []
     return [str(r) for r in range(world) if str(r) not in ranks]
 
@@ -365,8 +377,9 @@ def _heat_legend(top: float, x: float, y: float) -> list[str]:
     return parts
 
 
-def heatmap_svg(lateness_map: LatenessMap) -> str | None:
-    """The lateness heat map as one ``<svg>`` element; None when the map is empty."""
+def heatmap_svg(lateness_map: LatenessMap, label: str = "lateness per rank and collective") -> str | None:
+    """The lateness heat map as one ``<svg>`` element; None when the map is empty. Its columns are collectives,
+    or the live windows (``live_heatmaps``)."""
     ranks: Sequence[Any] = lateness_map["ranks"]
     names: Sequence[str] = [str(n) for n in lateness_map["collectives"]]
     values: Sequence[Sequence[float | None]] = lateness_map["lateness_s"]
@@ -392,7 +405,71 @@ def heatmap_svg(lateness_map: LatenessMap) -> str | None:
                            f' transform="rotate(-90 {_num(x)} {_num(labels_y)})"'))
     parts.append(_text(8, y0 - 6, "rank"))
     longest = max(len(_short(n)) for n in names)
-    return _svg(CHART_W, labels_y + CHAR_W * longest + 8, "lateness per rank and collective", parts)
+    return _svg(CHART_W, labels_y + CHAR_W * longest + 8, label, parts)
+
+
+def live_heatmaps(live: LiveWindows) -> list[str]:
+    """Per group, its ranks' mean lateness in each live window (the columns: seconds after the first began)."""
+    first, every = (live["windows"] or [0])[0], live["every_s"] or 0
+    names = [f"+{(w - first) * every:g} s" for w in live["windows"]]
+    out = []
+    for g in live["groups"]:
+        svg = heatmap_svg({"ranks": g["ranks"], "collectives": names, "lateness_s": g["lateness_s"]},
+                          f"lateness per rank and live window on {g['desc'] or g['group']}")
+        if svg is not None:
+            out += [f"<h3>{_e(g['desc'] or g['group'])}</h3>", svg]
+    return out
+
+
+def _bytes_legend(top: int, x: float, y: float) -> list[str]:
+    """``bytes 0 [bins] <top>``; each bin's tooltip gives its range."""
+    parts = [_text(x, y + 11, "bytes 0")]
+    x += CHAR_W * 7 + 6
+    for level in range(HEAT_LEVELS):
+        parts.append(_rect(x, y, 22, 14, level_colour(level), "swatch",
+                           f"{fmt_bytes(top * level / HEAT_LEVELS)} to {fmt_bytes(top * (level + 1) / HEAT_LEVELS)}"))
+        x += 22
+    parts.append(_text(x + 6, y + 11, fmt_bytes(top)))
+    return parts
+
+
+def exchange_svg(x: ExchangeRow) -> str | None:
+    """One all-to-all matrix as a heat map: a row per sender, a column per receiver, each cell's colour the
+    bytes it sent there (``<rect class="cell">``, its tooltip the exact bytes); None past
+    :data:`MAX_HEAT_RANKS` ranks or when nothing was counted."""
+    ranks, sent = x["ranks"], x["sent_bytes"]
+    if not x["covered"] or not ranks or len(ranks) > MAX_HEAT_RANKS:
+        return None
+    top = max(max(row) for row in sent)
+    n = len(ranks)
+    cell = max(min(MAX_PITCH * 2, EXCHANGE_W / n), 1.0)
+    x0, y0 = GUTTER, LEGEND_H + 4 + AXIS_H
+    parts = _bytes_legend(top, GUTTER, 6)
+    every = label_every(n, cell)
+    for a, (sender, row) in enumerate(zip(ranks, sent)):
+        for b, value in enumerate(row):
+            parts.append(_rect(x0 + b * cell, y0 + a * cell, cell, cell, level_colour(heat_level(value, top)),
+                               "cell", f"rank {sender} -> rank {ranks[b]}: {fmt_bytes(value)} ({value:,} bytes)"))
+        if a % every == 0:
+            parts.append(_text(x0 - 6, y0 + a * cell + cell / 2 + 4, str(sender), "end"))
+    for b in range(0, n, every):
+        parts.append(_text(x0 + (b + 0.5) * cell, y0 - 6, str(ranks[b]), "middle"))
+    parts.append(_text(8, y0 - 6, "from \\ to"))
+    legend_w = CHAR_W * (7 + len(fmt_bytes(top))) + 12 + 22 * HEAT_LEVELS
+    return _svg(x0 + max(n * cell, legend_w) + RIGHT_MARGIN, y0 + n * cell + 8,
+                f"bytes sent per pair of ranks, {x['op']}", parts)
+
+
+def _exchange_section(x: ExchangeRow) -> list[str]:
+    """A matrix's heading, heat map and per-rank totals (the text's rows, without the matrix)."""
+    header = ["rank", "sent", "received", "time"]
+    rows = [[str(r), fmt_bytes(sum(x["sent_bytes"][a])), fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])]
+            for a, r in enumerate(x["ranks"])]
+    svg = exchange_svg(x)
+    parts = [f"<h3>{_e(exchange_title(x))}</h3>", *(f'<p class="note">{_e(n)}</p>' for n in exchange_notes(x))]
+    if svg is None and x["covered"]:
+        parts.append(f'<p class="note">the matrix of {len(x["ranks"]):,} ranks is in the JSON report</p>')
+    return [*parts, svg or "", _html_table(header, rows)]
 
 
 def _short(name: str) -> str:
@@ -496,8 +573,24 @@ def render_html(doc: ReportDoc) -> str:
         "CPU enqueue)</p>" if _queued(doc) else "",
         _collectives_table(doc) if doc["collectives"] else '<p class="note">none</p>',
     ]
+    exchanges = doc.get("all_to_all") or []
+    if exchanges:
+        body += ["<h2>All-to-all per peer</h2>",
+                 '<p class="note">bytes each rank (row) sent to each rank (column) over the collectives counted; '
+                 "time: each rank's own in them (nothing times a pair)</p>"]
+        body += [part for x in exchanges for part in _exchange_section(x)]
     if doc["stragglers"]:
         body += ["<h2>Stragglers</h2>", _stragglers_table(doc)]
+    live = doc.get("live")
+    if live is not None:
+        header, rows = live_rows(live)
+        body += ["<h2>Live windows</h2>",
+                 '<p class="note">what each rank\'s recorder summed up every --live-every seconds: communication '
+                 "per group, and each rank's mean lateness at its group's collectives in each window (late: beyond "
+                 "the window's noise, docs/live.md)</p>",
+                 _html_table(header, rows, text_columns=1), *live_heatmaps(live),
+                 "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in live_event_lines(live)) + "</ul>"
+                 if live["stragglers"] else ""]
     if doc["modules"]:
         body += ["<h2>Collectives per module</h2>", _modules_table(doc)]
     if doc["notes"]:

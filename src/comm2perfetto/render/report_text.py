@@ -3,7 +3,8 @@
 Takes the plain dict and nothing else. Sections, in order: a header (rank count, basis, steps, where the data
 came from) and the job summary line; the per-rank table (with a job row of means; over
 :data:`MAX_RANKS_SHOWN` ranks, only the :data:`RANKS_EACH_END` worst and best by exposed communication); the
-per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; stragglers; the module
+per-step table (the middle elided past :data:`MAX_STEPS_SHOWN` steps); collectives; the all-to-all matrices
+(bytes per sender and receiver); stragglers; the module
 tree; notes. Times, sizes and rank lists are worded as in every view (:mod:`comm2perfetto.words`:
 ``12.3 ms``, ``2.00 KiB``, ``ranks 0-3, 5``), bandwidth in GB/s with 3 significant digits, and a missing value
 prints as ``-``. Same dict, same text; no trailing whitespace.
@@ -28,11 +29,20 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from comm2perfetto.report_doc import CollectiveRow, FigureKey, Figures, ModuleRow, RankFigures, ReportDoc
+from comm2perfetto.report_doc import (
+    CollectiveRow,
+    ExchangeRow,
+    FigureKey,
+    Figures,
+    LiveWindows,
+    ModuleRow,
+    RankFigures,
+    ReportDoc,
+)
 from comm2perfetto.words import document_clock_text, duration, ranks_text, size, three_digits
 
-__all__ = ["MISSING", "TIME_COLUMNS", "fmt_bytes", "fmt_int", "fmt_number", "fmt_pct", "fmt_ratio", "fmt_time",
-           "rank_sort_key", "render_text", "table", "time_cells"]
+__all__ = ["MISSING", "TIME_COLUMNS", "exchange_notes", "exchange_title", "fmt_bytes", "fmt_int", "fmt_number",
+           "fmt_pct", "fmt_ratio", "fmt_time", "rank_sort_key", "render_text", "table", "time_cells"]
 
 MISSING = "-"
 MAX_RANKS_SHOWN = 32
@@ -41,7 +51,7 @@ MAX_STEPS_SHOWN = 12
 STEPS_EACH_END = 5
 MAX_COLLECTIVES_SHOWN = 30
 MAX_STRAGGLERS_SHOWN = 10
-MIN_ELASTIC_WIDTH = 8  # a shrunk text column keeps at least this many characters
+MAX_MATRIX_SHOWN = 16  # ranks of an all-to-all matrix drawn in full; past it, each rank's totals
 PASS_LABELS: dict[str | None, str] = {"forward": "FORWARD PASS", "backward": "BACKWARD PASS",
                                       None: "OUTSIDE FORWARD AND BACKWARD"}
 
@@ -96,31 +106,14 @@ def rank_sort_key(rank: str | int) -> tuple[int, int | str]:
 # --- tables -------------------------------------------------------------------------------------------------
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 2, 1)] + ".."
-
-
-def table(header: Sequence[str], rows: Sequence[Row], aligns: str, *, width: int,
-          elastic: Sequence[int] = ()) -> list[str]:
-    """Aligned columns, two spaces apart; ``aligns`` has one ``<`` or ``>`` per column.
-
-    When the table is wider than ``width`` and cutting the ``elastic`` columns (text, in that order) down to
-    :data:`MIN_ELASTIC_WIDTH` (or their header) makes it fit, they are cut with ``..``; when even that would
-    not fit, nothing is cut: a long line loses nothing, a cut one that still wraps would lose both ways.
-    """
+def table(header: Sequence[str], rows: Sequence[Row], aligns: str) -> list[str]:
+    """Aligned columns, two spaces apart; ``aligns`` has one ``<`` or ``>`` per column. Nothing is cut to fit a
+    width (a cut name names nothing: "defaul.."): a wide table's lines run long."""
     cells = [list(r) for r in rows if not isinstance(r, str)]
     widths = [max(len(c[i]) for c in [list(header), *cells]) for i in range(len(header))]
-    excess = sum(widths) + 2 * (len(widths) - 1) - width
-    floors = {i: max(MIN_ELASTIC_WIDTH, len(header[i])) for i in elastic}
-    if 0 < excess <= sum(max(widths[i] - floor, 0) for i, floor in floors.items()):
-        for i, floor in floors.items():
-            give = min(excess, max(widths[i] - floor, 0))
-            widths[i] -= give
-            excess -= give
 
     def line(values: Sequence[str]) -> str:
-        padded = (_clip(v, w).ljust(w) if a == "<" else _clip(v, w).rjust(w)
-                  for v, w, a in zip(values, widths, aligns))
+        padded = (v.ljust(w) if a == "<" else v.rjust(w) for v, w, a in zip(values, widths, aligns))
         return "  ".join(padded).rstrip()
 
     return [line(header)] + [r if isinstance(r, str) else line(r) for r in rows]
@@ -154,10 +147,7 @@ def _header(doc: Doc) -> list[str]:
     sampled = f" (a sample: {doc['sampled']} of {ranks_text(ranks)})" if doc["sampled"] else ""
     head = (f"comm2perfetto report: {count}{of} rank{'s' if count != 1 or of else ''}{sampled}, "
             f"basis {doc['basis'] or MISSING}")
-    steps = [s["step"] for s in doc["steps"]]
-    numbered = [s for s in steps if isinstance(s, int)]
-    if numbered:
-        head += f", {len(steps)} step{'s' if len(steps) != 1 else ''} ({min(numbered)}-{max(numbered)})"
+    head += f", {scope_text(doc)}"
     lines = [head]
     by_sources: dict[tuple[str, ...], list[str]] = {}
     for rank in sorted(ranks, key=rank_sort_key):
@@ -174,6 +164,20 @@ def _header(doc: Doc) -> list[str]:
     return lines
 
 
+def scope_text(doc: Doc) -> str:
+    """What every table covers: ``steps 2-4`` (``--steps``), or ``the whole run`` and the steps it recorded
+    (``the whole run (3 steps: 2-4)``): a steps table alone never narrows the others."""
+    scope = doc.get("scope")
+    if scope:
+        first, last = scope
+        return f"steps {first}-{last}" if last > first else f"step {first}"
+    steps = [s["step"] for s in doc["steps"]]
+    numbered = [s for s in steps if isinstance(s, int)]
+    if not numbered:
+        return "the whole run"
+    return f"the whole run ({len(steps)} step{'s' if len(steps) != 1 else ''}: {min(numbered)}-{max(numbered)})"
+
+
 def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str], list[str]]:
     """(ranks to show in order, those left out, those without an exposed-comm value)."""
     ordered = sorted(ranks, key=rank_sort_key)
@@ -187,7 +191,7 @@ def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str
     return known[:RANKS_EACH_END] + known[-RANKS_EACH_END:], known[RANKS_EACH_END:-RANKS_EACH_END], unknown
 
 
-def _ranks_section(doc: Doc, width: int) -> list[str]:
+def _ranks_section(doc: Doc) -> list[str]:
     ranks = doc["ranks"]
     if not ranks:
         return ["ranks: none"]
@@ -205,13 +209,13 @@ def _ranks_section(doc: Doc, width: int) -> list[str]:
             rows.append(f"  ... {len(hidden)} ranks in between")
     rows.append(["job", *([doc["basis"] or MISSING] if mixed else []), *time_cells(doc["job"])])
     aligns = ">" + ("<" if mixed else "") + ">" * len(TIME_COLUMNS)
-    lines = [title, *table(header, rows, aligns, width=width)]
+    lines = [title, *table(header, rows, aligns)]
     if unknown:
         lines.append(f"  no values for {ranks_text(unknown)}")
     return lines
 
 
-def _steps_section(doc: Doc, width: int) -> list[str]:
+def _steps_section(doc: Doc) -> list[str]:
     steps = doc["steps"]
     if not steps:
         return []
@@ -221,7 +225,7 @@ def _steps_section(doc: Doc, width: int) -> list[str]:
         rows = [*rows[:STEPS_EACH_END], f"  ... {hidden} steps in between", *rows[-STEPS_EACH_END:]]
     header = ["step", *(h for h, _, _ in TIME_COLUMNS)]
     return ["steps (job values: times are means over ranks)",
-            *table(header, rows, ">" * len(header), width=width)]
+            *table(header, rows, ">" * len(header))]
 
 
 def _count_cell(c: CollectiveRow) -> str:
@@ -229,7 +233,7 @@ def _count_cell(c: CollectiveRow) -> str:
     return fmt_int(count) if timed is None or timed == count else f"{fmt_int(timed)}/{fmt_int(count)}"
 
 
-def _collectives_section(doc: Doc, width: int) -> list[str]:
+def _collectives_section(doc: Doc) -> list[str]:
     collectives = doc["collectives"]
     if not collectives:
         return ["collectives: none"]
@@ -251,12 +255,57 @@ def _collectives_section(doc: Doc, width: int) -> list[str]:
               "  algbw = bytes / transfer time, busbw = algbw x the nccl-tests factor, both in GB/s"]
     if queued:
         legend.append("  on a GPU, times are its kernels; queue: mean of (first kernel begin - CPU enqueue)")
-    return ["collectives (by total time)",
-            *table(header, rows, "<<" + ">" * (len(header) - 2), width=width, elastic=(1,)),
+    return [f"collectives of {scope_text(doc).split(' (')[0]} (by total time)",
+            *table(header, rows, "<<" + ">" * (len(header) - 2)),  # the group's name whole
             *legend]
 
 
-def _stragglers_section(doc: Doc, width: int) -> list[str]:
+def _all_to_all_section(doc: Doc) -> list[str]:
+    lines: list[str] = []
+    for x in doc.get("all_to_all") or []:
+        lines.extend(["", *_exchange_lines(x)] if lines else _exchange_lines(x))
+    return lines
+
+
+def exchange_title(x: ExchangeRow) -> str:
+    """``all_to_all_single on default_pg (4 ranks): 3 of 3 collectives, imbalance 1.67 (hot: rank 2)``."""
+    title = (f"{x['op']} on {x['process_group']} ({len(x['ranks'])} ranks): {fmt_int(x['covered'])} of "
+             f"{fmt_int(x['count'])} collectives")
+    if x["imbalance"] is not None:
+        title += f", imbalance {fmt_number(x['imbalance'])}"
+    if x["hot_ranks"]:
+        title += f" (hot: {ranks_text(x['hot_ranks'])})"
+    return title
+
+
+def exchange_notes(x: ExchangeRow) -> list[str]:
+    """What a matrix leaves out, in the text's and the page's words."""
+    notes = []
+    if x["disagreeing"]:
+        notes.append(f"{fmt_int(x['disagreeing'])} collective(s) left out: their ranks disagree on the split sizes "
+                     "(diagnose names the pair)")
+    if not x["covered"]:
+        notes.append("no collective counted: the per-peer sizes are known only from the recorder's split sizes or "
+                     "Flight Recorder's all_to_all lists")
+    return notes
+
+
+def _exchange_lines(x: ExchangeRow) -> list[str]:
+    """One (op, group)'s per-peer bytes: the matrix (sender by row, receiver by column) and each rank's totals,
+    or the totals alone past :data:`MAX_MATRIX_SHOWN` ranks."""
+    ranks, sent = x["ranks"], x["sent_bytes"]
+    full = len(ranks) <= MAX_MATRIX_SHOWN
+    header = ["from \\ to" if full else "rank", *([str(r) for r in ranks] if full else []), "sent", "received",
+              "time"]
+    rows: list[Row] = [[str(r), *([fmt_bytes(b) for b in sent[a]] if full else []), fmt_bytes(sum(sent[a])),
+                        fmt_bytes(x["received_bytes"][a]), fmt_time(x["time_s"][a])] for a, r in enumerate(ranks)]
+    legend = ["  row: the sender, column: the receiver, over the collectives counted; time: each rank's own in "
+              "them (nothing times a pair)", *(f"  {n}" for n in exchange_notes(x))]
+    return [f"all-to-all per peer: {exchange_title(x)}",
+            *table(header, rows, "<" + ">" * (len(header) - 1)), *legend]
+
+
+def _stragglers_section(doc: Doc) -> list[str]:
     stragglers = doc["stragglers"]
     if not stragglers:
         return []
@@ -268,7 +317,44 @@ def _stragglers_section(doc: Doc, width: int) -> list[str]:
         rows.append([fmt_int(s["rank"]), fmt_int(matched), fmt_int(last), fmt_pct(share),
                      fmt_time(s["mean_lateness_s"]), fmt_time(s["p99_lateness_s"])])
     title = "stragglers (last = collectives this rank arrived at last; late = arrival - earliest arrival)"
-    return [title, *table(header, rows, ">" * len(header), width=width)]
+    return [title, *table(header, rows, ">" * len(header))]
+
+
+def live_rows(live: LiveWindows) -> tuple[list[str], list[list[str]]]:
+    """The live windows' table, one row per group: its communication over the run, and its ranks late in
+    more than half of the windows with a verdict (text and HTML)."""
+    header = ["group", "calls", "bytes", "comm", "comm/step", "steps", "late in windows"]
+    rows = []
+    for g in live["groups"]:
+        late = []
+        for rank, verdicts, lateness in zip(g["ranks"], g["late"], g["lateness_s"]):
+            known = [(v, x) for v, x in zip(verdicts, lateness) if v is not None]
+            n_late = sum(1 for v, _ in known if v)
+            if n_late * 2 > len(known):
+                mean = sum(x for v, x in known if v and x is not None) / n_late
+                late.append(f"rank {rank}: {n_late} of {len(known)} ({fmt_time(mean)})")
+        rows.append([g["desc"] or g["group"], fmt_int(g["calls"]), fmt_bytes(g["bytes"]), fmt_time(g["comm_s"]),
+                     fmt_time(g["comm_per_step_s"]), fmt_int(g["steps"]), "; ".join(late) or "none"])
+    return header, rows
+
+
+def live_event_lines(live: LiveWindows) -> list[str]:
+    """One line per straggler event, its window as seconds after the first window's start."""
+    first, every = (live["windows"] or [0])[0], live["every_s"] or 0
+    return [f"+{(e['window'] - first + 1) * every:g} s: rank {e['rank']} "
+            f"{'became' if e['event'] == 'start' else 'no longer'} a straggler of {e['group_desc'] or e['group']} "
+            f"(mean lateness {fmt_time(e['mean_lateness_s'])}, last at {fmt_pct(100 * e['last_share'])} of its "
+            "collectives)" for e in live["stragglers"]]
+
+
+def _live_section(doc: Doc) -> list[str]:
+    live = doc.get("live")
+    if live is None:
+        return []
+    header, rows = live_rows(live)
+    every = f"every {live['every_s']:g} s, " if live["every_s"] else ""
+    title = f"live windows ({every}{len(live['windows'])} windows, from the recorder's logs; late: docs/live.md)"
+    return [title, *table(header, rows, "<" + ">" * 5 + "<"), *live_event_lines(live)]
 
 
 # --- module tree --------------------------------------------------------------------------------------------
@@ -373,10 +459,12 @@ def render_text(doc: Doc, *, width: int = 100) -> str:
     """The whole report as text, sections separated by blank lines, ending with a newline."""
     sections = [
         _header(doc),
-        _ranks_section(doc, width),
-        _steps_section(doc, width),
-        _collectives_section(doc, width),
-        _stragglers_section(doc, width),
+        _ranks_section(doc),
+        _steps_section(doc),
+        _collectives_section(doc),
+        _all_to_all_section(doc),
+        _stragglers_section(doc),
+        _live_section(doc),
         _modules_section(doc),
         _notes_section(doc, width),
     ]

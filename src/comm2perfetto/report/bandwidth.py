@@ -21,8 +21,9 @@ For one collective (a process group's seq, across its ranks), its time is its GP
 
 ``algbw = S / transfer time`` and ``busbw = algbw x factor`` with nccl-tests' factors for ``n`` ranks in the
 group (nccl-tests doc/PERFORMANCE.md): all_reduce ``2(n-1)/n``; all_gather, reduce_scatter, all_to_all,
-gather, scatter ``(n-1)/n``; broadcast, reduce, send/recv ``1``. Sums run over the collectives with a known
-transfer time: gloo's Flight Recorder has no completion times, so DDP's collectives on gloo are counted
+gather, scatter ``(n-1)/n``; broadcast, reduce, send/recv ``1``; none where ``n`` is 1: a group of one rank (or
+a send/recv to itself) moves nothing over a link (``report.document`` notes why). Sums run over the collectives
+with a known transfer time: gloo's Flight Recorder has no completion times, so DDP's collectives on gloo are counted
 (``count``) but only the recorder's calls are timed (``timed``). The collectives of one group on one GPU
 stream run one after another, so their durations on one rank never add up to more than the span they ran in.
 
@@ -34,14 +35,23 @@ takes them from here so that each figure is computed once.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from comm2perfetto.intervals import NS
 from comm2perfetto.job import Job
-from comm2perfetto.model import Collective, Signature, gpu_backend, op_family, span_timing, tensor_bytes
+from comm2perfetto.model import (
+    NOT_DONE_STATES,
+    Collective,
+    Signature,
+    gpu_backend,
+    op_family,
+    span_timing,
+    tensor_bytes,
+)
+from comm2perfetto.report.untimed import CPU_NO_END, NOT_DONE, P2P_ON_GPU, untimed_reason
 from comm2perfetto.report_doc import CollectiveRow, Instances
 
 _Number = TypeVar("_Number", int, float)
@@ -78,10 +88,11 @@ def message_bytes(sig: Signature, n: int) -> int | None:
 
 @dataclass
 class _Row:
-    group_size: int = 0
+    group_size: int | None = 0  # None: not known (kernels that name no group)
     count: int = 0
     timed: int = 0
-    bytes: int = 0
+    bytes: int = 0  # of the instances whose size is known (``sized``); the report says None while none is
+    sized: int = 0  # instances whose size is known
     timed_bytes: int = 0
     transfer_ns: int = 0
     durations: list[int] = field(default_factory=list)
@@ -117,10 +128,12 @@ class CollectiveTable:
     """``collective_table`` fed one collective at a time (``add``), so that a report reads each collective once
     for all its tables and holds none: at 16,384 ranks a collective's per-rank tuples weigh megabytes."""
 
-    def __init__(self, job: Job, with_p2p: bool = True) -> None:
+    def __init__(self, job: Job, with_p2p: bool = True, steps: tuple[int, int] | None = None) -> None:
         self._job = job
         self._with_p2p = with_p2p  # p2p has no step: left out of a step range
+        self._steps = steps
         self._rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
+        self._untimed: Counter[str] = Counter()  # why, for the instances without a duration
 
     def add(self, uid: str, c: Collective, step: int | None) -> None:
         sig = first_signature(c)
@@ -128,7 +141,10 @@ class CollectiveTable:
             return
         row = self._rows[(op_family(sig.op), uid)]
         n = row.group_size = len(self._job.groups[uid].ranks)
-        _add(row, _Instance(c.seq, step, message_bytes(sig, n), c.timing(), c.ready_skew_ns,
+        timing = c.timing()
+        if timing is None:
+            self._untimed[untimed_reason(self._job, c)] += 1
+        _add(row, _Instance(c.seq, step, message_bytes(sig, n), timing, c.ready_skew_ns,
                             c.last_ready_rank if len(c.arrive_ns) > 1 else None))
         queues = c.queue_ns()
         row.queue_ns += sum(queues)
@@ -144,25 +160,59 @@ class CollectiveTable:
                 if not ops:
                     continue
                 row = rows[("send/recv", uid)]
-                row.group_size = 2
+                row.group_size = max(row.group_size or 0, len({t.src, t.dst}))  # a rank sending to itself: 1
                 arrive = tuple(op.t_arrive_ns for op in ops)
                 known = [(a, r) for a, r in zip(arrive, (t.src, t.dst)) if a is not None]
-                skew = max(known)[0] - min(known)[0] if len(known) == 2 else None
-                last = max(known)[1] if len(known) == 2 else None
+                # an arrival skew is between two ranks: a rank's send and recv to itself have none
+                skew = max(known)[0] - min(known)[0] if len(known) == 2 and t.src != t.dst else None
+                last = max(known)[1] if len(known) == 2 and t.src != t.dst else None
                 nbytes = tensor_bytes(ops[0].signature.input_sizes, ops[0].signature.input_dtypes)
-                # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration
-                timing = None if on_gpu else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+                # On a GPU a send/recv's times are its enqueue and NCCL's watchdog noticing its end: not a duration;
+                # its batch's kernel is, where a profiler trace shows it
+                timing = span_timing(*zip(*(op.gpu_ns or (None, None) for op in ops))) if on_gpu \
+                    else span_timing(arrive, tuple(op.t_end_ns for op in ops))
+                if timing is None:
+                    self._untimed[NOT_DONE if any(op.state in NOT_DONE_STATES for op in ops)
+                                  else P2P_ON_GPU if on_gpu else CPU_NO_END] += 1
                 _add(row, _Instance(None, None, nbytes, timing, skew, last))
-        table = [_render(op, uid, job.groups[uid].label, row) for (op, uid), row in rows.items()]
+        labels = {uid: g.label for uid, g in job.groups.items()}
+        labels.update(self._kernel_rows())
+        table = [_render(op, uid if uid in job.groups else "", labels[uid], row) for (op, uid), row in rows.items()]
         table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
         return table
+
+    def _kernel_rows(self) -> dict[str, str]:
+        """Add the kernels of libraries that name no group (``Job.kernel_collectives``: DeepEP's all-to-all) as
+        rows of their own, one per operation and library, each kernel one instance timed by its GPU time (its
+        group's size and its bytes unknown); returns each such row's label by its key."""
+        labels = {}
+        steps = self._steps
+        for cols in self._job.kernel_collectives.values():
+            for c in cols:
+                if steps is not None and (c.step is None or not steps[0] <= c.step <= steps[1]):
+                    continue
+                key = f"kernels:{c.family}"
+                labels[key] = f"no group ({c.family} kernels, not matched across ranks)"
+                duration = c.t_end_ns - c.t_begin_ns
+                row = self._rows[(op_family(c.op), key)]
+                row.group_size = None
+                _add(row, _Instance(None, c.step, None, (duration, duration), None, None))
+        return labels
+
+
+    def untimed(self) -> dict[str, int]:
+        """Why the instances without a duration have none (``report.untimed``'s words): how many for each, most
+        first (send/recv pairs counted once ``rows`` read them)."""
+        return dict(self._untimed.most_common())
 
 
 def _add(row: _Row, instance: _Instance) -> None:
     nbytes, timing, skew = instance.nbytes, instance.timing, instance.skew
     row.instances.append(instance)
     row.count += 1
-    row.bytes += nbytes or 0
+    if nbytes is not None:
+        row.bytes += nbytes
+        row.sized += 1
     if skew is not None:
         row.skews.append(skew)
     if timing is not None:
@@ -175,11 +225,14 @@ def _add(row: _Row, instance: _Instance) -> None:
 def _render(op: str, uid: str, group: str, row: _Row) -> CollectiveRow:
     durations = sorted(row.durations)
     total = sum(durations)
-    algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if row.transfer_ns and row.timed_bytes else None
-    factor = bus_factor(op, row.group_size)
+    # a group of one rank moves nothing over a link; kernels that name no group: its size is unknown
+    linked = row.group_size is not None and row.group_size > 1
+    algbw = row.timed_bytes / (row.transfer_ns * NS) / 1e9 if linked and row.transfer_ns and row.timed_bytes \
+        else None
+    factor = bus_factor(op, row.group_size) if row.group_size is not None else None
     return {
         "op": op, "process_group": group, "group_size": row.group_size, "count": row.count, "timed": row.timed,
-        "bytes": row.bytes,
+        "bytes": row.bytes if row.sized else None,
         "total_s": total * NS if durations else None,
         "mean_s": total / len(durations) * NS if durations else None,
         "p50_s": percentile(durations, 50) * NS if durations else None,
@@ -190,18 +243,18 @@ def _render(op: str, uid: str, group: str, row: _Row) -> CollectiveRow:
         "arrival_skew_mean_s": sum(row.skews) / len(row.skews) * NS if row.skews else None,
         "queue_mean_s": row.queue_ns / row.queued * NS if row.queued else None,
         "group_uid": uid,
-        "instances": _instance_columns(row.instances, factor),
+        "instances": _instance_columns(row.instances, factor, linked),
     }
 
 
-def _instance_columns(instances: list[_Instance], factor: float | None) -> Instances:
+def _instance_columns(instances: list[_Instance], factor: float | None, linked: bool) -> Instances:
     """The row's collectives as columns (``report_doc.INSTANCE_COLUMNS``); a bandwidth where the transfer time
-    and size are known."""
+    and size are known and the group has a link (``linked``: two ranks or more)."""
     columns: Instances = {"seq": [], "step": [], "bytes": [], "duration_s": [], "transfer_s": [], "algbw_gbps": [],
                           "busbw_gbps": [], "arrival_skew_s": [], "last_rank": []}
     for i in instances:
         duration, transfer = i.timing if i.timing is not None else (None, None)
-        algbw = i.nbytes / (transfer * NS) / 1e9 if transfer and i.nbytes else None
+        algbw = i.nbytes / (transfer * NS) / 1e9 if linked and transfer and i.nbytes else None
         columns["seq"].append(i.seq)
         columns["step"].append(i.step)
         columns["bytes"].append(i.nbytes)

@@ -5,9 +5,9 @@ how it was read. ``build_report`` takes the job (or None when only profiler trac
 profiler traces already reduced to unions (``Job.profiles``), and returns::
 
     {"version": 1, "basis": "gpu", "world_size": 8, "job": {...}, "ranks": {"0": {...}}, "steps": [...],
-     "collectives": [...], "stragglers": [...], "modules": [...], "lateness_map": {...}, "groups": {...},
-     "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
-     "residual_skew_s": 1.5e-05, "samples": 6}}
+     "collectives": [...], "all_to_all": [...], "stragglers": [...], "modules": [...], "lateness_map": {...},
+     "groups": {...}, "notes": [...], "sampled": null, "clock": {"method": {"0": "measured", "1": "refined"},
+     "residual_skew_s": 1.5e-05, "samples": 6}, "scope": [5, 8]}
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from comm2perfetto.job import Job
 from comm2perfetto.model import Collective
 from comm2perfetto.report.activity import FlightRecorderSpans, RankActivity, rank_activity
 from comm2perfetto.report.bandwidth import CollectiveTable
+from comm2perfetto.report.exchanges import ExchangeTable
+from comm2perfetto.report.live_windows import live_windows
 from comm2perfetto.report.modules import ModuleTable
 from comm2perfetto.report.overlap import Breakdown, breakdown, job_breakdown, total
 from comm2perfetto.report.stragglers import LatenessTable, Stragglers
@@ -53,6 +55,9 @@ def build(job: Job, options: ReportOptions) -> ReportDoc:
     matched = any(info.fr_files or info.log_file for info in job.ranks.values()) or any(job.traces.values())
     doc = build_report(job if matched else None, profiles, steps=options.steps, depth=options.depth)
     doc["paths"] = list(job.paths)  # what the report is about, for its page's header
+    live = live_windows(job.logs)
+    if live is not None:
+        doc["live"] = live
     if job.options.hta_scope and profiles:
         doc["notes"].append("HTA's scope (--hta-scope): kernels launched inside a profiler step other than the "
                             "last, NCCL/RCCL kernels as communication, times rounded inward to whole microseconds")
@@ -99,6 +104,7 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     bases = {f.basis for f in facts.values()}
     tables = _collective_tables(job, depth, steps, _step_finder(facts)) if job is not None else None
     collectives = tables.collectives.rows() if tables is not None else []
+    untimed = tables.collectives.untimed() if tables is not None else {}
     return {
         "version": VERSION,
         "basis": bases.pop() if len(bases) == 1 else (Basis.MIXED if bases else None),
@@ -109,15 +115,19 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
                    "ranks": {str(r): b.as_dict() for r, b in sorted(step_parts.items())}}
                   for n, step_parts in sorted(by_step.items())],
         "collectives": collectives,
+        "all_to_all": tables.exchanges.rows() if tables is not None else [],
         "stragglers": tables.stragglers.rows() if tables is not None else [],
         "modules": tables.modules.rows() if tables is not None else [],
         "lateness_map": tables.lateness.result() if tables is not None else {"ranks": [], "collectives": [],
                                                                               "lateness_s": []},
         "groups": {uid: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
                    for uid, g in sorted(job.groups.items())} if job is not None else {},
-        "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, bases),
+        "notes": notes + _profiled_note(facts, steps) + _basis_notes(facts) + _untimed_note(collectives, untimed, bases)
+        + _one_rank_note(collectives) + (_captured_note(job) if job is not None else [])
+        + (tables.exchanges.notes() if tables is not None else []),
         "sampled": job.sampled if job is not None else None,
         "clock": _clock(job) if job is not None else None,
+        "scope": list(steps) if steps is not None else None,
     }
 
 
@@ -143,6 +153,7 @@ class _Tables:
     stragglers: Stragglers
     lateness: LatenessTable
     modules: ModuleTable
+    exchanges: ExchangeTable
 
 
 def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | None,
@@ -151,8 +162,8 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
     for all the tables and dropped with it. With ``steps``, only the collectives in those steps (by
     ``step_of``, so that every table counts a collective in the same step), and no send/recv (p2p has no
     step)."""
-    tables = _Tables(CollectiveTable(job, with_p2p=steps is None), Stragglers(), LatenessTable(job),
-                     ModuleTable(job, depth, steps))
+    tables = _Tables(CollectiveTable(job, with_p2p=steps is None, steps=steps), Stragglers(), LatenessTable(job),
+                     ModuleTable(job, depth, steps), ExchangeTable(job))
     for uid, cols in job.collectives.items():
         for i, c in enumerate(cols):
             step = step_of(c)
@@ -162,6 +173,7 @@ def _collective_tables(job: Job, depth: int | None, steps: tuple[int, int] | Non
             tables.stragglers.add(c)
             tables.lateness.add(uid, i, c)
             tables.modules.add(uid, c)
+            tables.exchanges.add(uid, c)
     return tables
 
 
@@ -248,13 +260,43 @@ def steps_text(steps: list[int]) -> str:
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
-def _untimed_note(collectives: list[CollectiveRow], bases: set[Basis]) -> list[str]:
+def _untimed_note(collectives: list[CollectiveRow], untimed: Mapping[str, int], bases: set[Basis]) -> list[str]:
+    """How many collectives have no duration, and why (``report.untimed``: each one's cause, as the data shows
+    it)."""
     count = sum(r["count"] for r in collectives)
-    untimed = count - sum(r["timed"] for r in collectives)
-    if not untimed:
+    missing = count - sum(r["timed"] for r in collectives)
+    if not missing:
         return []
-    where = " and their time is not in the CPU basis's comm_s" if Basis.CPU in bases else ""
-    return [f"{untimed} of {count} collectives have no duration (Flight Recorder does not time gloo collectives, "
-            f"nor NCCL ones without TORCH_NCCL_ENABLE_TIMING=1; the recorder times the calls made from Python): "
-            f"they count in the collectives table but not in its durations{where}; a step where the rank "
-            f"arrived at one has no communication figures ('-', null)"]
+    where = (" and their time is not in the CPU basis's comm_s (a step where the rank arrived at one has no "
+             "communication figures: '-', null)") if Basis.CPU in bases else ""
+    why = "; ".join(f"{n} {reason}" for reason, n in untimed.items())
+    return [f"{missing} of {count} collectives have no duration, counted in the collectives table but not in its "
+            f"durations{where}: {why}"]
+
+
+def _one_rank_note(collectives: list[CollectiveRow]) -> list[str]:
+    """Why rows of a one-rank group have no bandwidth (``report.bandwidth``: nothing crossed a link)."""
+    alone = sorted({str(r["process_group"]) for r in collectives if r["group_size"] == 1})
+    if not alone:
+        return []
+    return [f"no algbw/busbw on {', '.join(alone)}: a group of one rank moves nothing over a link"]
+
+
+def _captured_note(job: Job) -> list[str]:
+    """The calls captured into a CUDA graph (the log's ``v`` records), which no table counts: a graph issues
+    them at each of its replays, and no source records a replay, so how many ran is not known."""
+    counts: dict[tuple[str, str], int] = {}
+    ranks: dict[tuple[str, str], set[int]] = {}
+    for rank, log in job.logs.items():
+        for call in log.calls:
+            if call.captured:
+                group = log.groups.get(call.gid)
+                key = (call.op, group.desc or group.name if group is not None else "?")
+                counts[key] = counts.get(key, 0) + 1
+                ranks.setdefault(key, set()).add(rank)
+    if not counts:
+        return []
+    what = ", ".join(f"{n} {op} on {group} ({ranks_text(sorted(ranks[(op, group)]))})"
+                     for (op, group), n in sorted(counts.items()))
+    return [f"captured into a CUDA graph and not counted in any table: {what}; a graph issues them at each of its "
+            "replays, and nothing recorded how many times it was replayed"]

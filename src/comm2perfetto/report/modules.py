@@ -58,8 +58,8 @@ class ModuleTable:
         rows: dict[tuple[str, str | None, str], _Row] = defaultdict(_Row)
         for rank, log in sorted(job.logs.items()):
             for call in log.calls:
-                if steps is not None and not steps[0] <= call.step <= steps[1]:
-                    continue
+                if call.captured or (steps is not None and not steps[0] <= call.step <= steps[1]):
+                    continue  # a captured call runs at each replay of its graph, unseen (report.document notes)
                 group = log.groups.get(call.gid)
                 # One instance per collective: the group's (name, ranks, seq, op) where numbered, else the call's
                 # own.

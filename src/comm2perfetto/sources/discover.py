@@ -178,5 +178,7 @@ def _walk(root: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
+        live = os.path.basename(dirpath) == layout.WINDOWS_DIR  # the live windows' outputs: not read here
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")
+                   and not (live and f.removesuffix(".tmp") in layout.WINDOWS_OUTPUTS))
     return out

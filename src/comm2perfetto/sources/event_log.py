@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -50,7 +50,8 @@ from comm2perfetto.sources.limits import (
     world_ok,
 )
 
-__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "is_event_log", "read_event_log"]
+__all__ = ["Call", "Ending", "EventLogError", "Group", "Range", "RankLog", "Stall", "WindowGroup", "WindowOp",
+           "WindowSummary", "is_event_log", "read_event_log"]
 
 # Backends whose synchronous calls return once the work is done (match.py's rule; the recorder keeps a copy).
 CPU_BACKENDS = frozenset({"gloo", "mpi", "ucc"})
@@ -189,6 +190,38 @@ class Ending:
     detail: str
 
 
+class WindowOp(NamedTuple):
+    """One op of one group in a window summary: calls completed, their input bytes (None: one unknown), and the
+    time of the ``timed`` ones whose completion was seen."""
+
+    n: int
+    nbytes: int | None
+    time_ns: int
+    timed: int
+
+
+class WindowGroup(NamedTuple):
+    issued: int | None  # collectives the group's counter advanced by (C++-issued ones too); None: no counter
+    ops: dict[str, WindowOp]
+    seqs: tuple[int, ...]  # the sampled collectives of the window
+    arrivals_us: tuple[int, ...]  # and this rank's arrival at each, in µs after the window's t0
+
+
+@dataclass
+class WindowSummary:
+    """One ``l`` record: what the rank's communication was in one live window (record/window.py). ``steps``:
+    step boundaries in it; ``step_ns``: the median step; ``exposed_ns``: the time the training thread waited in
+    communication, where known."""
+
+    window: int
+    t0_ns: int
+    t1_ns: int
+    steps: int
+    step_ns: int | None
+    exposed_ns: int | None
+    groups: dict[str, WindowGroup]
+
+
 @dataclass
 class RankLog:
     path: Path
@@ -210,6 +243,7 @@ class RankLog:
     first_ns: int | None = None  # the first and last time any record carries: the log's horizon
     last_ns: int | None = None
     heartbeats: int = 0
+    windows: list[WindowSummary] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def shift(self, offset_ns: int) -> None:
@@ -231,6 +265,9 @@ class RankLog:
             stall.t_ns += offset_ns
         for ending in self.endings:
             ending.t_ns += offset_ns
+        for window in self.windows:  # its arrivals are relative to its t0
+            window.t0_ns += offset_ns
+            window.t1_ns += offset_ns
         self.marks = [(t + offset_ns, name, tid, source) for t, name, tid, source in self.marks]
         self.steps = [(step, t + offset_ns, source) for step, t, source in self.steps]
         self.fr_dumps = [(t + offset_ns, path, reason) for t, path, reason in self.fr_dumps]
@@ -411,6 +448,7 @@ _FIELDS: dict[str, tuple] = {
     "u": (time_ok, _str, _str),
     "h": (time_ok,),
     "v": (count_ok,),
+    "l": (count_ok, time_ok, time_ok, lambda v: isinstance(v, dict)),
 }
 
 
@@ -504,7 +542,7 @@ def _checked_header(header: dict[str, Any]) -> dict[str, Any]:
 
 # Where each kind keeps its time (checked against the header's wall_ns when the header has one).
 _TIME_AT = {"b": 2, "e": 2, "d": 2, "x": 2, "r": 2, "q": 2, "p": 2, "m": 1, "k": 1, "f": 1, "t": 1, "w": 1,
-            "z": 1, "u": 1, "h": 1}
+            "z": 1, "u": 1, "h": 1, "l": 2}
 
 
 def _check(r: Any) -> None:
@@ -665,4 +703,52 @@ class _Builder:
             log.endings.append(Ending(t_ns=r[1], cause=r[2], detail=r[3]))
         elif kind == "h":
             log.heartbeats += 1
+        elif kind == "l":
+            log.windows.append(_window_summary(r))
         # Unknown kinds come from newer writers: ignored on purpose.
+
+
+MAX_WINDOW_GROUPS = 64
+MAX_WINDOW_OPS = 32
+MAX_WINDOW_ARRIVALS = 4096
+
+
+def _window_summary(r: list) -> WindowSummary:
+    """An ``l`` record's summary, every field checked (ValueError naming the first that is not what
+    docs/log-format.md says)::
+
+        ["l", 359181722, 1795908611820665957, 1795908614999925456, {"steps": 6, "step_ns": 512000000,
+         "exposed_ns": 314809424, "groups": {"0": {"issued": 71, "stride": 1,
+            "ops": {"all_reduce": {"n": 56, "bytes": 224000, "time_ns": 314809424, "timed": 56}},
+            "seqs": [1, 2], "arrivals_us": [53518, 128019]}}}]
+    """
+    window, t0, t1, raw = r[1], r[2], r[3], r[4]
+    if t1 < t0:
+        raise ValueError(f"'l' record ends {t0 - t1:,} ns before it begins")
+    span_us = (t1 - t0) // 1000 + 1
+    steps, step_ns, exposed = raw.get("steps"), raw.get("step_ns"), raw.get("exposed_ns")
+    if not count_ok(steps) or not _opt_count(step_ns) or not _opt_count(exposed):
+        raise ValueError(f"'l' record's steps, step_ns or exposed_ns {shown([steps, step_ns, exposed])}")
+    raw_groups = raw.get("groups")
+    if not isinstance(raw_groups, dict) or len(raw_groups) > MAX_WINDOW_GROUPS:
+        raise ValueError(f"'l' record's groups {shown(raw_groups)}")
+    groups = {}
+    for name, g in raw_groups.items():
+        if not isinstance(g, dict) or not _opt_count(g.get("issued")) or not isinstance(g.get("ops"), dict) \
+                or len(g["ops"]) > MAX_WINDOW_OPS:
+            raise ValueError(f"'l' record's group {shown(name)}: {shown(g)}")
+        ops = {}
+        for op, sums in g["ops"].items():
+            if not (isinstance(sums, dict) and count_ok(sums.get("n")) and _opt_count(sums.get("bytes"))
+                    and count_ok(sums.get("time_ns")) and count_ok(sums.get("timed")) and sums["timed"] <= sums["n"]):
+                raise ValueError(f"'l' record's {shown(op)} on group {shown(name)}: {shown(sums)}")
+            ops[op] = WindowOp(sums["n"], sums.get("bytes"), sums["time_ns"], sums["timed"])
+        seqs, arrivals = g.get("seqs") or [], g.get("arrivals_us") or []
+        if not (isinstance(seqs, list) and isinstance(arrivals, list) and len(seqs) == len(arrivals)
+                <= MAX_WINDOW_ARRIVALS and all(map(count_ok, seqs))
+                and all(is_int(a) and 0 <= a <= span_us for a in arrivals)):
+            raise ValueError(f"'l' record's arrivals on group {shown(name)} are not one time in the window per seq")
+        groups[name] = WindowGroup(g["issued"] if "issued" in g else None, ops, tuple(seqs), tuple(arrivals))
+    return WindowSummary(window=window, t0_ns=t0, t1_ns=t1, steps=steps, step_ns=step_ns, exposed_ns=exposed,
+                         groups=groups)
+

@@ -54,12 +54,13 @@ from types import MappingProxyType
 
 from comm2perfetto.words import duration
 
-__all__ = ["COLOURS", "INSTANT_W", "KINDS", "PROPORTIONAL", "PreviewLayout", "PreviewRow", "PreviewStats",
-           "preview_layout", "render_preview", "time_ticks"]
+__all__ = ["COLOURS", "INSTANT_W", "KINDS", "PROPORTIONAL", "WINDOW_KEY", "PreviewLayout", "PreviewRow",
+           "PreviewStats", "preview_layout", "render_preview", "time_ticks"]
 
 KINDS = ("compute", "comm", "memory", "stalled", "missing", "mismatch", "nodata")
 PROPORTIONAL = ("compute", "comm", "memory")  # drawn in proportion to the time they cover (see above)
 INSTANT_W = 2  # px of a zero-length compute, comm or memory span
+WINDOW_KEY = "comm2perfetto window"  # the PNG's tEXt keyword for the drawn window, "<t0 ns> <t1 ns>"
 
 RGB = tuple[int, int, int]
 
@@ -379,8 +380,9 @@ class _Canvas:
                           y + (dy + 1) * scale, rgb)
             x += ADVANCE * scale
 
-    def png(self) -> bytes:
-        """The image as a PNG file: 8-bit RGB, no interlace, every scanline with filter 0 (None).
+    def png(self, text: Mapping[str, str] = MappingProxyType({})) -> bytes:
+        """The image as a PNG file: 8-bit RGB, no interlace, every scanline with filter 0 (None); ``text``:
+        ``tEXt`` chunks (keyword -> Latin-1 text), which image viewers list as the file's properties.
 
         Filter 0 costs nothing to apply and zlib already squeezes the long runs of flat colour this picture
         is made of; the Sub/Up/Paeth filters would need a Python pass over every byte."""
@@ -395,6 +397,7 @@ class _Canvas:
         return b"".join((
             b"\x89PNG\r\n\x1a\n",
             chunk(b"IHDR", struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0)),
+            *(chunk(b"tEXt", key.encode("latin-1") + b"\0" + value.encode("latin-1")) for key, value in text.items()),
             chunk(b"IDAT", zlib.compress(bytes(raw), 6)),
             chunk(b"IEND", b""),
         ))
@@ -606,7 +609,8 @@ def render_preview(path: str | Path, rows: Sequence[PreviewRow], t0: int, t1: in
 
     Raises ValueError for nothing to draw (no rows, ``t1 <= t0``), a ``width`` too small for the plot, a
     kind not in :data:`KINDS` or a span that ends before it begins; OSError where ``path`` cannot be
-    written. Text outside printable ASCII is drawn as "?"; text too long for the picture is cut."""
+    written. Text outside printable ASCII is drawn as "?"; text too long for the picture is cut. The file
+    says the window it draws in a ``tEXt`` chunk, ``WINDOW_KEY``: ``"<t0> <t1>"``."""
     layout = preview_layout(rows, t0, t1, notes=notes, width=width)
     canvas = _Canvas(layout.width, layout.height, COLOURS["background"])
     text = COLOURS["text"]
@@ -633,7 +637,7 @@ def render_preview(path: str | Path, rows: Sequence[PreviewRow], t0: int, t1: in
             cy = y0 + (y1 - y0) // 2
             canvas.rect(layout.plot_x - 4, cy, layout.plot_x - 1, cy + 1, COLOURS["axis"])
 
-    data = canvas.png()
+    data = canvas.png({WINDOW_KEY: f"{t0} {t1}"})
     p = Path(path)
     p.write_bytes(data)
     return PreviewStats(path=str(p), width=layout.width, height=layout.height, bytes=len(data), layout=layout)

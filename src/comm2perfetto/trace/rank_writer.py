@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from comm2perfetto.job import Job
 from comm2perfetto.model import NOT_DONE_STATES, GroupView, P2POp, P2PTransfer, Signature, gpu_backend
+from comm2perfetto.report.untimed import NOT_DONE, P2P_ON_GPU, gpu_untimed_reason
 from comm2perfetto.sources.event_log import Call, RankLog
 from comm2perfetto.sources.kineto.classify import CPU_KIND_SUFFIXES, cpu_class
 from comm2perfetto.trace.lanes import UNCLOSED, in_order, layout
@@ -29,8 +30,7 @@ __all__ = ["KINETO_FLOW_BASE", "Item", "RankWriter", "everything"]
 # from the collectives' and p2p transfers' (1 ... their count) and below 2**53 (exact in Chrome JSON readers).
 KINETO_FLOW_BASE = 1 << 48
 # A GPU collective or send/recv drawn where it was enqueued: Flight Recorder's end is when the watchdog saw it done.
-GPU_UNTIMED = ("unknown: its GPU work was not timed (no profiler trace of its kernels, TORCH_NCCL_ENABLE_TIMING off "
-               "for collectives)")
+GPU_UNTIMED = "unknown: its GPU work was not timed ({})"  # why: report.untimed's words
 
 # An event to lay out on a track family: (begin, end | None (instant) | UNCLOSED, name, args, category,
 # SharedArgs or None, (flow_start, flow_step, flow_end)).
@@ -266,8 +266,9 @@ class RankWriter:
         elif end is None:
             # Gloo's Flight Recorder records no end time, a GPU collective's is the watchdog's: an instant where
             # the collective was issued.
-            args["duration"] = ("unknown (not completed when the data was taken)" if state in NOT_DONE_STATES
-                                else GPU_UNTIMED if table.on_gpu else "unknown (no end time recorded)")
+            args["duration"] = (f"unknown ({NOT_DONE})" if state in NOT_DONE_STATES
+                                else GPU_UNTIMED.format(gpu_untimed_reason(self.job, table.cols, (self.rank,)))
+                                if table.on_gpu else "unknown (no end time recorded)")
         elif end < begin:
             stop = begin
         kind = mismatched.get(seq)
@@ -284,9 +285,11 @@ class RankWriter:
         group = self.job.groups[uid]
         args = {"peer": peer, "process_group": group.label, "index": tr.index,
                 **signature_args(sig), "state": op.state, "matched": tr.matched, "source": op.source}
-        if end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
+        if op.gpu_ns is not None:  # its batch's kernel: the GPU work, as a collective's slice is
+            begin, end = op.gpu_ns
+        elif end is not None and gpu_backend(group.backend):  # its end is the watchdog's (see GPU_UNTIMED)
             end = None
-            args["duration"] = GPU_UNTIMED
+            args["duration"] = GPU_UNTIMED.format(P2P_ON_GPU)
         site = self.sites(op.stack_id)
         if site:
             args["call_site"] = site

@@ -16,7 +16,16 @@ from types import MappingProxyType
 from typing import Any
 
 from comm2perfetto.job import Job
-from comm2perfetto.model import Collective, GroupView, Signature, call_site, known_values, tensor_bytes, work_span
+from comm2perfetto.model import (
+    Collective,
+    GroupView,
+    Signature,
+    call_site,
+    known_values,
+    peer_bytes,
+    tensor_bytes,
+    work_span,
+)
 from comm2perfetto.trace.sink import SharedArgs, arg_text
 
 __all__ = ["END", "START", "STEP", "Flow", "GroupTable", "SiteCache", "rank_at", "shapes_text",
@@ -228,6 +237,12 @@ class GroupTable:
 def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
     args: dict[str, Any] = {"process_group": c.group.label, "seq": c.seq, "group_size": len(c.group.ranks),
                             **signature_args(sig)}
+    # An all-to-all's bytes to and from each member, in group-rank order: the rank's row of report's matrix
+    sent, expected = peer_bytes(sig, len(c.group.ranks))
+    if sent is not None:
+        args["bytes_to_each"] = arg_text(sent)
+    if expected is not None:
+        args["bytes_from_each"] = arg_text(expected)
     ready = c.ready_ns
     last = rank_at(max, ready, c.ranks) if c.ranks and all(ready) else c.last_ready_rank
     if last is not None:

@@ -153,6 +153,7 @@ def brief(f: Finding) -> str:
 def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, note: str | None) -> str | None:
     """Draw the preview; why not, when the trace has no timed events."""
     from comm2perfetto.trace.preview import render_preview
+    from comm2perfetto.trace.preview_frame import preview_frame
 
     if summary.t_begin_ns is None or summary.t_end_ns is None or summary.t_end_ns <= summary.t_begin_ns:
         return f"no timed events to draw; {path} not written"
@@ -161,8 +162,11 @@ def _draw_preview(path: Path, summary: TimelineSummary, diagnosis: Diagnosis, no
         notes.append(sample_text(diagnosis.sampled, diagnosis.ranks_with_data, diagnosis.world_size))
     if note:
         notes.append(note)
+    frame = preview_frame(summary.preview, summary.t_begin_ns, summary.t_end_ns)
+    if frame.note:
+        notes.append(frame.note)
     with writing(path):
-        render_preview(path, summary.preview, summary.t_begin_ns, summary.t_end_ns,
+        render_preview(path, summary.preview, frame.t0, frame.t1,
                        title=f"comm2perfetto: {ranks_text(summary.ranks)}", notes=notes)
     return None
 

@@ -82,6 +82,8 @@ class FrDump:
     pg_status: dict[int, tuple[int, int, int]]  # pg_id -> (last enqueued, started, completed)
     entries: list[dict[str, Any]]
     problems: list[str] = field(default_factory=list)  # what was dropped while reading, one line per kind
+    # NCCL's own state of each communicator (``nccl_comm_state``, NCCLX builds): comm -> key -> value, as written
+    comm_state: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def read_fr_dump(path: str | Path, data: bytes | None = None) -> FrDump:
@@ -140,7 +142,7 @@ def parse_fr_document(path: Path, doc: Any, fmt: str) -> FrDump:
         path=path, fmt=fmt, version=version,
         comm_lib_version=_version(top.get("comm_lib_version")) or _version(top.get("nccl_version")),
         pg_config=pg_config, pg_status=_parse_pg_status(top.get("pg_status"), path, problems), entries=entries,
-        problems=problems,
+        problems=problems, comm_state=_parse_comm_state(top.get("nccl_comm_state"), path, problems),
     )
 
 
@@ -257,6 +259,41 @@ def _parse_pg_status(raw: Any, path: Path, problems: list[str]) -> dict[int, tup
         problems.append(f"{path.name}: pg_status: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}, not "
                         "what Flight Recorder writes; read as unknown")
     return out
+
+
+def _parse_comm_state(raw: Any, path: Path, problems: list[str]) -> dict[str, dict[str, str]]:
+    """``nccl_comm_state``: NCCL's dump of each communicator (torch built with NCCLX writes it), strings by
+    strings per communicator::
+
+        'nccl_comm_state': {'0x5a3f...': {'commHash': '0x5a3f...', 'rank': '1', 'nRanks': '8',
+                                          'CT_pendingColls': '[...]'}}
+
+    Kept as written, every key and value at most ``_COMM_STATE_CHARS`` characters (longer ones cut, with
+    ``...``); a communicator that is not a table of strings is left out and named in ``problems``.
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append(f"{path.name}: nccl_comm_state is {shown(raw)}, not a table of communicators; left out")
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    bad = [shown(comm) for comm, state in raw.items()
+           if not isinstance(comm, str) or not isinstance(state, dict)
+           or not all(isinstance(k, str) and isinstance(v, str) for k, v in state.items())]
+    for comm, state in raw.items():
+        if shown(comm) not in bad:
+            out[_cut(comm)] = {_cut(k): _cut(v) for k, v in state.items()}
+    if bad:
+        problems.append(f"{path.name}: nccl_comm_state of {', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''} "
+                        "is not a table of strings; left out")
+    return out
+
+
+_COMM_STATE_CHARS = 200
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _COMM_STATE_CHARS else text[:_COMM_STATE_CHARS - 3] + "..."
 
 
 _STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")

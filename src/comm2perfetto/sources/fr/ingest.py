@@ -40,6 +40,7 @@ from comm2perfetto.sources.fr.fields import (
 from comm2perfetto.sources.fr.snapshots import merge_snapshots
 from comm2perfetto.sources.fr.tables import SIGNATURE_FIELDS, SignatureTable, StackTable, encode, stack_id
 from comm2perfetto.sources.limits import MIN_TIME_NS, count_ok
+from comm2perfetto.words import ranks_text
 
 
 @dataclass(slots=True)
@@ -104,6 +105,9 @@ class FrRankTrace:
     # is unknown: an entry there was skipped, its identity unreadable
     unread: dict[str | None, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     unread_p2p: frozenset[str | None] = frozenset()  # group names (or ANY_GROUP) where a send/recv was skipped
+    # entries retired while scheduled: their backend records no completion (read as unknown, ``_retired_at_issue``)
+    retired_at_issue: int = 0
+    comm_state: dict[str, dict[str, str]] = field(default_factory=dict)  # ``FrDump.comm_state``, latest snapshot's
 
 
 def build_rank_trace(
@@ -116,21 +120,58 @@ def build_rank_trace(
     version = max((d.version for d in dumps), key=_version_key, default="")
     pg_config: dict[str, PgConfig] = {}
     status: dict[int, tuple[int, int, int]] = {}
+    comm_state: dict[str, dict[str, str]] = {}
     for d in sorted(dumps, key=snapshot_age):  # later snapshots win
         pg_config.update(d.pg_config)
         status.update(d.pg_status)
+        comm_state.update(d.comm_state)
     groups: dict[tuple[str, str], _Rows] = {}
     entries, cols = _checked(entries, damage)
-    backend = _ingest(entries, cols, groups, stacks, signatures, with_stacks, damage)
+    backend, retired_at_issue = _ingest(entries, cols, groups, stacks, signatures, with_stacks, damage)
     completed_upto = _apply_pg_status(groups, status, backend)
     if damage:
         notes.extend(damage.notes(rank))
     trace = FrRankTrace(
         rank=rank, files=[str(d.path) for d in dumps], version=version, backend=backend, pg_config=pg_config,
         groups={key: _compact(rows) for key, rows in groups.items()}, completed_upto=completed_upto, notes=notes,
-        unread=damage.unread_spans(), unread_p2p=frozenset(damage.unread_p2p),
+        unread=damage.unread_spans(), unread_p2p=frozenset(damage.unread_p2p), retired_at_issue=retired_at_issue,
+        comm_state=comm_state,
     )
     return trace, conflict
+
+
+def fr_job_notes(traces: dict[int, FrRankTrace]) -> list[str]:
+    """The job's notes from its dumps as a whole: the entries whose backend records no completion
+    (``_retired_at_issue``), and NCCL's communicator state (``nccl_comm_state``) of the first few ranks.
+
+    >>> t = FrRankTrace(0, [], "2.11", "nccl2", {}, {}, {}, retired_at_issue=30,
+    ...                 comm_state={"0x5a3f": {"nRanks": "2", "CT_pendingColls": "[]"}})
+    >>> for note in fr_job_notes({0: t, 1: t}):
+    ...     print(note[:96])
+    Flight Recorder retired 60 entries of nccl2 on ranks 0, 1 as they were issued: that backend reco
+    NCCL's communicator state (nccl_comm_state), rank 0, communicator 0x5a3f: nRanks=2, CT_pendingCo
+    NCCL's communicator state (nccl_comm_state), rank 1, communicator 0x5a3f: nRanks=2, CT_pendingCo
+    """
+    notes = []
+    ranks = [r for r, t in traces.items() if t.retired_at_issue]
+    if ranks:
+        n = sum(traces[r].retired_at_issue for r in ranks)
+        backends = ", ".join(sorted({traces[r].backend for r in ranks}))
+        notes.append(f"Flight Recorder retired {n} entries of {backends} on {ranks_text(ranks)} as they were "
+                     "issued: that backend records no completion, so whether they completed is unknown (not "
+                     "stuck: the ranks went on issuing); their times are their issue only")
+    stated = sorted(r for r, t in traces.items() if t.comm_state)
+    for r in stated[:_COMM_STATE_RANKS]:
+        for comm, state in sorted(traces[r].comm_state.items()):
+            notes.append(f"NCCL's communicator state (nccl_comm_state), rank {r}, communicator {comm}: "
+                         + ", ".join(f"{k}={v}" for k, v in state.items()))
+    if len(stated) > _COMM_STATE_RANKS:
+        notes.append(f"NCCL's communicator state (nccl_comm_state) of {len(stated) - _COMM_STATE_RANKS} more "
+                     "ranks is in their dumps")
+    return notes
+
+
+_COMM_STATE_RANKS = 4  # the ranks whose communicator state the notes show
 
 
 def _compact(rows: _Rows) -> GroupTrack:
@@ -327,15 +368,16 @@ _SCHEDULED, _UNKNOWN, _COMPLETED = STATE_CODE[SCHEDULED], STATE_CODE[UNKNOWN], S
 def _ingest(
     entries: list[dict[str, Any]], cols: _Columns | None, groups: dict[tuple[str, str], _Rows],
     stacks: StackTable, signatures: SignatureTable, with_stacks: bool, damage: Damage,
-) -> str:
-    """Turn checked columns into each group's rows. Returns the backend prefix seen most (``nccl``, ``gloo``).
+) -> tuple[str, int]:
+    """Turn checked columns into each group's rows. Returns the backend prefix seen most (``nccl``, ``gloo``,
+    ``nccl2``) and how many entries its backend retired at issue (``_retired_at_issue``).
 
     This runs over every entry of every rank (two million for 1024 ranks), so it works on whole columns
     (``map``, slices, array conversions: loops in C) and only falls back to per-entry Python where the data
     needs it (several groups, p2p ops, coalesced groups, signatures that differ from the first rank's).
     """
     if cols is None:
-        return ""
+        return "", 0
     names, pgs, p2ps, seqs = cols.names, cols.pgs, cols.p2ps, cols.seqs
     parts = {name: split_profiling_name(name) for name in set(names)}
     counts: dict[str, int] = {}
@@ -347,6 +389,9 @@ def _ingest(
     op_ids = array("q", [q if o is None else o for o, q in zip(_column(entries, "op_id", None, damage, NO_VALUE),
                                                                 seqs)]) if gloo else None
     states = bytes(map(_STATE_CODES.__getitem__, cols.states))
+    retired_at_issue = 0
+    if not gloo:  # gloo's scheduled entries are read with its pg_status (``_apply_pg_status``)
+        states, retired_at_issue = _retired_at_issue(entries, states)
     # GPU durations exist only where NCCL timed its work (TORCH_NCCL_ENABLE_TIMING; torch writes the key for
     # retired entries only): a sample of the entries says whether to read the column at all.
     timed = not gloo and any("duration_ms" in e for e in entries[::max(1, len(entries) // 64)])
@@ -409,7 +454,31 @@ def _ingest(
         new.pg_ids, new.p2p = track.pg_ids, track.p2p
         groups[key] = new
     _fix_p2p_batches(groups)
-    return backend
+    return backend, retired_at_issue
+
+
+def _retired_at_issue(entries: list[dict[str, Any]], states: bytes) -> tuple[bytes, int]:
+    """``states`` with the entries retired while still ``scheduled`` read as unknown: torch's backend-agnostic
+    Flight Recorder (``FlightRecorderHook``, torch 2.11+) retires an entry at issue where its backend has no
+    completion hook, so it never reads started or completed, whether the op finished or not::
+
+        {"profiling_name": "nccl2:all_reduce", "collective_seq_id": 3, "state": "scheduled", "retired": true,
+         "time_discovered_started_ns": null, "time_discovered_completed_ns": null}
+
+    NCCL's own recorder retires an entry when its work completes (its state then says so), and leaves the ops of
+    a batch ``scheduled`` and not retired (``_fix_p2p_batches``). Only the scheduled entries are looked at: the
+    last few of a live NCCL dump, every one of a backend without completion. Returns the states and how many
+    entries were retired at issue."""
+    at = states.find(_SCHEDULED)
+    if at < 0:
+        return states, 0
+    out, n = bytearray(states), 0
+    while at >= 0:
+        if entries[at].get("retired") is True:
+            out[at] = _UNKNOWN
+            n += 1
+        at = states.find(_SCHEDULED, at + 1)
+    return bytes(out), n
 
 
 def _everything(col: Any) -> Any:

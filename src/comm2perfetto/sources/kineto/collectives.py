@@ -18,6 +18,16 @@ on the CPU. ``wait`` records (``WorkNCCL::wait()``) and point-to-point transfers
 ``SendRecv`` kernels) are not collectives: they stay on the GPU streams only. gloo writes no
 ``record_param_comms`` and runs no kernels: its collectives come from Flight Recorder or the recorder.
 
+A kernel no CPU op names a group for (older torch writes no args on it, or its ``record_param_comms`` is not
+tied to it) and whose name says the operation (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, not RCCL's
+``ncclDevKernel_Generic``) is a collective of the trace's only process group where ``distributedInfo`` lists
+one, the default group of a job that made no other (``only_group``); where it lists several, its group is
+unknown::
+
+    "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 128, "pg_count": 1,
+                        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 128,
+                                       "ranks": [0, 1, ..., 127]}]}
+
 How they are numbered (``numbering``), per process group:
 
 - ``seq``: the trace's ``Seq`` (torch's collective sequence number, as in Flight Recorder) on every
@@ -36,11 +46,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
+from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS, comm_family, family_op
 from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
 from comm2perfetto.sources.kineto.steps import launch_steps
 
 SEQ, ORDER = "seq", "order"
+UNKNOWN_OP = "collective"  # the op of a kernel whose name does not say it, and that no CPU op names
 
 # record_param_comms' collective names -> the names Flight Recorder gives the same operations.
 _OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "_allgather_base": "_allgather_base",
@@ -76,6 +87,16 @@ class TraceCollective:
     on_gpu: bool
     kernel: str | None
     step: int | None = None  # the ProfilerStep#n it was issued in (its CPU op's begin, else its kernel's)
+    only_group: bool = False  # named by no event: the group is the only one distributedInfo lists
+    family: str | None = None  # its kernel's row of comm_kernels.COMM_KERNEL_FAMILIES ("nccl", "deepep" ...)
+
+
+def shifted(c: TraceCollective, offset_ns: int) -> TraceCollective:
+    """``c`` with its times moved by ``offset_ns`` (onto the job's clock)."""
+    if not offset_ns:
+        return c
+    return replace(c, t_call_ns=c.t_call_ns + offset_ns if c.t_call_ns is not None else None,
+                   t_begin_ns=c.t_begin_ns + offset_ns, t_end_ns=c.t_end_ns + offset_ns)
 
 
 def parse_ranks(text: str | None) -> tuple[int, ...] | None:
@@ -89,16 +110,41 @@ def parse_ranks(text: str | None) -> tuple[int, ...] | None:
     return ranks or None
 
 
+def only_group(pg_config: object) -> tuple[str, str | None, tuple[int, ...] | None] | None:
+    """(name, description, ranks) of the one process group a trace's ``distributedInfo.pg_config`` lists; None
+    where it lists none, several, or none readable.
+
+    >>> only_group([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}])
+    ('0', 'default_pg', (0, 1))
+    >>> only_group([{"pg_name": "0"}, {"pg_name": "1"}]), only_group("0")
+    (None, None)
+    """
+    if not isinstance(pg_config, list) or len(pg_config) != 1 or not isinstance(pg_config[0], dict):
+        return None
+    cfg = pg_config[0]
+    name, desc, ranks = cfg.get("pg_name"), cfg.get("pg_desc"), cfg.get("ranks")
+    if not isinstance(name, str) or not name:
+        return None
+    readable = isinstance(ranks, list) and ranks and all(type(r) is int and r >= 0 for r in ranks)
+    return name, desc if isinstance(desc, str) else None, tuple(ranks) if readable and ranks else None
+
+
 def op_name(collective: str | None, kernel: str | None) -> str:
-    """Flight Recorder's name of an operation from ``Collective name`` or, without it, the NCCL kernel's name.
+    """Flight Recorder's name of an operation from ``Collective name`` or, without it, the kernel's name: NCCL's
+    says which collective, a library whose kernels do one (``comm_kernels.family_op``: DeepEP's are all-to-all)
+    says it by its family.
 
     >>> op_name("allreduce", None), op_name(None, "ncclDevKernel_AllGather_RING_LL(...)"), op_name(None, "x")
     ('all_reduce', 'all_gather', 'collective')
+    >>> op_name(None, "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*)")
+    'all_to_all'
     """
     if collective:
         return _OP_NAMES.get(collective, collective)
     match = _KERNEL_OP.search(kernel or "")
-    return _KERNEL_OPS[match.group(1)] if match else "collective"
+    if match:
+        return _KERNEL_OPS[match.group(1)]
+    return (family_op(comm_family(kernel)) if kernel else None) or UNKNOWN_OP
 
 
 def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
@@ -106,6 +152,12 @@ def collectives_of(traces: Iterable[KinetoTrace]) -> list[TraceCollective]:
     out: list[TraceCollective] = []
     for trace in traces:
         cols = _collectives(trace.comm_events)
+        only = only_group(trace.pg_config)
+        if only is not None:
+            name, desc, ranks = only
+            # not a library's kernels (DeepEP's): they communicate outside any process group
+            cols = [c if c.pg_name is not None or c.op == UNKNOWN_OP or family_op(c.family) is not None else
+                    replace(c, pg_name=name, pg_desc=desc, pg_ranks=ranks, only_group=True) for c in cols]
         if trace.steps:
             steps = launch_steps(trace.steps, {}, ((None, c.t_call_ns if c.t_call_ns is not None else c.t_begin_ns)
                                                    for c in cols))
@@ -167,6 +219,7 @@ def _collective(cpu: KinetoCommEvent | None, kernels: list[KinetoCommEvent]) -> 
         in_nelems=arg("in_nelems"), out_nelems=arg("out_nelems"), dtype=arg("dtype"),
         t_call_ns=cpu.t_begin_ns if cpu is not None else None, t_begin_ns=begin, t_end_ns=end,
         on_gpu=bool(kernels), kernel=first.name if kernels else None,
+        family=comm_family(first.name) if kernels else None,
     )
 
 

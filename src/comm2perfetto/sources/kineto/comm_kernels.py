@@ -18,27 +18,46 @@ nvshmem            ``nvshmem*`` / ``nvshmemi_*`` kernels (NVSHMEM collectives, t
 oneccl             Intel oneCCL / torch's XCCL backend on XPU: ``oneccl*``, ``ccl_kernel*``, ``xccl*``
 hccl               Habana's HCCL: ``hccl*``
 mscclpp            MSCCL++: ``mscclpp*``
+deepep             DeepEP's expert-parallel all-to-all (``deep_ep::``, DeepSeek's internal build ``dpsk::ep::``):
+                   ``intranode``/``internode``/``internode_ll`` ``notify_dispatch``, ``cached_notify_dispatch``,
+                   ``dispatch``, ``cached_notify``, ``cached_notify_combine``, ``combine``, ``barrier``
+                   (``void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, ...)`` in DeepSeek's public
+                   training profile); not ``layout::get_dispatch_layout``, which counts tokens on the GPU alone
+pplx               pplx-kernels' NVSHMEM all-to-all, where the kernel's name keeps the ``pplx::`` namespace
 =================  ==========================================================================================
+
+A family whose kernels do one operation says which (``family_op``): DeepEP's and pplx-kernels' dispatch and
+combine exchange tokens between every pair of ranks of the expert-parallel group, an all-to-all. Their kernels
+carry no sizes and name no process group (no ``record_param_comms`` launches them), so a trace tells their time
+and nothing of who sent what to whom. pplx-kernels' all-to-all kernels live in an anonymous namespace
+(``(anonymous namespace)::dispatchKernel<10u, true, false>``, read from its sources): a name no other library
+could also have is all a table like this can go by, so those are compute here until a trace names them.
 """
 
 from __future__ import annotations
 
 import re
 
-# (family, pattern searched in the kernel name, counted as communication by HTA)
-COMM_KERNEL_FAMILIES: tuple[tuple[str, str, bool], ...] = (
-    ("nccl", r"^nccl|ncclDevKernel|ncclKernel", True),  # also RCCL: it keeps NCCL's kernel names
-    ("gloo", r"gloo:", True),
-    ("symmetric memory", r"multimem_|one_shot_all_reduce|two_shot_all_reduce|symm_mem|symmetric_memory", False),
-    ("nvshmem", r"nvshmem", False),
-    ("oneccl", r"oneccl|\bccl_kernel|xccl", False),
-    ("hccl", r"\bhccl", False),
-    ("mscclpp", r"mscclpp", False),
+# (family, pattern searched in the kernel name, counted as communication by HTA, the operation every kernel of
+# the family performs: None where the name or the CPU op that launched it must say)
+COMM_KERNEL_FAMILIES: tuple[tuple[str, str, bool, str | None], ...] = (
+    ("nccl", r"^nccl|ncclDevKernel|ncclKernel", True, None),  # also RCCL: it keeps NCCL's kernel names
+    ("gloo", r"gloo:", True, None),
+    ("symmetric memory", r"multimem_|one_shot_all_reduce|two_shot_all_reduce|symm_mem|symmetric_memory", False,
+     None),
+    ("nvshmem", r"nvshmem", False, None),
+    ("oneccl", r"oneccl|\bccl_kernel|xccl", False, None),
+    ("hccl", r"\bhccl", False, None),
+    ("mscclpp", r"mscclpp", False, None),
+    ("deepep", r"(?:\bdeep_ep|\bdpsk::ep)::(?:intranode|internode(?:_ll)?)::(?:notify_dispatch|cached_notify_dispatch"
+               r"|cached_notify_combine|cached_notify|dispatch(?:_pcie)?|combine|barrier)\b", False, "all_to_all"),
+    ("pplx", r"\bpplx::", False, "all_to_all"),
 )
 
-ALL_COMM_KERNELS = re.compile("|".join(f"(?:{p})" for _, p, _ in COMM_KERNEL_FAMILIES), re.IGNORECASE)
-HTA_COMM_KERNELS = re.compile("|".join(f"(?:{p})" for _, p, hta in COMM_KERNEL_FAMILIES if hta))
-_FAMILIES = tuple((family, re.compile(p, re.IGNORECASE)) for family, p, _ in COMM_KERNEL_FAMILIES)
+ALL_COMM_KERNELS = re.compile("|".join(f"(?:{p})" for _, p, _, _ in COMM_KERNEL_FAMILIES), re.IGNORECASE)
+HTA_COMM_KERNELS = re.compile("|".join(f"(?:{p})" for _, p, hta, _ in COMM_KERNEL_FAMILIES if hta))
+_FAMILIES = tuple((family, re.compile(p, re.IGNORECASE)) for family, p, _, _ in COMM_KERNEL_FAMILIES)
+_OPS = {family: op for family, _, _, op in COMM_KERNEL_FAMILIES}
 
 
 def comm_family(name: str) -> str | None:
@@ -53,3 +72,15 @@ def comm_family(name: str) -> str | None:
         if pattern.search(name):
             return family
     return None
+
+
+def family_op(family: str | None) -> str | None:
+    """The operation every kernel of a communication family performs (``all_to_all`` for DeepEP's), None where
+    the family's kernels do several (NCCL's: the kernel's name or the CPU op that launched it says which).
+
+    >>> family_op(comm_family("void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*)"))
+    'all_to_all'
+    >>> family_op("nccl"), comm_family("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*)")
+    (None, None)
+    """
+    return _OPS.get(family) if family is not None else None

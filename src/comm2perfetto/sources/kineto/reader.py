@@ -184,7 +184,8 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
     communication kernels only (``classify_gpu(hta=True)``).
 
     ``collectives``: also keep the trace's communication events, exactly timed, as a ``KinetoTrace`` holding
-    ``comm_events`` only (what ``sources.kineto.collectives`` needs): NCCL kernels and ``record_param_comms``.
+    ``comm_events`` and ``pg_config`` only (what ``sources.kineto.collectives`` needs): NCCL kernels and
+    ``record_param_comms``.
     """
     path = Path(path)
     gc_was_on = gc.isenabled()
@@ -203,7 +204,8 @@ def read_kineto_spans(path: str | Path, data: bytes | None = None, whole_us: boo
         comm.feed_comm(parser.comm_raw)
         world = info.get("world_size")
         light = KinetoTrace(path=path, rank=None, world_size=world if isinstance(world, int) else None,
-                            backend=None, base_time_ns=base, pg_config=None, comm_events=tuple(comm.comm),
+                            backend=None, base_time_ns=base, pg_config=info.get("pg_config"),
+                            comm_events=tuple(comm.comm),
                             event_count=len(events))
         return replace(spans, collectives=light)
     finally:
