@@ -68,7 +68,14 @@ from comm2perfetto.sources.kineto.p2p import p2p_batches
 from comm2perfetto.sources.limits import Ranks
 from comm2perfetto.sources.read import Sources, load_sources
 from comm2perfetto.sources.stacks import StallStacks
-from comm2perfetto.tracks import SiteInterner, fr_p2p, merge_log, merge_traces, number_by_order
+from comm2perfetto.tracks import (
+    SiteInterner,
+    fr_p2p,
+    merge_log,
+    merge_traces,
+    number_by_order,
+    time_by_backend_annotations,
+)
 
 
 def load_job(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> Job:
@@ -117,6 +124,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
     _p2p_kernels(p2p_ops, groups, src, notes)
     ungrouped: dict[int, list[TraceCollective]] = {}
     gpu_ends = merge_traces(trace_cols, local, tracks, notes, ungrouped)
+    time_by_backend_annotations(src.traces, groups, tracks)
 
     if options.align:
         ends = _precise_ends(tracks)

@@ -40,14 +40,14 @@ INSTANCE_COLUMNS: tuple[InstanceColumn, ...] = ("seq", "step", "bytes", "duratio
 
 
 class Figures(TypedDict):
-    """A breakdown (``report.overlap``) of a rank or a step, in ``FIGURES``' order."""
+    """A breakdown (``report.overlap``) of a rank or a step, in ``FIGURES``' order; None: not measured there."""
 
     span_s: float
-    compute_s: float
-    comm_s: float
-    overlapped_comm_s: float
-    exposed_comm_s: float
-    idle_s: float
+    compute_s: float | None
+    comm_s: float | None
+    overlapped_comm_s: float | None
+    exposed_comm_s: float | None
+    idle_s: float | None
     comm_to_compute: float | None
     overlap_pct: float | None
 

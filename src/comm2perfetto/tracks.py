@@ -11,24 +11,42 @@ its recorder calls and its profiler traces' collectives, joined by (group, seq),
 - Profiler traces' collectives (``sources.kineto.collectives``) join the row of the same (group, seq), which
   gets the kernel's GPU begin and time; on a trace without ``Seq``, by order, only on ranks with no other record
   of that group (``merge_traces``).
+- A CPU backend's collectives that no source timed (gloo's Flight Recorder times none, and the patch layer does
+  not see DDP's) take the times of the backend's own annotation of their run in the rank's profiler traces
+  (``gloo:all_reduce`` on a gloo worker thread), found through the ``c10d::`` op that enqueued them
+  (``time_by_backend_annotations``).
 - Send and recv ops (``P2POp``) come from Flight Recorder where it recorded the rank's, else from the recorder.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import heapq
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from comm2perfetto.group_columns import Rows, Track, rows_of
-from comm2perfetto.model import ROOTED_FAMILIES, CallState, Frame, P2POp, ProcessGroup, Signature, op_family
+from comm2perfetto.model import (
+    ROOTED_FAMILIES,
+    CallState,
+    Frame,
+    P2POp,
+    ProcessGroup,
+    Signature,
+    gpu_backend,
+    op_family,
+)
 from comm2perfetto.sources.event_log import Group
 from comm2perfetto.sources.fr.columns import GroupTrack
+from comm2perfetto.sources.kineto.classify import BACKEND_ANNOTATION
 from comm2perfetto.sources.kineto.collectives import SEQ, TraceCollective, numbered, order_numbers
 from comm2perfetto.sources.kineto.comm_kernels import family_op
+from comm2perfetto.sources.kineto.events import KinetoCommEvent, KinetoTrace
 
 __all__ = ["LOG_P2P_CALLS", "SiteInterner", "fr_p2p", "joined_signature", "merge_log", "merge_traces",
-           "number_by_order", "parse_site"]
+           "number_by_order", "parse_site", "time_by_backend_annotations"]
 
 LOG_P2P = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
 # Recorder calls that are point-to-point transfers rather than collectives.
@@ -275,6 +293,109 @@ def merge_traces(trace_cols: dict[int, list[TraceCollective]], local: dict[tuple
         notes.append("profiler traces without sequence numbers (Seq) were not joined to the Flight Recorder or "
                      f"recorder records of group(s) {', '.join(sorted(not_joined))}")
     return gpu_ends
+
+
+def time_by_backend_annotations(traces: Mapping[int, Sequence[KinetoTrace]], groups: Mapping[str, ProcessGroup],
+                                tracks: dict[tuple[int, str], Track]) -> int:
+    """Time the collectives of CPU backends that no source timed from the rank's profiler traces; returns how
+    many were timed. gloo runs each collective on a worker thread of its group, where the profiler records its
+    run (``gloo:all_reduce``, no args); the training thread records the ``c10d::allreduce_`` op that enqueued
+    it, inside which Flight Recorder created its entry (``time_created``). So an entry whose creation falls
+    inside a ``c10d::`` op of its op family is that op's collective, and it ran as the first annotation of the
+    family not yet taken that began after the op began, on a worker thread of no other group (each group has
+    its own workers, and runs its queue in order). The row keeps its arrival (Flight Recorder's creation) and
+    takes the annotation's begin and end as its start and end.
+
+    Seen on torch 2.13 with DDP on gloo, one training step::
+
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "tid": 14018, "ts": 968118.4, "dur": 80.0}
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "tid": 14129, "ts": 968244.6,
+         "dur": 1189.4}
+
+    with the rank's Flight Recorder entry of that all_reduce created at 968157.4 (us, on the trace's clock)."""
+    timed = 0
+    for rank, rank_traces in traces.items():
+        rows = {uid: rows_of(track) for (r, uid), track in tracks.items()
+                if r == rank and not gpu_backend(groups[uid].backend)}
+        untimed = sorted((arrive, uid, i) for uid, track in rows.items()
+                         for i, (arrive, end) in enumerate(zip(track.arrive, track.end))
+                         if arrive is not None and end is None and track.sigs[i] is not None)
+        if not untimed:
+            continue
+        events = [e for t in rank_traces for e in t.comm_events if not e.on_gpu]
+        ops = sorted((e for e in events if e.name.startswith("c10d::")), key=_begin)
+        runs = _BackendRuns(e for e in events if BACKEND_ANNOTATION.match(e.name))
+        found: dict[str, dict[int, KinetoCommEvent]] = defaultdict(dict)
+        for (_, uid, i), op in zip(untimed, _enclosing(ops, [arrive for arrive, _, _ in untimed])):
+            sig = rows[uid].sigs[i]
+            family = op_family(sig.fr_op or sig.op)
+            if op is not None and op_family(op.name.removeprefix("c10d::").rstrip("_")) == family:
+                run = runs.take(family, op.t_begin_ns, uid)
+                if run is not None:
+                    found[uid][i] = run
+        for uid, by_row in found.items():
+            tracks[(rank, uid)] = _with_run_times(rows[uid], by_row)
+            timed += len(by_row)
+    return timed
+
+
+def _begin(e: KinetoCommEvent) -> int:
+    return e.t_begin_ns
+
+
+def _enclosing(ops: list[KinetoCommEvent], times: list[int]) -> list[KinetoCommEvent | None]:
+    """For each of ``times`` (ascending), the latest-begun op (``ops`` sorted by begin) whose span holds it, or
+    None: one sweep, with the ops begun so far in a heap by their end."""
+    out: list[KinetoCommEvent | None] = []
+    open_ops: list[tuple[int, int]] = []  # (end, index)
+    j = 0
+    for t in times:
+        while j < len(ops) and ops[j].t_begin_ns <= t:
+            heapq.heappush(open_ops, (ops[j].t_end_ns, j))
+            j += 1
+        while open_ops and open_ops[0][0] < t:
+            heapq.heappop(open_ops)
+        holding = [k for end, k in open_ops if end >= t]
+        out.append(ops[max(holding)] if holding else None)
+    return out
+
+
+class _BackendRuns:
+    """A rank's backend annotations (``gloo:all_reduce``) by op family, in begin order, each taken once, each
+    worker thread serving one group."""
+
+    def __init__(self, events: Iterable[KinetoCommEvent]) -> None:
+        self.runs: dict[str, list[KinetoCommEvent]] = defaultdict(list)
+        for e in events:
+            self.runs[op_family(e.name.partition(":")[2])].append(e)
+        self.begins: dict[str, list[int]] = {}
+        for family, runs in self.runs.items():
+            runs.sort(key=_begin)
+            self.begins[family] = [r.t_begin_ns for r in runs]
+        self.taken: set[int] = set()
+        self.worker_group: dict[Any, str] = {}
+
+    def take(self, family: str, after: int, uid: str) -> KinetoCommEvent | None:
+        """The first annotation of ``family`` begun at ``after`` or later, not taken, on a worker thread of no
+        other group than ``uid``; None when there is none."""
+        runs = self.runs.get(family, [])
+        for k in range(bisect.bisect_left(self.begins.get(family, []), after), len(runs)):
+            run = runs[k]
+            if id(run) in self.taken or self.worker_group.setdefault(run.tid, uid) != uid:
+                continue
+            self.taken.add(id(run))
+            return run
+        return None
+
+
+def _with_run_times(rows: Rows, runs: Mapping[int, KinetoCommEvent]) -> Rows:
+    """The rows with each of ``runs``' row started and ended as its annotation; ``+kineto`` added to its source."""
+    sources = list(rows.sources) if rows.sources is not None else ["fr"] * len(rows.seqs)
+    start, end = list(rows.start), list(rows.end)
+    for i, run in runs.items():
+        start[i], end[i] = run.t_begin_ns, run.t_end_ns
+        sources[i] = f"{sources[i]}+kineto"
+    return dataclasses.replace(rows, start=start, end=end, sources=sources)
 
 
 def _listed(column: list | None) -> list:

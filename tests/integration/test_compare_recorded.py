@@ -18,7 +18,8 @@ job started together differed by up to 20 % in step time while the suite ran her
 cores): the steps sleep 100 ms, and every comparison uses ``--min-change 25``, the noise margin measured for
 this machine, as docs/compare.md says to choose one. A planted change may move the job's and the ranks'
 breakdowns (the late rank makes everyone's step longer); what must not move is any other collective,
-straggler or module.
+straggler or module. The compared steps are profiled: gloo's Flight Recorder does not time DDP's all-reduces,
+the profiler does, and a step with an untimed collective has no communication figures.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             cwd = runner.folder()
             runner.write(cwd, JOB)
             started[name] = runner.start_in(cwd, [*torchrun(2), "--go", str(go), *extra],
-                                            record_args=["--stall-after", "off"])
+                                            record_args=["--stall-after", "off", "--profile-steps", STEPS])
         for job in started.values():
             job.wait_for("ready", READY_TIMEOUT_S)
         go.touch()

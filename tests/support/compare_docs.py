@@ -33,10 +33,11 @@ class ReportDoc:
     modules: list[dict[str, Any]] = field(default_factory=list)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
 
-    def step(self, n: int, span: float, exposed: float = 0.0, per_rank: dict[int, float] | None = None) -> None:
+    def step(self, n: int, span: float, exposed: float = 0.0, per_rank: dict[int, float] | None = None,
+             compute: float | None = None) -> None:
         """Step ``n``: the job's figures, and each rank's (its exposed communication from ``per_rank``)."""
-        ranks = {str(r): figures(span, (per_rank or {}).get(r, exposed)) for r in self.ranks}
-        self.steps.append({"step": n, "job": figures(span, exposed), "ranks": ranks})
+        ranks = {str(r): figures(span, (per_rank or {}).get(r, exposed), compute) for r in self.ranks}
+        self.steps.append({"step": n, "job": figures(span, exposed, compute), "ranks": ranks})
 
     def collective(self, uid: str, op: str, step: int | None, nbytes: int, duration: float | None = None,
                    skew: float | None = None, last_rank: int | None = None, busbw: float | None = None) -> None:

@@ -12,10 +12,10 @@ from comm2perfetto.compare.document import CompareOptions, build
 from comm2perfetto.compare.sides import Side
 from comm2perfetto.render.compare_csv import render_csv
 from comm2perfetto.render.compare_plot import render_html
-from comm2perfetto.render.compare_text import render_text
+from comm2perfetto.render.compare_text import render_text, what_text
 from comm2perfetto.sources.report_json import check_report
 from support.cli import run_cli, run_cli_process
-from support.compare_docs import ReportDoc
+from support.compare_docs import FIGURES, ReportDoc
 
 STEPS = range(2, 22)  # 20 steps
 UID = "0[0,1]"
@@ -29,7 +29,7 @@ def _steady(seed: int, span: float = 0.050, exposed: float = 0.005, late: float 
     doc = ReportDoc()
     for n in STEPS:
         jitter = 1 + rnd.uniform(-0.04, 0.04)
-        doc.step(n, (span + late) * jitter, (exposed + late) * jitter)
+        doc.step(n, (span + late) * jitter, (exposed + late) * jitter, compute=span / 2 * jitter)  # late: waiting
         doc.collective(UID, "all_reduce", n, 1 << 20, 0.002 * jitter, 0.0002 * jitter, 0, 10.0 / jitter)
         doc.collective(UID, "all_reduce", n, 1 << 20, (0.002 + late) * jitter, (0.0002 + late) * jitter, 1,
                        10.0 / jitter)
@@ -128,6 +128,92 @@ def test_few_samples_are_inconclusive_not_unchanged():
     assert step_time["relative"] == pytest.approx(1.0)
 
 
+def test_a_figure_measured_in_no_step_is_unknown_not_unchanged():
+    """Compute and communication known in 4 of 20 steps (the profiled ones, as in the demo), null elsewhere:
+    each side's sample holds those 4 steps; a metric null in every step is unknown, not 0 -> 0 unchanged."""
+    sides = []
+    for seed in (1, 2):
+        doc = _steady(seed)
+        for step in doc.steps:
+            unmeasured = ("compute_s", "overlapped_comm_s", "exposed_comm_s", "idle_s", "comm_to_compute",
+                          "overlap_pct") if 5 <= step["step"] <= 8 else FIGURES[1:]
+            for figures_ in (step["job"], *step["ranks"].values()):
+                figures_.update(dict.fromkeys(unmeasured, None))
+        sides.append(doc)
+    doc = _compare(*sides)
+    job = {line["metric"]: line for line in doc["lines"] if line["section"] == "job"}
+    assert (job["comm"]["base_n"], job["comm"]["new_n"], job["step_time"]["base_n"]) == (4, 4, 20)
+    assert job["comm"]["verdict"] == "unchanged" and job["comm"]["base"] == pytest.approx(0.005, rel=0.1)
+    for metric in ("compute", "exposed_comm", "idle", "overlap", "comm_to_compute"):
+        assert job[metric]["verdict"] == "unknown" and job[metric]["base"] is None, job[metric]
+    assert doc["summary"]["unknown"] == 5 * 3  # the job and two ranks
+    text = render_text(doc)
+    assert "compute" in text and "unmeasured" in text and " 0s " not in text
+
+
+def test_one_off_collectives_compare_per_run_so_runs_of_different_length_compare():
+    """20 and 40 steps of one program: an all_reduce every step, 4 start-up broadcasts (two before the first
+    step, two in it), a metric reduced at the end of each of 2 epochs, a barrier at the end: per step, only
+    the all_reduce; the rest per run, the same in both, so 'count>0' does not fire."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    def run(steps: int) -> ReportDoc:
+        doc = ReportDoc()
+        for n in range(1, steps + 1):
+            doc.step(n, 0.05, 0.005)
+            doc.collective(UID, "all_reduce", n, 1 << 20, 0.002, 0.0002, 0, 10.0)
+        for step in (None, None, 1, 1):
+            doc.collective(UID, "broadcast", step, 4096, 0.001, 0.0001, 0)
+        for step in (steps // 2, steps):
+            doc.collective(UID, "reduce", step, 4, 0.001, 0.0001, 0)
+        doc.collective(UID, "barrier", steps, 0, 0.001, 0.0001, 0)
+        return doc
+
+    doc = _compare(run(20), run(40), gate=tuple(parse_gate("count>0")))
+    counts = {(line["op"], line.get("per")): (line["base"], line["new"], line["verdict"])
+              for line in doc["lines"] if line["metric"] == "count" and line["section"] == "collective"}
+    assert counts == {("all_reduce", None): (1.0, 1.0, "unchanged"), ("broadcast", "run"): (4, 4, "unchanged"),
+                      ("reduce", "run"): (2, 2, "unchanged"), ("barrier", "run"): (1, 1, "unchanged")}
+    assert doc["gate"]["failed"] == []
+    [broadcast] = [line for line in doc["lines"] if line.get("op") == "broadcast" and line["metric"] == "count"]
+    assert what_text(broadcast) == "default_pg broadcast 4KB-8KB (one-off: per run)"
+
+
+def test_a_machine_slower_for_everything_is_said_so_and_fails_no_communication_gate():
+    """NEW ran everything 60 % slower (compute, communication, the step: a loaded machine): the headline says
+    the step got slower overall, and 'exposed_comm>5%' fires only with the rule before (compared as is)."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    gate = tuple(parse_gate("exposed_comm>5%"))
+    base, slower = _steady(1), _steady(2, span=0.050 * 1.6, exposed=0.005 * 1.6)
+    doc = _compare(base, slower, gate=gate, min_change=0.05)  # a margin below the change
+    assert doc["gate"]["failed"] == []
+    assert doc["cause"].startswith("the step got slower overall: compute +") and "a load or machine" in doc["cause"]
+    assert render_text(doc).startswith("REGRESSED -- the step got slower overall")
+    [exposed] = [line for line in doc["lines"] if line["section"] == "job" and line["metric"] == "exposed_comm"]
+    # compute is half the step: 25 ms -> 40 ms, a shift of 15 ms, explains all of exposed's 3 ms
+    assert exposed["verdict"] == "unchanged" and exposed["context"]["beyond_compute_s"] == pytest.approx(0.003,
+                                                                                                         rel=0.1)
+    assert _compare(base, slower, gate=gate, min_change=0.05, beyond_load=False)["gate"]["failed"] != []
+    # communication that grew beyond compute's shift is still caught: 5 ms -> 40 ms, 20 ms (40 % of 50 ms) beyond
+    doc = _compare(base, _steady(2, span=0.050 * 1.6, exposed=0.040), gate=gate, min_change=0.05)
+    assert doc["gate"]["failed"] and doc["cause"].startswith("communication: exposed_comm +")
+
+
+def test_a_gate_fires_only_on_a_line_that_changed_beyond_the_margin_too():
+    """Exposed communication +3 ms in a 50 ms step (+6 %): beyond the gate's 5 %, within the 10 % margin (the
+    run-to-run noise allowed): unchanged, and the gate holds; with a 5 % margin it is regressed and fires."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    gate = tuple(parse_gate("job.exposed_comm>5%"))
+    doc = _compare(_steady(1), _steady(2, exposed=0.008), gate=gate)
+    [line] = [x for x in doc["lines"] if x["section"] == "job" and x["metric"] == "exposed_comm"]
+    assert line["relative_low"] > 0.05 and line["verdict"] == "unchanged" and doc["gate"]["failed"] == []
+    doc = _compare(_steady(1), _steady(2, exposed=0.008), gate=gate, min_change=0.05)
+    [failure] = doc["gate"]["failed"]
+    assert [doc["lines"][i]["verdict"] for i in failure["lines"]] == ["regressed"]
+
+
 def test_runs_of_different_shape_say_so_and_compare_what_matches():
     base = _steady(1)
     new = ReportDoc(ranks=(0, 1, 2, 3), world_size=4,
@@ -162,7 +248,7 @@ def test_a_report_saved_before_samples_existed_compares_by_count():
 def test_renderers_show_the_same_lines():
     doc = _compare(_steady(1), _steady(2, late=0.010))
     text = render_text(doc)
-    assert text.startswith("REGRESSED: ")
+    assert text.startswith("REGRESSED -- communication: exposed_comm +")
     assert "job (median per step)" in text and "rank 1  wait_caused" in text
     assert "default_pg all_reduce 1MB-2MB  skew" in text and "waited for: rank 0 (50.0%) -> rank 1 (98.1%)" in text
     assert all(line == line.rstrip() for line in text.splitlines())

@@ -63,6 +63,7 @@ def test_fires_only_when_the_whole_interval_passes_the_threshold():
     assert not rise.fires(_line(rel_low=0.04))                   # could be 4 %
     assert not rise.fires(_line(rel_low=None, rel_high=None))    # no interval: never fails a build
     assert not rise.fires(_line(metric="comm"))                  # another metric
+    assert not rise.fires(_line(verdict="unchanged"))            # within the margin: noise
     [absolute] = parse_gate("exposed_comm>2ms")
     assert absolute.fires(_line()) and not absolute.fires(_line(low=0.001))
     [fall] = parse_gate("busbw<-10%")

@@ -175,7 +175,8 @@ def test_breakdown_in_a_window_clips_every_union():
 
 def test_cpu_basis_never_counts_a_blocked_thread_as_compute(tmp_path):
     """A user range wraps a whole step; inside it a blocking all_reduce waits 30 ms: that is comm, not compute.
-    An async all_reduce completes while a second range computes: overlapped."""
+    An async all_reduce is issued in 1 ms (comm, not compute: the thread is inside the call) and completes while
+    the range computes: overlapped."""
     ms = 1_000_000
     log = EventLog(rank=0, world=1)
     log.group(0, "0", "default_pg", [0])
@@ -190,10 +191,10 @@ def test_cpu_basis_never_counts_a_blocked_thread_as_compute(tmp_path):
     a = rank_activity(job, 0, None)
     b = breakdown(a)
     assert a.basis == "cpu" and "recorder ranges" in a.sources
-    assert b.compute_ns == (100 - 30) * ms            # the range minus the blocking call
+    assert b.compute_ns == (100 - 30 - 1) * ms        # the range minus both calls, call to return
     assert b.comm_ns == (30 + 10) * ms                # blocking call, and the async one from call to completion
-    assert b.overlapped_ns == 10 * ms                 # the async one, while the range computes
-    assert b.exposed_ns == 30 * ms
+    assert b.overlapped_ns == (10 - 1) * ms           # the async one after its return, while the range computes
+    assert b.exposed_ns == (30 + 1) * ms
 
 
 # --- bandwidth ------------------------------------------------------------------------------------------------
@@ -449,13 +450,34 @@ def test_report_says_which_steps_its_figures_cover_when_compute_is_profiled_only
     steps = [(n, n * 10, n * 10 + 10) for n in range(1, 7)]
     activities = {0: _profiled_only(steps, [(30, 50)])}
     assert _profiled_note(activities, None) == [
-        "compute is known only in the profiled steps 3-4: these figures cover steps 1-6, and the 4 unprofiled "
-        "ones count no compute; --steps 3-4 reports those alone"]
+        "compute is known only in the profiled steps 3-4: these figures cover steps 1-6; in the 4 unprofiled "
+        "ones compute is not measured: '-' (null) in their rows, and the run's figures count none there; "
+        "--steps 3-4 reports those alone"]
     assert _profiled_note(activities, (3, 4)) == [
         "compute is known only in the profiled steps 3-4: these figures cover steps 3-4, all profiled"]
     # Compute from ranges too (compute_windows None): known everywhere, nothing to say.
     assert _profiled_note({0: _RankFacts.of(RankActivity(0, Basis.CPU, (), [], [], [], tuple(steps)))}, None) == []
     assert steps_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"
+
+
+def test_a_figure_not_measured_in_a_step_is_none_not_zero():
+    """Steps 1-4 of 10 ns; the profiler ran over steps 2-3 (compute known there only) and a collective nothing
+    timed arrived in step 3: step 2 is measured, step 1 and 4 have no compute, step 3 no communication; a
+    total is known where every part is."""
+    steps = tuple((n, n * 10, n * 10 + 10) for n in range(1, 5))
+    a = RankActivity(0, Basis.CPU, (), compute=[(20, 25), (30, 35)], comm=[(24, 28)], memory=[], steps=steps,
+                     compute_windows=((20, 40),), untimed=(33,))
+    rows = {n: breakdown(a, (b, e)).as_dict() for n, b, e in steps}
+    assert rows[2] == pytest.approx({"span_s": 10e-9, "compute_s": 5e-9, "comm_s": 4e-9, "overlapped_comm_s": 1e-9,
+                                     "exposed_comm_s": 3e-9, "idle_s": 2e-9, "comm_to_compute": 4 / 5,
+                                     "overlap_pct": 25.0}, abs=1e-15)
+    assert rows[1]["comm_s"] == rows[4]["comm_s"] == 0.0 and rows[3]["compute_s"] == 5e-9  # measured
+    for n, measured in ((1, "comm_s"), (4, "comm_s"), (3, "compute_s")):
+        assert [k for k, v in rows[n].items() if v is None] == [
+            "compute_s" if measured == "comm_s" else "comm_s", "overlapped_comm_s", "exposed_comm_s", "idle_s",
+            "comm_to_compute", "overlap_pct"], rows[n]
+    job = job_breakdown([breakdown(a, (20, 30)), breakdown(a, (10, 20))])
+    assert job["span_s"] == 10e-9 and job["compute_s"] is None and job["comm_s"] == 2e-9 and job["idle_s"] is None
 
 
 # --- memory that follows the answer ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.intervals import intersection, length, union
+from comm2perfetto.intervals import difference, intersection, length, union
 from comm2perfetto.report.activity import RankActivity
 from comm2perfetto.report.classes import rank_classes
 from comm2perfetto.sources.kineto.classify import cpu_class
@@ -52,7 +52,8 @@ def test_the_previews_compute_is_the_reports_to_a_pixel(path, tmp_path):
 def test_cpu_ops_that_only_wrap_work_are_never_compute():
     """ProfilerStep#n, Python frames, the backend's own op (gloo:all_reduce), c10d:: and record_param_comms
     wrap work or are communication; runtime calls only launch it. On a real gloo DDP trace (with_stack=True):
-    none of them counts as compute, and the compute the report reads is the operators that remain."""
+    none of them counts as compute, and the compute the report reads is the operators that remain, less the
+    communication ops on their thread (DDP's c10d::allreduce_ runs inside autograd's AccumulateGrad)."""
     trace = read_kineto(GLOO)
     classes = {ev.name: cpu_class(ev.kind, ev.name) for ev in trace.cpu_ops}
     wrappers = [name for name, ev_kind in {ev.name: ev.kind for ev in trace.cpu_ops}.items()
@@ -65,7 +66,13 @@ def test_cpu_ops_that_only_wrap_work_are_never_compute():
     assert compute_ops and all(ev.kind in ("cpu_op", "user_annotation") for ev in trace.cpu_ops
                                if classes[ev.name] == "compute")
     reported = kineto_intervals([GLOO]).cpu_compute
-    assert reported == union(compute_ops)
+    by_lane: dict[str, tuple[list, list]] = {}
+    for ev in trace.cpu_ops:
+        if classes[ev.name] in ("compute", "comm"):
+            by_lane.setdefault(ev.lane, ([], []))[classes[ev.name] == "comm"].append((ev.t_begin_ns, ev.t_end_ns))
+    assert reported == union([s for ops, comm in by_lane.values() for s in difference(union(ops), union(comm))])
+    nested = intersection(union(compute_ops), union([s for _, comm in by_lane.values() for s in comm]))
+    assert length(nested) > 0 and length(intersection(nested, reported)) == 0  # the nested collectives left it
     steps = [(ev.t_begin_ns, ev.t_end_ns) for ev in trace.cpu_ops if ev.name.startswith("ProfilerStep#")]
     assert length(intersection(union(steps), reported)) < length(union(steps))  # steps are not all compute
 

@@ -34,14 +34,16 @@ from comm2perfetto.compare.samples import (
     wait_caused_samples,
 )
 from comm2perfetto.compare.sides import Side, layout_notes
-from comm2perfetto.compare.statistics import CONFIDENCE, median
+from comm2perfetto.compare.statistics import CONFIDENCE, median, shift
 from comm2perfetto.compare.verdicts import (
     METRICS,
     VERDICTS,
     Line,
+    cause,
     judge_exact,
     judge_sampled,
     presence_line,
+    unknown_line,
 )
 from comm2perfetto.report.bandwidth import percentile
 from comm2perfetto.report.document import steps_text
@@ -49,6 +51,8 @@ from comm2perfetto.report_doc import FigureKey
 
 VERSION = 1
 MIN_CHANGE = 0.10
+# Communication times that a slower rank (less CPU, a busier machine) stretches by its compute's slowdown.
+LOAD_SCALED = frozenset({"comm", "exposed_comm", "duration"})
 # Bus bandwidth is compared from this message size up: below it a collective's time is mostly its latency,
 # which its duration already shows (nccl-tests' bandwidth curves flatten from about 1 MiB on GPUs).
 MIN_BANDWIDTH_BYTES = 1 << 20
@@ -59,12 +63,16 @@ STEP_FIGURES: tuple[FigureKey, ...] = ("span_s", "compute_s", "comm_s", "exposed
 class CompareOptions:
     """How two runs are compared: ``min_change``, the smallest change that counts (0.10: 10 %, or 10 points for
     a percentage; ``--min-change``); ``steps_by_position``: pair the steps of the two ranges by position, not by
-    number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``)."""
+    number (``--steps A-B:C-D``); ``gate``: the ``--fail-on`` expressions (``gate.parse_gate``);
+    ``beyond_load``: judge a communication time that moved with compute on what moved beyond compute's
+    shift (``verdicts.judge_sampled``'s ``slack``); False is the rule before it, which
+    benchmarks/compare_noise.py measures beside it."""
 
     min_change: float = MIN_CHANGE
     confidence: float = CONFIDENCE
     steps_by_position: bool = False
     gate: tuple[Expression, ...] = ()
+    beyond_load: bool = True
 
 
 def build(base: Side, new: Side, options: CompareOptions) -> dict[str, Any]:
@@ -81,8 +89,10 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
     groups = match_groups(base.doc, new.doc)
     base_job = breakdown_samples(base, per_step=per_step)
     step_time = median(base_job["step_time"]) if base_job["step_time"] else None
-    judge = _Judge(min_change, confidence)
-    lines = judge.breakdowns("job", {}, base_job, breakdown_samples(new, per_step=per_step))
+    new_job = breakdown_samples(new, per_step=per_step)
+    judge = _Judge(min_change, confidence, _slack(base, new, base_job, new_job, per_step)
+                   if options.beyond_load else None)
+    lines = judge.breakdowns("job", {}, base_job, new_job)
     lines += _rank_lines(judge, base, new, per_step)
     lines += _collective_lines(judge, base, new, groups, step_time if per_step else None)
     lines += _straggler_lines(judge, base, new, per_step, step_time)
@@ -100,6 +110,7 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
         "lines": [line.as_dict() for line in lines],
         "steps": _step_table(base, new, options.steps_by_position),
         "summary": {v: sum(1 for line in lines if line.verdict == v) for v in VERDICTS},
+        "cause": cause([line.as_dict() for line in lines]),
         "notes": [f"{side.role}: {note}" for side in (base, new) for note in side.doc["notes"]],
     }
 
@@ -107,20 +118,36 @@ def _comparison(base: Side, new: Side, options: CompareOptions) -> dict[str, Any
 class _Judge:
     """The verdict functions with this comparison's margin and confidence."""
 
-    def __init__(self, margin: float, confidence: float) -> None:
+    def __init__(self, margin: float, confidence: float, slack: tuple[float, float] | None) -> None:
         self.margin = margin
         self.confidence = confidence
+        self.slack = slack
 
     def sampled(self, section: str, key: dict[str, Any], metric: str, base: list[float], new: list[float],
                 step_time: float | None = None) -> Line | None:
-        return judge_sampled(section, key, METRICS[metric], base, new, self.margin, step_time, self.confidence)
+        return judge_sampled(section, key, METRICS[metric], base, new, self.margin, step_time, self.confidence,
+                             self.slack if metric in LOAD_SCALED else None)
 
     def breakdowns(self, section: str, key: dict[str, Any], base: Mapping[str, list[float]],
                    new: Mapping[str, list[float]]) -> list[Line]:
-        """The breakdown metrics of the job or one rank; times as a share of BASE's median step time."""
+        """The breakdown metrics of the job or one rank; times as a share of BASE's median step time. A metric
+        no step measured on either side is ``unknown``: its samples hold only the steps that measured it."""
         step_time = median(base["step_time"]) if base["step_time"] else None
-        lines = [self.sampled(section, key, name, base[name], new[name], step_time) for name in BREAKDOWN_KEYS]
-        return [line for line in lines if line is not None]
+        return [self.sampled(section, key, name, base[name], new[name], step_time)
+                or unknown_line(section, key, METRICS[name]) for name in BREAKDOWN_KEYS]
+
+
+def _slack(base: Side, new: Side, base_job: Mapping[str, list[float]], new_job: Mapping[str, list[float]],
+           per_step: bool) -> tuple[float, float] | None:
+    """(fall, rise): the largest shifts down and up (seconds a step, 0 for none) of the compute of the job
+    and of each rank in both runs; None when no compute is measured on both sides. The slowest rank sets the
+    pace: the others wait for it as long as it computed longer."""
+    pairs = [(base_job["compute"], new_job["compute"])]
+    for rank in set(base.ranks) & set(new.ranks):
+        pairs.append((breakdown_samples(base, str(rank), per_step)["compute"],
+                      breakdown_samples(new, str(rank), per_step)["compute"]))
+    shifts = [shift(b, n).estimate for b, n in pairs if b and n]
+    return (min(0.0, *shifts), max(0.0, *shifts)) if shifts else None
 
 
 def _rank_lines(judge: _Judge, base: Side, new: Side, per_step: bool) -> list[Line]:
@@ -162,22 +189,39 @@ def _bucket_order(size: Bucket | str | None) -> tuple[int, int]:
     return (1, 0) if not isinstance(size, tuple) else (0, size[0])
 
 
-def _per_step(side: Side, samples: CollectiveSamples) -> tuple[float, float]:
-    """(count, bytes) per step; a report saved without samples counts over every step it covered."""
-    steps = steps_covered(side) if samples.sampled else module_steps(side)
-    return samples.count / steps, samples.bytes / steps
+def _per_step(side: Side, samples: CollectiveSamples, per_run: bool) -> tuple[float, float]:
+    """(count, bytes) per step of the compared steps, or in the whole run (``per_run``: one-off collectives);
+    a report saved without samples counts over every step it covered."""
+    if per_run:
+        return samples.count, samples.bytes
+    if not samples.sampled:
+        return samples.count / module_steps(side), samples.bytes / module_steps(side)
+    if not side.steps:
+        return samples.count, samples.bytes
+    return samples.in_steps / steps_covered(side), samples.bytes_in_steps / steps_covered(side)
 
 
 def _count_lines(key: dict[str, Any], b: CollectiveSamples | None, n: CollectiveSamples | None, base: Side,
                  new: Side) -> list[Line]:
-    b_count, b_bytes = _per_step(base, b) if b is not None and b.count else (None, None)
-    n_count, n_bytes = _per_step(new, n) if n is not None and n.count else (None, None)
+    """Count and bytes per step; of one-off collectives (occasional in both runs, or in the one that has
+    them), per run, with ``per: run`` in the key."""
+    per_run = all(samples.occasional(side) for samples, side in ((b, base), (n, new))
+                  if samples is not None and samples.count)
+    if per_run:
+        key = {**key, "per": "run"}
+    b_count, b_bytes = _per_step(base, b, per_run) if b is not None and b.count else (None, None)
+    n_count, n_bytes = _per_step(new, n, per_run) if n is not None and n.count else (None, None)
     if b_count is None and n_count is None:
         return []
-    lines = [judge_exact("collective", key, METRICS["count"], b_count, n_count, len(base.steps), len(new.steps))]
+    if not per_run and not b_count and not n_count:
+        return []  # none in a compared step on either side
+    base_n, new_n = (1, 1) if per_run else (len(base.steps), len(new.steps))
+    if not per_run:  # none in the compared steps is none per step
+        b_count, b_bytes = (None, None) if not b_count else (b_count, b_bytes)
+        n_count, n_bytes = (None, None) if not n_count else (n_count, n_bytes)
+    lines = [judge_exact("collective", key, METRICS["count"], b_count, n_count, base_n, new_n)]
     if b_count is not None and n_count is not None:
-        lines.append(judge_exact("collective", key, METRICS["bytes"], b_bytes, n_bytes, len(base.steps),
-                                 len(new.steps)))
+        lines.append(judge_exact("collective", key, METRICS["bytes"], b_bytes, n_bytes, base_n, new_n))
     return lines
 
 
@@ -189,7 +233,7 @@ def _bucket_lines(judge: _Judge, key: dict[str, Any], b: CollectiveSamples | Non
     duration = judge.sampled("collective", key, "duration", b.per_step(base, "duration"),
                              n.per_step(new, "duration"), step_time)
     if duration is not None:
-        duration.context = {"base_p50": _p50(b.durations), "new_p50": _p50(n.durations),
+        duration.context = {**duration.context, "base_p50": _p50(b.durations), "new_p50": _p50(n.durations),
                             "base_p99": _p99(b.durations), "new_p99": _p99(n.durations)}
     skew = judge.sampled("collective", key, "skew", b.per_step(base, "skew"), n.per_step(new, "skew"), step_time)
     if skew is not None:

@@ -16,9 +16,12 @@ Grammar (spaces ignored, expressions separated by commas)::
                | (none)                 (a plain number: count, and comm_to_compute, which takes nothing else)
 
 ``METRIC>T`` fails the run when some line of that metric (in that section, if named) changed by more than
-T with the comparison's confidence: the lower end of its interval is above T (``<``: the upper end below T).
-An exact metric's change is its interval. A collective or module that is new counts as a rise from nothing,
-one that is gone as a fall to nothing (a ``%`` threshold: any). A line with no interval never fails.
+T with the comparison's confidence: the lower end of its interval is above T (``<``: the upper end below T),
+and its verdict says it changed (``regressed`` or ``improved``: beyond the margin, ``--min-change``, too). So
+a gate never fires within the run-to-run noise the margin stands for, and never on a line that reads
+``unchanged``. An exact metric's change is its interval. A collective or module that is new counts as a rise
+from nothing, one that is gone as a fall to nothing (a ``%`` threshold: any). A line with no interval never
+fails.
 
 >>> [str(e) for e in parse_gate("exposed_comm>5%, collective.busbw<-10%")]
 ['exposed_comm>5%', 'collective.busbw<-10%']
@@ -71,6 +74,8 @@ class Expression:
             return False
         if line["verdict"] in (Verdict.NEW, Verdict.GONE):
             return self.metric in ("count", "bytes") and self._presence(line)
+        if line["verdict"] not in (Verdict.REGRESSED, Verdict.IMPROVED):
+            return False  # within the margin: noise, whatever the threshold
         low, high = (line["relative_low"], line["relative_high"]) if self.relative else (line["low"], line["high"])
         if low is None or high is None:
             return False

@@ -34,6 +34,9 @@ class CollectiveSamples:
 
     count: int = 0
     bytes: int = 0
+    in_steps: int = 0  # of count, those in a compared step, and their bytes
+    bytes_in_steps: int = 0
+    steps_seen: set[int] = field(default_factory=set)  # the compared steps with one of them
     durations: list[float] = field(default_factory=list)  # one per collective (for p50 and p99)
     busbw: list[float] = field(default_factory=list)
     skews: list[float] = field(default_factory=list)
@@ -41,6 +44,13 @@ class CollectiveSamples:
     duration_by_step: dict[int | None, float] = field(default_factory=dict)
     skew_by_step: dict[int | None, float] = field(default_factory=dict)
     sampled: bool = True  # False: a report saved without per-collective samples (only its totals are known)
+
+    def occasional(self, side: Side) -> bool:
+        """Whether these are one-off collectives rather than per-step ones: in fewer than half the compared
+        steps (DDP's start-up broadcasts, a barrier at the end, a metric reduced once an epoch). Their count
+        is compared per run, so runs of different length compare; per step it would be divided by the
+        steps."""
+        return bool(side.steps) and self.sampled and 2 * len(self.steps_seen) < len(side.steps)
 
     def per_step(self, side: Side, what: str) -> list[float]:
         """``duration`` or ``skew``: added up per compared step (0 where none ran), or one sample per
@@ -84,15 +94,21 @@ def collective_samples(side: Side) -> dict[tuple[str, str], dict[Bucket | str | 
 
 
 def _add_instances(side: Side, columns: Instances, buckets: dict, total: CollectiveSamples) -> None:
+    compared_steps = set(side.steps)
     for step, nbytes, duration, busbw, skew, last in zip(
             columns["step"], columns["bytes"], columns["duration_s"], columns["busbw_gbps"],
             columns["arrival_skew_s"], columns["last_rank"]):
         if not side.keeps(step):
             continue
         bucket = buckets.setdefault(size_bucket(nbytes), CollectiveSamples())
+        compared = step in compared_steps
         for samples in (bucket, total):
             samples.count += 1
             samples.bytes += nbytes or 0
+            if compared:
+                samples.in_steps += 1
+                samples.bytes_in_steps += nbytes or 0
+                samples.steps_seen.add(step)
         if duration is not None:
             bucket.durations.append(duration)
             bucket.duration_by_step[step] = bucket.duration_by_step.get(step, 0.0) + duration

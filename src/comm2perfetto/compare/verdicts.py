@@ -20,13 +20,15 @@ percentage, 0.1 for a ratio):
 - ``unchanged``: it does not (the change is within noise, or smaller than the margin);
 - ``inconclusive``: there is no interval (too few samples on a side, or none) and the change seen is beyond
   the margin: the samples cannot tell it from noise;
-- ``new`` / ``gone``: what exists in one run only (a collective, a module's collectives, a rank).
+- ``new`` / ``gone``: what exists in one run only (a collective, a module's collectives, a rank);
+- ``unknown``: measured in no compared step of either run (compute outside the profiled steps, gloo's
+  communication where nothing timed it): not a figure of 0, and never ``unchanged``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +45,7 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
     NEW = "new"
     GONE = "gone"
+    UNKNOWN = "unknown"
 
 
 class Kind(StrEnum):
@@ -61,7 +64,8 @@ class Scale(StrEnum):
 
 
 # The order the summary counts the verdicts in.
-VERDICTS = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.NEW, Verdict.GONE, Verdict.INCONCLUSIVE, Verdict.UNCHANGED)
+VERDICTS = (Verdict.REGRESSED, Verdict.IMPROVED, Verdict.NEW, Verdict.GONE, Verdict.INCONCLUSIVE, Verdict.UNKNOWN,
+            Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,13 @@ class Line:
 
 
 def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Sequence[float], new: Sequence[float],
-                  margin: float, step_time: float | None = None, confidence: float = CONFIDENCE) -> Line | None:
+                  margin: float, step_time: float | None = None, confidence: float = CONFIDENCE,
+                  slack: tuple[float, float] | None = None) -> Line | None:
     """A sampled metric's line (None when neither side has a sample). ``step_time``: BASE's median step time,
-    the scale of ``step`` metrics (without it they are measured against their own BASE value)."""
+    the scale of ``step`` metrics (without it they are measured against their own BASE value). ``slack``:
+    (fall, rise), the largest shifts of compute (seconds a step) down and up, of the job or any rank; a
+    communication time that moved the same way is judged on what moved beyond it (NEW's samples less that
+    shift), with ``context["beyond_compute_s"]``."""
     if not base and not new:
         return None
     shown_base = median(base) if base else None
@@ -142,6 +150,14 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
         return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), None, None, None, None,
                     None, None, Verdict.INCONCLUSIVE, metric.scale)
     est = shift(base, new, confidence)
+    context: dict[str, Any] = {}
+    explained = (min(slack[1], est.estimate) if est.estimate > 0 else max(slack[0], est.estimate)) \
+        if slack is not None else 0.0
+    if explained and (est.estimate > 0) == (explained > 0):  # never beyond the change itself
+        # A rank that computed slower (less CPU, a busier machine) keeps the others waiting as long, and on a
+        # CPU backend its communication slows with it: what moved beyond that is communication's own.
+        est = shift(base, [y - explained for y in new], confidence)
+        context["beyond_compute_s"] = explained
     change, low, high = est.estimate, est.low, est.high
     scale_value = None if metric.scale == Scale.ABSOLUTE else (
         step_time if metric.scale == Scale.STEP and step_time else shown_base)
@@ -153,7 +169,7 @@ def judge_sampled(section: str, key: dict[str, Any], metric: Metric, base: Seque
                            margin if scale_value else 0.0)
     return Line(section, key, metric.name, shown_base, shown_new, len(base), len(new), change, low, high, rel,
                 rel_low, rel_high, verdict,
-                metric.scale if metric.scale != Scale.STEP or step_time else Scale.BASE)
+                metric.scale if metric.scale != Scale.STEP or step_time else Scale.BASE, context)
 
 
 def judge_exact(section: str, key: dict[str, Any], metric: Metric, base: float | None, new: float | None,
@@ -195,7 +211,55 @@ def _verdict(metric: Metric, change: tuple[float | None, ...], margin: float) ->
     return Verdict.UNCHANGED
 
 
+def unknown_line(section: str, key: dict[str, Any], metric: Metric) -> Line:
+    """A metric measured in no compared step of either run."""
+    return Line(section, key, metric.name, None, None, 0, 0, None, None, None, None, None, None, Verdict.UNKNOWN,
+                metric.scale)
+
+
 def presence_line(section: str, key: dict[str, Any], base: bool) -> Line:
     """A thing present in one run only, with no figure to compare (a rank with data in one run)."""
     return Line(section, key, "present", None, None, int(base), int(not base), None, None, None, None, None, None,
                 Verdict.GONE if base else Verdict.NEW, Scale.BASE)
+
+
+def cause(lines: Sequence[Mapping[str, Any]]) -> str | None:
+    """What moved the step, in words, for the headline, from the document's lines (after the gate's say): the
+    step time beside compute and communication (job lines), and the collective or straggler line that moved
+    the most; None when the step time did not move.
+
+    - compute moved with the step and no communication beyond it: the step got slower (faster) overall, a
+      load or machine difference;
+    - communication moved beyond compute: communication, and where;
+    - compute alone: compute."""
+    job = {line["metric"]: line for line in lines if line["section"] == "job"}
+    step = job.get("step_time")
+    if step is None or step["verdict"] not in (Verdict.REGRESSED, Verdict.IMPROVED):
+        return None
+    way = "slower" if step["verdict"] == Verdict.REGRESSED else "faster"
+    moved = [job[m] for m in ("exposed_comm", "comm") if m in job and job[m]["verdict"] == step["verdict"]]
+    compute = job.get("compute")
+    with_compute = compute is not None and compute["verdict"] == step["verdict"]
+    if moved:
+        where = max((line for line in lines if line["metric"] in ("duration", "skew", "wait_caused")
+                     and line["verdict"] == step["verdict"] and line["relative"] is not None),
+                    key=lambda line: abs(line["relative"]), default=None)
+        beyond = " beyond compute's change" if with_compute else ""
+        text = f"communication: {_moved(moved[0])}{beyond}"
+        if where is not None:
+            what = (f"rank {where['rank']} kept the others waiting" if where["section"] == "straggler"
+                    else f"{where['group']} {where['op']} {where['metric']}")
+            text += f", most in {what} ({_moved(where)})"
+        return text
+    if with_compute and compute is not None:
+        return (f"the step got {way} overall: {_moved(compute)}, communication no more than that: a load or "
+                f"machine difference, not communication")
+    return f"the step got {way} ({_moved(step)}), neither compute nor communication alone beyond noise"
+
+
+def _moved(line: Mapping[str, Any]) -> str:
+    """``exposed_comm +12.5% of the step``: a line's change in words."""
+    if line["relative"] is None:
+        return f"{line['metric']} {line['change']:+.3g}" if line["change"] is not None else line["metric"]
+    scale = " of the step" if line["scale"] == Scale.STEP and line["metric"] != "step_time" else ""
+    return f"{line['metric']} {100 * line['relative']:+.1f}%{scale}"

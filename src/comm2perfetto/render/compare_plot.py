@@ -46,7 +46,7 @@ from comm2perfetto.render.report_plot import (
 from comm2perfetto.render.report_text import fmt_time
 
 VERDICT_COLOURS = {"regressed": "#f8d0c8", "improved": "#cfeedd", "new": "#d4e4f7", "gone": "#e4e4e4",
-                   "inconclusive": "#fbeac0", "unchanged": "#ffffff"}
+                   "inconclusive": "#fbeac0", "unknown": "#eeeeee", "unchanged": "#ffffff"}
 BAR_H = 9.0
 PAIR_GAP = 8.0
 COMPARE_STYLE = "".join(f"tr.{v} td {{ background: {c}; }}\n" for v, c in VERDICT_COLOURS.items()) + \

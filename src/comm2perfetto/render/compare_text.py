@@ -33,6 +33,7 @@ from comm2perfetto.render.report_text import (
     table,
 )
 
+UNMEASURED = "unmeasured"
 Doc = Mapping[str, Any]
 Line = Mapping[str, Any]
 SECTION_TITLES = {"rank": "ranks", "collective": "collectives",
@@ -42,7 +43,11 @@ LEGEND = ("change: the median shift between the runs (Hodges-Lehmann) and its {c
           "BASE's step time for times (step_time, compute, comm, exposed_comm, idle, duration, skew, wait_caused), "
           "as % of the BASE value for busbw, count and bytes, as it is for overlap (points) and comm_to_compute. "
           "{margin} is the smallest change that counts: a line is regressed or improved only when its whole "
-          "interval lies beyond it.")
+          "interval lies beyond it. A communication time (comm, exposed_comm, duration) that moved the way compute "
+          "did is judged on what moved beyond compute's (the largest shift of any rank's compute, taken off NEW's "
+          "samples: beyond compute's +D). "
+          "unknown (unmeasured): measured in no compared step of either run, which is not "
+          "0; n counts the steps that measured a metric.")
 
 
 def value_text(value: float | None, unit: str) -> str:
@@ -86,7 +91,13 @@ def interval_text(line: Line) -> str:
 def context_text(line: Line) -> str:
     """What a line shows beside its metric: a duration's p99, the rank most often last at a collective."""
     context = line.get("context") or {}
-    if line["metric"] == "duration" and context:
+    beyond = context.get("beyond_compute_s")
+    load = f"beyond compute's {'+' if beyond > 0 else '-'}{fmt_time(abs(beyond))}; " if beyond else ""
+    return load + _context_text(line, context)
+
+
+def _context_text(line: Line, context: Mapping[str, Any]) -> str:
+    if line["metric"] == "duration" and context.get("base_p50") is not None:
         return (f"one: p50 {fmt_time(context.get('base_p50'))} -> {fmt_time(context.get('new_p50'))}, "
                 f"p99 {fmt_time(context.get('base_p99'))} -> {fmt_time(context.get('new_p99'))}")
     if line["metric"] == "skew" and context:
@@ -126,7 +137,8 @@ def what_text(line: Line) -> str:
     """What a line is about: ``default_pg all_reduce 512KB-1MB``, ``rank 3``, ``Net.seq backward all_reduce``."""
     section = line["section"]
     if section == "collective":
-        return f"{line['group']} {line['op']} {size_text(line['size'])}"
+        once = " (one-off: per run)" if line.get("per") == "run" else ""
+        return f"{line['group']} {line['op']} {size_text(line['size'])}{once}"
     if section == "module":
         return f"{line['path']} {line['pass'] or '(no pass)'} {line['op']}"
     if section in ("rank", "straggler"):
@@ -140,6 +152,8 @@ def metric_text(line: Line) -> str:
 
 def _row(line: Line, with_what: bool) -> list[str]:
     cells = [what_text(line)] if with_what else []
+    if line["verdict"] == "unknown":  # measured nowhere: not a 0
+        return [*cells, metric_text(line), UNMEASURED, UNMEASURED, MISSING, MISSING, "unknown", ""]
     return [*cells, metric_text(line), value_text(line["base"], line["unit"]), value_text(line["new"], line["unit"]),
             change_text(line), interval_text(line), str(line["verdict"]), context_text(line)]
 
@@ -153,7 +167,7 @@ def _table(lines: Sequence[Line], with_what: bool) -> list[str]:
 
 def headline(doc: Doc) -> str:
     summary = doc.get("summary") or {}
-    counts = {v: summary.get(v, 0) for v in ("regressed", "improved", "new", "gone", "inconclusive")}
+    counts = {v: summary.get(v, 0) for v in ("regressed", "improved", "new", "gone", "inconclusive", "unknown")}
     shown = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     unchanged = summary.get("unchanged", 0)
     if counts["regressed"]:
@@ -163,8 +177,9 @@ def headline(doc: Doc) -> str:
     else:
         head = "UNCHANGED"
     tail = f"{unchanged} unchanged" + (f", {shown}" if shown and head == "UNCHANGED" else "")
-    return f"{head}: {shown}; {tail}" if head != "UNCHANGED" else (
-        f"UNCHANGED: no change beyond noise and the {doc.get('min_change_pct', 0):g}% margin ({tail})")
+    cause = f" -- {doc['cause']}" if doc.get("cause") else ""
+    return f"{head}{cause}: {shown}; {tail}" if head != "UNCHANGED" else (
+        f"UNCHANGED: no change beyond noise and the {doc.get('min_change_pct', 0):g}% margin ({tail}){cause}")
 
 
 def _side_text(role: str, side: Mapping[str, Any]) -> str:
@@ -202,8 +217,10 @@ def _changes_section(section: str, lines: Sequence[Line]) -> list[str]:
     if not shown:
         return [f"{title}: {_lines(len(mine))}, all unchanged" if len(mine) > 1 else f"{title}: 1 line, unchanged"]
     quiet = len(mine) - len(shown)
-    return [f"{title}: {len(shown)} of {_lines(len(mine))} changed" + (f" ({quiet} unchanged)" if quiet else ""),
-            *_table(shown, True)]
+    unknown = sum(1 for line in shown if line["verdict"] == "unknown")
+    others = [f"{quiet} unchanged"] * bool(quiet) + [f"{unknown} unknown"] * bool(unknown)
+    return [f"{title}: {len(shown) - unknown} of {_lines(len(mine))} changed"
+            + (f" ({', '.join(others)})" if others else ""), *_table(shown, True)]
 
 
 def _lines(n: int) -> str:

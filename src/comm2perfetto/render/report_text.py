@@ -193,7 +193,7 @@ def _select_ranks(ranks: Mapping[str, RankFigures]) -> tuple[list[str], list[str
         return ordered, [], []
     unknown = [r for r in ordered if ranks[r]["exposed_comm_s"] is None]
     known = sorted((r for r in ordered if r not in set(unknown)),
-                   key=lambda r: (-ranks[r]["exposed_comm_s"], rank_sort_key(r)))
+                   key=lambda r: (-(ranks[r]["exposed_comm_s"] or 0.0), rank_sort_key(r)))
     if len(known) <= 2 * RANKS_EACH_END:
         return known, [], unknown
     return known[:RANKS_EACH_END] + known[-RANKS_EACH_END:], known[RANKS_EACH_END:-RANKS_EACH_END], unknown

@@ -12,8 +12,9 @@ Two bases, chosen per rank:
   ``comm2perfetto.range()`` ranges plus the profiler's CPU ops on training threads; communication is each
   recorded ``torch.distributed`` call from call to completion (or return), Flight Recorder's start-to-end of the
   collectives the patch layer did not see (DDP's), and the profiler's communication events (gloo's worker
-  annotations). Time a thread spends blocked inside a synchronous collective call is never compute, even
-  inside a user's range that wraps the whole step.
+  annotations). Time a thread spends inside a collective call is never compute, even inside an op or a
+  user's range that wraps it: every communication op's interval (c10d ops, gloo and NCCL annotations,
+  ``record_param_comms``, the recorder's calls from call to return) leaves the compute of its thread.
 
 Profiler traces are read by the loader (``match.load_job`` with ``LoadOptions.profiles``), in worker processes,
 into compact unions (``sources.kineto.profile.RankProfile``), not events.
@@ -21,6 +22,7 @@ into compact unions (``sources.kineto.profile.RankProfile``), not events.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,6 +58,21 @@ class RankActivity:
     # Where the profiler ran, when it is the only source of compute (no recorder ranges): outside these
     # windows the rank's compute is unknown, not zero.
     compute_windows: tuple[Span, ...] | None = None
+    # Arrivals (sorted) of the rank's collectives that no source timed (gloo's outside the profiled steps):
+    # a window holding one has its communication unknown, not just what was timed.
+    untimed: tuple[int, ...] = ()
+
+    def knows_compute(self, window: Span) -> bool:
+        """Whether the rank's compute is known in ``window``: everywhere, or its middle is in a profiled window."""
+        if self.compute_windows is None:
+            return True
+        middle = (window[0] + window[1]) // 2
+        return any(b <= middle < e for b, e in self.compute_windows)
+
+    def knows_comm(self, window: Span) -> bool:
+        """Whether every collective the rank arrived at in ``window`` has a time."""
+        i = bisect.bisect_left(self.untimed, window[0])
+        return i == len(self.untimed) or self.untimed[i] >= window[1]
 
     def profiled_steps(self) -> list[int] | None:
         """The steps whose middle falls in a profiled window, when compute is known only there."""
@@ -80,10 +97,11 @@ class RankActivity:
 
 
 def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
-                  fr_spans: list[Span] | None = None) -> RankActivity:
+                  fr_spans: list[Span] | None = None, untimed: Iterable[int] = ()) -> RankActivity:
     """Combine what the recorder, Flight Recorder and the profiler know about one rank, all on the job's clock
     (``profile`` as ``Job.profiles`` holds it). ``fr_spans``: its Flight Recorder spans, from the caller's
-    ``FlightRecorderSpans`` when it reads many ranks; else read here."""
+    ``FlightRecorderSpans`` when it reads many ranks; else read here. ``untimed``: the arrivals of its
+    collectives that nothing timed (``FlightRecorderSpans.untimed``), for a CPU basis's figures per step."""
     log = job.logs.get(rank) if job is not None else None
     profile = profile or RankProfile()
     if profile.gpu_compute or profile.gpu_comm:
@@ -94,21 +112,31 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     sources: list[str] = []
     compute: list[Span] = []
     comm: list[Span] = []
-    blocked: list[Span] = []
     if log is not None:
-        compute += [(r.t_begin_ns, r.t_end_ns) for r in log.ranges if r.t_end_ns is not None]
+        ranges: dict[int, list[Span]] = defaultdict(list)
+        for r in log.ranges:
+            if r.t_end_ns is not None:
+                ranges[r.tid].append((r.t_begin_ns, r.t_end_ns))
+        in_calls: dict[int, list[Span]] = defaultdict(list)  # thread -> its calls, call to return
         for call in log.calls:
             end = call.t_end_ns  # None for GPU work whose completion was not seen: Flight Recorder covers it
             if end is not None:
                 comm.append((call.t_call_ns, end))
-            if not call.is_async and call.t_return_ns is not None:
-                blocked.append((call.t_call_ns, call.t_return_ns))
+            if call.t_return_ns is not None:
+                in_calls[call.tid].append((call.t_call_ns, call.t_return_ns))
+        for tid, spans in ranges.items():  # a range that wraps a call: the call is not its compute
+            compute += difference(union(spans), union(in_calls[tid])) if tid in in_calls else spans
         sources += ["recorder ranges"] * bool(log.ranges) + ["recorder calls"] * bool(log.calls)
+        blocked = union([s for spans in in_calls.values() for s in spans])
+    else:
+        blocked = []
     if profile.cpu_compute or profile.cpu_comm:
-        compute += profile.cpu_compute
+        # The profiler's threads are the OS's, the recorder's Python's: a recorded call leaves the profiler's
+        # compute of every thread (a collective's own ops, on its thread, left it as the trace was read).
+        compute += difference(profile.cpu_compute, blocked) if blocked else profile.cpu_compute
         comm += profile.cpu_comm
         sources.append("profiler CPU ops")
-    compute_u = difference(union(compute), union(blocked))
+    compute_u = union(compute)
     comm_u = union(comm)
     if fr_spans is None:
         fr_spans = FlightRecorderSpans(job)(rank) if job is not None else []
@@ -118,7 +146,7 @@ def rank_activity(job: Job | None, rank: int, profile: RankProfile | None,
     profiled_only = bool(profile.cpu_compute) and not (log is not None and log.ranges)
     return RankActivity(rank, Basis.CPU, tuple(sources), compute_u, comm_u, [],
                         _steps(log, profile, envelope(compute_u, comm_u)),
-                        compute_windows=profile.windows if profiled_only else None)
+                        compute_windows=profile.windows if profiled_only else None, untimed=tuple(sorted(untimed)))
 
 
 class FlightRecorderSpans:
@@ -147,6 +175,17 @@ class FlightRecorderSpans:
             columns = [cols.member_column(name, rank) for name in names]
             spans.extend(_gpu_spans(*columns) if cols.on_gpu else _cpu_spans(*columns))
         return spans
+
+    def untimed(self, rank: int) -> list[int]:
+        """The arrivals of the rank's collectives on CPU backends that no source timed (Flight Recorder's
+        alone, without an end: gloo's that the profiler did not see)."""
+        out: list[int] = []
+        for cols in self._groups.get(rank, ()):
+            if not cols.on_gpu:
+                columns = [cols.member_column(name, rank) for name in ("sources", "arrive_ns", "end_ns")]
+                out.extend(arrive for source, arrive, end in zip(*columns)
+                           if source == "fr" and arrive is not None and end is None)
+        return out
 
 
 def _gpu_spans(sources: list, arrives: list, gpus: list) -> Iterable[Span]:

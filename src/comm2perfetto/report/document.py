@@ -84,7 +84,8 @@ def build_report(job: Job | None, profiles: Mapping[int, RankProfile], steps: tu
     parts: list[Breakdown] = []
     by_step: dict[int, dict[int, Breakdown]] = {}
     for rank in ranks:
-        activity = rank_activity(job, rank, profiles.get(rank), fr_spans(rank) if fr_spans is not None else [])
+        activity = rank_activity(job, rank, profiles.get(rank), fr_spans(rank) if fr_spans is not None else [],
+                                 fr_spans.untimed(rank) if fr_spans is not None else ())
         selected = [(n, b, e) for n, b, e in activity.steps if steps is None or steps[0] <= n <= steps[1]]
         in_steps = [(n, breakdown(activity, (begin, end))) for n, begin, end in selected]
         b = total(part for _, part in in_steps) if steps is not None else breakdown(activity)
@@ -232,7 +233,7 @@ def _basis_notes(facts: Mapping[int, _RankFacts]) -> list[str]:
 
 def _profiled_note(facts: Mapping[int, _RankFacts], steps: tuple[int, int] | None) -> list[str]:
     """Which steps the figures cover, when compute is known only where the profiler ran (the demo's
-    ``--profile-steps 5-8`` of a 40-step job): elsewhere it reads as 0, which is unknown, not idle."""
+    ``--profile-steps 5-8`` of a 40-step job): elsewhere it is unknown, neither 0 nor idle."""
     known = [f.profiled_steps for f in facts.values() if f.profiled_steps is not None]
     if not known:
         return []
@@ -246,8 +247,9 @@ def _profiled_note(facts: Mapping[int, _RankFacts], steps: tuple[int, int] | Non
     if not outside:
         return [f"{head}: these figures cover steps {steps_text(selected)}, all profiled"]
     hint = f"; --steps {steps_text(sorted(profiled))} reports those alone" if profiled else ""
-    return [f"{head}: these figures cover steps {steps_text(selected)}, and the {len(outside)} unprofiled ones "
-            f"count no compute{hint}"]
+    where = "the run's figures count none there" if steps is None else "so are the totals over them"
+    return [f"{head}: these figures cover steps {steps_text(selected)}; in the {len(outside)} unprofiled ones "
+            f"compute is not measured: '-' (null) in their rows, and {where}{hint}"]
 
 
 def steps_text(steps: list[int]) -> str:
@@ -268,7 +270,8 @@ def _untimed_note(collectives: list[CollectiveRow], untimed: Mapping[str, int], 
     missing = count - sum(r["timed"] for r in collectives)
     if not missing:
         return []
-    where = " and their time is not in the CPU basis's comm_s" if Basis.CPU in bases else ""
+    where = (" and their time is not in the CPU basis's comm_s (a step where the rank arrived at one has no "
+             "communication figures: '-', null)") if Basis.CPU in bases else ""
     why = "; ".join(f"{n} {reason}" for reason, n in untimed.items())
     return [f"{missing} of {count} collectives have no duration, counted in the collectives table but not in its "
             f"durations{where}: {why}"]

@@ -50,13 +50,15 @@ MAX_ARG_TEXT = 2000
 MAX_DETAIL_ARGS = 64
 
 class _Thread:
-    """What the parser gathers about one CPU thread: its KinetoEvents (the span parser: its compute spans)."""
+    """What the parser gathers about one CPU thread: its KinetoEvents (the span parser: its compute spans, and
+    in ``comm`` the spans of its communication ops)."""
 
-    __slots__ = ("events", "has_steps", "lane", "only_backend")
+    __slots__ = ("comm", "events", "has_steps", "lane", "only_backend")
 
     def __init__(self, tid: int) -> None:
         self.lane = f"thread {tid}"
         self.events: list[Any] = []
+        self.comm: list[Any] = []
         self.only_backend = True  # every event so far is a backend annotation ("gloo:all_reduce")
         self.has_steps = False
 

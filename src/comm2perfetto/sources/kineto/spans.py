@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from comm2perfetto.intervals import difference, union
 from comm2perfetto.sources.kineto.classify import (
     CPU_COMPUTE_KINDS,
     CPU_KIND_SUFFIXES,
@@ -134,6 +135,7 @@ class SpanParser(EventParser):
                     continue
                 if comm is not None:
                     comm.append(span)
+                    thread.comm.append(span)
                 elif step is not None:
                     thread.has_steps = True
                     if span[0] > self.last_step_begin:
@@ -152,11 +154,14 @@ class SpanParser(EventParser):
                     self.last_step_begin = span[0]
 
     def spans(self, path: Path, event_count: int) -> KinetoSpans:
+        """What was fed, as spans. A training thread's compute is its ops less its communication ops: time in a
+        collective is communication also inside the op that called it (gloo's ``c10d::allreduce_`` runs
+        inside autograd's ``evaluate_function: AccumulateGrad``, and blocks there while the peers are late)."""
         cpu: list[Span] = []
         for (pid, tid), thread in self.threads.items():
             if is_training_thread(pid, tid, has_steps=thread.has_steps, names=self.thread_names.get((pid, tid), []),
                                   only_backend_annotations=thread.only_backend):
-                cpu.extend(thread.events)
+                cpu.extend(difference(union(thread.events), union(thread.comm)) if thread.comm else thread.events)
         steps = tuple((n, b, e) for n, (b, e) in sorted(self.step_spans.items()))
         gpu = self.gpu_spans
         gpu_steps = steps
