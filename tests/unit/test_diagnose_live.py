@@ -609,6 +609,43 @@ def test_a_stall_is_resolved_by_its_call_completing_never_by_its_call_raising(ra
     assert live.resolved_gens == resolved
 
 
+@pytest.mark.parametrize("uncaught, resolved", [(False, [7]), (True, [])])
+def test_a_cpp_collectives_stall_is_resolved_a_tick_after_it_ended_unless_an_exception_ends_the_rank(
+        uncaught, resolved):
+    """Stall 7 was a collective only Flight Recorder sees (DDP's broadcast). It ended: completed, or raised
+    gloo's timeout, whose exception reaches Python a moment later. The first look after it ended tells nothing;
+    the next tells it resolved, unless an uncaught exception came first (the job did not go on)."""
+    from comm2perfetto.record.watchdog import Watchdog
+
+    class _Rec:
+        rank = 0
+
+        def __init__(self):
+            self.failed_calls: set[int] = set()
+            self.uncaught = False
+
+        def in_flight(self):
+            return []
+
+    class _Live:
+        def __init__(self):
+            self.resolved_gens: list[int] = []
+
+        def resolved(self, gen):
+            self.resolved_gens.append(gen)
+
+    rec, live = _Rec(), _Live()
+    dog = Watchdog(rec, _Store(), None, ".", live=live)
+    item = (("fr", "0", "coll"), 6)
+    dog._open_stalls[item] = 7
+    dog._check_resolved()
+    assert live.resolved_gens == []  # ended at this look: not yet told
+    rec.uncaught = uncaught
+    dog._check_resolved()
+    assert live.resolved_gens == resolved
+    assert item not in dog._open_stalls
+
+
 @pytest.mark.parametrize("passed, kind, told", [
     ({0: (16, ["Float"]), 1: (17, ["Float"]), 2: (16, ["Float"])}, "size_mismatch", "rank 1: all_reduce 17 elements"),
     ({0: (16, ["Float"]), 1: (16, ["Double"]), 2: (16, ["Float"])}, "dtype_mismatch",

@@ -48,11 +48,12 @@ def member_status(job: Job, c: Collective, i: int, cov: Coverage | None) -> str:
     seq = c.seq
     if seq < cov.first_seq or cov.unread_at(seq):
         return NOT_KNOWN  # overwritten in the ring buffer, or its entry there unreadable
+    if seq <= cov.last_seq:
+        # it went past this seq, unseen: its log has a later one (the recorder sees Python calls, not those
+        # issued from C++, DDP's), and its Flight Recorder dump, where it has one, is older than that
+        return NOT_KNOWN
     if cov.has_fr:
         return NEVER_ISSUED  # Flight Recorder records every collective: absent means never issued
-    # Known from the recorder only: it sees Python calls, not those issued from C++ (DDP).
-    if seq <= cov.last_seq:
-        return NOT_KNOWN  # it went past this seq, unseen
     if seq in job.log_seqs.get(c.group.uid, ()):
         return NEVER_ISSUED  # a Python-issued collective the recorder would have seen on this rank too
     return NOT_KNOWN

@@ -337,6 +337,7 @@ class Recorder:
         self._c10d = c10d
         self.arg_numel: dict[int, tuple[int, tuple[str, ...]]] = {}  # arg id -> (elements, dtypes)
         self.failed_calls: set[int] = set()  # cids of calls that raised: a stall they ended did not resolve
+        self.uncaught = False  # an uncaught exception is ending the rank: a C++ collective's end then resolved nothing
         self._world = c10d.GroupMember
         self._declare_lock = threading.Lock()
         self._cids = itertools.count(1)

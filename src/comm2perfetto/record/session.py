@@ -313,6 +313,7 @@ def _on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
     rec = _parts.get("recorder")
     if rec is not None:
         try:
+            rec.uncaught = True
             rec.log.write(["u", time.time_ns(), "exception", f"{exc_type.__name__}: {exc}"[:500]])
             rec.dump_flight_recorder("exception")
         except Exception:

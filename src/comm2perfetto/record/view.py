@@ -102,6 +102,11 @@ class RecorderView(RankLog, Protocol):
         ...
 
     @property
+    def uncaught(self) -> bool:
+        """An uncaught exception is ending the rank (``sys.excepthook`` ran)."""
+        ...
+
+    @property
     def p2p_counts(self) -> dict[tuple[int, str, int], int]:
         """Sends and receives issued: (gid, "send"/"recv", peer) -> how many."""
         ...

@@ -55,6 +55,7 @@ class Watchdog:
         # Stalls this rank detected whose trigger has not completed yet: cid, or the Flight Recorder item
         # ((kind, pg_id, counter), seq) for an operation the patch layer does not see -> its stall generation.
         self._open_stalls: dict[Any, int] = {}
+        self._ended_fr: set[Any] = set()  # Flight Recorder stalls whose collective ended at the last look
         self._stall_ns = None if stall_after_s is None else int(stall_after_s * 1e9)
         self._out_dir = out_dir
         self._interval_s = min(interval_s, stall_after_s / 4) if stall_after_s else interval_s
@@ -84,7 +85,7 @@ class Watchdog:
             # A last look, as the rank stops: a stall whose call completed a moment ago is told resolved (the
             # ticks that would have said so do not come). Best effort: the store may be gone already.
             try:
-                self._check_resolved()
+                self._check_resolved(final=True)
                 self._live.write_resolved()
             except Exception:
                 pass
@@ -153,18 +154,31 @@ class Watchdog:
             self._windows = None
             self._recorder.warn(f"live windows off after an error: {type(exc).__name__}: {exc}"[:500])
 
-    def _check_resolved(self) -> None:
-        """Tell the live verdict when a stall this rank detected is over: its call completed."""
+    def _check_resolved(self, final: bool = False) -> None:
+        """Tell the live verdict when a stall this rank detected is over: its call completed. ``final``: the last
+        look, as the rank stops (an uncaught exception has been seen by then, if one ends it)."""
         live = self._live
         if not self._open_stalls or live is None:
             return
         in_flight = {record[1] for record in self._recorder.in_flight()}
         fr_items = set(self._fr_first_seen)
         for trigger, gen in list(self._open_stalls.items()):
-            if trigger not in (in_flight if isinstance(trigger, int) else fr_items):
-                del self._open_stalls[trigger]
-                if trigger not in self._recorder.failed_calls:  # a call that raised (a timeout) did not resolve it
+            if isinstance(trigger, int):
+                if trigger not in in_flight:
+                    del self._open_stalls[trigger]
+                    if trigger not in self._recorder.failed_calls:  # a call that raised (a timeout) resolved nothing
+                        live.resolved(gen)
+            elif trigger not in fr_items:
+                # A C++ collective (DDP's) that ended may have raised (gloo's timeout): the exception reaches
+                # Python a moment later. Told a tick after it ended, unless an uncaught exception came first.
+                if self._recorder.uncaught:
+                    del self._open_stalls[trigger]
+                elif final or trigger in self._ended_fr:
+                    del self._open_stalls[trigger]
+                    self._ended_fr.discard(trigger)
                     live.resolved(gen)
+                else:
+                    self._ended_fr.add(trigger)
 
     def _check_flight_recorder(self, now: int) -> None:
         """Stalls in operations the patch layer never sees, or sees return at enqueue (DDP's and FSDP's
