@@ -579,31 +579,41 @@ def test_a_silent_rank_whose_recorder_never_ran_while_its_process_runs_is_frozen
     assert [(p["rank"], p["state"]) for p in watcher.probes] == [(2, "held")]
 
 
+class _StalledRank:
+    """The recorder as the watchdog sees it at a stall: nothing in flight."""
+
+    rank = 0
+
+    def __init__(self):
+        self.failed_calls: set[int] = set()
+        self.uncaught = False
+
+    def in_flight(self):
+        return []
+
+
+class _ToldResolved:
+    """The live verdict's side: which stalls were told resolved."""
+
+    def __init__(self):
+        self.resolved_gens: list[int] = []
+
+    def resolved(self, gen):
+        self.resolved_gens.append(gen)
+
+    def write_resolved(self):
+        pass
+
+
 @pytest.mark.parametrize("raised, resolved", [(False, [7]), (True, [])])
 def test_a_stall_is_resolved_by_its_call_completing_never_by_its_call_raising(raised, resolved):
     """The call that triggered stall 7 left the calls in flight: it completed (the stall resolved, the job went
     on), or it raised (gloo's timeout, a broken connection: the job did not go on). Also at the recorder's stop."""
     from comm2perfetto.record.watchdog import Watchdog
 
-    class _Rec:
-        rank = 0
-        failed_calls = {42} if raised else set()
-
-        def in_flight(self):
-            return []
-
-    class _Live:
-        def __init__(self):
-            self.resolved_gens: list[int] = []
-
-        def resolved(self, gen):
-            self.resolved_gens.append(gen)
-
-        def write_resolved(self):
-            pass
-
-    live = _Live()
-    dog = Watchdog(_Rec(), _Store(), None, ".", live=live)
+    rec, live = _StalledRank(), _ToldResolved()
+    rec.failed_calls = {42} if raised else set()
+    dog = Watchdog(rec, _Store(), None, ".", live=live)
     dog._open_stalls[42] = 7
     dog.stop()  # never started: the stop's last look alone
     assert live.resolved_gens == resolved
@@ -617,24 +627,7 @@ def test_a_cpp_collectives_stall_is_resolved_a_tick_after_it_ended_unless_an_exc
     the next tells it resolved, unless an uncaught exception came first (the job did not go on)."""
     from comm2perfetto.record.watchdog import Watchdog
 
-    class _Rec:
-        rank = 0
-
-        def __init__(self):
-            self.failed_calls: set[int] = set()
-            self.uncaught = False
-
-        def in_flight(self):
-            return []
-
-    class _Live:
-        def __init__(self):
-            self.resolved_gens: list[int] = []
-
-        def resolved(self, gen):
-            self.resolved_gens.append(gen)
-
-    rec, live = _Rec(), _Live()
+    rec, live = _StalledRank(), _ToldResolved()
     dog = Watchdog(rec, _Store(), None, ".", live=live)
     item = (("fr", "0", "coll"), 6)
     dog._open_stalls[item] = 7
