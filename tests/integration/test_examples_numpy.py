@@ -4,6 +4,7 @@ numpy is hidden by running Python without its site (``-S``) on a copy of site-pa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ def no_numpy(tmp_path_factory) -> Path:
 
 
 def _run(no_numpy: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-S", *argv], env={"PYTHONPATH": str(no_numpy), "OMP_NUM_THREADS": "1",
+    # -S: no site, so no .pth of an editable install either: the checkout's src/ (the examples import the package)
+    path = os.pathsep.join((str(no_numpy), str(EXAMPLES.parents[1])))
+    return subprocess.run([sys.executable, "-S", *argv], env={"PYTHONPATH": path, "OMP_NUM_THREADS": "1",
                                                               "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=240)
 

@@ -112,12 +112,16 @@ def test_both_charts_and_every_table_are_there(page, report):
                                      "Steps (job values: times are means over ranks)"]
     assert {"Lateness at each collective", "Collectives (by total time)", "Stragglers", "Collectives per module",
             "Notes"} <= set(facts["headings"])
-    assert facts["svgs"] == 2 and facts["bars_height"] > 20
-    # header (folder, ranks, steps, basis, clocks), job, per rank, per step, collectives, stragglers, modules
+    # the time bars and the lateness map, and a heat map per group of the live windows the recorder wrote
+    live_maps = len(doc["live"]["groups"]) if doc.get("live") else 0
+    assert facts["svgs"] == 2 + live_maps and facts["bars_height"] > 20
+    # header (folder, ranks, steps, basis, clocks), job, per rank, per step, collectives, stragglers, the live
+    # windows (where the recorder wrote them), modules
     tables = [(t["header"][0], t["rows"]) for t in facts["tables"]]
+    live = [("group", len(doc["live"]["groups"]))] if doc.get("live") else []
     assert tables == [("folder", len(header_facts(doc))), ("ranks", 1), ("rank", len(doc["ranks"]) + 1),
                       ("step", len(doc["steps"])), ("op", len(doc["collectives"])),
-                      ("rank", len(doc["stragglers"])), ("module", len(doc["modules"]))]
+                      ("rank", len(doc["stragglers"])), *live, ("module", len(doc["modules"]))]
     assert facts["header"] == [label for label, _ in header_facts(doc)]
     assert [s["step"] for s in doc["steps"]] == [2, 3, 4]
 
