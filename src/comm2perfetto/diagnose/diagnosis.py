@@ -96,19 +96,19 @@ def diagnose(job: Job, pg: str | None = None, now_ns: int | None = None) -> Diag
             if f is not None:
                 findings.append(f)
                 break  # one resolved stall explains the rest; later ones repeat it
-    # A rank that died inside a collective every rank had joined: gloo aborts a rank whose received sizes do not
-    # match, so a mismatch found there makes it that finding's victim.
+    # A rank that died inside a collective every rank had joined, or inside a send or recv whose pair differs in
+    # size or dtype: gloo aborts a rank whose received data does not match, so a mismatch found there makes it
+    # that finding's victim.
     inside = {r: c for r in dead if (c := died_inside(job, r)) is not None}
-    for r, c in inside.items():
-        i = next((i for i, f in enumerate(findings) if f.kind in DESYNC_KINDS and f.group_uid == c.group.uid
-                  and f.seq == c.seq), None)
-        if i is not None:
-            findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
-            del dead[r]
-    # Likewise a rank that died inside a send or recv whose pair differs in size or dtype.
+
+    def aborted_by(r: int, f: Finding) -> bool:
+        c = inside.get(r)
+        if c is not None:
+            return f.kind in DESYNC_KINDS and f.group_uid == c.group.uid and f.seq == c.seq
+        return f.kind == P2P_MISMATCH and r in f.suspect_ranks and died_in_transfer(job, r, f)
+
     for r in list(dead):
-        i = next((i for i, f in enumerate(findings) if f.kind == P2P_MISMATCH and r in f.suspect_ranks
-                  and died_in_transfer(job, r, f)), None)
+        i = next((i for i, f in enumerate(findings) if aborted_by(r, f)), None)
         if i is not None:
             findings[i] = replace(findings[i], victim_ranks=tuple(sorted({*findings[i].victim_ranks, r})))
             del dead[r]
