@@ -447,6 +447,9 @@ class Collective:
     def arrival_of(self, rank: int) -> int | None:
         return self.arrive_ns[self._columns.position(rank)]
 
+    def end_of(self, rank: int) -> int | None:
+        return self.end_ns[self._columns.position(rank)]
+
     @property
     def last_arrival_rank(self) -> int | None:
         """The rank that arrived last (the others waited for it), or None without arrival times."""

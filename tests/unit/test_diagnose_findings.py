@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from comm2perfetto.diagnose.diagnosis import diagnose
 from comm2perfetto.diagnose.signatures import compare
 from comm2perfetto.load_options import LoadOptions
 from comm2perfetto.match import load_job
 from comm2perfetto.model import Signature
 from support.factories import STEP_NS, T0_NS, EventLog, FrJob, stacks_file, steady_job
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "data" / "recording"
 
 
 def _diagnose(tmp_path, job: FrJob | None = None, **kw):
@@ -254,8 +258,37 @@ def test_recorder_only_ranks_are_not_missing_what_was_issued_from_cpp(tmp_path):
     log = EventLog(rank=1, world=2)
     log.group(0, "0", "default_pg", [0, 1])
     log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+    log.close(T0_NS + 3 * STEP_NS)
     log.write(tmp_path)
     assert _diagnose(tmp_path).status == "ok"
+
+
+def test_a_rank_inside_a_cpp_collective_waits_for_a_rank_whose_part_is_unseen(tmp_path):
+    # Rank 0 issued DDP's all-reduce #3 (gloo: completion unknown) and nothing after it; rank 1's log stops
+    # unclosed and shows only the Python-issued #1: whether rank 1 issued #2 and #3 cannot be told, so rank 0
+    # may be waiting in #3 for it. Rank 1 is a suspect, nobody a culprit, and the job is not OK.
+    job = FrJob(world=2, backend="gloo")
+    for _ in range(3):
+        job.collective(0, "all_reduce", [[4]], state="scheduled")
+    job.write(tmp_path, prefix="rank", ranks=[0])
+    log = EventLog(rank=1, world=2)
+    log.group(0, "0", "default_pg", [0, 1])
+    log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
+    log.write(tmp_path)
+    d = _diagnose(tmp_path)
+    assert d.status != "ok"
+    (f,) = d.findings
+    assert (f.kind, f.seq, f.ranks_joined, f.suspect_ranks, f.culprit_ranks) == ("no_dump", 3, (0,), (1,), ())
+    assert "may still be waiting in it" in f.detail
+
+
+def test_a_rank_still_inside_a_ddp_broadcast_is_not_the_one_that_skipped_the_next():
+    # A real recording (tests/data/recording/README.md): rank 2 froze before DDP's broadcast #6; rank 0 is
+    # inside #6, rank 1 inside #7. Rank 0 never issued #7 because it waits in #6: the frozen rank is the cause.
+    d = diagnose(load_job([RECORDINGS / "sigstop_ddp"])).to_json()
+    assert (d["status"], d["culprit_ranks"], d["suspect_ranks"]) == ("stuck", [2], [])
+    (f,) = d["findings"]
+    assert (f["kind"], f["seq"], f["ranks_joined"]) == ("rank_frozen", 6, [0])
 
 
 def test_a_stall_the_job_recovered_from_still_names_the_late_rank(tmp_path):

@@ -18,13 +18,14 @@ from comm2perfetto.diagnose.findings import (
 )
 from comm2perfetto.diagnose.mismatch import mismatch
 from comm2perfetto.diagnose.stalls import stall_times
-from comm2perfetto.diagnose.waiting import missing, shifted, stuck, waiting_for_no_dump
+from comm2perfetto.diagnose.waiting import missing, shifted, stuck, waiting_for_no_dump, waiting_for_unseen
 from comm2perfetto.job import Coverage, Job
 from comm2perfetto.model import (
     COMPLETED,
     NOT_DONE_STATES,
     SCHEDULED,
     STARTED,
+    UNKNOWN,
     Collective,
     GroupView,
     ProcessGroup,
@@ -93,13 +94,38 @@ def end_state(job: Job, group: ProcessGroup, notes: list[str]) -> Finding | None
             notes.append(f"{c.op} #{c.seq} on {group.label} completed on every rank although the ranks described "
                          f"it differently ({differs.detail.split(': ', 1)[-1].rstrip('.')}): the same collective "
                          "and element counts in other shapes or through another API, harmless here")
-        if done:
+        # members whose part is unseen (their recorder does not see C++-issued collectives, and no dump of theirs
+        # shows this one), who issued nothing later here and did not exit cleanly: the joined ranks may still be
+        # waiting for them
+        unseen = [r for r, s, cov in zip(group.ranks, statuses, covs)
+                  if s == NOT_KNOWN and (cov is None or c.seq > cov.last_seq) and not closed_cleanly(job, r)]
+        held = still_inside(job, c, covs, statuses) if done and unseen else []
+        if done and not held:
             continue
         no_data = [r for r, s in zip(group.ranks, statuses) if s == NO_RECORD]
         if no_data:
             return waiting_for_no_dump(job, c, no_data, {r: horizon[r] for r in no_data if r in horizon})
+        if unseen:
+            waiting = held or [r for r, s, st in zip(group.ranks, statuses, c.states)
+                               if s == JOINED and st in NOT_DONE_STATES]
+            return waiting_for_unseen(job, c, waiting, unseen)
         return stuck(job, c, group)
     return None
+
+
+def still_inside(job: Job, c: Collective, covs: Sequence[Coverage | None], statuses: Sequence[str]) -> list[int]:
+    """The ranks that joined ``c`` and may still be inside it: its completion on them is unknown (gloo's
+    Flight Recorder marks none; ``pg_status`` had not counted it), it is the last collective of the group they
+    issued, and their log did not close cleanly. Such a rank, blocked in ``c``, cannot issue the next one: it
+    waits, it did not skip."""
+    return [r for r, cov, status in zip(c.ranks, covs, statuses)
+            if status == JOINED and cov is not None and cov.last_seq == c.seq and c.state_of(r) == UNKNOWN
+            and not closed_cleanly(job, r)]
+
+
+def closed_cleanly(job: Job, rank: int) -> bool:
+    info = job.ranks.get(rank)
+    return info is not None and bool(info.closed_cleanly)
 
 
 def stale_dumps(job: Job, group: ProcessGroup, cols: GroupView) -> dict[int, int]:
@@ -188,8 +214,13 @@ def stalled_at(job: Job, group: ProcessGroup, cols: GroupView, t: int) -> Findin
     for i, c in enumerate(cols):
         arrived = [a is not None and a <= t for a in c.arrive_ns]
         if any(arrived) and not all(here or not k for here, k in zip(arrived, known)):
-            late = [r for r, here, k in zip(c.ranks, arrived, known) if k and not here]
-            statuses = [NEVER_ISSUED if r in late else JOINED for r in c.ranks]
+            before = cols[i - 1] if i and cols[i - 1].seq == c.seq - 1 else None
+            late = [r for r, here, k in zip(c.ranks, arrived, known)
+                    if k and not here and not (before is not None and inside_at(before, r, t))]
+            if not late:  # the ranks that had not come were still inside the collective before it
+                continue
+            statuses = [NEVER_ISSUED if r in late else JOINED if here else NOT_KNOWN
+                        for r, here in zip(c.ranks, arrived)]
             return missing(job, c, late, statuses, at_ns=t, resolved=went_on(job, c, cols[i + 1:]))
     for i, c in enumerate(cols):
         if not all(a is not None and a <= t for a in c.arrive_ns):
@@ -198,6 +229,15 @@ def stalled_at(job: Job, group: ProcessGroup, cols: GroupView, t: int) -> Findin
         if ends and (len(ends) < len(c.end_ns) or max(ends) > t):
             return stuck(job, c, group, at_ns=t, resolved=went_on(job, c, cols[i + 1:]))
     return None
+
+
+def inside_at(c: Collective, rank: int, t: int) -> bool:
+    """``rank`` had issued ``c`` by ``t`` and nothing shows it completed by then (no end time by ``t``, and no
+    completed state: gloo's C++-issued collectives have neither): it may still have been waiting in it."""
+    arrive, end = c.arrival_of(rank), c.end_of(rank)
+    if arrive is None or arrive > t:
+        return False
+    return (end is None and c.state_of(rank) != COMPLETED) or (end is not None and end > t)
 
 
 def seen_at(job: Job, rank: int, group: ProcessGroup, t: int) -> bool:

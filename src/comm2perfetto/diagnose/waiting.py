@@ -34,7 +34,7 @@ from comm2perfetto.model import (
 )
 from comm2perfetto.words import duration, ranks_text
 
-__all__ = ["missing", "shifted", "stuck", "waiting_for_no_dump"]
+__all__ = ["missing", "shifted", "stuck", "waiting_for_no_dump", "waiting_for_unseen"]
 
 MAX_EXPLAINED = 4  # missing ranks explained one by one in a finding
 
@@ -331,4 +331,35 @@ def waiting_for_no_dump(job: Job, c: Collective, no_data: list[int],
         t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
         evidence={"stale_dump": {str(r): seq for r, seq in stale.items()}} if stale else {},
         basis="their dumps are older than the others'" if stale else "no data from them",
+    )
+
+
+def waiting_for_unseen(job: Job, c: Collective, waiting: list[int], unseen: list[int]) -> Finding:
+    """``waiting`` may still be inside ``c`` (issued, not known completed, nothing later from them), and the part of
+    ``unseen`` in it is not known: their recorder sees Python calls, not the collectives DDP or FSDP issue from
+    C++, and no Flight Recorder dump of theirs shows ``c`` (a rank that froze or was killed writes none). The
+    unseen ranks are suspects; a finding about how they ended (frozen, dead) takes this wait over."""
+    group = c.group
+    went_on = sorted(r for r, cov in ((r, job.coverage.get((r, group.uid))) for r in group.ranks)
+                     if cov is not None and cov.last_seq > c.seq)
+    who = ranks_text(waiting) if waiting else "No rank"
+    detail = (f"{who} issued {c.op} #{c.seq} on {group.label} and {'have' if len(waiting) > 1 else 'has'} no later "
+              f"collective there, its completion not known (gloo's Flight Recorder records none)"
+              + (f", while {ranks_text(went_on)} went on past it" if went_on else "")
+              + f": {'they' if len(waiting) > 1 else 'it'} may still be waiting in it. Whether "
+              f"{ranks_text(unseen)} issued it cannot be told: {'their' if len(unseen) > 1 else 'its'} recorder sees "
+              "Python calls, not the collectives DDP or FSDP issue from C++, and no Flight Recorder dump of "
+              f"{'theirs' if len(unseen) > 1 else 'its'} shows it.") if waiting else (
+              f"{c.op} #{c.seq} on {group.label} did not complete; whether {ranks_text(unseen)} issued it cannot be "
+              "told (no Flight Recorder dump of theirs shows it).")
+    return Finding(
+        kind=NO_DUMP, process_group=group.label, group_uid=group.uid, seq=c.seq, op=c.op,
+        ranks_joined=tuple(waiting), ranks_missing=tuple(unseen), culprit_ranks=(), suspect_ranks=tuple(unseen),
+        detail=detail,
+        action=(f"Look at {ranks_text(unseen)} first (how its process ended, its stack), and keep its Flight "
+                "Recorder dump next time (`comm2perfetto record` dumps every rank at a stall)."),
+        call_sites=sites_of(job, c, waiting),
+        stacks={r: st for r in waiting[:MAX_EXPLAINED] if (st := stall_stack(job, r))},
+        t_ns=min((x for x in c.arrive_ns if x is not None), default=None),
+        basis="no record shows whether they issued it",
     )
