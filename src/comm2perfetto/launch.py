@@ -84,14 +84,31 @@ def run_forwarding_signals(command: list[str], env: dict[str, str],
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        returncode = child.wait()
+        returncode = _wait_escalating(child, ending)
         if ending.signal is not None:
-            ending.killed_leftovers = _end_group(child.pid)
+            ending.killed_leftovers = _end_group(child.pid) or ending.killed_leftovers
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     ending.status = returncode if returncode >= 0 else 128 - returncode
     return ending
+
+
+def _wait_escalating(child: subprocess.Popen, ending: JobEnding) -> int:
+    """The launcher's exit status. Once a signal was forwarded, the group gets SIGTERM ``GRACE_S`` later and
+    SIGKILL after twice that, also while the launcher itself lives on: a shell in ``wait`` may outlive a SIGINT
+    its background children ignore, and then nothing else would ever end the job."""
+    harder = [signal.SIGTERM, signal.SIGKILL]
+    while True:
+        try:
+            return child.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        if ending.signal_ns is None or not harder:
+            continue
+        waited_s = (time.time_ns() - ending.signal_ns) / 1e9
+        if waited_s >= GRACE_S * (3 - len(harder)):
+            ending.killed_leftovers = _signal_group(child.pid, harder.pop(0)) or ending.killed_leftovers
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
