@@ -200,6 +200,25 @@ def test_a_machine_slower_for_everything_is_said_so_and_fails_no_communication_g
     assert doc["gate"]["failed"] and doc["cause"].startswith("communication: exposed_comm +")
 
 
+
+def test_a_rank_whose_communication_moved_while_the_jobs_held_is_named_in_the_headline():
+    """The whole step 60 % slower (a load), the job's exposed communication with it, but rank 0's exposed
+    communication grew from 5 ms to 45 ms: the gate line on rank 0 trips, and the headline names rank 0, not
+    "neither beyond noise"."""
+    from comm2perfetto.compare.gate import parse_gate
+
+    rnd = random.Random(3)
+    new = ReportDoc()
+    for n in STEPS:
+        jitter = 1 + rnd.uniform(-0.04, 0.04)
+        new.step(n, 0.080 * jitter, 0.008 * jitter, per_rank={0: 0.045 * jitter}, compute=0.040 * jitter)
+        new.collective(UID, "all_reduce", n, 1 << 20, 0.0032 * jitter, 0.0003 * jitter, 0, 6.0 / jitter)
+        new.collective(UID, "all_reduce", n, 1 << 20, 0.0032 * jitter, 0.0003 * jitter, 1, 6.0 / jitter)
+    doc = _compare(_steady(1), new, gate=tuple(parse_gate("exposed_comm>5%")), min_change=0.05)
+    assert [doc["lines"][i]["rank"] for f in doc["gate"]["failed"] for i in f["lines"]] == [0]
+    assert doc["cause"].startswith("the step got slower overall") and "rank 0's communication did: exposed_comm +" \
+        in doc["cause"]
+
 def test_a_gate_fires_only_on_a_line_that_changed_beyond_the_margin_too():
     """Exposed communication +3 ms in a 50 ms step (+6 %): beyond the gate's 5 %, within the 10 % margin (the
     run-to-run noise allowed): unchanged, and the gate holds; with a 5 % margin it is regressed and fires."""

@@ -231,7 +231,8 @@ def cause(lines: Sequence[Mapping[str, Any]]) -> str | None:
     - compute moved with the step and no communication beyond it: the step got slower (faster) overall, a
       load or machine difference;
     - communication moved beyond compute: communication, and where;
-    - compute alone: compute."""
+    - compute alone: compute;
+    - the job's communication held while one rank's moved: that rank, too."""
     job = {line["metric"]: line for line in lines if line["section"] == "job"}
     step = job.get("step_time")
     if step is None or step["verdict"] not in (Verdict.REGRESSED, Verdict.IMPROVED):
@@ -251,10 +252,16 @@ def cause(lines: Sequence[Mapping[str, Any]]) -> str | None:
                     else f"{where['group']} {where['op']} {where['metric']}")
             text += f", most in {what} ({_moved(where)})"
         return text
+    # the job's communication held, one rank's moved (a gate line on it can trip): name that rank
+    ranks_moved = [line for line in lines if line["section"] == "rank" and line["metric"] in ("exposed_comm", "comm")
+                   and line["verdict"] == step["verdict"] and line["relative"] is not None]
+    rank = max(ranks_moved, key=lambda line: (line["metric"] == "exposed_comm", abs(line["relative"])), default=None)
+    on_rank = f"; rank {rank['rank']}'s communication did: {_moved(rank)}" if rank is not None else ""
     if with_compute and compute is not None:
-        return (f"the step got {way} overall: {_moved(compute)}, communication no more than that: a load or "
-                f"machine difference, not communication")
-    return f"the step got {way} ({_moved(step)}), neither compute nor communication alone beyond noise"
+        return (f"the step got {way} overall: {_moved(compute)}, the job's communication no more than that: a load "
+                f"or machine difference, not communication{on_rank}")
+    return (f"the step got {way} ({_moved(step)}), neither the job's compute nor its communication alone beyond "
+            f"noise{on_rank}")
 
 
 def _moved(line: Mapping[str, Any]) -> str:
