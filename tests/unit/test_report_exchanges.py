@@ -56,6 +56,9 @@ def test_the_matrix_is_what_each_rank_sent_each_rank_to_the_byte(tmp_path):
     assert x["sent_bytes"] == sent and x["received_bytes"] == received == [320, 256, 352, 416]
     assert x["imbalance"] == max(received) / (sum(received) / 4) and x["hot_ranks"] == [3]
     assert x["time_s"] == [2 * CALL_NS / 1e9] * 4  # each rank's two calls; no pair is timed
+    # the collectives table's bytes: each all-to-all's ranks' buffers on average (10, 8, 10, 14 rows), not rank 0's
+    (row,) = [r for r in _report(tmp_path)["collectives"] if r["op"] == "all_to_all"]
+    assert row["bytes"] == 2 * round(sum(sum(SPLITS[r]) * ROW_BYTES for r in range(4)) / 4) == 2 * 168
 
 
 def test_the_text_the_page_and_the_trace_show_the_same_figures(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from comm2perfetto.match import load_job
 from comm2perfetto.model import DTYPE_BYTES
+from comm2perfetto.report.bandwidth import CollectiveTable
 from comm2perfetto.report.document import build_report
 from comm2perfetto.sources.kineto.profile import read_profiles
 from comm2perfetto.trace.check import check_trace
@@ -156,5 +157,7 @@ def test_flight_recorder_gpu_times_are_the_time_on_a_real_h200_run():
     assert row["total_s"] == pytest.approx(sum(timed) * 1e-3, rel=1e-6)  # one rank: its GPU time is the duration
     [p2p] = [r for r in doc["collectives"] if r["op"] == "send/recv"]  # enqueue to discovery: 158 ms in all
     assert (p2p["count"], p2p["timed"], p2p["total_s"]) == (12, 0, None)
+    table = CollectiveTable(load_job([NCCL / "healthy"]))  # the table read twice is the same table
+    assert table.rows() == table.rows()
     untimed = build_report(load_job([NCCL / "notiming"]), {})
     assert untimed["collectives"] and all(r["timed"] == 0 for r in untimed["collectives"] if r["op"] != "send/recv")

@@ -17,7 +17,8 @@ For one collective (a process group's seq, across its ranks), its time is its GP
 - **arrival skew**: the last rank ready minus the first (``Collective.ready_ns``: the kernels' begins where
   every rank's are known, else the arrivals);
 - **size S**, as nccl-tests counts it: the per-rank message for all_reduce, broadcast, reduce and send/recv; the
-  whole gathered (or scattered) buffer for all_gather, reduce_scatter, gather, scatter and all_to_all.
+  whole gathered (or scattered) buffer for all_gather, reduce_scatter, gather, scatter and all_to_all (an
+  all_to_all's ranks' buffers on average: with uneven splits each rank sends its own amount).
 
 ``algbw = S / transfer time`` and ``busbw = algbw x factor`` with nccl-tests' factors for ``n`` ranks in the
 group (nccl-tests doc/PERFORMANCE.md): all_reduce ``2(n-1)/n``; all_gather, reduce_scatter, all_to_all,
@@ -86,6 +87,16 @@ def message_bytes(sig: Signature, n: int) -> int | None:
     return inputs
 
 
+def mean_input_bytes(c: Collective) -> int | None:
+    """An all-to-all's S: its ranks' input buffers, on average. With uneven splits (a mixture of experts'
+    dispatch) every rank sends a different amount, and no one rank's buffer is the collective's."""
+    counts = Counter(s for s in c.signatures if s is not None)  # signatures are shared: a few distinct ones
+    sized = [(b, k) for sig, k in counts.items() if (b := tensor_bytes(sig.input_sizes, sig.input_dtypes)) is not None]
+    if not sized:
+        return None
+    return round(sum(b * k for b, k in sized) / sum(k for _, k in sized))
+
+
 @dataclass
 class _Row:
     group_size: int | None = 0  # None: not known (kernels that name no group)
@@ -134,24 +145,39 @@ class CollectiveTable:
         self._steps = steps
         self._rows: dict[tuple[str, str], _Row] = defaultdict(_Row)
         self._untimed: Counter[str] = Counter()  # why, for the instances without a duration
+        self._kernel_labels: dict[str, str] | None = None  # set once ``rows`` added the p2p and kernel rows
 
     def add(self, uid: str, c: Collective, step: int | None) -> None:
         sig = first_signature(c)
         if sig is None:
             return
-        row = self._rows[(op_family(sig.op), uid)]
+        family = op_family(sig.op)
+        row = self._rows[(family, uid)]
         n = row.group_size = len(self._job.groups[uid].ranks)
         timing = c.timing()
         if timing is None:
             self._untimed[untimed_reason(self._job, c)] += 1
-        _add(row, _Instance(c.seq, step, message_bytes(sig, n), timing, c.ready_skew_ns,
+        nbytes = mean_input_bytes(c) if family == "all_to_all" else message_bytes(sig, n)
+        _add(row, _Instance(c.seq, step, nbytes, timing, c.ready_skew_ns,
                             c.last_ready_rank if len(c.arrive_ns) > 1 else None))
         queues = c.queue_ns()
         row.queue_ns += sum(queues)
         row.queued += len(queues)
 
     def rows(self) -> list[CollectiveRow]:
-        """The table, send/recv pairs included (unless left out)."""
+        """The table, send/recv pairs included (unless left out); the same table each time it is asked."""
+        job, rows = self._job, self._rows
+        if self._kernel_labels is None:  # the first time: add the send/recv pairs and the kernels, once
+            self._add_p2p_rows()
+            self._kernel_labels = self._kernel_rows()
+        labels = {uid: g.label for uid, g in job.groups.items()}
+        labels.update(self._kernel_labels)
+        table = [_render(op, uid if uid in job.groups else "", labels[uid], row) for (op, uid), row in rows.items()]
+        table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
+        return table
+
+    def _add_p2p_rows(self) -> None:
+        """One ``send/recv`` row per group, each matched pair one instance."""
         job, rows = self._job, self._rows
         for uid, transfers in job.p2p.items() if self._with_p2p else ():
             on_gpu = gpu_backend(job.groups[uid].backend)
@@ -175,11 +201,6 @@ class CollectiveTable:
                     self._untimed[NOT_DONE if any(op.state in NOT_DONE_STATES for op in ops)
                                   else P2P_ON_GPU if on_gpu else CPU_NO_END] += 1
                 _add(row, _Instance(None, None, nbytes, timing, skew, last))
-        labels = {uid: g.label for uid, g in job.groups.items()}
-        labels.update(self._kernel_rows())
-        table = [_render(op, uid if uid in job.groups else "", labels[uid], row) for (op, uid), row in rows.items()]
-        table.sort(key=lambda r: (-(r["total_s"] or 0.0), -r["count"], r["op"], r["process_group"]))
-        return table
 
     def _kernel_rows(self) -> dict[str, str]:
         """Add the kernels of libraries that name no group (``Job.kernel_collectives``: DeepEP's all-to-all) as
@@ -198,7 +219,6 @@ class CollectiveTable:
                 row.group_size = None
                 _add(row, _Instance(None, c.step, None, (duration, duration), None, None))
         return labels
-
 
     def untimed(self) -> dict[str, int]:
         """Why the instances without a duration have none (``report.untimed``'s words): how many for each, most
