@@ -366,15 +366,19 @@ def _spread(times: tuple[int | None, ...]) -> int | None:
 
 
 def _latest(times: tuple[int | None, ...], ranks: tuple[int, ...]) -> int | None:
-    """The rank with the latest known time (the highest rank among equal ones); None without times.
+    """The rank with the latest known time; None without times, or where several ranks share it (nothing
+    singles one out).
 
-    >>> _latest((5, None, 9, 9), (0, 1, 2, 3)), _latest((None, None), (0, 1))
-    (3, None)
+    >>> _latest((5, None, 9, 7), (0, 1, 2, 3)), _latest((5, None, 9, 9), (0, 1, 2, 3)), _latest((None,), (0,))
+    (2, None, None)
     """
-    if None in times:
-        known = [(t, r) for t, r in zip(times, ranks) if t is not None]
-        return max(known)[1] if known else None
-    return max(zip(cast(tuple[int, ...], times), ranks))[1] if times else None
+    known = times if None not in times else tuple(t for t in times if t is not None)
+    if not known:
+        return None
+    t = max(cast(tuple[int, ...], known))
+    if times.count(t) != 1:
+        return None
+    return ranks[times.index(t)]
 
 
 class Collective:

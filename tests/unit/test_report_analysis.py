@@ -328,6 +328,24 @@ def test_stragglers_rank_the_last_arriver_first(tmp_path):
     assert [row[0] for row in heat["lateness_s"]] == pytest.approx([0.0, 10e-6, 20e-6, 30e-6])
 
 
+
+def test_ranks_that_arrive_last_together_are_none_of_them_the_last(tmp_path):
+    """Ranks 2 and 3 arrive at the same instant, after 0 and 1: no collective had one last rank, so nobody
+    gets a last arrival, not the lowest (or highest) of the two by a tie rule; their lateness still counts."""
+    for r in range(4):
+        log = EventLog(rank=r, world=4)
+        log.group(0, "0", "default_pg", [0, 1, 2, 3])
+        for i in range(3):
+            log.call("all_reduce", T0_NS + i * 1_000_000 + min(r, 2) * 10_000, seq=i + 1, shapes=[[4]],
+                     dtypes=["Float"], nbytes=16, dur_ns=50_000)
+        log.close(T0_NS + 3 * 1_000_000)
+        log.write(tmp_path)
+    job = load_job([tmp_path])
+    rows = {r["rank"]: r for r in straggler_table(job)}
+    assert [rows[r]["last_arrivals"] for r in range(4)] == [0, 0, 0, 0]
+    assert rows[2]["mean_lateness_s"] == rows[3]["mean_lateness_s"] == pytest.approx(20_000e-9)
+    assert all(c.last_arrival_rank is None for c in next(iter(job.collectives.values())))
+
 def test_steps_filter_collectives_by_first_arrival(tmp_path):
     """Two recorded steps; --steps 2 keeps only the collective issued during step 2."""
     ms = 1_000_000

@@ -4,8 +4,9 @@ A rank's *lateness* at a collective is its arrival minus the earliest arrival of
 the aligned clock), an arrival being when the rank was ready to communicate (``Collective.ready_ns``): its
 first kernel's begin where profiler traces show every rank's (the GPU runs behind the CPU: what the others'
 kernels waited for is the last kernel to begin), else its call. A straggler arrives last often and late: ranked
-by how many collectives it arrived last at, then by mean lateness. Collectives with a rank missing (a hang) are
-diagnose's business, not counted here.
+by how many collectives it arrived last at (alone: where several ranks arrived last together, none of them
+counts), then by mean lateness. Collectives with a rank missing (a hang) are diagnose's business, not counted
+here.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class Stragglers:
         if len(ready) < 2 or None in ready:
             return
         arrive = cast(tuple[int, ...], ready)  # every rank's arrival known (tested above)
-        first = min(arrive)
-        self._last[c.ranks[arrive.index(max(arrive))]] += 1
+        first, last = min(arrive), max(arrive)
+        if arrive.count(last) == 1:  # ranks that arrived last together: none of them kept the others waiting
+            self._last[c.ranks[arrive.index(last)]] += 1
         group = self._groups.get(id(c.ranks))
         if group is None:
             group = self._groups[id(c.ranks)] = (c.ranks, [array("q") for _ in c.ranks])

@@ -243,8 +243,7 @@ def _collective_args(c: Collective, sig: Signature) -> dict[str, Any]:
         args["bytes_to_each"] = arg_text(sent)
     if expected is not None:
         args["bytes_from_each"] = arg_text(expected)
-    ready = c.ready_ns
-    last = rank_at(max, ready, c.ranks) if c.ranks and all(ready) else c.last_ready_rank
+    last = c.last_ready_rank  # None where several ranks arrived last together
     if last is not None:
         args["last_arrival_rank"] = last
     return args
