@@ -434,6 +434,7 @@ def test_ranks_that_died_within_a_heartbeat_of_each_other_are_suspects_not_culpr
     assert d.status == "crashed" and [c for _, _, c in found] == [(), ()]
     assert d.to_json()["suspect_ranks"] == [1, 2]
     assert "which died first, and took the others down, cannot be told" in d.findings[0].basis
+    assert all("failures follow from it" not in f.action and "cannot be told" in f.action for f in d.findings)
 
 
 def test_a_pipeline_s_waits_on_ranks_a_death_took_down_are_the_death_s_story(tmp_path):

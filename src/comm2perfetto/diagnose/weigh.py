@@ -329,15 +329,13 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
                 and end.t_ns > first_end.t_ns + HEARTBEAT_SLACK_NS:
             # Alive well after the first failure, then gone outside any call: the launcher stopping the job, or a
             # fault of its own; nothing recorded tells which.
-            f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
-                        basis=f"it died {duration(end.t_ns - first_end.t_ns)} after rank {first_rank}'s failure, "
-                              "outside any call: the launcher stopping the job, or a fault of its own, cannot be told")
+            f = _as_suspect(f, f"it died {duration(end.t_ns - first_end.t_ns)} after rank {first_rank}'s failure, "
+                               "outside any call: the launcher stopping the job, or a fault of its own, cannot be told")
         if n == 0:
             first_rank, first_end = rank, end
         if together and f.culprit_ranks:
-            f = replace(f, culprit_ranks=(), suspect_ranks=f.culprit_ranks,
-                        basis=f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of each "
-                              "other: which died first, and took the others down, cannot be told")
+            f = _as_suspect(f, f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of "
+                               "each other: which died first, and took the others down, cannot be told")
         died.append(f)
     # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
     # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
@@ -346,6 +344,16 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
                                   and set(f.culprit_ranks) <= down)
            and not (f.kind == P2P_MISMATCH and f.ranks_missing and set(f.ranks_missing) <= down)]
     return out + died
+
+
+def _as_suspect(f: Finding, basis: str) -> Finding:
+    """A ``rank_died`` finding whose rank the data cannot convict: a suspect, and its action claims nothing
+    follows from it."""
+    (rank,) = f.culprit_ranks
+    return replace(f, culprit_ranks=(), suspect_ranks=(rank,), basis=basis,
+                   action=f.action.replace("; the other ranks' failures follow from it.",
+                                           f": whether the other ranks' failures follow from rank {rank}'s end "
+                                           "cannot be told from these files."))
 
 
 def went_down(ends: Mapping[int, RankEnd], dead: Mapping[int, RankEnd],
