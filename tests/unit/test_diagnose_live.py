@@ -662,3 +662,23 @@ def test_a_pending_entry_without_sizes_is_no_mismatch(tmp_path):
     ranks[0]["groups"]["0"]["pending"].update(numel=16, dtypes=["Float"])
     (f,) = _verdict(tmp_path, _snapshot(*ranks)).findings
     assert f.kind == "stuck_all_joined"
+
+
+def test_a_rank_that_went_past_a_collective_with_another_size_is_a_suspect_of_the_mismatch(tmp_path):
+    """Rank 2 passed 5 elements to all_reduce #3 where ranks 0 and 1 passed 8: gloo let rank 2 through, and it
+    waits in #4 while the others hang in #3. Its recent collectives say what it passed to #3: a size mismatch,
+    every rank of it a suspect; not a collective stuck with nothing to blame."""
+    ranks = [_rank(r, 3, ("all_reduce", 3, 0.1 * r)) for r in range(2)] + [_rank(2, 4, ("all_reduce", 4, 0.3))]
+    for r in range(2):
+        ranks[r]["groups"]["0"]["pending"].update(numel=8, dtypes=["Float"])
+    ranks[2]["groups"]["0"]["pending"].update(numel=8, dtypes=["Float"])
+    ranks[2]["groups"]["0"]["recent"] = [[2, T0, "all_reduce", 8], [3, T0 + 10**8, "all_reduce", 5],
+                                         [4, T0 + 3 * 10**8, "all_reduce", 8]]
+    d = _verdict(tmp_path, _snapshot(*ranks))
+    [f] = [f for f in d.findings if f.blocked_by is None]
+    assert (d.status, f.kind, f.seq, f.culprit_ranks, f.suspect_ranks) == ("desync", "size_mismatch", 3, (), (0, 1, 2))
+    assert "rank 2: all_reduce 5 elements" in f.detail and "Rank 2 went past it" in f.detail
+    # without what rank 2 passed, nothing shows a mismatch: stuck, nobody blamed
+    ranks[2]["groups"]["0"]["recent"] = [[3, T0 + 10**8], [4, T0 + 3 * 10**8]]
+    [f] = [f for f in _verdict(tmp_path, _snapshot(*ranks)).findings if f.blocked_by is None]
+    assert (f.kind, f.culprit_ranks, f.suspect_ranks) == ("stuck_all_joined", (), ())

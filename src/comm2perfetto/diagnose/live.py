@@ -4,13 +4,15 @@ A pure function over a live snapshot (written by record/live.py while the job ha
 in sources/live.py), returning the same ``Diagnosis`` and ``Finding`` kinds as ``diagnose`` and arranged by
 the same wait-for graph (``waits``, ``roots``), so that both speak alike and cannot disagree. Each rank's
 position is the collective it waits in per group, the sends and receives it is inside (a batch: one per peer),
-and how many collectives it has issued per group. It sees less than ``diagnose`` (no shapes, a short history),
-so it only says what positions prove:
+and how many collectives it has issued per group, with the elements it passed to the one it waits in and to
+its recent ones (Python-issued calls only). It sees less than ``diagnose`` (a short history, no call sites to
+compare), so it only says what positions prove:
 
 - a member whose group counter shows it has not issued the collective others wait in: ``missing_ranks``;
-- members waiting at one sequence number with different ops: ``op_mismatch``, culprit the minority (with
-  one op and different roots, a broadcast's src for instance: ``root_mismatch``);
-- every member waiting: ``stuck_all_joined``, the last to arrive named as the slowest;
+- members at one sequence number with different ops, roots, element counts or dtypes, waiting in it or gone
+  past it while the others wait: ``op_mismatch`` (``root_mismatch``, ``size_mismatch``, ``dtype_mismatch``),
+  every one of them a suspect, no culprit (no history tells which side is wrong);
+- every member waiting: ``stuck_all_joined``, the last to arrive told, no culprit;
 - a send or recv whose peer is not in the matching one: ``p2p_mismatch``;
 - ranks waiting on each other across groups: ``order_mismatch`` (from the order of each rank's recent
   collectives), or the rank that went on to a collective instead of the send or recv its peer waits in;
@@ -229,9 +231,14 @@ def _finding(w: Wait, labels: Mapping[str, str], ranks: Mapping[int, dict], sile
     ops = Counter(_pending_op(ranks, r, op.group) for r in waiting)
     name = ops.most_common(1)[0][0]
     common["op"] = name
-    if _differs({_passed(ranks, r, op.group) for r in waiting}) is not None:
-        return _op_mismatch(common, waiting, ranks)
+    calls = {r: _passed(ranks, r, op.group) for r in waiting}
+    if _differs(set(calls.values())) is not None:
+        return _op_mismatch(common, calls, ranks)
     if not w.waits_for:
+        # members that went past the collective the others hang in: what they passed to it, where known
+        passers = _passed_on(ranks, op, waiting)
+        if passers and _differs(set(calls.values()) | set(passers.values())) is not None:
+            return _op_mismatch(common, {**calls, **passers}, ranks, went_on=sorted(passers))
         return _stuck(common, waiting, ranks)
     if set(w.waits_for) <= silent:
         return _waiting_for_silent(common, waiting, list(w.waits_for))
@@ -246,6 +253,20 @@ def _pending_op(ranks: Mapping[int, dict], rank: int, group: str) -> str:
 # families may differ between ranks; the recorder gives no sizes for those here).
 _SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather",
                         "reduce_scatter_tensor"})
+
+
+def _passed_on(ranks: Mapping[int, dict], op: Op, waiting: list[int]) -> dict[int, tuple]:
+    """The members of ``op``'s group not waiting in it that issued it and went on, with what they passed to it
+    (``_passed``'s tuple, from their recent collectives), where known."""
+    out = {}
+    for r, summary in ranks.items():
+        g = (summary.get("groups") or {}).get(op.group)
+        if r in waiting or g is None:
+            continue
+        for seq, name, numel in g.get("passed") or ():
+            if seq == op.seq:
+                out[r] = (name, None, numel if name in _SAME_SIZE else None, None)
+    return out
 
 
 def _passed(ranks: Mapping[int, dict], rank: int, group: str) -> tuple:
@@ -317,13 +338,16 @@ def _differs(calls: set[tuple]) -> int | None:
     return next((i for i in range(4) if len({c[i] for c in calls} - {None}) > 1), None)
 
 
-def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) -> Finding:
-    """Ranks waiting at one sequence number with different ops, roots, element counts or dtypes. Positions carry
-    no history of what each rank issued before, so nothing shows which side is wrong: every waiting rank is a
-    suspect, none a culprit."""
+def _op_mismatch(common: dict, calls: Mapping[int, tuple], ranks: Mapping[int, dict],
+                 went_on: Sequence[int] = ()) -> Finding:
+    """Ranks at one sequence number with different ops, roots, element counts or dtypes (``calls``: each rank's
+    ``_passed``), waiting in it or, ``went_on``, past it while the others wait (gloo lets the rank with the
+    smaller buffer finish). Positions carry no history of what each rank issued before, so nothing shows which
+    side is wrong: every such rank is a suspect, none a culprit."""
+    waiting = sorted(calls)
     by_call: dict[tuple, list[int]] = {}
     for r in waiting:
-        by_call.setdefault(_passed(ranks, r, common["group_uid"]), []).append(r)
+        by_call.setdefault(calls[r], []).append(r)
     clusters = sorted(by_call.items(), key=lambda kv: (-len(kv[1]), min(kv[1])))
     suspects = sorted(waiting)  # no vote: two faulty ranks would outvote a sound one
     kind, what, same = [(OP_MISMATCH, "different collectives", "collective"),
@@ -339,6 +363,9 @@ def _op_mismatch(common: dict, waiting: list[int], ranks: Mapping[int, dict]) ->
 
     described = "; ".join(f"{ranks_text(rs)}: {told(call)}" for call, rs in clusters)
     detail = f"Ranks issued {what} as #{common['seq']} on {common['process_group']}: {described}."
+    if went_on:
+        detail += (f" {ranks_text(list(went_on)).capitalize()} went past it while the others still wait in it (gloo "
+                   "can complete a collective on one rank whose sizes differ from the others').")
     action = (f"Compare what {ranks_text(suspects)} issue here with the other ranks (`comm2perfetto diagnose` on "
               f"the folder afterwards compares their call sites and history): every rank must issue the same {same} "
               "at this point.")

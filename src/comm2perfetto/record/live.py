@@ -29,7 +29,8 @@ A rank summary::
 
     {"rank": 1, "host": "node07", "folder": "/home/me/run1", "pid": 4242, "t_ns": 1795313447406614332, "step": 3,
      "groups": {"0": {"desc": "default_pg", "ranks": [0, 1], "issued": 3, "pending": null, "p2p": [],
-                      "recent": [[2, 1795313441406614332], [3, 1795313442406614332]], "p2p_issued": []}},
+                      "recent": [[2, 1795313441406614332, "all_reduce", 16], [3, 1795313442406614332]],
+                      "p2p_issued": []}},
      "stack": ["hang_missing_rank.py:36 load_next_shard", "hang_missing_rank.py:55 run", ...]}
 
 ``pending`` is ``{"op": "all_reduce", "seq": 4, "since_ns": ..., "source": "patch", "numel": 16, "dtypes":
@@ -133,10 +134,11 @@ def rank_summary(rec: RecorderView, fr_pending: dict[str, dict] | None = None, f
     }
 
 
-def recent_issues(rec: RecorderView) -> dict[str, list[list[int]]]:
+def recent_issues(rec: RecorderView) -> dict[str, list[list[Any]]]:
     """Per group, the last ``MAX_RECENT`` collectives this rank issued from Python, ``[seq, t_ns]`` oldest
-    first, from the `b` records at the end of its own event log (no bookkeeping on the hot path)."""
-    out: dict[str, list[list[int]]] = {}
+    first, ``[seq, t_ns, op, numel]`` where the elements it passed are known, from the `b` records at the end of
+    its own event log (no bookkeeping on the hot path)."""
+    out: dict[str, list[list[Any]]] = {}
     lines = rec.log.tail(TAIL_BYTES).split(b"\n")[1:]  # the first may be cut
     for line in lines:
         if not line.startswith(b'["b",'):
@@ -147,7 +149,10 @@ def recent_issues(rec: RecorderView) -> dict[str, list[list[int]]]:
             continue
         t, gid, seq = record[2], record[4], record[5]
         if isinstance(seq, int) and isinstance(t, int) and isinstance(gid, int):
-            out.setdefault(rec.group_name(gid), []).append([seq, t])
+            passed = rec.arg_numel.get(record[12]) if len(record) > 12 and isinstance(record[12], int) else None
+            # with what it passed: a rank that went past a collective its peers hang in may have passed another size
+            out.setdefault(rec.group_name(gid), []).append([seq, t] if passed is None else
+                                                          [seq, t, str(record[3])[:MAX_TEXT], passed[0]])
     return {name: issues[-MAX_RECENT:] for name, issues in out.items()}
 
 

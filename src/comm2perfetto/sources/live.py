@@ -10,7 +10,10 @@ or a pending entry with one is left out, stacks are cut to ``MAX_FRAMES`` string
                                     "numel": 16, "dtypes": ["Float"]},
                         "p2p": [{"op": "recv", "peer": 1, "n": 3, "since_ns": ...}],
                         "p2p_issued": [["send", 1, 3], ["recv", 1, 2]],
-                        "recent": [[3, 1795313441406614332], [4, 1795313442406614332]]}}}]}
+                        "recent": [[3, 1795313441406614332, "all_reduce", 16], [4, 1795313442406614332]]}}}]}
+
+``recent`` holds each recent collective's seq and issue time, and what the rank passed to it (op, elements)
+where known.
 
 Never imports torch.
 """
@@ -90,14 +93,18 @@ def _rank_summary(raw: Any, world: int) -> dict[str, Any] | None:
         members = g.get("ranks")
         members = members if isinstance(members, list) else []
         issued = g.get("issued")
+        recent = [x for x in _list(g.get("recent"))[-MAX_RECENT:]
+                  if isinstance(x, list) and len(x) in (2, 4) and count_ok(x[0]) and time_ok(x[1])]
         groups[str(name)] = {
             "desc": str(g.get("desc") or "")[:200],
             "ranks": [r for r in members[:world] if rank_ok(r, world)],
             "issued": issued if count_ok(issued) else None,
             "pending": _pending(g.get("pending")),
             "p2p": [p for p in map(lambda q: _p2p(q, world), _list(g.get("p2p"))[:MAX_P2P]) if p is not None],
-            "recent": [[x[0], x[1]] for x in _list(g.get("recent"))[-MAX_RECENT:]
-                       if isinstance(x, list) and len(x) == 2 and count_ok(x[0]) and time_ok(x[1])],
+            "recent": [[x[0], x[1]] for x in recent],
+            # what it passed to its recent collectives, where known: [seq, op, elements]
+            "passed": [[x[0], x[2][:100], x[3]] for x in recent if len(x) == 4 and isinstance(x[2], str)
+                       and count_ok(x[3])],
             "p2p_issued": [[x[0], x[1], x[2]] for x in _list(g.get("p2p_issued"))[:MAX_P2P]
                            if isinstance(x, list) and len(x) == 3 and x[0] in ("send", "recv")
                            and rank_ok(x[1], world) and count_ok(x[2])],
