@@ -451,3 +451,25 @@ def test_a_pipeline_s_waits_on_ranks_a_death_took_down_are_the_death_s_story(tmp
     d, found, _ = _verdict(tmp_path, logs, crashed={1},
                            jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
     assert (d.status, found) == ("crashed", [("rank_died", None, (1,))])
+
+
+@pytest.mark.parametrize("gap_s, killed", [(0.3, True), (-0.2, False)])
+def test_a_timeout_before_a_dead_rank_s_last_record_is_the_first_failure(monkeypatch, gap_s, killed):
+    """The mesh of the fault matrix, once: ranks 1 and 3 raised gloo's timeout, then torchrun killed rank 0,
+    which was waiting inside a call; its last heartbeat came 0.3 s after the timeouts, so it was alive when they
+    failed and their failure did not follow from its death: it is the launcher's victim, not a culprit. A timeout
+    after a dead rank's last record may be that death's doing: then the rank died first."""
+    from comm2perfetto.diagnose import weigh
+    from comm2perfetto.diagnose.endings import RankEnd
+
+    monkeypatch.setattr(weigh, "launcher_failed", lambda job: True)
+    monkeypatch.setattr(weigh, "_inside_a_call", lambda job, r: True)
+    monkeypatch.setattr(weigh, "died_inside", lambda job, r: None)
+    monkeypatch.setattr(weigh, "calls_unseen", lambda job, r: False)
+    t = T0_NS + 10 * S
+    timeout = "RuntimeError: Timed out waiting 8000ms for recv operation to complete"
+    ends = {0: RankEnd(0, DIED, t + int(gap_s * S), "its process is gone"),
+            1: RankEnd(1, PEER_LOST, t, timeout), 3: RankEnd(3, PEER_LOST, t + 5_000_000, timeout)}
+    dead = {0: ends[0]}
+    assert set(weigh.teardown(object(), ends, dead)) == ({0} if killed else set())
+    assert set(dead) == (set() if killed else {0})

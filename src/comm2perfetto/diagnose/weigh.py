@@ -208,10 +208,12 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     unseen = {r for r, e in dead.items() if e.how == DIED and r not in inside and calls_unseen(job, r)}
     failed = [e.t_ns for r, e in dead.items() if r not in inside | unseen and e.t_ns is not None]
     # A rank that raised on a lost connection or a timeout failed too: the launcher stops the rest after it;
-    # but a connection lost after a rank's death is that death's doing, not a failure before it.
+    # but a connection lost after a rank's death may be that death's doing, not a failure before it. A death
+    # comes after the rank's last record (up to a heartbeat after): what failed before that record did not
+    # follow from it.
     deaths = [e.t_ns for e in dead.values() if e.how == DIED and e.t_ns is not None]
     failed += [e.t_ns for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None
-               and all(e.t_ns < t - HEARTBEAT_SLACK_NS for t in deaths)]
+               and all(e.t_ns < t for t in deaths)]
     if not failed:
         return {}
     first = min(failed)
