@@ -13,7 +13,7 @@
 
 And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
 file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
-every real job and nothing else.
+every real job and nothing else; they share one xdist group, so that they run one at a time on one worker.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wrong:
         raise pytest.UsageError("tests/integration/ and the `integration` marker must agree (a real job lives in "
                                 "tests/integration/, marked; nothing else is marked): " + ", ".join(wrong))
+    for item in items:  # under xdist (pyproject's addopts), the real jobs run one at a time, on one worker
+        if item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.xdist_group("real-jobs"))
 
 
 @pytest.fixture(scope="session", autouse=True)

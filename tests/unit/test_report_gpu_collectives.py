@@ -150,14 +150,15 @@ def test_flight_recorder_gpu_times_are_the_time_on_a_real_h200_run():
                for e in pickle.loads(path.read_bytes())["entries"]]
     reduces = [e for e in entries if e["profiling_name"] == "nccl:all_reduce"]
     timed = [e["duration_ms"] for e in reduces if e.get("duration_ms") is not None]
-    doc = build_report(load_job([NCCL / "healthy"]), {})
+    job = load_job([NCCL / "healthy"])
+    doc = build_report(job, {})
     [row] = [r for r in doc["collectives"] if r["op"] == "all_reduce"]
     assert (row["count"], row["timed"]) == (len(reduces), len(timed)) == (26, 13)
     assert row["transfer_s"] == pytest.approx(sum(timed) * 1e-3, rel=1e-6)
     assert row["total_s"] == pytest.approx(sum(timed) * 1e-3, rel=1e-6)  # one rank: its GPU time is the duration
     [p2p] = [r for r in doc["collectives"] if r["op"] == "send/recv"]  # enqueue to discovery: 158 ms in all
     assert (p2p["count"], p2p["timed"], p2p["total_s"]) == (12, 0, None)
-    table = CollectiveTable(load_job([NCCL / "healthy"]))  # the table read twice is the same table
+    table = CollectiveTable(job)  # the table read twice is the same table
     assert table.rows() == table.rows()
     untimed = build_report(load_job([NCCL / "notiming"]), {})
     assert untimed["collectives"] and all(r["timed"] == 0 for r in untimed["collectives"] if r["op"] != "send/recv")
