@@ -13,7 +13,8 @@
 
 And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
 file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
-every real job and nothing else; they share one xdist group, so that they run one at a time on one worker.
+every real job and nothing else. Under xdist the real jobs run one at a time on one worker
+(``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ from support.wheel import build_wheel
 JOB_FIXTURES = {"record_job", "module_jobs"}
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under xdist (pyproject's addopts: ``-n 2``), the real jobs (tests/integration/) are one unit of work, run one
+    after another on one worker, as they would alone (they time stalls; two at once would compete for the
+    cores), while the other worker takes the rest one test at a time. (xdist's own ``xdist_group`` marks do not
+    group anything under pytest 9: it renames items, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealJobsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "real-jobs" if nodeid.startswith("tests/integration/") else nodeid
+
+    return RealJobsTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     wrong = []
     for item in items:
@@ -41,9 +56,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wrong:
         raise pytest.UsageError("tests/integration/ and the `integration` marker must agree (a real job lives in "
                                 "tests/integration/, marked; nothing else is marked): " + ", ".join(wrong))
-    for item in items:  # under xdist (pyproject's addopts), the real jobs run one at a time, on one worker
-        if item.get_closest_marker("integration") is not None:
-            item.add_marker(pytest.mark.xdist_group("real-jobs"))
 
 
 @pytest.fixture(scope="session", autouse=True)
