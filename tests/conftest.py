@@ -46,16 +46,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return RealJobsTogether(config, log)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On the xdist worker that runs the rest, the real jobs' worker goes first for the cores: the first test that
-    runs no real job lowers that worker's priority (and its children's), so that the jobs' timed stalls and
-    sleeps keep the pace they have alone."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and item.get_closest_marker("integration") is None \
-            and not getattr(pytest_runtest_setup, "niced", False):
-        os.nice(10)
-        pytest_runtest_setup.niced = True  # type: ignore[attr-defined]
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     wrong = []
     for item in items:
