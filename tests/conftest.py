@@ -13,8 +13,7 @@
 
 And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
 file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
-every real job and nothing else. Under xdist the real jobs run one at a time on one worker
-(``pytest_xdist_make_scheduler``).
+every real job and nothing else.
 """
 
 from __future__ import annotations
@@ -30,20 +29,6 @@ from support.leftovers import clean_up_recorder, recorder_leftovers
 from support.wheel import build_wheel
 
 JOB_FIXTURES = {"record_job", "module_jobs"}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under xdist (pyproject's addopts: ``-n 2``), the real jobs (tests/integration/) are one unit of work, run one
-    after another on one worker, as they would alone (they time stalls; two at once would compete for the
-    cores), while the other worker takes the rest one test at a time. (xdist's own ``xdist_group`` marks do not
-    group anything under pytest 9: it renames items, which pytest 9 no longer reads.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class RealJobsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "real-jobs" if nodeid.startswith("tests/integration/") else nodeid
-
-    return RealJobsTogether(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
