@@ -249,17 +249,24 @@ def test_a_rank_known_only_from_its_log_disagreeing_with_an_fr_dump(tmp_path):
     assert f.call_sites[1] == "shape_mismatch.py:47"
 
 
-def test_recorder_only_ranks_are_not_missing_what_was_issued_from_cpp(tmp_path):
-    # DDP's all-reduces come from C++: the recorder never sees them, so a log-only rank has gaps.
+def _dump_rank_and_log_rank(folder, closed: bool) -> None:
+    """Rank 0: a gloo dump of three all-reduces (DDP's, completion unknown); rank 1: a log that shows only the
+    Python-issued #1, closed cleanly or not."""
     job = FrJob(world=2, backend="gloo")
     for _ in range(3):
         job.collective(0, "all_reduce", [[4]], state="scheduled")
-    job.write(tmp_path, prefix="rank", ranks=[0])
+    job.write(folder, prefix="rank", ranks=[0])
     log = EventLog(rank=1, world=2)
     log.group(0, "0", "default_pg", [0, 1])
     log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
-    log.close(T0_NS + 3 * STEP_NS)
-    log.write(tmp_path)
+    if closed:
+        log.close(T0_NS + 3 * STEP_NS)
+    log.write(folder)
+
+
+def test_recorder_only_ranks_are_not_missing_what_was_issued_from_cpp(tmp_path):
+    # DDP's all-reduces come from C++: the recorder never sees them, so a log-only rank has gaps.
+    _dump_rank_and_log_rank(tmp_path, closed=True)
     assert _diagnose(tmp_path).status == "ok"
 
 
@@ -267,14 +274,7 @@ def test_a_rank_inside_a_cpp_collective_waits_for_a_rank_whose_part_is_unseen(tm
     # Rank 0 issued DDP's all-reduce #3 (gloo: completion unknown) and nothing after it; rank 1's log stops
     # unclosed and shows only the Python-issued #1: whether rank 1 issued #2 and #3 cannot be told, so rank 0
     # may be waiting in #3 for it. Rank 1 is a suspect, nobody a culprit, and the job is not OK.
-    job = FrJob(world=2, backend="gloo")
-    for _ in range(3):
-        job.collective(0, "all_reduce", [[4]], state="scheduled")
-    job.write(tmp_path, prefix="rank", ranks=[0])
-    log = EventLog(rank=1, world=2)
-    log.group(0, "0", "default_pg", [0, 1])
-    log.call("all_reduce", T0_NS, seq=1, shapes=[[4]], dtypes=["Float"])
-    log.write(tmp_path)
+    _dump_rank_and_log_rank(tmp_path, closed=False)
     d = _diagnose(tmp_path)
     assert d.status != "ok"
     (f,) = d.findings

@@ -253,5 +253,4 @@ def went_on(job: Job, c: Collective, later: Sequence[Collective]) -> bool:
     so a rank's last dump may not show its last collective completed.)"""
     if c.completed_everywhere or any(all(sig is not None for sig in x.signatures) for x in later):
         return True
-    infos = [job.ranks.get(r) for r in c.ranks]
-    return all(info is not None and info.closed_cleanly for info in infos)
+    return all(closed_cleanly(job, r) for r in c.ranks)
