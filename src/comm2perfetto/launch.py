@@ -85,8 +85,6 @@ def run_forwarding_signals(command: list[str], env: dict[str, str],
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         returncode = _wait_escalating(child, ending)
-        if ending.signal is not None:
-            ending.killed_leftovers = _end_group(child.pid) or ending.killed_leftovers
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -95,42 +93,41 @@ def run_forwarding_signals(command: list[str], env: dict[str, str],
 
 
 def _wait_escalating(child: subprocess.Popen, ending: JobEnding) -> int:
-    """The launcher's exit status. Once a signal was forwarded, the group gets SIGTERM ``GRACE_S`` later and
-    SIGKILL after twice that, also while the launcher itself lives on: a shell in ``wait`` may outlive a SIGINT
-    its background children ignore, and then nothing else would ever end the job."""
-    harder = [signal.SIGTERM, signal.SIGKILL]
+    """The launcher's exit status, once the job is over. Without a signal, that is when the launcher ends. Once
+    a signal was forwarded, it is when none of the job's group is left: the group gets SIGTERM ``GRACE_S``
+    after the signal and SIGKILL ``GRACE_S`` later, whether the launcher lives on (a shell in ``wait`` may
+    outlive a SIGINT its background children ignore) or left ranks behind; one more ``GRACE_S`` and we stop
+    waiting for what even SIGKILL did not end (a process stuck in the kernel)."""
+    harder = [signal.SIGTERM, signal.SIGKILL, None]
+    returncode: int | None = None
     while True:
         try:
-            return child.wait(timeout=0.1)
+            returncode = child.wait(timeout=0.1) if returncode is None else returncode
         except subprocess.TimeoutExpired:
             pass
-        if ending.signal_ns is None or not harder:
+        if ending.signal_ns is None:
+            if returncode is not None:
+                return returncode
             continue
-        waited_s = (time.time_ns() - ending.signal_ns) / 1e9
-        if waited_s >= GRACE_S * (3 - len(harder)):
-            ending.killed_leftovers = _signal_group(child.pid, harder.pop(0)) or ending.killed_leftovers
+        if returncode is not None and not _signal_group(child.pid, 0):
+            return returncode
+        if (time.time_ns() - ending.signal_ns) / 1e9 >= GRACE_S * (4 - len(harder)):
+            harder_signal = harder.pop(0)
+            if harder_signal is None:
+                return child.wait() if returncode is None else returncode
+            ending.killed_leftovers = _signal_group(child.pid, harder_signal) or ending.killed_leftovers
+        if returncode is not None:
+            time.sleep(0.05)
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
-    """Send ``signum`` to the job's process group; False when none of its processes is left."""
+    """Send ``signum`` to the job's process group (0: only ask whether any is left); False when none of its
+    processes is left."""
     try:
         os.killpg(pgid, signum)
         return True
     except ProcessLookupError:
         return False
-
-
-def _end_group(pgid: int) -> bool:
-    """Wait for the rest of the group to end (SIGTERM, then SIGKILL to what is left); True if any was killed."""
-    for signum in (signal.SIGTERM, signal.SIGKILL, None):
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline:
-            if not _signal_group(pgid, 0):
-                return signum is not signal.SIGTERM
-            time.sleep(0.05)
-        if signum is not None:
-            _signal_group(pgid, signum)
-    return True
 
 
 def write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding,

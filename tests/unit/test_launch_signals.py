@@ -1,5 +1,6 @@
-"""``record``'s launcher: a signal forwarded to the job's process group is followed by SIGTERM and SIGKILL also
-while the launcher itself lives on (a shell in ``wait`` whose background children ignore SIGINT)."""
+"""``record``'s launcher: a signal forwarded to the job's process group is followed by SIGTERM and SIGKILL, on one
+clock from the signal, while the launcher itself lives on (a shell in ``wait`` whose background children ignore
+SIGINT) and after it left ranks behind."""
 
 from __future__ import annotations
 
@@ -23,6 +24,30 @@ print(json.dumps({"s": time.monotonic() - t0, "signal": ending.signal, "status":
                   "killed": ending.killed_leftovers}))
 """
 
+# The launcher dies of the SIGINT at once, leaving a rank that ignores SIGINT and SIGTERM: only the SIGKILL,
+# 2 x GRACE_S after the signal, ends it; the rank writes its pid so that the test can see it is gone.
+LEFT_BEHIND = r"""
+import json, os, signal, sys, threading, time
+from comm2perfetto import launch
+launch.GRACE_S = 0.5
+rank = ("import os, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], 'w').write(str(os.getpid())); "
+        "time.sleep(60)")
+launcher = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
+            "time.sleep(60)")
+pid_file = sys.argv[1]
+threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+ending = launch.run_forwarding_signals([sys.executable, "-c", launcher, rank, pid_file], dict(os.environ))
+s = time.monotonic() - t0
+try:  # a zombie is dead (an init that reaps lazily, as in some containers, may leave it a while)
+    alive = open(f"/proc/{open(pid_file).read()}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+except FileNotFoundError:
+    alive = False
+print(json.dumps({"s": s, "signal": ending.signal, "status": ending.status, "killed": ending.killed_leftovers,
+                  "rank_alive": alive}))
+"""
+
 
 def test_a_launcher_that_outlives_the_forwarded_sigint_is_terminated_after_the_grace():
     t0 = time.monotonic()
@@ -34,3 +59,16 @@ def test_a_launcher_that_outlives_the_forwarded_sigint_is_terminated_after_the_g
     assert ending["status"] == 128 + 15  # the launcher died of the SIGTERM
     assert ending["s"] < 20, ending
     assert time.monotonic() - t0 < 40
+
+
+def test_a_rank_the_launcher_left_behind_is_killed_on_the_signals_clock(tmp_path):
+    out = subprocess.run([sys.executable, "-c", LEFT_BEHIND, str(tmp_path / "rank.pid")], capture_output=True,
+                         text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    ending = json.loads(out.stdout)
+    # the launcher died of the SIGINT (Python ends of an uncaught KeyboardInterrupt by the signal); the rank
+    # ignored it and SIGTERM
+    assert ending["signal"] == "SIGINT" and ending["status"] == 128 + 2, ending
+    assert ending["killed"] is True and ending["rank_alive"] is False, ending
+    # SIGINT at 2 s, SIGKILL 1 s later: one clock from the signal, not a fresh grace per stage
+    assert 2.9 < ending["s"] < 20, ending
