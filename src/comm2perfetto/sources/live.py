@@ -20,19 +20,14 @@ Never imports torch.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.sources.json_document import read_json_document
 from comm2perfetto.sources.limits import (
-    TooLargeError,
     count_ok,
     rank_ok,
-    read_bounded,
-    regular_file_problem,
     shown,
     time_ok,
     world_ok,
@@ -54,15 +49,7 @@ class LiveSnapshotError(Comm2PerfettoError, ValueError):
 
 def read_snapshot(path: str) -> dict[str, Any]:
     """The snapshot with every rank summary checked; raises LiveSnapshotError when unusable."""
-    problem = regular_file_problem(Path(path))
-    if problem is not None:
-        raise LiveSnapshotError(f"{path}: {problem}")
-    try:
-        doc = orjson.loads(read_bounded(Path(path), MAX_BYTES))
-    except (OSError, TooLargeError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
-        raise LiveSnapshotError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise LiveSnapshotError(f"{path}: not a comm2perfetto live snapshot")
+    doc = read_json_document(Path(path), FORMAT, "comm2perfetto live snapshot", LiveSnapshotError, MAX_BYTES)
     world = doc.get("world_size")
     if not world_ok(world):
         raise LiveSnapshotError(f"{path}: bad world_size {shown(world)}")

@@ -19,19 +19,14 @@ unknown (None). The raw format (docs/live.md)::
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import orjson
-
 from comm2perfetto.errors import Comm2PerfettoError
+from comm2perfetto.sources.json_document import read_json_document
 from comm2perfetto.sources.limits import (
-    TooLargeError,
     count_ok,
     rank_ok,
-    read_bounded,
-    regular_file_problem,
     shown,
     time_ok,
     world_ok,
@@ -116,15 +111,7 @@ class Window(NamedTuple):
 def read_window(path: str | Path) -> Window:
     """The window with every part checked; raises LiveWindowError when unusable."""
     path = Path(path)
-    problem = regular_file_problem(path)
-    if problem is not None:
-        raise LiveWindowError(f"{path}: {problem}")
-    try:
-        doc = orjson.loads(read_bounded(path, MAX_BYTES))
-    except (OSError, TooLargeError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
-        raise LiveWindowError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise LiveWindowError(f"{path}: not a comm2perfetto window")
+    doc = read_json_document(path, FORMAT, "comm2perfetto window", LiveWindowError, MAX_BYTES)
     if doc.get("version") != 1:
         raise LiveWindowError(f"{path}: window format version {shown(doc.get('version'))} is not 1")
     world, window, every = doc.get("world_size"), doc.get("window"), doc.get("every_s")

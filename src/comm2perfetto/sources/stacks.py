@@ -4,15 +4,13 @@ records. Never imports torch.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import orjson
-
 from comm2perfetto.model import RankClock
 from comm2perfetto.sources.event_log import EventLogError
-from comm2perfetto.sources.limits import TooLargeError, count_ok, is_int, rank_ok, read_bounded, shown, time_ok
+from comm2perfetto.sources.json_document import read_json_document
+from comm2perfetto.sources.limits import count_ok, is_int, rank_ok, shown, time_ok
 
 __all__ = ["PendingCall", "StallStacks", "ThreadStack", "read_stacks"]
 
@@ -72,12 +70,7 @@ def read_stacks(path: str | Path) -> StallStacks:
     pending entries are dropped, a bad time or field becomes None.
     """
     path = Path(path)
-    try:
-        doc = orjson.loads(read_bounded(path))
-    except (OSError, orjson.JSONDecodeError, TooLargeError, EOFError, zlib.error) as exc:
-        raise EventLogError(f"{path}: not a readable stacks file ({exc})") from exc
-    if not isinstance(doc, dict) or doc.get("format") != "comm2perfetto-stacks":
-        raise EventLogError(f"{path}: not a comm2perfetto stacks file")
+    doc = read_json_document(path, "comm2perfetto-stacks", "comm2perfetto stacks file", EventLogError)
     rank = doc.get("rank")
     if not isinstance(rank, int) or not rank_ok(rank):
         raise EventLogError(f"{path}: stacks file's rank {shown(rank)} is not a rank")
