@@ -261,8 +261,8 @@ def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
 
 def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path):
     """On a real DDP job on gloo, steps 2-3 profiled: the picture is framed on the profiled steps (drawn whole,
-    the run's start-up and unprofiled steps left them a few columns), and each rank's compute in it is the
-    report's to within a column."""
+    the run's start-up and unprofiled steps left them a few columns), each rank's row is measured all along its
+    own profiled steps, and each rank's compute in it is the report's to within a column."""
     target, png = tmp_path / "ddp.pftrace", tmp_path / "ddp.png"
     proc = merge(recorded_examples["ddp"], target, "--preview", str(png))
     assert proc.code == 0, proc.err
@@ -277,10 +277,20 @@ def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path)
     recorded = max(e.ts + (e.dur or 0) for e in events) - min(e.ts for e in events)
     t0, t1 = preview_window(read_png(png))
     assert t1 - t0 < recorded / 2, (t1 - t0, recorded)
-    _, _, lines = preview_rows(read_png(png), 2)
+    _, width, lines = preview_rows(read_png(png), 2)
+    data_spans = []
     for line in lines:
-        assert line.count(COLOURS["nodata"]) < len(line) // 4  # the profiled steps: compute measured all along
+        measured = [x for x, c in enumerate(line) if c in (COLOURS["compute"], COLOURS["overlap"])]
+        assert measured, "a rank's row with no compute in the frame"
+        data_spans.append((measured[0], measured[-1]))
+        # a rank's own profiled steps are measured all along: "no data" only before and after them (the ranks
+        # reach their profiled steps at times that differ by as much as the load makes them)
+        inside = line[measured[0]:measured[-1] + 1]
+        assert inside.count(COLOURS["nodata"]) <= len(inside) // 50, (inside.count(COLOURS["nodata"]), len(inside))
         assert line.count(COLOURS["comm"]) + line.count(COLOURS["overlap"]) > 0  # DDP's all-reduces
+    # the frame is the ranks' profiled steps together, padded by 1 % of it each side
+    assert min(b for b, _ in data_spans) <= width * 0.03 and max(e for _, e in data_spans) >= width * 0.97, \
+        (data_spans, width)
 
 
 def test_shape_mismatch_is_marked_on_both_ranks(recorded_examples, tmp_path):
