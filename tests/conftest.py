@@ -10,10 +10,12 @@
 - ``clean_env``: the environment for subprocesses, without this process's comm2perfetto/FR settings.
 - ``built_wheel`` (per session): the package as ``pip install .`` builds it, built once for every test that
   reads or installs it.
+- ``example_recordings`` (per session): the shipped DDP and shape-mismatch examples, each recorded once for
+  every test that only reads the recording.
 
-And one collection rule: the tests that run real jobs (a ``record_job`` or ``module_jobs`` fixture, or any test
-file in tests/integration/) are exactly those marked ``integration``, so ``-m "not integration"`` leaves out
-every real job and nothing else.
+And one collection rule: the tests that run real jobs (a ``record_job``, ``module_jobs`` or
+``example_recordings`` fixture, or any test file in tests/integration/) are exactly those marked
+``integration``, so ``-m "not integration"`` leaves out every real job and nothing else.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from support.jobs import JobRunner, job_env
+from support.jobs import JobRunner, job_env, record_example
 from support.leftovers import clean_up_recorder, recorder_leftovers
 from support.wheel import build_wheel
 
-JOB_FIXTURES = {"record_job", "module_jobs"}
+JOB_FIXTURES = {"record_job", "module_jobs", "example_recordings"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -110,3 +112,23 @@ def clean_env() -> dict[str, str]:
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkout's wheel (about 10 s to build), once for the session."""
     return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+# name -> (example, its arguments, record's): the DDP example with steps 2-4 profiled (gloo's Flight Recorder
+# does not time DDP's collectives, the profiler does), and the shape mismatch gloo aborts a rank on.
+EXAMPLE_RECORDINGS = {
+    "ddp": ("ddp_train.py", ["--epochs", "1", "--steps", "6"], ["--profile-steps", "2-4"]),
+    "mismatch": ("shape_mismatch.py", [], []),
+}
+
+
+@pytest.fixture(scope="session")
+def example_recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path]]:
+    """name -> (record's exit status, the recording's folder): the examples recorded once for the session, for
+    tests that read them and write nothing into them."""
+    root = tmp_path_factory.mktemp("examples")
+    done = {}
+    for name, (example, args, record_args) in EXAMPLE_RECORDINGS.items():
+        status, _err = record_example(root / name, example, args, record_args)
+        done[name] = (status, root / name)
+    return done

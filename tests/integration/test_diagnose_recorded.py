@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from support.cli import run_cli_process
-from support.jobs import communicate, job_env, record_cmd, torchrun
+from support.jobs import record_example
 from support.torch_features import needs_gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def _record(out: Path, example: str, args: list[str], record_args: list[str] = ()) -> int:
-    command = record_cmd(out, torchrun(2, str(EXAMPLES / example)) + args, record_args)
-    proc = subprocess.Popen(command, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    communicate(proc, 120)
-    return proc.returncode
 
 
 def _diagnose(out: Path, *extra: str) -> tuple[int, str]:
@@ -30,14 +21,11 @@ def _diagnose(out: Path, *extra: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> dict[str, tuple[int, Path]]:
-    root = tmp_path_factory.mktemp("recorded")
-    runs = {
-        "ddp": ("ddp_train.py", ["--epochs", "1", "--steps", "4"], []),
-        "hang": ("hang_missing_rank.py", ["--hang-seconds", "4"], ["--stall-after", "1"]),
-        "mismatch": ("shape_mismatch.py", [], []),
-    }
-    return {name: (_record(root / name, ex, args, rec), root / name) for name, (ex, args, rec) in runs.items()}
+def recorded(tmp_path_factory, example_recordings) -> dict[str, tuple[int, Path]]:
+    """The session's DDP and shape-mismatch recordings, and the hang example (rank 1 away 4 s) recorded here."""
+    hang = tmp_path_factory.mktemp("recorded") / "hang"
+    status, _err = record_example(hang, "hang_missing_rank.py", ["--hang-seconds", "4"], ["--stall-after", "1"])
+    return {**example_recordings, "hang": (status, hang)}
 
 
 def test_healthy_ddp_job(recorded):

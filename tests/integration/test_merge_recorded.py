@@ -9,7 +9,6 @@ flows that link a collective across ranks.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from comm2perfetto.trace.check import check_trace
 from comm2perfetto.trace.preview import COLOURS
 from support.cli import Ran, run_cli_process
-from support.jobs import communicate, job_env, kill_tree, record_cmd, torchrun
+from support.jobs import kill_tree
 from support.png import preview_compute_s, preview_rows, preview_window, read_png
 from support.torch_features import gloo_flight_recorder
 
@@ -205,19 +204,9 @@ def test_ranks_and_window_select_what_is_drawn(hang, hang_trace, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def recorded_examples(tmp_path_factory):
-    root = tmp_path_factory.mktemp("examples")
-    runs = {
-        "ddp": ("ddp_train.py", ["--epochs", "1", "--steps", "4"], ["--profile-steps", "2-3"]),
-        "mismatch": ("shape_mismatch.py", [], []),
-    }
-    done = {}
-    for name, (example, args, rec) in runs.items():
-        command = record_cmd(root / name, torchrun(2, str(EXAMPLES / example)) + args, rec)
-        proc = subprocess.Popen(command, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        communicate(proc, 120)
-        done[name] = root / name
-    return done
+def recorded_examples(example_recordings) -> dict[str, Path]:
+    """The session's recordings of the DDP example (steps 2-4 profiled) and the shape mismatch."""
+    return {name: folder for name, (_status, folder) in example_recordings.items()}
 
 
 def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
@@ -253,14 +242,14 @@ def test_ddp_cpp_collectives_appear_on_every_rank(recorded_examples, tmp_path):
     steps = [e.name for e in trace.events_on("steps", process_name="rank 0")]
     assert steps[:2] == ["step 1", "step 2"]
     cpu_tracks = [t.name for t in trace.tracks_of("rank 0") if t.name.startswith("cpu ops")]
-    assert cpu_tracks, "the profiler's CPU ops of steps 2-3 are drawn"
+    assert cpu_tracks, "the profiler's CPU ops of steps 2-4 are drawn"
     ops = {e.name for t in cpu_tracks for e in trace.events_on(t, process_name="rank 0")}
     assert "c10d::allreduce_" in ops or "c10d::broadcast_" in ops  # DDP's C++ calls, seen by the profiler
     assert "findings: none" in proc.out
 
 
 def test_the_preview_draws_what_the_report_measures(recorded_examples, tmp_path):
-    """On a real DDP job on gloo, steps 2-3 profiled: the picture is framed on the profiled steps (drawn whole,
+    """On a real DDP job on gloo, steps 2-4 profiled: the picture is framed on the profiled steps (drawn whole,
     the run's start-up and unprofiled steps left them a few columns), each rank's row is measured all along its
     own profiled steps, and each rank's compute in it is the report's to within a column."""
     target, png = tmp_path / "ddp.pftrace", tmp_path / "ddp.png"

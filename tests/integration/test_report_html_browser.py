@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ import pytest
 from comm2perfetto.render.report_plot import header_facts, plot_title, rank_tooltip
 from support.browser import Browser, find_chromium
 from support.cli import run_cli_process
-from support.jobs import communicate, job_env, record_cmd
+from support.jobs import job_env
 
 # the module's first test waits for its fixtures: a recorded DDP job, its report and a browser
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -68,16 +66,11 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    """A 2-rank DDP run on gloo, steps 2-4 profiled, and its report as JSON and as the HTML page."""
+def report(example_recordings, tmp_path_factory):
+    """The session's 2-rank DDP run on gloo (steps 2-4 profiled), and its report as JSON and as the HTML page."""
+    status, rec = example_recordings["ddp"]
+    assert status == 0
     tmp = tmp_path_factory.mktemp("html")
-    rec = tmp / "rec"
-    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "ddp_train.py"), "--steps", "4"]
-    proc = subprocess.Popen(record_cmd(rec, job, ["--profile-steps", "2-4"]), env=job_env(), cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    _, err = communicate(proc, 180)
-    assert proc.returncode == 0, err
     page, doc = tmp / "report.html", tmp / "report.json"
     done = run_cli_process("report", str(rec), "--steps", "2-4", "--plot", str(page), "-o", str(doc), env=job_env(),
                            timeout=120)

@@ -84,6 +84,19 @@ def record_cmd(out: Path, job: Sequence[str], record_args: Sequence[str] = ()) -
     return [*COMMAND, "record", "-o", str(out), *record_args, "--", *job]
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def record_example(out: Path, example: str, args: Sequence[str] = (), record_args: Sequence[str] = (),
+                   timeout: float = 180) -> tuple[int, str]:
+    """Record ``examples/EXAMPLE`` on 2 ranks with ``comm2perfetto record -o OUT``: (its exit status, stderr)."""
+    command = record_cmd(out, torchrun(2, str(EXAMPLES / example)) + list(args), record_args)
+    proc = subprocess.Popen(command, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    _, err = communicate(proc, timeout)
+    return proc.returncode, err
+
+
 def torchrun(nproc: int, script: str = "job.py") -> list[str]:
     # --standalone: c10d rendezvous on localhost:0, so every job gets a free port.
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
