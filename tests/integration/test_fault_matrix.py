@@ -15,6 +15,7 @@ verdict and the live verdict file's. docs/reliability.md reports these figures.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import signal
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from comm2perfetto.sources.event_log import read_event_log
+from comm2perfetto.sources.event_log import read_event_log, read_header
 from support.cli import run_cli_process
 from support.jobs import JobResult, RunningJob, job_env, record_cmd, torchrun
 from support.torch_features import gloo_flight_recorder, needs_gloo_flight_recorder
@@ -452,7 +453,39 @@ def _finish_shape(name: str, running: RunningJob) -> JobResult:
         running.wait_until((running.out / "stall-verdict.json").exists, "the live verdict")
         time.sleep(1.0)
         return interrupt(running, signal.SIGINT)
+    if name == "frozen-rank0":
+        _kill_the_stopped_rank_once_the_others_ended(running, stopped=0, world=SHAPE_JOBS[name][1])
     return running.finish(120)
+
+
+def _kill_the_stopped_rank_once_the_others_ended(running: RunningJob, stopped: int, world: int) -> None:
+    """SIGKILL the stopped rank as soon as the others ended (gloo's timeout), as torchrun does: torch 2.13's
+    torchrun sends SIGTERM, which a stopped process keeps pending, and SIGKILL 30 s later whatever
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT says (the failure path closes its workers with its own default)."""
+    pids = {}
+
+    def others_ended() -> bool:
+        for rank in range(world):
+            if rank not in pids:
+                header = read_header(running.out / f"rank{rank}.events.jsonl")
+                if header is None:
+                    return False
+                pids[rank] = header["pid"]
+        return all(_state(pids[r]) in ("", "Z") for r in pids if r != stopped)
+
+    running.wait_until(others_ended, "the other ranks' end", timeout=120)
+    try:
+        os.kill(pids[stopped], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, dead), or "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
 
 
 @pytest.fixture(scope="module")
