@@ -443,7 +443,8 @@ def _start_shape(runner, name: str) -> RunningJob:
     fault, nproc, env = SHAPE_JOBS[name]
     cwd = runner.folder()
     runner.write(cwd, SHAPES)
-    # torchrun SIGKILLs what its SIGTERM did not end (a stopped rank) after 2 s instead of 30
+    # on a signal, torchrun SIGKILLs what its SIGTERM did not end (a stopped rank) after 2 s instead of 30 (after a
+    # rank failed, torch 2.13 waits its own 30 s)
     return runner.start_in(cwd, torchrun(nproc), record_args=("--stall-after", "2"),
                            env=dict(FAULT=fault, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="2", **env))
 

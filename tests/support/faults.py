@@ -540,7 +540,8 @@ def run_spec(spec: Spec, folder: Path) -> Outcome:
     out = folder / "out"
     cmd = record_cmd(out, torchrun(spec.world), ("--stall-after", str(STALL_AFTER_S),
                                                  "--on-stall", f"{sys.executable} hook.py"))
-    # torchrun SIGKILLs what its SIGTERM did not end (a stopped rank) after 2 s instead of 30
+    # on a signal, torchrun SIGKILLs what its SIGTERM did not end (a stopped rank) after 2 s instead of 30 (after a
+    # rank failed, torch 2.13 waits its own 30 s)
     env = job_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="2")
     start = time.monotonic()
     with open(folder / "record.out", "w") as stdout, open(folder / "record.err", "w") as stderr:
