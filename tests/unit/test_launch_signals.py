@@ -66,9 +66,9 @@ def test_a_rank_the_launcher_left_behind_is_killed_on_the_signals_clock(tmp_path
                          text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     ending = json.loads(out.stdout)
-    # the launcher died of the SIGINT (Python ends of an uncaught KeyboardInterrupt by the signal); the rank
-    # ignored it and SIGTERM
-    assert ending["signal"] == "SIGINT" and ending["status"] == 128 + 2, ending
+    # the launcher died of the SIGINT (Python ends of an uncaught KeyboardInterrupt by the signal), or of the
+    # SIGTERM 0.5 s later when its ending took longer on a busy machine; the rank ignored both
+    assert ending["signal"] == "SIGINT" and ending["status"] in (128 + 2, 128 + 15), ending
     assert ending["killed"] is True and ending["rank_alive"] is False, ending
     # SIGINT at 2 s, SIGKILL 1 s later: one clock from the signal, not a fresh grace per stage
     assert 2.9 < ending["s"] < 20, ending
