@@ -2,7 +2,8 @@
 that create their groups in different orders, an all-to-all whose pairs disagree (gloo aborts the receiver),
 object lists of different lengths, a rank holding the GIL from its first second. Each checks diagnose's verdict
 and, where the job stalls, the live verdict: who is a culprit, who only a suspect, who a victim, and that no
-hung job is ever OK. Jobs give gloo a short timeout so that a hang ends by itself."""
+hung job is ever OK. Jobs give gloo a short timeout so that a hang ends by itself, and run at once
+(``class_jobs``)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,11 @@ dist.destroy_process_group()
 """, timeout=12)
 
 
-def test_ranks_that_created_their_groups_in_another_order_are_never_ok(record_job):
+def test_ranks_that_created_their_groups_in_another_order_are_never_ok(class_jobs):
     """Every rank hangs at its first collective on X, each in its own c10d group: the live verdict used to say
     OK. Both verdicts say group_mismatch, say that rank 2 deviates from ranks 0, 1 (every rank stays a suspect:
     which order the program meant is not in the data) and tell the two groups apart."""
-    job = record_job.run(GROUP_ORDER, nproc=3, record_args=("--stall-after", "2"), timeout=120)
+    job = class_jobs["group_order"]
     live = _live(job)
     assert live["status"] == "desync", live
     first, *rest = live["findings"]
@@ -82,8 +83,8 @@ dist.destroy_process_group()
 """)
 
 
-def test_an_all_to_all_whose_splits_disagree_names_the_sender_and_the_rank_gloo_aborted_is_its_victim(record_job):
-    job = record_job.run(SPLITS, nproc=3)
+def test_an_all_to_all_whose_splits_disagree_names_the_sender_and_the_rank_gloo_aborted_is_its_victim(class_jobs):
+    job = class_jobs["splits"]
     code, doc = diagnose(job.out)
     assert (code, doc["status"]) == (1, "desync"), doc
     (f,) = doc["findings"]
@@ -103,9 +104,9 @@ dist.destroy_process_group()
 """)
 
 
-def test_object_lists_of_different_lengths_are_a_size_mismatch_with_both_ranks_suspects(record_job):
+def test_object_lists_of_different_lengths_are_a_size_mismatch_with_both_ranks_suspects(class_jobs):
     """Two ranks, one list each, nothing else: the data shows that they disagree, not which one is wrong."""
-    job = record_job.run(OBJECTS, nproc=2)
+    job = class_jobs["objects"]
     code, doc = diagnose(job.out)
     assert (code, doc["status"]) == (1, "desync"), doc
     (f,) = doc["findings"]
@@ -124,11 +125,11 @@ dist.destroy_process_group()
 """, timeout=10)
 
 
-def test_a_rank_holding_the_gil_from_its_first_second_is_frozen(record_job):
+def test_a_rank_holding_the_gil_from_its_first_second_is_frozen(class_jobs):
     """Rank 1's recorder thread never runs, so it never writes a heartbeat nor answers the gathering; its process
     runs all the same. It used to be a suspect (INCOMPLETE); it is frozen, and its stack at the stall is unknown,
     never the one it wrote on its way out."""
-    job = record_job.run(GIL, nproc=2, record_args=("--stall-after", "2"), timeout=120)
+    job = class_jobs["gil"]
     live = _live(job)
     (f,) = live["findings"]
     assert (live["status"], f["kind"], f["culprit_ranks"]) == ("stuck", "rank_frozen", [1]), live
@@ -138,3 +139,15 @@ def test_a_rank_holding_the_gil_from_its_first_second_is_frozen(record_job):
     assert code == 1 and [f["culprit_ranks"] for f in frozen] == [[1]], doc
     assert "1" not in frozen[0]["stacks"]
     assert doc["culprit_ranks"] == [1]
+
+
+@pytest.fixture(scope="module")
+def class_jobs(module_jobs):
+    """The four jobs, recorded at once: two of them hang until gloo's timeout, and their waits overlap."""
+    stall = {"record_args": ("--stall-after", "2")}
+    return module_jobs.run_together({
+        "group_order": (GROUP_ORDER, {"nproc": 3, **stall}),
+        "splits": (SPLITS, {"nproc": 3}),
+        "objects": (OBJECTS, {"nproc": 2}),
+        "gil": (GIL, {"nproc": 2, **stall}),
+    }, timeout=150)

@@ -21,8 +21,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,22 @@ class JobRunner:
     def run(self, script: str, *, timeout: float = JOB_TIMEOUT_S, **kwargs: Any) -> JobResult:
         """Record ``script`` (see ``start``) and wait for the job to end."""
         return self.start(script, **kwargs).finish(timeout)
+
+    def run_together(self, scripts: dict[str, tuple[str, dict[str, Any]]],
+                     timeout: float = JOB_TIMEOUT_S) -> dict[str, JobResult]:
+        """Record every ``name: (script, start's keyword arguments)`` at once and wait for all: for jobs that
+        mostly wait (a hang until gloo's timeout), so that their waits overlap. One thread a job reads its
+        output, so that none blocks on a full pipe."""
+        lock = threading.Lock()  # folders are numbered
+
+        def one(script: str, kwargs: dict[str, Any]) -> JobResult:
+            with lock:
+                running = self.start(script, **kwargs)
+            return running.finish(timeout)
+
+        with ThreadPoolExecutor(len(scripts)) as pool:
+            futures = {name: pool.submit(one, script, kwargs) for name, (script, kwargs) in scripts.items()}
+            return {name: future.result() for name, future in futures.items()}
 
 
 @dataclass
