@@ -1,17 +1,20 @@
 """The live verdict on real 2-rank gloo jobs: while rank 0 waits in an all_reduce that rank 1 has not issued
 (it is in ``load_next_shard()``), ``comm2perfetto record`` prints who is to blame, writes the verdict and runs
 ``--on-stall``, before the job ends; again when the stall resolves (with live windows every 5 s going on). Also
-as two nodes, each with its own ``record`` and folder: node 0's record names the rank that runs on node 1."""
+as two nodes, each with its own ``record`` and folder: node 0's record names the rank that runs on node 1. The
+jobs run at once (``started``)."""
 
 from __future__ import annotations
 
 import json
 import socket
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from support.jobs import JOB_TIMEOUT_S, torchrun
+from support.jobs import JOB_TIMEOUT_S, kill_tree, torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -64,13 +67,43 @@ def _check_verdict(verdict: dict, job_script: str) -> None:
     assert finding["stacks"]["1"][0] == f"job.py:{away} load_next_shard"
 
 
-def test_verdict_and_hook_while_the_job_hangs_then_resolved(record_job):
-    cwd = record_job.folder()
-    script = record_job.write(cwd, JOB)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    # With live windows every 5 s (issue 36): they go on through the hang, and change nothing of the verdict.
-    job = record_job.start_in(cwd, torchrun(2), record_args=["--stall-after", STALL_AFTER, "--on-stall", _hook(cwd),
-                                                             "--live-every", "5"])
+
+@pytest.fixture(scope="module")
+def started(module_jobs) -> Iterator[dict[str, Any]]:
+    """The module's jobs, started at once: each mostly waits HANG_S for rank 1, and their waits overlap. The
+    job with the recording hook (live windows every 5 s: they go on through the hang and change nothing of the
+    verdict), the job whose hook hangs or fails, and the two nodes of one job, each with its own record."""
+    cwd = module_jobs.folder()
+    module_jobs.write(cwd, JOB)
+    hooked = module_jobs.start_in(cwd, torchrun(2), record_args=["--stall-after", STALL_AFTER, "--on-stall",
+                                                                 _hook(cwd), "--live-every", "5"])
+    bad_hook = 'if [ "$COMM2PERFETTO_EVENT" = stall ]; then sleep 600; else exit 3; fi'
+    hanging = module_jobs.start(JOB, record_args=["--stall-after", STALL_AFTER, "--on-stall", bad_hook,
+                                                  "--on-stall-timeout", "2"])
+    port = _free_port()
+    nodes = []
+    for node in (0, 1):
+        cwd = module_jobs.folder()
+        module_jobs.write(cwd, JOB)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "--monitor-interval", "0.1", "job.py"]
+        nodes.append(module_jobs.start_in(cwd, cmd, record_args=["--stall-after", STALL_AFTER,
+                                                                 "--on-stall", _hook(cwd)]))
+    yield {"hooked": hooked, "hanging": hanging, "nodes": nodes}
+    for job in (hooked, hanging, *nodes):  # left by a test that failed before finishing it
+        if job.proc.poll() is None:
+            kill_tree(job.proc)
+
+
+def test_verdict_and_hook_while_the_job_hangs_then_resolved(started):
+    job = started["hooked"]
+    cwd, script = job.cwd, job.script
     # The hook's file appears while the job still runs (wait_until fails if the job ends first).
     job.wait_until((cwd / "event.stall.json").exists, "the --on-stall event", timeout=JOB_TIMEOUT_S)
     result = job.finish()
@@ -100,10 +133,8 @@ def test_verdict_and_hook_while_the_job_hangs_then_resolved(record_job):
     assert [(f.kind, f.seq, f.culprit_ranks) for f in after.findings] == [("missing_ranks", 2, (1,))]
 
 
-def test_a_hook_that_hangs_or_fails_never_holds_up_the_job(record_job):
-    hook = 'if [ "$COMM2PERFETTO_EVENT" = stall ]; then sleep 600; else exit 3; fi'
-    result = record_job.run(JOB, record_args=["--stall-after", STALL_AFTER, "--on-stall", hook,
-                                              "--on-stall-timeout", "2"])
+def test_a_hook_that_hangs_or_fails_never_holds_up_the_job(started):
+    result = started["hanging"].finish()
     assert result.returncode == 0, result.explain()
     assert "--on-stall command killed after 2 s" in result.stderr
     assert "--on-stall command exited with status 3" in result.stderr
@@ -111,23 +142,9 @@ def test_a_hook_that_hangs_or_fails_never_holds_up_the_job(record_job):
     assert verdict["event"] == "resolved"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_nodes_each_with_its_own_record(record_job):
-    port = _free_port()
-    jobs = []
-    for node in (0, 1):
-        cwd = record_job.folder()
-        script = record_job.write(cwd, JOB)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-               "--monitor-interval", "0.1", "job.py"]
-        jobs.append(record_job.start_in(cwd, cmd, record_args=["--stall-after", STALL_AFTER,
-                                                               "--on-stall", _hook(cwd)]))
+def test_two_nodes_each_with_its_own_record(started):
+    jobs = started["nodes"]
+    script = jobs[0].script
     node0, node1 = jobs
     node0.wait_until((node0.cwd / "event.stall.json").exists, "node 0's --on-stall event")
     results = [job.finish() for job in jobs]
