@@ -41,8 +41,7 @@ from comm2perfetto.compare.verdicts import Verdict
 from comm2perfetto.load_options import COMPARE
 
 GATE = "exposed_comm>5%"
-STEPS = 24  # per run, of which 3..22 are profiled and compared (the first rebuilds DDP's buckets)
-COMPARED = (3, 22)
+STEPS = 24  # per run (--steps), of which 3..STEPS-2 are profiled and compared (the first rebuilds DDP's buckets)
 READY_TIMEOUT_S = 300.0
 # The example's MLP made wider (7 MiB of gradients) and fed small batches: the all-reduce is most of a step,
 # so that 20 % more time in it is more than the gate's 5 % of the step.
@@ -108,13 +107,18 @@ gc.collect()
 """
 
 
-def record_pair(folder: Path, variant: list[str], together: bool = False) -> tuple[Path, Path]:
+def compared(steps: int) -> tuple[int, int]:
+    """The steps compared of a run of ``steps``: from the fourth to the one before the last."""
+    return 3, steps - 2
+
+
+def record_pair(folder: Path, variant: list[str], together: bool = False, steps: int = STEPS) -> tuple[Path, Path]:
     """Record BASE (the job) and NEW (the job with ``variant``'s arguments): one after the other, as a CI job
     meets its baseline, or ``together`` (both start training at once, on the same cores)."""
     runs = [(folder / "base", []), (folder / "new", variant)]
     for batch in ([runs] if together else [[run] for run in runs]):
         go = folder / f"go-{len(list(folder.glob('go-*')))}"
-        procs = [(cwd, _start(cwd, go, extra)) for cwd, extra in batch]
+        procs = [(cwd, _start(cwd, go, extra, steps)) for cwd, extra in batch]
         try:
             deadline = time.monotonic() + READY_TIMEOUT_S
             while not all((cwd / "ready").exists() for cwd, _ in procs):
@@ -134,22 +138,22 @@ def record_pair(folder: Path, variant: list[str], together: bool = False) -> tup
     return folder / "base" / "out", folder / "new" / "out"
 
 
-def _start(cwd: Path, go: Path, extra: list[str]) -> subprocess.Popen:
+def _start(cwd: Path, go: Path, extra: list[str], steps: int) -> subprocess.Popen:
     """``comm2perfetto record`` of the job in ``cwd``; its training waits for ``go``."""
     cwd.mkdir()
     (cwd / "job.py").write_text(JOB)
     cmd = [sys.executable, "-m", "comm2perfetto", "record", "-o", str(cwd / "out"), "--stall-after", "off",
-           "--profile-steps", f"{COMPARED[0]}-{COMPARED[1]}", "--",
+           "--profile-steps", "{}-{}".format(*compared(steps)), "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "job.py", "--go", str(go), "--steps", str(STEPS), "--width", str(WIDTH), "--batch", str(BATCH), *extra]
+           "job.py", "--go", str(go), "--steps", str(steps), "--width", str(WIDTH), "--batch", str(BATCH), *extra]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def judge(base: Path, new: Path) -> dict[str, dict]:
+def judge(base: Path, new: Path, steps: int = STEPS) -> dict[str, dict]:
     """The comparison under each rule: whether the gate fired, the cause, and the job's changes. The rule
     before read the interval alone (a line within the margin could fire) and judged communication as it was."""
     gate = tuple(parse_gate(GATE))
-    sides = [load_side(role, str(path), COMPARED, COMPARE) for role, path in (("BASE", base), ("NEW", new))]
+    sides = [load_side(role, str(path), compared(steps), COMPARE) for role, path in (("BASE", base), ("NEW", new))]
     out = {}
     for rule, beyond_load in (("today", True), ("before", False)):
         doc = build(*sides, CompareOptions(gate=gate, beyond_load=beyond_load))
@@ -177,6 +181,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=20, help="pairs of identical runs")
     parser.add_argument("--planted", type=int, default=5, help="pairs of each planted change")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps a run (from the fourth to the one before "
+                        "the last compared, each profiled)")
     parser.add_argument("--slow-pad", type=float, default=0.25, help="the slow all-reduce's padding")
     parser.add_argument("--late-ms", type=float, default=30.0, help="rank 1's delay before each backward")
     parser.add_argument("--together", action="store_true",
@@ -191,7 +197,7 @@ def main() -> None:
         for i, kind in enumerate(kinds):
             folder = Path(tmp) / f"pair{i}"
             folder.mkdir()
-            result = judge(*record_pair(folder, variants[kind], args.together))
+            result = judge(*record_pair(folder, variants[kind], args.together, args.steps), args.steps)
             for rule, r in result.items():
                 fired[(kind, rule)] = fired.get((kind, rule), 0) + r["fired"]
             today, before = result["today"], result["before"]
@@ -203,7 +209,7 @@ def main() -> None:
                 print(f"         tripped: {tripped}", flush=True)
     runs = "together" if args.together else "in turn"
     print(f"\n{GATE}, {len(kinds)} pairs in {time.monotonic() - started:.0f} s "
-          f"(steps {COMPARED[0]}-{COMPARED[1]} of {STEPS}, profiled; runs {runs})")
+          "(steps {}-{} of {}, profiled; runs {})".format(*compared(args.steps), args.steps, runs))
     for kind, total, want in (("same", args.pairs, "false alarms"), ("slow", args.planted, "caught"),
                               ("late", args.planted, "caught")):
         if total:
