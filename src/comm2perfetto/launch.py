@@ -101,23 +101,21 @@ def _wait_escalating(child: subprocess.Popen, ending: JobEnding) -> int:
     harder = [signal.SIGTERM, signal.SIGKILL, None]
     returncode: int | None = None
     while True:
-        try:
-            returncode = child.wait(timeout=0.1) if returncode is None else returncode
-        except subprocess.TimeoutExpired:
-            pass
-        if ending.signal_ns is None:
-            if returncode is not None:
-                return returncode
-            continue
-        if returncode is not None and not _signal_group(child.pid, 0):
-            return returncode
-        if (time.time_ns() - ending.signal_ns) / 1e9 >= GRACE_S * (4 - len(harder)):
-            harder_signal = harder.pop(0)
-            if harder_signal is None:
-                return child.wait() if returncode is None else returncode
-            ending.killed_leftovers = _signal_group(child.pid, harder_signal) or ending.killed_leftovers
-        if returncode is not None:
+        if returncode is None:
+            try:
+                returncode = child.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        else:  # the launcher ended after a signal: poll what is left of its group
             time.sleep(0.05)
+        if returncode is not None and (ending.signal_ns is None or not _signal_group(child.pid, 0)):
+            return returncode
+        if ending.signal_ns is None or (time.time_ns() - ending.signal_ns) / 1e9 < GRACE_S * (4 - len(harder)):
+            continue
+        harder_signal = harder.pop(0)
+        if harder_signal is None:
+            return child.wait() if returncode is None else returncode
+        ending.killed_leftovers = _signal_group(child.pid, harder_signal) or ending.killed_leftovers
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
