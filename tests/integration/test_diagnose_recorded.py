@@ -14,7 +14,6 @@ from support.torch_features import needs_gloo_flight_recorder
 pytestmark = pytest.mark.integration
 
 
-
 def _diagnose(out: Path, *extra: str) -> tuple[int, str]:
     proc = run_cli_process("diagnose", str(out), *extra, timeout=60)
     return proc.code, proc.out + proc.err

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from comm2perfetto.processes import process_state
 from comm2perfetto.sources.event_log import read_event_log, read_header
 from support.cli import run_cli_process
 from support.jobs import JobResult, RunningJob, job_env, record_cmd, torchrun
@@ -472,21 +473,13 @@ def _kill_the_stopped_rank_once_the_others_ended(running: RunningJob, stopped: i
                 if header is None:
                     return False
                 pids[rank] = header["pid"]
-        return all(_state(pids[r]) in ("", "Z") for r in pids if r != stopped)
+        return all(process_state(pids[r]) == "gone" for r in pids if r != stopped)
 
     running.wait_until(others_ended, "the other ranks' end", timeout=120)
     try:
         os.kill(pids[stopped], signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _state(pid: int) -> str:
-    """A process's state letter (Z: a zombie, dead), or "" when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return ""
 
 
 @pytest.fixture(scope="module")

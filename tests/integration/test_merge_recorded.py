@@ -22,7 +22,6 @@ from support.torch_features import gloo_flight_recorder
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 HANG_JOB = """
 import time

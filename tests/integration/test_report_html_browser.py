@@ -23,7 +23,6 @@ from support.jobs import job_env
 # the module's first test waits for its fixtures: a recorded DDP job, its report and a browser
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
 
 PAGE_FACTS = """(() => {
   const text = (e) => e ? e.textContent.trim() : null;

@@ -29,6 +29,7 @@ print(json.dumps({"s": time.monotonic() - t0, "signal": ending.signal, "status":
 LEFT_BEHIND = r"""
 import json, os, signal, sys, threading, time
 from comm2perfetto import launch
+from comm2perfetto.processes import process_state
 launch.GRACE_S = 0.5
 rank = ("import os, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], 'w').write(str(os.getpid())); "
@@ -40,10 +41,8 @@ threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
 t0 = time.monotonic()
 ending = launch.run_forwarding_signals([sys.executable, "-c", launcher, rank, pid_file], dict(os.environ))
 s = time.monotonic() - t0
-try:  # a zombie is dead (an init that reaps lazily, as in some containers, may leave it a while)
-    alive = open(f"/proc/{open(pid_file).read()}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-except FileNotFoundError:
-    alive = False
+# a zombie is gone too (an init that reaps lazily, as in some containers, may leave it a while)
+alive = process_state(int(open(pid_file).read())) != "gone"
 print(json.dumps({"s": s, "signal": ending.signal, "status": ending.status, "killed": ending.killed_leftovers,
                   "rank_alive": alive}))
 """
