@@ -125,10 +125,12 @@ EXAMPLE_RECORDINGS = {
 @pytest.fixture(scope="session")
 def example_recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path]]:
     """name -> (record's exit status, the recording's folder): the examples recorded once for the session, for
-    tests that read them and write nothing into them."""
+    tests that read them and write nothing into them. What record printed on stderr is kept beside each folder
+    (``NAME.stderr``), for a test's failure message."""
     root = tmp_path_factory.mktemp("examples")
     done = {}
     for name, (example, args, record_args) in EXAMPLE_RECORDINGS.items():
-        status, _err = record_example(root / name, example, args, record_args)
+        status, err = record_example(root / name, example, args, record_args)
+        (root / f"{name}.stderr").write_text(err)
         done[name] = (status, root / name)
     return done

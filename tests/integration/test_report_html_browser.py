@@ -68,7 +68,7 @@ def chromium() -> str:
 def report(example_recordings, tmp_path_factory):
     """The session's 2-rank DDP run on gloo (steps 2-4 profiled), and its report as JSON and as the HTML page."""
     status, rec = example_recordings["ddp"]
-    assert status == 0
+    assert status == 0, rec.with_name("ddp.stderr").read_text()
     tmp = tmp_path_factory.mktemp("html")
     page, doc = tmp / "report.html", tmp / "report.json"
     done = run_cli_process("report", str(rec), "--steps", "2-4", "--plot", str(page), "-o", str(doc), env=job_env(),
