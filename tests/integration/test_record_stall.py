@@ -194,8 +194,7 @@ def test_both_ranks_leave_their_stacks(ddp_stall):
 
     def main_frames(rank: int) -> list[tuple[str, int]]:
         stacks = read_stacks(ddp_stall.out / _the_stall(ddp_stall, rank).stacks_file)
-        (main,) = [t for t in stacks.threads if t.name == "MainThread"]
-        return [(func, line) for file, line, func in main.frames if file.endswith("job.py")]
+        return [(func, line) for file, line, func in _main_thread(stacks).frames if file.endswith("job.py")]
 
     assert main_frames(0) == [("<module>", ddp_stall.line_of("@backward"))]
     assert main_frames(1) == [("slow_batch", ddp_stall.line_of("@sleep")),
