@@ -129,14 +129,14 @@ def _signal_group(pgid: int, signum: int) -> bool:
 
 
 def write_job_file(config: RecordConfig, command: list[str], started: int, ending: JobEnding,
-                    probes: list[dict] | None = None) -> None:
+                    probes: list[dict] | None = None, exits: list[dict] | None = None) -> None:
     host, pid = socket.gethostname(), os.getpid()
     job: dict[str, Any] = {
         "format": "comm2perfetto-job", "version": 1, "run_id": config.run_id, "command": command,
         "host": host, "pid": pid,
         "cwd": os.getcwd(), "started_ns": started, "ended_ns": time.time_ns(), "exit_status": ending.status,
         "signal": ending.signal, "signal_ns": ending.signal_ns, "killed_leftovers": ending.killed_leftovers,
-        "probes": probes or [],
+        "probes": probes or [], "exits": exits or [],
     }
     with open(os.path.join(config.out_dir, layout.job_file(host, pid)), "wb") as f:
         f.write(orjson.dumps(job, option=orjson.OPT_INDENT_2))

@@ -165,10 +165,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"comm2perfetto: recording into {config.out_dir}", file=sys.stderr)
     print(f"comm2perfetto: {mechanisms.startup_line()}", file=sys.stderr, flush=True)
 
+    from comm2perfetto.exit_watch import ExitWatcher
     from comm2perfetto.stall_watch import StallWatcher, stopped_ranks
     from comm2perfetto.window_watch import WindowWatcher
 
     started = time.time_ns()
+    exits = ExitWatcher(config.out_dir)  # when, and how, each rank's process ended: diagnose orders deaths by it
+    exits.start()
     watcher = None
     if config.live and config.stall_after_s is not None:
         watcher = StallWatcher(config.out_dir, args.on_stall, args.on_stall_timeout)
@@ -181,12 +184,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         ending = run_forwarding_signals(command, env, lambda: probes.extend(stopped_ranks(config.out_dir)))
     finally:
+        exits.stop()
         if watcher is not None:
             watcher.stop()
             probes.extend(watcher.probes)
         if windows is not None:
             windows.stop()
-    write_job_file(config, command, started, ending, probes)
+    write_job_file(config, command, started, ending, probes, exits.exits)
     _print_summary(config.out_dir, ending.status, time.time_ns() - started)
     return ending.status
 
