@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # for the annotations only: the readers import this module, n
     from comm2perfetto.sources.kineto.profile import RankProfile
     from comm2perfetto.sources.stacks import StallStacks
 
-__all__ = ["Coverage", "Job", "RankInfo"]
+__all__ = ["Coverage", "Job", "RankExit", "RankInfo"]
 
 
 def _empty() -> Mapping:
@@ -72,6 +72,46 @@ class Coverage:
         return any(lo <= seq <= hi for lo, hi in self.unread)
 
 
+# Two hosts' clocks agree only as well as their alignment: exits seen by different `record`s are ordered only
+# when they lie further apart than this.
+CROSS_HOST_MARGIN_NS = 10 * 10**6
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """When the `record` of the rank's host saw its process end (``exit_watch``): alive at ``alive_ns`` (None: not
+    seen alive), ended by ``t_ns``, both on that host's clock, and ``t_ns`` on the job's clock (``aligned_ns``); how:
+    the ``signal`` that ended it or its exit ``status`` (both None: the launcher reaped it before `record` looked).
+
+    >>> a, b = RankExit("n0", 100, 200, 200, "SIGKILL", None), RankExit("n0", 250, 300, 300, "SIGTERM", None)
+    >>> a.before(b), b.before(a), a.how
+    (True, False, 'SIGKILL')
+    """
+
+    host: str | None
+    alive_ns: int | None
+    t_ns: int
+    aligned_ns: int
+    signal: str | None
+    status: int | None
+
+    def before(self, other: RankExit) -> bool:
+        """Whether this process is known to have ended first: seen ended before the other was seen alive (on one
+        host's clock), or, seen by two hosts, further apart than their clocks' agreement."""
+        if other.alive_ns is None:
+            return False
+        if self.host is not None and self.host == other.host:
+            return self.t_ns < other.alive_ns
+        return self.aligned_ns + CROSS_HOST_MARGIN_NS < other.aligned_ns - (other.t_ns - other.alive_ns)
+
+    @property
+    def how(self) -> str | None:
+        """``SIGKILL``, ``exit status 1``, or None where not seen."""
+        if self.signal is not None:
+            return self.signal
+        return f"exit status {self.status}" if self.status is not None else None
+
+
 @dataclass(frozen=True, slots=True)
 class RankInfo:
     rank: int
@@ -92,6 +132,7 @@ class RankInfo:
     alive: bool | None = None  # an unclosed log's process, probed on this host; None: not known
     stopped: bool = False  # its process, on the reader's host, is stopped (SIGSTOP, a debugger) now
     stall_after_ns: int | None = None  # the recorder's stall threshold on that rank (None: off or unknown)
+    exit: RankExit | None = None  # when and how `record` saw its process end
 
 
 @dataclass(frozen=True, slots=True)

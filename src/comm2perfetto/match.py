@@ -45,7 +45,7 @@ from comm2perfetto.group_columns import (
 )
 from comm2perfetto.group_names import GroupConflict
 from comm2perfetto.group_names import conflicts as group_conflicts
-from comm2perfetto.job import Coverage, Job, RankInfo
+from comm2perfetto.job import Coverage, Job, RankExit, RankInfo
 from comm2perfetto.load_options import MERGE, LoadOptions
 from comm2perfetto.model import (
     CallState,
@@ -149,7 +149,7 @@ def build_job(src: Sources, options: LoadOptions = MERGE, paths: Sequence[str | 
             kineto_trace.shift(clock.of(rank))
     return Job(
         world_size=world,
-        ranks=MappingProxyType(_rank_infos(src)),
+        ranks=MappingProxyType(_rank_infos(src, clock)),
         groups=MappingProxyType(groups),
         collectives=MappingProxyType(collectives),
         p2p=MappingProxyType(p2p),
@@ -490,7 +490,7 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
     return tuple(out)
 
 
-def _rank_infos(src: Sources) -> dict[int, RankInfo]:
+def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
     """Each rank's files and what its log says of its life (the logs already on the job's clock)."""
     out = {}
     for rank in sorted(src.ranks):
@@ -513,8 +513,22 @@ def _rank_infos(src: Sources) -> dict[int, RankInfo]:
             alive=None if rank not in src.alive else src.alive[rank] != "gone",
             stopped=src.alive.get(rank) == "stopped",
             stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,
+            exit=_rank_exit(src, rank, header, clock),
         )
     return out
+
+
+def _rank_exit(src: Sources, rank: int, header: Mapping, clock: ClockAlignment) -> RankExit | None:
+    """What the `record` of the rank's host saw of its process's end: the entry of its job file for that rank and
+    the pid in the rank's log header."""
+    for job in src.jobs:
+        if job.get("host") != header.get("host"):
+            continue
+        for e in job.get("exits") or ():
+            if e["rank"] == rank and e["pid"] == header.get("pid"):
+                return RankExit(job.get("host"), e["alive_ns"], e["t_ns"], clock.of(rank)(e["t_ns"]), e["signal"],
+                                e["status"])
+    return None
 
 
 class LazyStacks:

@@ -437,6 +437,86 @@ def test_ranks_that_died_within_a_heartbeat_of_each_other_are_suspects_not_culpr
     assert all("failures follow from it" not in f.action and "cannot be told" in f.action for f in d.findings)
 
 
+def _exit(rank: int, alive_ns: int | None, t_ns: int, signal: str | None = None, status: int | None = None):
+    """An entry of the job file's ``exits`` (what `record` saw of a rank's process ending)."""
+    return {"rank": rank, "pid": 4000 + rank, "attempt": 0, "alive_ns": alive_ns, "t_ns": t_ns, "signal": signal,
+            "status": status}
+
+
+def _ddp_deaths(tmp_path, exits):
+    """DDP's gradient all-reduces come from C++, so no call is open in either log: rank 0 is SIGKILLed and torchrun
+    stops rank 1 while it computes; both logs stop 1 ms apart, well within a heartbeat."""
+    logs = _logs(world=2)
+    t = T0_NS + S
+    logs[0].heartbeats(t)
+    logs[1].heartbeats(t + 1_000_000)
+    return _verdict(tmp_path, logs, crashed={0, 1},
+                    jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1, "exits": exits}])
+
+
+def test_deaths_record_saw_in_order_name_the_first_and_the_ranks_the_launcher_stopped(tmp_path):
+    t = T0_NS + S
+    d, found, job = _ddp_deaths(tmp_path, [_exit(0, t, t + 2_000_000, "SIGKILL"),
+                                           _exit(1, t + 3_000_000, t + 35_000_000, "SIGTERM")])
+    assert job.ranks[1].exit.before(job.ranks[1].exit) is False and job.ranks[0].exit.before(job.ranks[1].exit)
+    assert (d.status, found) == ("crashed", [("rank_died", None, (0,))])
+    (f,) = d.findings
+    assert f.victim_ranks == (1,)
+    assert "Rank 0 was killed by SIGKILL (the OOM killer" in f.detail
+    assert "Rank 1 ended 33.0 ms later, by SIGTERM: the launcher stops the other workers" in f.detail
+    assert f.evidence["exit"] == {"t_ns": t + 2_000_000, "signal": "SIGKILL", "status": None}
+    assert f.evidence["killed_after"] == {"1": job.ranks[1].exit.aligned_ns}  # on the job's clock
+    assert abs(job.ranks[1].exit.aligned_ns - (t + 35_000_000)) < 10_000
+
+
+def test_deaths_record_saw_at_one_look_are_not_ordered(tmp_path):
+    """Both ends seen in one pass (neither was seen alive after the other ended): which came first is unknown."""
+    t = T0_NS + S
+    d, found, _ = _ddp_deaths(tmp_path, [_exit(0, t, t + 2_000_000, "SIGKILL"), _exit(1, t, t + 2_000_000, "SIGKILL")])
+    assert d.status == "crashed" and [c for _, _, c in found] == [(), ()]
+    assert d.to_json()["suspect_ranks"] == [0, 1]
+
+
+def test_a_later_end_record_saw_without_its_cause_is_a_suspect(tmp_path):
+    """Rank 1 ended after rank 0, but the launcher reaped it before `record` read how: stopped by the launcher,
+    or a fault of its own, is not known."""
+    t = T0_NS + S
+    d, found, _ = _ddp_deaths(tmp_path, [_exit(0, t, t + 2_000_000, "SIGKILL"),
+                                         _exit(1, t + 3_000_000, t + 35_000_000)])
+    assert d.status == "crashed" and sorted(c for _, _, c in found) == [(), (0,)]
+    later = next(f for f in d.findings if f.suspect_ranks == (1,))
+    assert later.basis.startswith("it died 33.0 ms after rank 0's failure, outside any call")
+
+
+def test_a_rank_killed_inside_a_collective_every_rank_joined_is_the_culprit(tmp_path):
+    """As in the suspect case above, but `record` saw SIGKILL end it: no abort of gloo's (SIGABRT) did."""
+    logs = _logs(world=3)
+    t = T0_NS + S
+    for r in range(3):
+        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"],
+                     error=RESET if r != 2 else None, returns=r != 2)
+        if r != 2:
+            logs[r].ending(t + S // 10, "exception", RESET)
+            logs[r].close(t + S // 5)
+    d, found, _ = _verdict(tmp_path, logs, crashed={2}, jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1,
+                                                               "exits": [_exit(2, t, t + 5000, "SIGKILL")]}])
+    assert (d.status, found) == ("crashed", [("rank_died", 6, (2,))])
+    assert d.findings[0].victim_ranks == (0, 1)
+
+
+@pytest.mark.parametrize("entry", [
+    dict(alive_ns=T0_NS + 2 * S),  # seen alive after it was seen ended
+    dict(signal="SIGKILL; rm -rf"), dict(signal="SIGKILL", status=0), dict(status=300), dict(pid=4242),
+    dict(t_ns=-1), dict(rank="0"), dict(attempt=1),
+])
+def test_an_exit_entry_that_breaks_a_rule_is_left_out(tmp_path, entry):
+    """A rank's exit counts only when every field is what `record` writes, and its pid is the log's."""
+    good = _exit(0, T0_NS, T0_NS + S, "SIGKILL")
+    d, _, job = _ddp_deaths(tmp_path, [{**good, **entry}, _exit(1, T0_NS, T0_NS + S, "SIGKILL")])
+    assert job.ranks[0].exit is None and job.ranks[1].exit is not None
+    assert d.to_json()["suspect_ranks"] == [0, 1]  # the logs alone cannot order these deaths
+
+
 def test_a_pipeline_s_waits_on_ranks_a_death_took_down_are_the_death_s_story(tmp_path):
     """0 -> 1 -> 2: rank 1 is killed; rank 0's send to it fails, rank 2's receive from it fails (both lost their
     connection): one rank_died, no p2p desync, no other culprit."""

@@ -12,9 +12,9 @@ for an unclosed log written on the reading host, whether its process still runs 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from comm2perfetto.job import Job
+from comm2perfetto.job import Job, RankExit
 
 RUNNING = "running"  # the process still runs (or wrote a heartbeat moments ago)
 EXITED = "exited"  # closed its log normally
@@ -34,12 +34,18 @@ _CONNECTION_ERRORS = ("connection reset", "connection closed", "closed by peer",
 
 @dataclass(frozen=True, slots=True)
 class RankEnd:
-    """``how`` (see the constants above), when (aligned to rank 0; the last record for a dead rank) and what."""
+    """``how`` (see the constants above), when (aligned to rank 0; the last record for a dead rank) and what;
+    ``exit``: when and how `record` saw its process end, if it did."""
 
     rank: int
     how: str
     t_ns: int | None
     detail: str
+    exit: RankExit | None = None
+
+    def ended_before(self, other: RankEnd) -> bool:
+        """Whether this rank's process is known to have ended before ``other``'s (``RankExit.before``)."""
+        return self.exit is not None and other.exit is not None and self.exit.before(other.exit)
 
 
 def is_connection_error(text: str) -> bool:
@@ -55,7 +61,7 @@ def rank_ends(job: Job, now_ns: int | None = None) -> dict[int, RankEnd]:
     for rank, info in job.ranks.items():
         if info.closed_cleanly is None:
             continue
-        out[rank] = _rank_end(job, rank, info, hosts_done, now_ns)
+        out[rank] = replace(_rank_end(job, rank, info, hosts_done, now_ns), exit=info.exit)
     return out
 
 

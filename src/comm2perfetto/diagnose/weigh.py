@@ -24,7 +24,7 @@ from comm2perfetto.diagnose.findings import (
     Finding,
 )
 from comm2perfetto.diagnose.stalls import stall_stack, stall_times
-from comm2perfetto.job import Job
+from comm2perfetto.job import Job, RankExit
 from comm2perfetto.model import NOT_DONE_STATES, Collective, ProcessGroup
 from comm2perfetto.sources.kineto.comm_kernels import ALL_COMM_KERNELS
 from comm2perfetto.words import duration, ranks_text
@@ -192,12 +192,14 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     """The ranks of ``dead`` the launcher killed after the first failure, taken out of ``dead`` and returned.
     When one worker fails, torchrun stops the others (SIGTERM, which kills a rank blocked in a collective at
     once, then SIGKILL after its grace period): a rank that died inside a call (waiting, for the failed rank
-    or for one its failure held up) no earlier than a rank that died outside any call, or raised (also on a
-    lost connection or a timeout), was ended by that failure, not by a fault of its own. A rank whose
-    C++-issued collectives nothing shows is never the first failure: where it was when it stopped is unknown
-    (``dead_ranks`` makes a later death outside any call a suspect). Only where `record`'s
-    job file says the launcher itself failed (a non-zero exit status, no signal forwarded to it); without such a
-    failure (every dead rank died inside a call, as when the whole job is killed), nothing is taken."""
+    or for one its failure held up), or that `record` saw end by SIGTERM, after a rank that died outside any
+    call, or raised (also on a lost connection or a timeout), was ended by that failure, not by a fault of its
+    own. After: where `record` saw both processes end, in that order (``RankExit.before``); else no earlier than
+    a heartbeat before, by the logs. A rank whose C++-issued collectives nothing shows is never the first
+    failure: where it was when it stopped is unknown (``dead_ranks`` makes a later death outside any call a
+    suspect). Only where `record`'s job file says the launcher itself failed (a non-zero exit status, no signal
+    forwarded to it); without such a failure (every dead rank died inside a call, as when the whole job is
+    killed), nothing is taken."""
     if not launcher_failed(job):
         return {}  # the launcher did not report a failure it saw itself (no job file, or a signal ended the job)
     # Inside a call, but not one every rank had joined: that one may have aborted the rank itself (died_inside).
@@ -206,19 +208,28 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     # have stopped inside one of those: gloo aborting it on a size mismatch, or the launcher killing it while it
     # waited. Neither its failure nor its being killed is shown: it orders nothing.
     unseen = {r for r, e in dead.items() if e.how == DIED and r not in inside and calls_unseen(job, r)}
-    failed = [e.t_ns for r, e in dead.items() if r not in inside | unseen and e.t_ns is not None]
+    # Ended by SIGTERM, the signal torchrun stops its workers with: no failure of its own after an earlier one.
+    stopped = {r for r, e in dead.items() if e.how == DIED and e.exit is not None and e.exit.signal == "SIGTERM"}
+    taken = inside | unseen | stopped
+    failures = [e for r, e in dead.items() if r not in taken and e.t_ns is not None]
     # A rank that raised on a lost connection or a timeout failed too: the launcher stops the rest after it;
     # but a connection lost after a rank's death may be that death's doing, not a failure before it. A death
     # comes after the rank's last record (up to a heartbeat after): what failed before that record did not
     # follow from it.
     deaths = [e.t_ns for e in dead.values() if e.how == DIED and e.t_ns is not None]
-    failed += [e.t_ns for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None
-               and all(e.t_ns < t for t in deaths)]
-    if not failed:
-        return {}
-    first = min(failed)
-    out = {r: dead[r] for r in sorted(inside | unseen)
-           if (t := dead[r].t_ns) is not None and t >= first - HEARTBEAT_SLACK_NS}
+    failures += [e for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None
+                 and all(e.t_ns < t for t in deaths)]
+
+    def after_a_failure(end: RankEnd) -> bool:
+        for failure in failures:
+            if failure.exit is not None and end.exit is not None:
+                if failure.ended_before(end):  # record saw both end, in this order
+                    return True
+            elif end.t_ns is not None and failure.t_ns is not None and end.t_ns >= failure.t_ns - HEARTBEAT_SLACK_NS:
+                return True
+        return False
+
+    out = {r: dead[r] for r in sorted(taken) if after_a_failure(dead[r])}
     for rank in out:
         del dead[rank]
     return out
@@ -277,7 +288,7 @@ def died_inside(job: Job, rank: int) -> Collective | None:
     one whose received data does not match the size it expects (SIGABRT from C++: no Python handler runs, so
     the log just stops)."""
     log = job.logs.get(rank)
-    if log is None or not log.calls or log.endings:
+    if log is None or not log.calls or log.endings or _not_an_abort(job, rank):
         return None
     call = log.calls[-1]
     group = log.groups.get(call.gid)
@@ -292,11 +303,19 @@ def died_inside(job: Job, rank: int) -> Collective | None:
     return None
 
 
+def _not_an_abort(job: Job, rank: int) -> bool:
+    """`record` saw the rank's process end otherwise than by SIGABRT (gloo's abort on a size mismatch): killed
+    from outside (SIGKILL, SIGTERM), or exited."""
+    info = job.ranks.get(rank)
+    seen = info.exit if info is not None else None
+    return seen is not None and seen.how is not None and seen.signal != "SIGABRT"
+
+
 def died_in_transfer(job: Job, rank: int, f: Finding) -> bool:
     """Whether a dead rank's log ends inside the send or recv of ``f`` (a pair whose sizes or dtypes differ,
     so gloo may have aborted it), with no exception of its own."""
     log = job.logs.get(rank)
-    if log is None or not log.calls or log.endings:
+    if log is None or not log.calls or log.endings or _not_an_abort(job, rank):
         return False
     call = log.calls[-1]
     pair = (f.evidence.get("src"), f.evidence.get("dst"))
@@ -313,13 +332,9 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     (``inside``) is a suspect, not a culprit: the collective may have aborted it."""
     out = list(findings)
     died: list[Finding] = []
-    times = [e.t_ns for e in dead.values() if e.t_ns is not None]
-    # Several ranks dead within a heartbeat of each other, none by an exception of its own: a log's last record
-    # can precede its death by up to a heartbeat, so which died first (and took the others down) is not known.
-    together = (len(dead) > 1 and len(times) == len(dead) and max(times) - min(times) <= HEARTBEAT_SLACK_NS
-                and all(e.how == DIED for e in dead.values()))
+    order, together, spread = _order_of_deaths(dead)
     first_rank, first_end = None, None
-    for n, (rank, end) in enumerate(sorted(dead.items(), key=lambda kv: (kv[1].t_ns or 0, kv[0]))):
+    for n, (rank, end) in enumerate(order):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
                           and rank in f.culprit_ranks and f.seq is not None), None)
         if explained is not None:
@@ -327,16 +342,16 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
         out, p2p = _waits_on(out, rank)
         explained = explained or (p2p[0] if p2p else None)
         f = _rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None, (inside or {}).get(rank))
-        if n and f.culprit_ranks and first_end is not None and first_end.t_ns is not None and end.t_ns is not None \
-                and end.t_ns > first_end.t_ns + HEARTBEAT_SLACK_NS:
-            # Alive well after the first failure, then gone outside any call: the launcher stopping the job, or a
-            # fault of its own; nothing recorded tells which.
-            f = _as_suspect(f, f"it died {duration(end.t_ns - first_end.t_ns)} after rank {first_rank}'s failure, "
-                               "outside any call: the launcher stopping the job, or a fault of its own, cannot be told")
+        gap: int | None = _known_gap(end, first_end) if n and f.culprit_ranks and first_end is not None else None
+        if gap is not None:
+            # Alive after the first failure, then gone outside any call: the launcher stopping the job, or a fault
+            # of its own; nothing recorded tells which.
+            f = _as_suspect(f, f"it died {duration(gap)} after rank {first_rank}'s failure, outside any call: the "
+                               "launcher stopping the job, or a fault of its own, cannot be told")
         if n == 0:
             first_rank, first_end = rank, end
         if together and f.culprit_ranks:
-            f = _as_suspect(f, f"{ranks_text(sorted(dead))} died within {duration(max(times) - min(times))} of "
+            f = _as_suspect(f, f"{ranks_text(sorted(dead))} died within {duration(spread)} of "
                                "each other: which died first, and took the others down, cannot be told")
         died.append(f)
     # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
@@ -346,6 +361,37 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
                                   and set(f.culprit_ranks) <= down)
            and not (f.kind == P2P_MISMATCH and f.ranks_missing and set(f.ranks_missing) <= down)]
     return out + died
+
+
+def _death_ns(end: RankEnd) -> int | None:
+    """When the rank's process ended: as `record` saw it, else its last record (up to a heartbeat before)."""
+    return end.exit.aligned_ns if end.exit is not None else end.t_ns
+
+
+def _known_gap(end: RankEnd, first: RankEnd) -> int | None:
+    """How long after ``first``'s process ``end``'s ended, where that it ended after is known: `record` saw both
+    end, in that order; else, by the logs, more than a heartbeat after. None where it is not known."""
+    if end.exit is not None and first.exit is not None:
+        return end.exit.aligned_ns - first.exit.aligned_ns if first.ended_before(end) else None
+    if end.t_ns is not None and first.t_ns is not None and end.t_ns > first.t_ns + HEARTBEAT_SLACK_NS:
+        return end.t_ns - first.t_ns
+    return None
+
+
+def _order_of_deaths(dead: Mapping[int, RankEnd]) -> tuple[list[tuple[int, RankEnd]], bool, int]:
+    """The dead ranks, first death first; whether which died first cannot be told (several died, none by an
+    exception of its own, and the first is not known to have ended before the others); and how far apart.
+    Known: `record` saw every one end, the first before the rest (``RankExit.before``); else, by the logs, more
+    than a heartbeat apart (a log's last record can precede its death by up to a heartbeat)."""
+    order = sorted(dead.items(), key=lambda kv: (_death_ns(kv[1]) or 0, kv[0]))
+    times = [t for _, e in order if (t := _death_ns(e)) is not None]
+    spread = max(times) - min(times) if times else 0
+    if len(order) < 2 or len(times) < len(order) or not all(e.how == DIED for _, e in order):
+        return order, False, spread
+    first = order[0][1]
+    if all(e.exit is not None for _, e in order):
+        return order, not all(first.ended_before(e) for _, e in order[1:]), spread
+    return order, spread <= HEARTBEAT_SLACK_NS, spread
 
 
 def _as_suspect(f: Finding, basis: str) -> Finding:
@@ -431,12 +477,16 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
     during = f" during step {step}" if step is not None else ""
     if end.how == EXCEPTION:
         how = f"raised an uncaught {end.detail}"
+    elif end.exit is not None and end.exit.how is not None:
+        how = f"{_exit_text(end.exit)}, as `record` saw at {_clock_text(end.exit.aligned_ns)}; its last record is"
     else:
         how = (f"died ({end.detail}: killed, by SIGKILL or the OOM killer for instance, or crashed in C++); "
                "its last record is")
     detail = f"Rank {rank} {how}{when}{during}."
     last = _last_completed(job, groups, rank)
     evidence: dict[str, Any] = {"how": end.how, "ended": end.detail, "last_record_ns": end.t_ns, "step": step}
+    if end.exit is not None:
+        evidence["exit"] = {"t_ns": end.exit.aligned_ns, "signal": end.exit.signal, "status": end.exit.status}
     if last is not None:
         detail += f" Its last completed collective was {last['op']} #{last['seq']} on {last['process_group']}."
         evidence["last_collective"] = last
@@ -471,11 +521,8 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         evidence["failed"] = {str(r): ends[r].detail for r in failed}
     after = sorted(killed or ())
     if after and end.t_ns is not None:
-        gap = min((killed or {})[r].t_ns or end.t_ns for r in after) - end.t_ns
-        detail += (f" {ranks_text(after).capitalize()} ended {duration(gap)} later, still inside "
-                   f"{'their' if len(after) > 1 else 'its'} call: the launcher stops the other workers when one "
-                   "fails (torchrun: SIGTERM, then SIGKILL after its grace period), a consequence, not a cause.")
-        evidence["killed_after"] = {str(r): (killed or {})[r].t_ns for r in after}
+        detail += f" {_killed_text(job, {r: (killed or {})[r] for r in after}, end)}"
+        evidence["killed_after"] = {str(r): _death_ns((killed or {})[r]) for r in after}
     if end.how == EXCEPTION:
         action = (f"Fix the exception rank {rank} raised (its traceback is in the job's stderr); the other ranks' "
                   "failures follow from it.")
@@ -505,6 +552,32 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         else "an uncaught exception of its own ended it first" if end.how == EXCEPTION
         else "its process ended first, without closing its log",
     )
+
+
+def _exit_text(seen: RankExit) -> str:
+    """How `record` saw a process end, e.g. ``was killed by SIGKILL (the OOM killer, a kill -9, a scheduler)``."""
+    if seen.signal == "SIGKILL":
+        return "was killed by SIGKILL (the OOM killer, a `kill -9`, or a scheduler)"
+    if seen.signal in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL"):
+        return f"crashed ({seen.signal}: a fault in C++ code, or an abort, such as gloo's on a size mismatch)"
+    if seen.signal is not None:
+        return f"was ended by {seen.signal}"
+    return f"exited with status {seen.status} without closing its log (os._exit, or an exit from C++)"
+
+
+def _killed_text(job: Job, killed: Mapping[int, RankEnd], first: RankEnd) -> str:
+    """What the ranks the launcher stopped after ``first`` did: ended how much later, and how."""
+    after = sorted(killed)
+    gaps = [g for r in after if (g := _known_gap(killed[r], first)) is not None]
+    if not gaps:
+        gaps = [max(0, (killed[r].t_ns or 0) - (first.t_ns or 0)) for r in after]
+    signals = {e.exit.signal if (e := killed[r]).exit is not None else None for r in after}
+    how = (f", by {next(iter(signals))}" if len(signals) == 1 and None not in signals
+           else f", still inside {'their' if len(after) > 1 else 'its'} call"
+           if all(_inside_a_call(job, r) for r in after) else "")
+    return (f"{ranks_text(after).capitalize()} ended {duration(min(gaps))} later{how}: the launcher stops the "
+            "other workers when one fails (torchrun: SIGTERM, then SIGKILL after its grace period), a consequence, "
+            "not a cause.")
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -11,6 +11,7 @@ or a stacks file) is not taken as a rank: see ``limits.py``.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections import defaultdict
@@ -154,7 +155,8 @@ def load_sources(paths: Sequence[str | Path], options: LoadOptions = MERGE) -> S
             fields = _plain_fields(info)
             if chosen != attempts[-1]:  # torchrun restarted after this attempt: the run's end is not its own
                 fields = {k: v for k, v in fields.items() if k not in _RUN_END_FIELDS}
-            src.jobs.append(dict(fields, probes=_probes(info.get("probes"), chosen), _path=str(f.path)))
+            src.jobs.append(dict(fields, probes=_probes(info.get("probes"), chosen),
+                                 exits=_exits(info.get("exits"), chosen), _path=str(f.path)))
 
     read = options.traces == Traces.EVENTS
     traces = load_traces(by_kind[KINETO], options.trace_ranks, read, spans=read and options.profiles)
@@ -239,6 +241,31 @@ def _probes(raw: Any, attempt: int) -> list[dict[str, Any]]:
         if isinstance(p, dict) and rank_ok(p.get("rank")) and time_ok(p.get("t_ns")) \
                 and p.get("state") in PROCESS_STATES and p.get("attempt", 0) == attempt:
             out.append({"rank": p["rank"], "t_ns": p["t_ns"], "state": p["state"]})
+    return out
+
+
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9]{1,8}")
+
+
+def _exits(raw: Any, attempt: int) -> list[dict[str, Any]]:
+    """job.json's ``exits`` of one torchrun attempt, checked: when `record` saw each of its host's ranks' processes
+    end (alive at ``alive_ns``, ended by ``t_ns``) and how, where it looked before the launcher reaped it
+    (``exit_watch``), e.g. ``[{"rank": 0, "pid": 4242, "attempt": 0, "alive_ns": 1795313447406614332,
+    "t_ns": 1795313447410251003, "signal": "SIGKILL", "status": null}]``. An entry that breaks a rule is left out
+    whole."""
+    out = []
+    for e in raw[:4096] if isinstance(raw, list) else ():
+        if not isinstance(e, dict) or not rank_ok(e.get("rank")) or type(e.get("pid")) is not int \
+                or not time_ok(e.get("t_ns")) or e.get("attempt", 0) != attempt:
+            continue
+        alive, sig, status = e.get("alive_ns"), e.get("signal"), e.get("status")
+        if not (alive is None or (time_ok(alive) and alive <= e["t_ns"])) \
+                or not (sig is None or (isinstance(sig, str) and _SIGNAL_NAME.fullmatch(sig))) \
+                or not (status is None or (type(status) is int and 0 <= status <= 255)) \
+                or (sig is not None and status is not None):
+            continue
+        out.append({"rank": e["rank"], "pid": e["pid"], "alive_ns": alive, "t_ns": e["t_ns"], "signal": sig,
+                    "status": status})
     return out
 
 
