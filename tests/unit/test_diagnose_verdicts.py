@@ -477,6 +477,17 @@ def test_deaths_record_saw_at_one_look_are_not_ordered(tmp_path):
     assert d.to_json()["suspect_ranks"] == [0, 1]
 
 
+def test_ranks_all_ended_by_sigterm_are_not_ordered_into_a_culprit(tmp_path):
+    """torchrun, itself sent SIGTERM (not through `record`), stops its workers one by one and exits 1: their order
+    is the launcher's, not a failure's."""
+    t = T0_NS + S
+    d, found, _ = _ddp_deaths(tmp_path, [_exit(0, t, t + 2_000_000, "SIGTERM"),
+                                         _exit(1, t + 3_000_000, t + 5_000_000, "SIGTERM")])
+    assert d.status == "crashed" and [c for _, _, c in found] == [(), ()]
+    assert d.to_json()["suspect_ranks"] == [0, 1]
+    assert all(f.basis.startswith("ranks 0, 1 were all ended by SIGTERM, within 3") for f in d.findings)
+
+
 def test_a_later_end_record_saw_without_its_cause_is_a_suspect(tmp_path):
     """Rank 1 ended after rank 0, but the launcher reaped it before `record` read how: stopped by the launcher,
     or a fault of its own, is not known."""
@@ -486,6 +497,23 @@ def test_a_later_end_record_saw_without_its_cause_is_a_suspect(tmp_path):
     assert d.status == "crashed" and sorted(c for _, _, c in found) == [(), (0,)]
     later = next(f for f in d.findings if f.suspect_ranks == (1,))
     assert later.basis.startswith("it died 33.0 ms after rank 0's failure, outside any call")
+
+
+def test_two_ranks_that_raised_their_own_exceptions_stay_culprits_whatever_order_their_exits_came_in(tmp_path):
+    """Ranks 1 and 3 raise 1 ms apart; their processes end 59 ms apart (Python's teardown): an exception's time is
+    exact, and the later exit makes no suspect of a rank that failed by itself."""
+    logs = _logs(world=4)
+    t = T0_NS + S
+    for r in (1, 3):
+        logs[r].ending(t + (3 - r) * 1_000_000, "exception", f"RuntimeError: injected fault on rank {r}")
+    for r in (0, 2):
+        logs[r].call("all_reduce", t, seq=6, shapes=[[4]], dtypes=["Float"], error=RESET, dur_ns=S // 10)
+        logs[r].ending(t + S // 10, "exception", RESET)
+        logs[r].close(t + S // 5)
+    exits = [_exit(3, t, t + 10_000_000, status=1), _exit(1, t + 11_000_000, t + 69_000_000, status=1)]
+    d, found, _ = _verdict(tmp_path, logs, crashed={1, 3},
+                           jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1, "exits": exits}])
+    assert d.status == "crashed" and sorted(c for _, _, c in found) == [(1,), (3,)]
 
 
 def test_a_rank_killed_inside_a_collective_every_rank_joined_is_the_culprit(tmp_path):

@@ -332,7 +332,7 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
     (``inside``) is a suspect, not a culprit: the collective may have aborted it."""
     out = list(findings)
     died: list[Finding] = []
-    order, together, spread = _order_of_deaths(dead)
+    order, unordered = _order_of_deaths(dead)
     first_rank, first_end = None, None
     for n, (rank, end) in enumerate(order):
         explained = next((f for f in out if f.kind in (MISSING_RANKS, NO_DUMP, STUCK_ALL_JOINED)
@@ -343,16 +343,15 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
         explained = explained or (p2p[0] if p2p else None)
         f = _rank_died(job, groups, rank, end, ends, explained, killed if n == 0 else None, (inside or {}).get(rank))
         gap: int | None = _known_gap(end, first_end) if n and f.culprit_ranks and first_end is not None else None
-        if gap is not None:
+        if unordered and f.culprit_ranks:
+            f = _as_suspect(f, unordered)
+        elif gap is not None:
             # Alive after the first failure, then gone outside any call: the launcher stopping the job, or a fault
             # of its own; nothing recorded tells which.
             f = _as_suspect(f, f"it died {duration(gap)} after rank {first_rank}'s failure, outside any call: the "
                                "launcher stopping the job, or a fault of its own, cannot be told")
         if n == 0:
             first_rank, first_end = rank, end
-        if together and f.culprit_ranks:
-            f = _as_suspect(f, f"{ranks_text(sorted(dead))} died within {duration(spread)} of "
-                               "each other: which died first, and took the others down, cannot be told")
         died.append(f)
     # Waits of the others on a dead rank that another finding names again are the same story; so are waits on
     # ranks the death took down with it (failed on the lost connection, or killed by the launcher after it).
@@ -364,34 +363,41 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
 
 
 def _death_ns(end: RankEnd) -> int | None:
-    """When the rank's process ended: as `record` saw it, else its last record (up to a heartbeat before)."""
-    return end.exit.aligned_ns if end.exit is not None else end.t_ns
+    """When the rank failed: for a death, when `record` saw its process end, else its last record (up to a
+    heartbeat before); for an exception, when it raised."""
+    return end.exit.aligned_ns if end.exit is not None and end.how == DIED else end.t_ns
 
 
 def _known_gap(end: RankEnd, first: RankEnd) -> int | None:
-    """How long after ``first``'s process ``end``'s ended, where that it ended after is known: `record` saw both
-    end, in that order; else, by the logs, more than a heartbeat after. None where it is not known."""
-    if end.exit is not None and first.exit is not None:
+    """How long after ``first``'s failure ``end`` died, where that it died after is known: `record` saw both
+    processes end, in that order; else, by the logs, more than a heartbeat after (an exception's time is
+    exact, but a death may come up to a heartbeat after the log's last record). None where it is not known."""
+    if end.how == DIED and end.exit is not None and first.exit is not None:
         return end.exit.aligned_ns - first.exit.aligned_ns if first.ended_before(end) else None
     if end.t_ns is not None and first.t_ns is not None and end.t_ns > first.t_ns + HEARTBEAT_SLACK_NS:
         return end.t_ns - first.t_ns
     return None
 
 
-def _order_of_deaths(dead: Mapping[int, RankEnd]) -> tuple[list[tuple[int, RankEnd]], bool, int]:
-    """The dead ranks, first death first; whether which died first cannot be told (several died, none by an
-    exception of its own, and the first is not known to have ended before the others); and how far apart.
-    Known: `record` saw every one end, the first before the rest (``RankExit.before``); else, by the logs, more
-    than a heartbeat apart (a log's last record can precede its death by up to a heartbeat)."""
+def _order_of_deaths(dead: Mapping[int, RankEnd]) -> tuple[list[tuple[int, RankEnd]], str | None]:
+    """The dead ranks, first death first, and why which died first cannot be told, if it cannot: several died,
+    none by an exception of its own, and the first is not known to have ended before the others. Known: `record`
+    saw every one end, the first before the rest (``RankExit.before``); else, by the logs, more than a heartbeat
+    apart (a log's last record can precede its death by up to a heartbeat). Every one seen ended by SIGTERM was
+    stopped, in some order, by whoever sent it (the launcher, stopped itself): no order of theirs tells a cause."""
     order = sorted(dead.items(), key=lambda kv: (_death_ns(kv[1]) or 0, kv[0]))
     times = [t for _, e in order if (t := _death_ns(e)) is not None]
-    spread = max(times) - min(times) if times else 0
     if len(order) < 2 or len(times) < len(order) or not all(e.how == DIED for _, e in order):
-        return order, False, spread
+        return order, None
+    ranks, spread = ranks_text(sorted(dead)), duration(max(times) - min(times))
+    together = f"{ranks} died within {spread} of each other: which died first, and took the others down, cannot be told"
     first = order[0][1]
     if all(e.exit is not None for _, e in order):
-        return order, not all(first.ended_before(e) for _, e in order[1:]), spread
-    return order, spread <= HEARTBEAT_SLACK_NS, spread
+        if all(e.exit is not None and e.exit.signal == "SIGTERM" for _, e in order):
+            return order, (f"{ranks} were all ended by SIGTERM, within {spread}: stopped by whoever sent it (the "
+                           "launcher, stopped itself, or a scheduler); what began it is not in these files")
+        return order, None if all(first.ended_before(e) for _, e in order[1:]) else together
+    return order, together if max(times) - min(times) <= HEARTBEAT_SLACK_NS else None
 
 
 def _as_suspect(f: Finding, basis: str) -> Finding:
