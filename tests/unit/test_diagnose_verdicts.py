@@ -443,10 +443,14 @@ def _exit(rank: int, alive_ns: int | None, t_ns: int, signal: str | None = None,
             "status": status}
 
 
-def _ddp_deaths(tmp_path, exits):
+def _ddp_deaths(tmp_path, exits, *, cpp_calls: bool = False):
     """DDP's gradient all-reduces come from C++, so no call is open in either log: rank 0 is SIGKILLed and torchrun
-    stops rank 1 while it computes; both logs stop 1 ms apart, well within a heartbeat."""
+    stops rank 1 while it computes; both logs stop 1 ms apart, well within a heartbeat. ``cpp_calls``: the logs'
+    sequence numbers skip the C++-issued collectives (and no Flight Recorder dump shows them)."""
     logs = _logs(world=2)
+    if cpp_calls:
+        for log in logs:
+            log.call("all_reduce", T0_NS + S // 2, seq=8, shapes=[[4]], dtypes=["Float"])  # #6 and #7 from C++
     t = T0_NS + S
     logs[0].heartbeats(t)
     logs[1].heartbeats(t + 1_000_000)
@@ -467,6 +471,19 @@ def test_deaths_record_saw_in_order_name_the_first_and_the_ranks_the_launcher_st
     assert f.evidence["exit"] == {"t_ns": t + 2_000_000, "signal": "SIGKILL", "status": None}
     assert f.evidence["killed_after"] == {"1": job.ranks[1].exit.aligned_ns}  # on the job's clock
     assert abs(job.ranks[1].exit.aligned_ns - (t + 35_000_000)) < 10_000
+
+
+def test_a_killed_rank_whose_cpp_collectives_nothing_shows_is_still_the_first_failure(tmp_path):
+    """Where a rank stopped among DDP's C++ collectives is unknown (gloo aborting it there, or the launcher killing
+    it, would look alike in its log), but `record` saw SIGKILL end it: neither did; the SIGTERM after it did."""
+    t = T0_NS + S
+    d, found, _ = _ddp_deaths(tmp_path, [_exit(0, t, t + 2_000_000, "SIGKILL"),
+                                         _exit(1, t + 3_000_000, t + 35_000_000, "SIGTERM")], cpp_calls=True)
+    assert (d.status, found, d.findings[0].victim_ranks) == ("crashed", [("rank_died", None, (0,))], (1,))
+    d, found, _ = _ddp_deaths(tmp_path / "aborted", [_exit(0, t, t + 2_000_000, "SIGABRT"),
+                                                     _exit(1, t + 3_000_000, t + 35_000_000, "SIGTERM")],
+                              cpp_calls=True)
+    assert d.to_json()["suspect_ranks"] == [0] and d.to_json()["culprit_ranks"] == []  # gloo's abort: unknown
 
 
 def test_deaths_record_saw_at_one_look_are_not_ordered(tmp_path):

@@ -207,7 +207,9 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     # A log that stops outside any call it saw, on a rank whose C++-issued collectives (DDP's) no dump shows, may
     # have stopped inside one of those: gloo aborting it on a size mismatch, or the launcher killing it while it
     # waited. Neither its failure nor its being killed is shown: it orders nothing.
-    unseen = {r for r, e in dead.items() if e.how == DIED and r not in inside and calls_unseen(job, r)}
+    # Unless `record` saw how it ended, other than by gloo's abort: SIGKILL, the launcher's SIGTERM, an exit.
+    unseen = {r for r, e in dead.items() if e.how == DIED and r not in inside and calls_unseen(job, r)
+              and not (e.exit is not None and e.exit.how is not None and e.exit.signal != "SIGABRT")}
     # Ended by SIGTERM, the signal torchrun stops its workers with: no failure of its own after an earlier one.
     stopped = {r for r, e in dead.items() if e.how == DIED and e.exit is not None and e.exit.signal == "SIGTERM"}
     taken = inside | unseen | stopped
@@ -220,8 +222,11 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
     failures += [e for e in ends.values() if e.how == PEER_LOST and e.t_ns is not None
                  and all(e.t_ns < t for t in deaths)]
 
-    def after_a_failure(end: RankEnd) -> bool:
-        for failure in failures:
+    # A death the launcher reacted to, whoever's fault it was: what a SIGTERM `record` saw after it follows from.
+    ends_seen = [dead[r] for r in unseen if dead[r].exit is not None]
+
+    def after_one(end: RankEnd, earlier: list[RankEnd]) -> bool:
+        for failure in earlier:
             if failure.exit is not None and end.exit is not None:
                 if failure.ended_before(end):  # record saw both end, in this order
                     return True
@@ -229,7 +234,7 @@ def teardown(job: Job, ends: Mapping[int, RankEnd], dead: dict[int, RankEnd]) ->
                 return True
         return False
 
-    out = {r: dead[r] for r in sorted(taken) if after_a_failure(dead[r])}
+    out = {r: dead[r] for r in sorted(taken) if after_one(dead[r], failures + ends_seen if r in stopped else failures)}
     for rank in out:
         del dead[rank]
     return out
@@ -345,6 +350,10 @@ def dead_ranks(job: Job, groups: Sequence[ProcessGroup], dead: Mapping[int, Rank
         gap: int | None = _known_gap(end, first_end) if n and f.culprit_ranks and first_end is not None else None
         if unordered and f.culprit_ranks:
             f = _as_suspect(f, unordered)
+        elif f.culprit_ranks and end.exit is not None and end.exit.signal == "SIGABRT" and calls_unseen(job, rank):
+            f = _as_suspect(f, "it was aborted (SIGABRT) among collectives issued from C++ that nothing shows: gloo "
+                               "aborting it on a size mismatch there (whose other side may be the cause), or a crash "
+                               "of its own, cannot be told")
         elif gap is not None:
             # Alive after the first failure, then gone outside any call: the launcher stopping the job, or a fault
             # of its own; nothing recorded tells which.
