@@ -186,11 +186,22 @@ class ExitWatcher:
         if self._poller is not None:
             try:
                 w.fd = os.pidfd_open(w.pid)
-            except OSError:
+            except ProcessLookupError:
                 return  # gone already: when, nobody saw
-            self._poller.register(w.fd, select.POLLIN)
-            self._by_fd[w.fd] = w
+            except OSError:  # a kernel before 5.3 (ENOSYS), or a sandbox that forbids it: look at /proc instead
+                self._scan_instead()
+            else:
+                self._poller.register(w.fd, select.POLLIN)
+                self._by_fd[w.fd] = w
         self._watched[w.pid] = w
+
+    def _scan_instead(self) -> None:
+        """Without pidfds: every watched process is looked at in each pass, every ``LOOK_S``."""
+        for fd, w in self._by_fd.items():
+            os.close(fd)
+            w.fd = None
+        self._by_fd.clear()
+        self._poller = None
 
 
 def _stat(pid: int) -> bytes | None:

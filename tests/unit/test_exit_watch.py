@@ -31,12 +31,18 @@ def _until(predicate, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture(params=["pidfd", "scan"])
+def _no_pidfd(_pid: int) -> int:
+    raise OSError(38, "Function not implemented")  # ENOSYS: a kernel before 5.3
+
+
+@pytest.fixture(params=["pidfd", "scan", "pidfd-refused"])
 def watcher(request, tmp_path, monkeypatch):
-    if request.param == "pidfd" and not hasattr(os, "pidfd_open"):
+    if request.param != "scan" and not hasattr(os, "pidfd_open"):
         pytest.skip("this Python has no os.pidfd_open")
     if request.param == "scan":
         monkeypatch.delattr(os, "pidfd_open", raising=False)
+    if request.param == "pidfd-refused":
+        monkeypatch.setattr(os, "pidfd_open", _no_pidfd)
     w = ExitWatcher(str(tmp_path))
     yield w
     w.stop()
