@@ -87,5 +87,9 @@ def test_a_rank_late_at_every_all_reduce_is_named_within_three_windows_and_no_ot
     live = run_cli("report", result.out, "--format", "json").json()["live"]
     (group,) = live["groups"]
     late = {rank: [v for v in verdicts if v is not None] for rank, verdicts in zip(group["ranks"], group["late"])}
-    assert sum(late[2]) >= 2 and not any(late[0] + late[1] + late[3]), late
+    assert sum(late[2]) >= 2, late
+    # Another rank may be late in one window (a hiccup on a loaded machine: seen in CI, rank 0 in the first
+    # window); a straggler must be late in 2 of 3, and none other is.
+    assert all(sum(late[r][i:i + 3]) < 2 for r in (0, 1, 3) for i in range(len(late[r]))), late
     assert [(e["event"], e["rank"]) for e in live["stragglers"]][:1] == [("start", 2)]
+    assert {e["rank"] for e in live["stragglers"]} == {2}, live["stragglers"]

@@ -505,6 +505,21 @@ def test_ranks_all_ended_by_sigterm_are_not_ordered_into_a_culprit(tmp_path):
     assert all(f.basis.startswith("ranks 0, 1 were all ended by SIGTERM, within 3") for f in d.findings)
 
 
+def test_a_rank_whose_last_record_came_just_before_the_interruption_died_of_it(tmp_path):
+    """`record` forwarded SIGTERM 1.5 ms after rank 0's last record; the process ended 61 ms after the signal, as
+    `record` saw: the interruption ended it, not a death of its own (the log alone would say "before")."""
+    logs = _logs(world=2)
+    t = T0_NS + S
+    logs[0].step(5, t)  # its last record
+    logs[1].step(5, t + 5_000_000)  # after the signal: the interruption's
+    signal_ns = t + 1_500_000
+    exits = [_exit(0, t - S, t + 63_000_000, "SIGTERM"), _exit(1, t - S, t + 63_000_000, "SIGTERM")]
+    d, found, _ = _verdict(tmp_path, logs, crashed={0, 1}, jobs=[{
+        "host": "node01", "ended_ns": t + S, "exit_status": 143, "signal": "SIGTERM", "signal_ns": signal_ns,
+        "exits": exits}])
+    assert d.status != "crashed" and not d.to_json()["culprit_ranks"], found
+
+
 def test_a_later_end_record_saw_without_its_cause_is_a_suspect(tmp_path):
     """Rank 1 ended after rank 0, but the launcher reaped it before `record` read how: stopped by the launcher,
     or a fault of its own, is not known."""

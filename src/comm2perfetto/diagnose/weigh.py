@@ -166,7 +166,7 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
         # Some rank lost its peer: an unclosed log whose process could not be checked is the peer that went.
         dead = {r: e for r, e in ends.items() if e.how == UNKNOWN}
     if interrupted_at is not None:
-        dead = {r: e for r, e in dead.items() if e.t_ns is not None and e.t_ns < interrupted_at}
+        dead = {r: e for r, e in dead.items() if _died_before(job, e, interrupted_at)}
     everyone = len(dead) == len(ends)
     killed = teardown(job, ends, dead)
     # Every rank gone, none by an exception: killed at once from outside, unless the launcher itself failed (a
@@ -182,6 +182,15 @@ def died_first(job: Job, ends: Mapping[int, RankEnd], interrupted_at: int | None
                          "other): the whole job was killed at once (or its processes run on another host)")
         return first, {}
     return dead, killed
+
+
+def _died_before(job: Job, end: RankEnd, t_ns: int) -> bool:
+    """Whether the rank died before ``t_ns`` (when the job was interrupted): `record` saw its process end by then
+    (on its host's clock, the one `record` timed the signal on), else its log stops before it."""
+    if end.how == DIED and end.exit is not None:
+        same_clock = any(j.get("host") == end.exit.host and isinstance(j.get("signal_ns"), int) for j in job.jobs)
+        return (end.exit.t_ns if same_clock else end.exit.aligned_ns) < t_ns
+    return end.t_ns is not None and end.t_ns < t_ns
 
 
 # A rank's last record may come up to a heartbeat (a second) before its death: the slack when deaths are ordered.
