@@ -37,6 +37,13 @@ def _no_pidfd(_pid: int) -> int:
     raise OSError(38, "Function not implemented")  # ENOSYS: a kernel before 5.3
 
 
+def _seen_alive_after(watcher: ExitWatcher, pid: int) -> bool:
+    """The watcher looked at ``pid`` again, and found it alive, after the latest end it saw: an end of ``pid`` from
+    now on is known to come after that one."""
+    w = watcher._watched.get(pid)
+    return w is not None and w.alive_ns is not None and w.alive_ns > watcher.exits[-1]["t_ns"]
+
+
 @pytest.fixture(params=["pidfd", "scan", "pidfd-refused"])
 def watcher(request, tmp_path, monkeypatch):
     if request.param != "scan" and not hasattr(os, "pidfd_open"):
@@ -59,8 +66,10 @@ def test_each_end_is_seen_with_its_cause_and_in_its_order(tmp_path, watcher):
         time.sleep(0.3)  # found and seen alive
         procs[0].kill()
         _until(lambda: len(watcher.exits) == 1)  # we reap nothing before it looked: the zombie says how
+        _until(lambda: _seen_alive_after(watcher, procs[1].pid))
         procs[1].send_signal(signal.SIGTERM)
         _until(lambda: len(watcher.exits) == 2)
+        _until(lambda: _seen_alive_after(watcher, procs[2].pid))
         procs[2].stdin.write(b"3\n")  # type: ignore[union-attr]  (it exits with status 3)
         procs[2].stdin.flush()  # type: ignore[union-attr]
         _until(lambda: len(watcher.exits) == 3)
