@@ -467,6 +467,7 @@ def test_deaths_record_saw_in_order_name_the_first_and_the_ranks_the_launcher_st
     (f,) = d.findings
     assert f.victim_ranks == (1,)
     assert "Rank 0 was killed by SIGKILL (the OOM killer" in f.detail
+    assert f.basis == "`record` saw its process end first, by SIGKILL"
     assert "Rank 1 ended 33.0 ms later, by SIGTERM: the launcher stops the other workers" in f.detail
     assert f.evidence["exit"] == {"t_ns": t + 2_000_000, "signal": "SIGKILL", "status": None}
     assert f.evidence["killed_after"] == {"1": job.ranks[1].exit.aligned_ns}  # on the job's clock

@@ -574,6 +574,8 @@ def _rank_died(job: Job, groups: Sequence[ProcessGroup], rank: int, end: RankEnd
         culprit_ranks=() if inside is not None else (rank,), suspect_ranks=(rank,) if inside is not None else (),
         basis="it ended inside a collective every rank had joined, which may have aborted it" if inside is not None
         else "an uncaught exception of its own ended it first" if end.how == EXCEPTION
+        else f"`record` saw its process end first, {'by' if end.exit.signal else 'with'} {end.exit.how}"
+        if end.exit is not None and end.exit.how
         else "its process ended first, without closing its log",
     )
 
