@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from comm2perfetto import layout
+from comm2perfetto.processes import stat_fields
 from comm2perfetto.sources.event_log import read_header
 
 __all__ = ["ExitWatcher", "exit_cause"]
@@ -53,16 +54,17 @@ class _Watched:
     alive_ns: int | None = None  # when the latest look that found it alive began
 
 
-def exit_cause(stat: bytes) -> tuple[str | None, int | None]:
-    """(signal name, exit status) from a zombie's ``/proc/<pid>/stat`` (field 52, ``exit_code``: a wait
-    status); (None, None) when the process is no zombie or the field is missing (Linux before 3.5).
+def exit_cause(fields: list[bytes] | None) -> tuple[str | None, int | None]:
+    """(signal name, exit status) from a zombie's ``/proc/<pid>/stat`` fields (``processes.parse_stat``; field 52,
+    ``exit_code``, is a wait status); (None, None) when the process is no zombie, or gone, or the field is missing
+    (Linux before 3.5).
 
-    >>> exit_cause(b"42 (python) Z 1 " + b"0 " * 47 + b"9")
+    >>> from comm2perfetto.processes import parse_stat
+    >>> exit_cause(parse_stat(b"42 (python) Z 1 " + b"0 " * 47 + b"9"))
     ('SIGKILL', None)
-    >>> exit_cause(b"42 (python) Z 1 " + b"0 " * 47 + b"256")
+    >>> exit_cause(parse_stat(b"42 (python) Z 1 " + b"0 " * 47 + b"256"))
     (None, 1)
     """
-    fields = stat.rsplit(b")", 1)[-1].split()
     if not fields or fields[0] not in (b"Z", b"X") or len(fields) < 50:
         return None, None
     try:
@@ -131,19 +133,18 @@ class ExitWatcher:
         """One look at the watched processes (with pidfds: waiting up to ``wait_s`` for one to end); whether
         any was seen ended."""
         start = time.time_ns()
+        watched_now = list(self._watched.values())
         if self._poller is not None:
             ready = [self._by_fd[fd] for fd, _ in self._poller.poll(wait_s * 1000) if fd in self._by_fd]
-            stats = {w.pid: _stat(w.pid) for w in ready}
-            watched_now = list(self._by_fd.values())
+            stats = {w.pid: _fields(w.pid) for w in ready}
         else:
             self._stop.wait(wait_s)
             start = time.time_ns()
-            watched_now = list(self._watched.values())
-            stats = {w.pid: _stat(w.pid) for w in watched_now}
+            stats = {w.pid: _fields(w.pid) for w in watched_now}
             ready = [w for w in watched_now if _ended(stats[w.pid])]
         seen = time.time_ns()
         for w in ready:
-            signame, status = exit_cause(stats[w.pid] or b"")
+            signame, status = exit_cause(stats[w.pid])
             self.exits.append({"rank": w.rank, "pid": w.pid, "attempt": w.attempt, "alive_ns": w.alive_ns,
                                "t_ns": seen, "signal": signame, "status": status})
             self._forget(w)
@@ -181,7 +182,7 @@ class ExitWatcher:
 
     def _watch(self, w: _Watched) -> None:
         looked = time.time_ns()
-        if not _ended(_stat(w.pid)):
+        if not _ended(_fields(w.pid)):
             w.alive_ns = looked
         if self._poller is not None:
             try:
@@ -204,27 +205,24 @@ class ExitWatcher:
         self._poller = None
 
 
-def _stat(pid: int) -> bytes | None:
+def _fields(pid: int) -> list[bytes] | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read()
+        return stat_fields(pid)
     except OSError:
         return None  # reaped already
 
 
-def _ended(stat: bytes | None) -> bool:
-    return stat is None or stat.rsplit(b")", 1)[-1].split()[:1] in ([b"Z"], [b"X"])
+def _ended(fields: list[bytes] | None) -> bool:
+    return fields is None or fields[:1] in ([b"Z"], [b"X"])
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
     """Whether ``pid`` is a descendant of ``ancestor`` (``/proc``'s parent links): a rank of this job, not a
     process of another host that shares this one's name and the folder."""
     for _ in range(64):
-        stat = _stat(pid)
-        if stat is None:
-            return False
+        fields = _fields(pid)
         try:
-            pid = int(stat.rsplit(b")", 1)[-1].split()[1])
+            pid = int(fields[1]) if fields is not None else 0
         except (IndexError, ValueError):
             return False
         if pid == ancestor:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from comm2perfetto.exit_watch import ExitWatcher, exit_cause
+from comm2perfetto.processes import parse_stat
 
 # Waits for a line on stdin, then exits with that status (SIGINT would not do: a job started in the background
 # of a non-interactive shell, as CI may be, ignores it, and so do its children).
@@ -125,11 +126,15 @@ def test_processes_that_are_not_the_jobs_are_left_alone(tmp_path, watcher):
 
 
 def test_the_exit_code_of_a_zombie_is_read_as_a_wait_status():
+    def cause(line: bytes):
+        return exit_cause(parse_stat(line))
+
     fields = b"42 (a (b) c) Z 1 " + b"0 " * 47
-    assert exit_cause(fields + b"9") == ("SIGKILL", None)
-    assert exit_cause(fields + b"15") == ("SIGTERM", None)
-    assert exit_cause(fields + b"134") == ("SIGABRT", None)  # 6 | 0x80: it dumped core
-    assert exit_cause(fields + b"768") == (None, 3)
-    assert exit_cause(b"42 (python) S 1 " + b"0 " * 47 + b"9") == (None, None)  # alive: no exit code yet
-    assert exit_cause(b"42 (python) Z 1 0 0") == (None, None)  # a kernel without the field
-    assert exit_cause(b"") == (None, None)
+    assert cause(fields + b"9") == ("SIGKILL", None)
+    assert cause(fields + b"15") == ("SIGTERM", None)
+    assert cause(fields + b"134") == ("SIGABRT", None)  # 6 | 0x80: it dumped core
+    assert cause(fields + b"768") == (None, 3)
+    assert cause(b"42 (python) S 1 " + b"0 " * 47 + b"9") == (None, None)  # alive: no exit code yet
+    assert cause(b"42 (python) Z 1 0 0") == (None, None)  # a kernel without the field
+    assert cause(b"") == (None, None)
+    assert exit_cause(None) == (None, None)  # reaped before it was looked at
