@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from itertools import zip_longest
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from comm2perfetto.align import measured_offsets, refine, refine_by_differences
 from comm2perfetto.group_columns import (
@@ -493,6 +494,7 @@ def _pair(uid: str, ops: list[P2POp], clock: ClockAlignment) -> tuple[P2PTransfe
 def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
     """Each rank's files and what its log says of its life (the logs already on the job's clock)."""
     out = {}
+    exits = _exits_by_process(src)
     for rank in sorted(src.ranks):
         log = src.logs.get(rank)
         fr = src.fr.get(rank)
@@ -513,22 +515,26 @@ def _rank_infos(src: Sources, clock: ClockAlignment) -> dict[int, RankInfo]:
             alive=None if rank not in src.alive else src.alive[rank] != "gone",
             stopped=src.alive.get(rank) == "stopped",
             stall_after_ns=int(stall * 1e9) if isinstance(stall, (int, float)) and stall > 0 else None,
-            exit=_rank_exit(src, rank, header, clock),
+            exit=_rank_exit(exits.get((header.get("host"), rank, header.get("pid"))), header.get("host"), rank, clock),
         )
     return out
 
 
-def _rank_exit(src: Sources, rank: int, header: Mapping, clock: ClockAlignment) -> RankExit | None:
-    """What the `record` of the rank's host saw of its process's end: the entry of its job file for that rank and
-    the pid in the rank's log header."""
+def _exits_by_process(src: Sources) -> dict[tuple[Any, int, Any], dict[str, Any]]:
+    """The job files' ``exits`` by (host, rank, pid): what the `record` of a host saw of each of its ranks'
+    processes end, found for a rank by its log header's host and pid."""
+    out: dict[tuple[Any, int, Any], dict[str, Any]] = {}
     for job in src.jobs:
-        if job.get("host") != header.get("host"):
-            continue
         for e in job.get("exits") or ():
-            if e["rank"] == rank and e["pid"] == header.get("pid"):
-                return RankExit(job.get("host"), e["alive_ns"], e["t_ns"], clock.of(rank)(e["t_ns"]), e["signal"],
-                                e["status"])
-    return None
+            out.setdefault((job.get("host"), e["rank"], e["pid"]), e)
+    return out
+
+
+def _rank_exit(e: dict[str, Any] | None, host: str | None, rank: int, clock: ClockAlignment) -> RankExit | None:
+    """An entry of the job file's ``exits`` of ``host`` as a ``RankExit``, its end also on the job's clock."""
+    if e is None:
+        return None
+    return RankExit(host, e["alive_ns"], e["t_ns"], clock.of(rank)(e["t_ns"]), e["signal"], e["status"])
 
 
 class LazyStacks:
