@@ -317,9 +317,10 @@ def test_a_rank_that_dies_later_outside_any_call_is_a_suspect_not_a_second_culpr
     assert later.basis.startswith("it died 19.6 s after rank 1's failure, outside any call")
 
 
-def _died_inside(tmp_path, sizes: dict[int, list]):
+def _died_inside(tmp_path, sizes: dict[int, list], exits: list | None = None):
     """Three ranks loop all_reduce [[4]] five times; at #6 each passes ``sizes[rank]``, rank 2's log stops inside
-    the call (gloo's SIGABRT: no Python handler runs) and ranks 0 and 1 fail with a reset connection."""
+    the call (gloo's SIGABRT: no Python handler runs) and ranks 0 and 1 fail with a reset connection. ``exits``:
+    what `record` saw of the processes' ends (none by default)."""
     logs = _logs(world=3)
     t = T0_NS + S
     for r in range(3):
@@ -329,7 +330,8 @@ def _died_inside(tmp_path, sizes: dict[int, list]):
         if r != 2:
             logs[r].ending(t + S // 10, "exception", RESET)
             logs[r].close(t + S // 5)
-    return _verdict(tmp_path, logs, crashed={2}, jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1}])
+    return _verdict(tmp_path, logs, crashed={2},
+                    jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1, "exits": exits or []}])
 
 
 def test_a_rank_that_died_inside_a_collective_every_rank_joined_is_a_suspect_not_the_cause(tmp_path):
@@ -551,16 +553,8 @@ def test_two_ranks_that_raised_their_own_exceptions_stay_culprits_whatever_order
 
 def test_a_rank_killed_inside_a_collective_every_rank_joined_is_the_culprit(tmp_path):
     """As in the suspect case above, but `record` saw SIGKILL end it: no abort of gloo's (SIGABRT) did."""
-    logs = _logs(world=3)
     t = T0_NS + S
-    for r in range(3):
-        logs[r].call("all_reduce", t + r * 1000, seq=6, shapes=[[4]], dtypes=["Float"],
-                     error=RESET if r != 2 else None, returns=r != 2)
-        if r != 2:
-            logs[r].ending(t + S // 10, "exception", RESET)
-            logs[r].close(t + S // 5)
-    d, found, _ = _verdict(tmp_path, logs, crashed={2}, jobs=[{"host": "node01", "ended_ns": t + S, "exit_status": 1,
-                                                               "exits": [_exit(2, t, t + 5000, "SIGKILL")]}])
+    d, found, _ = _died_inside(tmp_path, {0: [[4]], 1: [[4]], 2: [[4]]}, [_exit(2, t, t + 5000, "SIGKILL")])
     assert (d.status, found) == ("crashed", [("rank_died", 6, (2,))])
     assert d.findings[0].victim_ranks == (0, 1)
 
